@@ -1,0 +1,253 @@
+"""Configuration of every command, with pydantic-settings.
+
+Each setting has three spellings, highest priority first: a flag
+(``--bootstrap-servers``), an environment variable
+(``PERCEPTRON_STREAM_BOOTSTRAP_SERVERS``), and a key in the optional TOML or
+JSON file named by ``--config-file`` (``bootstrap_servers = "..."``).
+A bad value stops the command before it connects to anything, with a message
+that names the setting in all its spellings (see :func:`load`).
+
+>>> s = load(ServeSettings, ["--input-topic", "events", "--batch-size", "200"])
+>>> (s.input_topic, s.batch_size, s.output_topic)
+('events', 200, 'predictions')
+>>> load(ServeSettings, ["--batch-size", "0"])
+Traceback (most recent call last):
+...
+service.config.ConfigError: invalid setting batch_size (--batch-size, PERCEPTRON_STREAM_BATCH_SIZE): Input should be greater than 0, got '0'
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+ENV_PREFIX = "PERCEPTRON_STREAM_"
+
+# The file named by --config-file for the settings being built now. A context
+# variable because pydantic-settings asks the class, not the instance, for its
+# sources.
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
+
+
+class ConfigError(Exception):
+    """A setting is wrong; the message names it. Commands exit with code 2."""
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from the TOML or JSON file of ``--config-file``, below env and flags."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None):
+        super().__init__(settings_cls)
+        self.values: dict[str, Any] = {}
+        if path is None:
+            return
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"invalid setting config_file (--config-file): cannot read {path}: {exc.strerror}") from exc
+        try:
+            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text.decode())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"invalid setting config_file (--config-file): {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"invalid setting config_file (--config-file): {path} must hold a table of settings")
+        unknown = sorted(set(data) - set(settings_cls.model_fields))
+        if unknown:
+            raise ConfigError(f"invalid setting config_file (--config-file): {path} has unknown settings: {', '.join(unknown)}")
+        self.values = data
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is used instead
+        return self.values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+class CommandSettings(BaseSettings):
+    """Shared behaviour: env prefix, kebab-case flags, file source, strictness."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_exit_on_error=False,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    config_file: Path | None = Field(None, description="TOML or JSON file of settings (flags and env vars override it).")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        return (init_settings, env_settings, _FileSource(settings_cls, _config_file.get()))
+
+
+class KafkaSettings(CommandSettings):
+    """How to reach the brokers; passed through to the Kafka client."""
+
+    bootstrap_servers: str = Field("127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port].")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="Kafka security protocol.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = Field(None, description="SASL mechanism when the protocol is SASL_*.")
+    sasl_username: str | None = Field(None, description="SASL user name.")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (never logged).")
+    ssl_cafile: Path | None = Field(None, description="CA bundle to verify the brokers (SSL, SASL_SSL).")
+    ssl_certfile: Path | None = Field(None, description="Client certificate (mutual TLS).")
+    ssl_keyfile: Path | None = Field(None, description="Client private key (mutual TLS).")
+
+    @model_validator(mode="after")
+    def _security_is_complete(self):
+        if self.security_protocol.startswith("SASL"):
+            if self.sasl_mechanism is None:
+                raise ValueError("sasl_mechanism must be set when security_protocol is " + self.security_protocol)
+            if self.sasl_mechanism != "OAUTHBEARER" and (self.sasl_username is None or self.sasl_password is None):
+                raise ValueError(f"sasl_username and sasl_password must be set for SASL {self.sasl_mechanism}")
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {path} is not a readable file")
+        return self
+
+
+class ServeSettings(KafkaSettings):
+    """Settings of ``perceptron-stream serve``."""
+
+    input_topic: str = Field("points", min_length=1, description="Topic of labeled and unlabeled points.")
+    output_topic: str = Field("predictions", min_length=1, description="Topic the predictions are published to.")
+    dlq_topic: str = Field("points.dlq", min_length=1, description="Dead-letter topic for rejected events.")
+    group_id: str = Field("perceptron-stream", min_length=1, description="Kafka consumer group.")
+    auto_offset_reset: Literal["earliest", "latest"] = Field("earliest", description="Where a new group starts: earliest learns from the whole retained history.")
+    variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
+    margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ.")
+    standardize: bool = Field(False, description="Standardise features online (river StandardScaler) before the perceptron.")
+    batch_size: int = Field(1000, gt=0, le=100_000, description="Most records taken per poll.")
+    poll_timeout_ms: int = Field(200, gt=0, le=60_000, description="How long one poll waits for records.")
+    metrics_host: str = Field("127.0.0.1", description="Address of /metrics, /healthz and /readyz (0.0.0.0 in containers).")
+    metrics_port: int = Field(8000, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0 picks a free port).")
+    mistake_rate_window: int = Field(1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate.")
+    healthz_timeout_seconds: float = Field(30.0, gt=0, description="/healthz fails when the poll loop has not turned for this long.")
+    state_store: Literal["local", "kafka", "none"] = Field("local", description="Where checkpoints go: a local directory, a compacted Kafka topic, or nowhere.")
+    state_dir: Path = Field(Path("state"), description="Directory of the local checkpoint store.")
+    checkpoint_topic: str = Field("perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka checkpoint store.")
+    checkpoint_interval_events: int = Field(10_000, gt=0, description="Checkpoint after this many events.")
+    checkpoint_interval_seconds: float = Field(30.0, gt=0, description="Checkpoint at least this often while events flow.")
+    create_topics: bool = Field(True, description="Create missing topics at start-up; when off, a missing topic is an error.")
+    topic_partitions: int = Field(1, gt=0, description="Partitions of topics the service creates.")
+    topic_replication_factor: int = Field(1, gt=0, description="Replication factor of topics the service creates.")
+    max_message_bytes: int = Field(1_048_576, gt=0, description="Larger input messages are dead-lettered.")
+    max_features: int = Field(10_000, gt=0, description="Events with more features are dead-lettered.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+
+    @model_validator(mode="after")
+    def _topics_differ(self):
+        if len({self.input_topic, self.output_topic, self.dlq_topic}) < 3:
+            raise ValueError("input_topic, output_topic and dlq_topic must be three different topics")
+        return self
+
+
+class ProduceSettings(KafkaSettings):
+    """Settings of ``perceptron-stream produce``."""
+
+    topic: str = Field("points", min_length=1, description="Topic to write to.")
+    stream: Literal["separable", "noisy", "drift", "credit"] = Field("separable", description="Synthetic stream to generate (ignored with --file).")
+    file: Path | None = Field(None, description="Replay a CSV or JSONL file instead of generating.")
+    count: int = Field(10_000, ge=0, description="Events to write (0: forever; with --file: the whole file).")
+    rate: float = Field(0.0, ge=0.0, description="Events per second (0: as fast as possible).")
+    dimensions: int = Field(10, gt=0, le=10_000, description="Features of the separable/noisy/drift streams.")
+    margin: float = Field(0.1, ge=0.0, description="Margin γ of the separable stream (in units of ‖x‖ ≤ 1).")
+    noise: float = Field(0.05, ge=0.0, le=1.0, description="Fraction of flipped labels (noisy, drift, credit).")
+    drift_every: int = Field(5_000, gt=0, description="Events between turns of the separator (drift, credit).")
+    unlabeled: float = Field(0.0, ge=0.0, le=1.0, description="Fraction of events sent without a label.")
+    seed: int = Field(42, description="Random seed: the same seed writes the same stream.")
+    partitions: int = Field(1, gt=0, description="Partitions if the topic is created.")
+    progress: bool = Field(True, description="Show a progress bar.")
+
+
+class BrokerSettings(CommandSettings):
+    """Settings of ``perceptron-stream broker``."""
+
+    host: str = Field("127.0.0.1", description="Address the embedded broker listens on.")
+    port: int = Field(9092, ge=0, le=65535, description="Port the embedded broker listens on (0 picks a free port).")
+
+
+class TrainSettings(CommandSettings):
+    """Settings of ``perceptron-stream train``."""
+
+    data: Path = Field(..., description="CSV (header, label column y) or JSONL in the wire format.")
+    algorithm: Literal["pla", "pocket"] = Field("pla", description="Batch algorithm.")
+    order: Literal["cyclic", "random"] = Field("cyclic", description="Order in which each pass visits the points.")
+    seed: int | None = Field(None, description="Seed of the random order.")
+    max_passes: int = Field(100, gt=0, description="τ: most passes over the data.")
+
+
+class DemoSettings(CommandSettings):
+    """Settings of ``perceptron-stream demo``."""
+
+    duration: float = Field(0.0, ge=0.0, description="Stop after this many seconds (0: until Ctrl-C).")
+    rate: float = Field(500.0, gt=0.0, description="Events per second of the credit stream.")
+    metrics_port: int = Field(8000, ge=0, le=65535, description="Port of the service's /metrics.")
+    broker_port: int = Field(0, ge=0, le=65535, description="Port of the embedded broker (0 picks a free port).")
+    standardize: bool = Field(True, description="Standardise the credit features online.")
+    variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
+    live: bool = Field(True, description="Show the live terminal view (off: print a line every few seconds).")
+
+
+Settings = TypeVar("Settings", bound=CommandSettings)
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a setting: ``batch_size`` → ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def env_var(name: str) -> str:
+    """The environment spelling: ``batch_size`` → ``PERCEPTRON_STREAM_BATCH_SIZE``."""
+    return ENV_PREFIX + name.upper()
+
+
+def _config_file_arg(args: list[str]) -> Path | None:
+    import os
+
+    for i, arg in enumerate(args):
+        if arg == "--config-file" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if arg.startswith("--config-file="):
+            return Path(arg.split("=", 1)[1])
+    value = os.environ.get(env_var("config_file"))
+    return Path(value) if value else None
+
+
+def load(cls: type[Settings], args: list[str]) -> Settings:
+    """Build ``cls`` from flags, env and file; raise ConfigError naming the setting."""
+    token = _config_file.set(_config_file_arg(args))
+    try:
+        return cls(_cli_parse_args=args)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_describe(error) for error in exc.errors())) from None
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from None
+    finally:
+        _config_file.reset(token)
+
+
+def _describe(error: dict) -> str:
+    loc = [str(part) for part in error.get("loc", ()) if not isinstance(part, int)]
+    message = error["msg"].removeprefix("Value error, ")
+    if not loc:  # a check across settings: its message names them
+        return f"invalid settings: {message}"
+    name = loc[0]
+    got = error.get("input")
+    shown = "" if got is None or isinstance(got, dict) else f", got {got!r}"
+    if "password" in name:
+        shown = ""
+    return f"invalid setting {name} ({flag(name)}, {env_var(name)}): {message}{shown}"

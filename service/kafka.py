@@ -1,0 +1,206 @@
+"""Everything that talks to Kafka, behind one small interface.
+
+The application sees :class:`Record` tuples, a :class:`KafkaIO` with poll /
+send / flush / commit / seek, and plain exceptions; only this module imports
+kafka-python, so another client could stand behind the same methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from service.config import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+#: Group timings that let a consumer join the embedded broker's group in
+#: seconds (see DESIGN.md); Apache Kafka is happy with them too.
+GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+
+
+class Record(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+class TopicSpec(NamedTuple):
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = {}
+
+
+class DeliveryError(RuntimeError):
+    """The broker did not acknowledge some messages; nothing was committed."""
+
+
+class MissingTopicError(RuntimeError):
+    pass
+
+
+def client_options(settings: KafkaSettings) -> dict:
+    """bootstrap servers and the security settings, as kafka-python takes them."""
+    options = {"bootstrap_servers": settings.bootstrap_servers.split(","), "security_protocol": settings.security_protocol}
+    if settings.sasl_mechanism:
+        options["sasl_mechanism"] = settings.sasl_mechanism
+        options["sasl_plain_username"] = settings.sasl_username
+        if settings.sasl_password is not None:
+            options["sasl_plain_password"] = settings.sasl_password.get_secret_value()
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        if getattr(settings, name) is not None:
+            options[name] = str(getattr(settings, name))
+    return options
+
+
+def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: bool, timeout_s: float = 30.0) -> None:
+    """Create the topics that are missing, or fail naming them when ``create`` is off."""
+    topics = list(topics)
+    admin = _retrying(lambda: KafkaAdminClient(**client_options(settings), request_timeout_ms=10_000), "connect to the brokers", timeout_s)
+    try:
+        existing = set(admin.list_topics())
+        missing = [t for t in topics if t.name not in existing]
+        if missing and not create:
+            names = ", ".join(t.name for t in missing)
+            raise MissingTopicError(f"topics {names} do not exist and create_topics is off (--create-topics or create them)")
+        for topic in missing:
+            try:
+                admin.create_topics([NewTopic(topic.name, topic.partitions, topic.replication_factor, topic_configs=dict(topic.config))])
+                log.info("created topic %s with %d partition(s)", topic.name, topic.partitions)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
+def _retrying(action: Callable, what: str, timeout_s: float):
+    """Run ``action`` until it works, backing off, for at most ``timeout_s``."""
+    delay, deadline = 0.2, time.monotonic() + timeout_s
+    while True:
+        try:
+            return action()
+        except KafkaError as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("could not %s (%s); retrying in %.1f s", what, exc.__class__.__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, on_assigned: Callable, on_revoked: Callable):
+        self.on_assigned, self.on_revoked = on_assigned, on_revoked
+
+    def on_partitions_assigned(self, assigned):
+        self.on_assigned(sorted((tp.topic, tp.partition) for tp in assigned))
+
+    def on_partitions_revoked(self, revoked):
+        self.on_revoked(sorted((tp.topic, tp.partition) for tp in revoked))
+
+
+class KafkaIO:
+    """One consumer in a group on one input topic, and one producer.
+
+    Rebalance callbacks run inside :meth:`poll`, between batches, so the
+    application always sees them with no batch in hand.
+    """
+
+    def __init__(self, settings: KafkaSettings, *, group_id: str, input_topic: str, auto_offset_reset: str,
+                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, client_id: str = "perceptron-stream"):
+        self.settings = settings
+        self.consumer = KafkaConsumer(
+            **client_options(settings), group_id=group_id, client_id=client_id,
+            enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
+            max_poll_records=max_poll_records, **GROUP_TIMINGS,
+        )
+        self.consumer.subscribe([input_topic], listener=_Listener(on_assigned, on_revoked))
+        self.producer = self._new_producer()
+        self._pending: list = []
+
+    def _new_producer(self) -> KafkaProducer:
+        return KafkaProducer(**client_options(self.settings), acks="all", linger_ms=5, batch_size=256 * 1024,
+                             max_request_size=4 * 1024 * 1024, retries=5, max_block_ms=10_000)
+
+    # consuming -----------------------------------------------------------
+    def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        records = []
+        for messages in batches.values():
+            records.extend(Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp) for m in messages)
+        return records
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        self.consumer.seek(TopicPartition(topic, partition), offset)
+
+    def commit(self, positions: dict[tuple[str, int], int]) -> None:
+        """Commit next-offsets; raises KafkaError (e.g. during a rebalance) for the caller to retry later."""
+        from kafka.structs import OffsetAndMetadata
+
+        if positions:
+            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()})
+
+    def lag(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Messages behind the end of each partition, from the given next-offsets."""
+        tps = [TopicPartition(t, p) for t, p in positions]
+        if not tps:
+            return {}
+        ends = self.consumer.end_offsets(tps)
+        return {(tp.topic, tp.partition): max(0, ends[tp] - positions[(tp.topic, tp.partition)]) for tp in tps}
+
+    # producing -----------------------------------------------------------
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self._pending.append((topic, key, value, self.producer.send(topic, key=key, value=value)))
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until the broker acknowledged every message sent since the last flush.
+
+        Failed messages are sent again, in order, until they are acknowledged or
+        ``timeout_s`` passes (then DeliveryError: the caller must not commit).
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = 0.2
+        while self._pending:
+            try:
+                self.producer.flush(timeout=max(0.1, deadline - time.monotonic()))
+            except KafkaError:
+                pass
+            failed = [(t, k, v) for t, k, v, future in self._pending if not future.succeeded()]
+            if not failed:
+                self._pending.clear()
+                return
+            if time.monotonic() >= deadline:
+                raise DeliveryError(f"{len(failed)} message(s) not acknowledged by the brokers within {timeout_s:.0f} s")
+            log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(failed), delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            self._renew_producer()
+            self._pending = [(t, k, v, self.producer.send(t, key=k, value=v)) for t, k, v in failed]
+
+    def _renew_producer(self) -> None:
+        # After an outage an idempotent kafka-python producer has been seen to
+        # report sends as done that were never stored: start a fresh one.
+        try:
+            self.producer.close(timeout=1)
+        except Exception:  # closing a broken producer may fail; the new one is what matters
+            log.debug("closing the old producer failed", exc_info=True)
+        self.producer = self._new_producer()
+
+    def close(self) -> None:
+        try:
+            self.producer.close(timeout=5)
+        finally:
+            self.consumer.close(autocommit=False)

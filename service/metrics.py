@@ -1,0 +1,175 @@
+"""Prometheus metrics and the HTTP endpoints /metrics, /healthz and /readyz.
+
+The only module that knows about prometheus-client and HTTP. Each service
+instance gets its own registry, so several can live in one test process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class SlidingRate:
+    """Share of True among the last ``window`` flags, updated in O(1).
+
+    >>> rate = SlidingRate(window=3)
+    >>> for flag in (True, False, False, True):
+    ...     rate.add(flag)
+    >>> round(rate.value, 3)      # the last three: False, False, True
+    0.333
+    """
+
+    def __init__(self, window: int):
+        self.window = window
+        self._flags: deque[bool] = deque()
+        self._count = 0
+
+    def add(self, flag: bool) -> None:
+        self._flags.append(flag)
+        self._count += flag
+        if len(self._flags) > self.window:
+            self._count -= self._flags.popleft()
+
+    @property
+    def value(self) -> float:
+        return self._count / len(self._flags) if self._flags else 0.0
+
+
+class ServiceMetrics:
+    """The service's metrics, named by Prometheus conventions (``perceptron_`` prefix, base units)."""
+
+    def __init__(self, *, window: int, version: str, variant: str):
+        self.registry = registry = CollectorRegistry()
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=registry)
+        self.events = Counter("perceptron_events", "Valid events processed, by whether they had a label.", ["kind"], registry=registry)
+        self.labeled, self.unlabeled = self.events.labels("labeled"), self.events.labels("unlabeled")
+        self.mistakes = Counter("perceptron_mistakes", "Published predictions that were wrong (y·score ≤ 0).", registry=registry)
+        self.updates = Counter("perceptron_updates", "Weight updates made by the perceptron.", registry=registry)
+        self.rejected = Counter("perceptron_rejected_events", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=registry)
+        self.mistake_rate = Gauge("perceptron_mistake_rate", "Share of mistakes among the last N labeled events.", registry=registry)
+        Gauge("perceptron_mistake_rate_window_events", "N, the labeled events in the mistake-rate window.", registry=registry).set(window)
+        self.latency = Histogram("perceptron_processing_latency_seconds", "Seconds from polling an event to the broker's acknowledgement of its output.",
+                                 buckets=LATENCY_BUCKETS, registry=registry)
+        self.lag = Gauge("perceptron_consumer_lag", "Messages between the service's position and the end of each input partition.", ["topic", "partition"], registry=registry)
+        self.weight_norm = Gauge("perceptron_weight_norm", "Euclidean norm of the predicting weights, bias included.", registry=registry)
+        self.radius = Gauge("perceptron_data_radius", "R: the largest ‖x‖ seen, the constant 1 included.", registry=registry)
+        self.last_checkpoint = Gauge("perceptron_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint written.", registry=registry)
+        Info("perceptron_build", "Version and model variant of the running service.", registry=registry).info({"version": version, "variant": variant})
+        self.window = SlidingRate(window)
+
+    def observe_batch(self, *, labeled: int, unlabeled: int, mistake_flags: list[bool], updates: int, latency_s: float) -> None:
+        """Count one processed batch; ``mistake_flags`` in event order, one per labeled event."""
+        self.labeled.inc(labeled)
+        self.unlabeled.inc(unlabeled)
+        self.mistakes.inc(sum(mistake_flags))
+        self.updates.inc(updates)
+        for flag in mistake_flags:
+            self.window.add(flag)
+        self.mistake_rate.set(self.window.value)
+        # Every event of a batch waits for the same acknowledgement, so one
+        # value stands for all of them; prometheus-client has no weighted
+        # observe, and calling observe per event would cost more than it says.
+        for _ in range(labeled + unlabeled):
+            self.latency.observe(latency_s)
+
+    def set_model(self, weight_norm: float, radius: float) -> None:
+        self.weight_norm.set(weight_norm)
+        self.radius.set(radius)
+
+    def set_lag(self, lags: dict[tuple[str, int], int]) -> None:
+        for (topic, partition), lag in lags.items():
+            self.lag.labels(topic, str(partition)).set(lag)
+
+    def forget_partitions(self, partitions) -> None:
+        for topic, partition in partitions:
+            try:
+                self.lag.remove(topic, str(partition))
+            except KeyError:
+                pass
+
+
+class Health:
+    """What /healthz and /readyz report, set by the poll loop."""
+
+    def __init__(self, stall_timeout_s: float):
+        self.stall_timeout_s = stall_timeout_s
+        self.last_beat = time.monotonic()
+        self.assigned = False
+        self.restored = False
+        self.broker_ok = False
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    def live(self) -> tuple[bool, dict]:
+        idle = time.monotonic() - self.last_beat
+        return idle <= self.stall_timeout_s, {"poll_loop_idle_seconds": round(idle, 3), "limit_seconds": self.stall_timeout_s}
+
+    def ready(self) -> tuple[bool, dict]:
+        detail = {"partitions_assigned": self.assigned, "state_restored": self.restored, "broker_reachable": self.broker_ok}
+        return all(detail.values()), detail
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # scrapes every second would flood the log
+        log.debug("http: " + format, *args)
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class HttpEndpoints:
+    """/metrics, /healthz and /readyz on ``host:port`` in a background thread."""
+
+    def __init__(self, metrics: ServiceMetrics, health: Health, host: str, port: int):
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self.health = health
+        self.server = make_server(host, port, self._app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+        self.port = self.server.server_port
+        self._thread = threading.Thread(target=self.server.serve_forever, name="http-endpoints", daemon=True)
+
+    def start(self) -> HttpEndpoints:
+        self._thread.start()
+        return self
+
+    def _app(self, environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return self._metrics_app(environ, start_response)
+        checks = {"/healthz": self.health.live, "/readyz": self.health.ready}
+        if path not in checks:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"try /metrics, /healthz or /readyz\n"]
+        ok, detail = checks[path]()
+        body = json.dumps({"ok": ok, **detail}).encode()
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
+        return [body]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

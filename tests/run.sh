@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command of README.md: installs what the suite needs on a fresh
+# machine (the project with its test extras, Debian's prometheus for the
+# promtool checks and the real-Prometheus tests), then runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    echo "installing Debian's prometheus (server + promtool) for the tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    # the package may start a system instance where an init system runs; the tests start their own
+    $SUDO systemctl stop prometheus 2>/dev/null || true
+fi
+
+exec python3 -m pytest "$@"
