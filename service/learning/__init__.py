@@ -1,0 +1,26 @@
+"""The learning core: the online perceptron of the seeds and its batch forms.
+
+No Kafka, no HTTP: only river (for the classifier protocol and the optional
+StandardScaler) and the standard library, so it can be read, tested and
+reused alone.
+
+- :class:`Perceptron`: river classifier with the fused ``step`` hot path
+  (variants plain, averaged, pocket, margin); JSON state, no pickle.
+- :func:`make_learner` / :func:`learner_from_state`: what the service runs
+  and restores (optionally a StandardScaler in front).
+- :mod:`service.learning.batch`: cyclic/random PLA and pocket over a data
+  set, margins, radius and the (R/γ)² bound.
+"""
+
+from service.learning.perceptron import VARIANTS, Perceptron, StepResult, to_label
+from service.learning.scaled import ScaledPerceptron, learner_from_state, make_learner
+
+__all__ = [
+    "VARIANTS",
+    "Perceptron",
+    "ScaledPerceptron",
+    "StepResult",
+    "learner_from_state",
+    "make_learner",
+    "to_label",
+]

@@ -1,0 +1,470 @@
+"""The online perceptron of the seeds, as a river classifier with a fused hot path.
+
+h(x) = sign(w·x + b), the bias b being the weight of a constant feature x0 = 1.
+Start from w = 0, b = 0; a score of exactly 0 is a mistake; on a mistake
+(y·score ≤ 0) update w ← w + y·x, b ← b + y.  Labels are -1/+1.
+
+Why a class of our own rather than ``river.linear_model.Perceptron``: the
+service calls :meth:`Perceptron.step` once per event (predict with the
+published weights, then learn) on plain Python lists with a feature→index
+map, which is several times faster than river's dict-of-weights machinery,
+and the whole model is a JSON-able state (no pickle).  On the same events the
+plain variant makes exactly river's mistakes and ends with river's weights
+(same float operations in the same order; see tests/learning/test_river.py).
+
+Variants (``variant=``), and when each one helps:
+
+- ``"plain"``: the seeds' rule.  Best when the stream is separable (at most
+  (R/γ)² updates) or drifts: it reacts to the latest mistake at once.
+- ``"margin"``: also updates when 0 < y·score ≤ γ (``margin=γ``), pushing the
+  boundary away from the points; helps generalisation on separable data with
+  a thin margin, at the price of more updates.
+- ``"averaged"``: Freund & Schapire: predicts with the average of all the
+  weight vectors w_0..w_T (lazy trick: O(d) per update, not per event).
+  Helps with label noise / non-separable streams, where the last weights
+  oscillate; reacts more slowly to drift.
+- ``"pocket"``: Gallant's online pocket: learns like plain but predicts with
+  the weights that had the longest run of correct predictions.  Helps on
+  non-separable data with a stable concept; a bad update cannot hurt the
+  published prediction until the new weights prove themselves.
+
+>>> p = Perceptron()
+>>> p.step([1.0, 2.0], 1)            # score 0 is a mistake, then learn
+StepResult(y_pred=-1, score=0.0, mistake=True)
+>>> p.step([1.0, 2.0], 1)
+StepResult(y_pred=1, score=6.0, mistake=False)
+>>> p.weights, p.bias, p.updates, p.seen
+({0: 1.0, 1: 2.0}, 1.0, 1, 2)
+>>> Perceptron.from_state(p.to_state()).to_state() == p.to_state()
+True
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from operator import add, sub
+from typing import Any, NamedTuple
+
+from river import base
+
+VARIANTS = ("plain", "averaged", "pocket", "margin")
+STATE_KIND = "perceptron"
+STATE_FORMAT = 1
+
+# The labels learn_one accepts: -1/+1, and bool or 0/1 as river's datasets give them.
+# A dict lookup also takes 1.0, numpy ints and numpy bools (they hash and compare equal).
+_LABELS = {1: 1, -1: -1, 0: -1}
+
+
+class StepResult(NamedTuple):
+    """What :meth:`Perceptron.step` published: made BEFORE learning from the event."""
+
+    y_pred: int
+    score: float
+    mistake: bool | None  # None when the event had no label
+
+
+def to_label(y: Any) -> int:
+    """Map a label to -1/+1: -1/+1 as they are, True/1 → +1, False/0 → -1.
+
+    >>> [to_label(v) for v in (1, -1, True, False, 0, 1.0)]
+    [1, -1, 1, -1, -1, 1]
+    >>> to_label(2)
+    Traceback (most recent call last):
+    ...
+    ValueError: y must be -1 or +1 (or True/False, 1/0), got 2
+    """
+    try:
+        if not isinstance(y, (str, bytes)):
+            return _LABELS[y]
+    except (KeyError, TypeError):
+        pass
+    raise ValueError(f"y must be -1 or +1 (or True/False, 1/0), got {y!r}")
+
+
+def _check_params(variant: Any, margin: Any) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin) or margin < 0:
+        raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
+    if margin and variant != "margin":
+        raise ValueError(f"margin={margin!r} is only used by variant='margin' (variant is {variant!r})")
+
+
+class Perceptron(base.Classifier):
+    """Online perceptron; ``variant`` picks the rule (see the module docstring).
+
+    Inputs are dicts (feature name → number) or dense lists (features 0..d-1,
+    the same features as the int keys 0..d-1 of a dict).  ``learn_one`` takes
+    -1/+1, True/False or 1/0 labels; ``predict_one`` answers -1 or +1.
+    """
+
+    def __init__(self, variant: str = "plain", margin: float = 0.0) -> None:
+        _check_params(variant, margin)
+        self.variant = variant
+        self.margin = margin
+        self._thr = float(margin)  # update when y·score <= _thr (0 for every variant but margin)
+        self._keys: list = []  # position -> feature
+        self._index: dict = {}  # feature -> position
+        self._dense = 0  # _keys[i] == i for every i < _dense: lists index positions directly
+        self._w: list[float] = []  # running (learning) weights
+        self._b = 0.0
+        self._u: list[float] = []  # averaged: sum of c·y·x over updates
+        self._ub = 0.0
+        self._c = 1  # averaged: 1 + labeled events
+        self._p: list[float] = []  # pocket weights
+        self._pb = 0.0
+        self._run = 0  # pocket: current run of correct predictions of the running weights
+        self._best = 0  # pocket: run of the pocket weights
+        self._p_is_w = True  # pocket holds the same values as the running weights
+        self._r2 = 0.0  # max ||x'||² seen
+        self.seen = 0
+        self.labeled = 0
+        self.mistakes = 0
+        self.updates = 0
+
+    # ----------------------------------------------------------------- river API
+    def predict_one(self, x: dict, **kwargs: Any) -> int:
+        """-1 or +1 with the predicting weights; +1 iff the score is > 0."""
+        return 1 if self.score_one(x) > 0.0 else -1
+
+    def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
+        """Learn from one event (counted in ``seen``); y: -1/+1, True/False or 1/0."""
+        self.step(x, to_label(y))
+
+    def score_one(self, x: dict | list) -> float:
+        """w·x + b with the predicting weights; changes nothing."""
+        keys, vals = (range(len(x)), x) if isinstance(x, list) else (x.keys(), x.values())
+        idx = self._index
+        w, b = self.predicting_weights()
+        s = 0.0
+        for k, v in zip(keys, vals):
+            i = idx.get(k)
+            if i is not None:
+                s += w[i] * v
+        return s + b
+
+    # ------------------------------------------------------------------ hot path
+    def step(self, x: dict | list, y: int | None) -> StepResult:
+        """Score with the predicting weights, predict, then learn if ``y`` (-1/+1) is given."""
+        if self.variant == "averaged":
+            return self._step_averaged(x, y)
+        if self.variant == "pocket":
+            return self._step_pocket(x, y)
+        w = self._w
+        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
+            s = 0.0
+            q = 1.0
+            for wi, xi in zip(w, x):
+                s += wi * xi
+                q += xi * xi
+        else:
+            x, s, q, _ = self._dict_dot(x, w)
+        s += self._b
+        if q > self._r2:
+            self._r2 = q
+        self.seen += 1
+        if y is None:
+            return StepResult(1 if s > 0.0 else -1, s, None)
+        self.labeled += 1
+        m = y * s
+        if m <= self._thr:
+            self._update(w, x, y)
+            self._b += y
+            self.updates += 1
+        if m <= 0.0:
+            self.mistakes += 1
+            return StepResult(1 if s > 0.0 else -1, s, True)
+        return StepResult(y, s, False)
+
+    def _step_averaged(self, x: dict | list, y: int | None) -> StepResult:
+        w, u = self._w, self._u
+        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
+            s = t = 0.0
+            q = 1.0
+            for wi, ui, xi in zip(w, u, x):
+                s += wi * xi
+                t += ui * xi
+                q += xi * xi
+        else:
+            x, s, q, t = self._dict_dot(x, w, u)
+        s += self._b
+        score = s - (t + self._ub) / self._c  # averaged weights: w - u/c
+        result = self._count(x, y, score, q)
+        if y is not None:
+            if y * s <= 0.0:
+                c = self._c
+                self._update(w, x, y)
+                self._update(u, x, y * c)
+                self._b += y
+                self._ub += y * c
+                self.updates += 1
+            self._c += 1
+        return result
+
+    def _step_pocket(self, x: dict | list, y: int | None) -> StepResult:
+        w, p, same = self._w, self._p, self._p_is_w
+        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
+            s = t = 0.0
+            q = 1.0
+            if same:
+                for wi, xi in zip(w, x):
+                    s += wi * xi
+                    q += xi * xi
+            else:
+                for wi, pi, xi in zip(w, p, x):
+                    s += wi * xi
+                    t += pi * xi
+                    q += xi * xi
+        else:
+            x, s, q, t = self._dict_dot(x, w, None if same else p)
+        s += self._b
+        result = self._count(x, y, s if same else t + self._pb, q)
+        if y is not None:
+            if y * s <= 0.0:
+                self._update(w, x, y)
+                self._b += y
+                self.updates += 1
+                self._run = 0
+                self._p_is_w = False
+            else:
+                self._run += 1
+                if self._run > self._best:
+                    self._best = self._run
+                    if not same:
+                        p[:] = w
+                        self._pb = self._b
+                        self._p_is_w = True
+        return result
+
+    def _count(self, x: Any, y: int | None, score: float, q: float) -> StepResult:
+        """Book-keeping shared by the variants whose published score is not the running one."""
+        if q > self._r2:
+            self._r2 = q
+        self.seen += 1
+        y_pred = 1 if score > 0.0 else -1
+        if y is None:
+            return StepResult(y_pred, score, None)
+        self.labeled += 1
+        mistake = y * score <= 0.0
+        self.mistakes += mistake
+        return StepResult(y_pred, score, mistake)
+
+    def _dict_dot(self, x: dict | list, w: list[float], u: list[float] | None = None) -> tuple:
+        """(x as a dict, w·x without bias, ||x'||², u·x): the path for dicts (and odd lists).
+
+        The sum runs in the order of x, like river's ``VectorDict.dot``: same
+        floats, same rounding.  Unknown features get a weight of 0 (and a
+        position, so that the update can use it).
+        """
+        if type(x) is not dict:
+            x = dict(enumerate(x)) if isinstance(x, list) else dict(x)
+        idx = self._index
+        s = t = 0.0
+        q = 1.0
+        for k, v in x.items():
+            i = idx.get(k)
+            if i is None:
+                self._add_feature(k)
+            else:
+                s += w[i] * v
+                if u is not None:
+                    t += u[i] * v
+            q += v * v
+        return x, s, q, t
+
+    def _update(self, w: list[float], x: dict | list, y: float) -> None:
+        """w += y·x, as river does it: w - (x·(-y)) rounds like w + y·x."""
+        if type(x) is list:
+            n = len(x)
+            if y == 1:
+                w[:n] = map(add, w, x)
+            elif y == -1:
+                w[:n] = map(sub, w, x)
+            else:
+                w[:n] = [wi + y * xi for wi, xi in zip(w, x)]
+        else:
+            idx = self._index
+            for k, v in x.items():
+                w[idx[k]] += y * v
+
+    # --------------------------------------------------------------- features
+    def _add_feature(self, k: Any) -> int:
+        i = len(self._keys)
+        self._keys.append(k)
+        self._index[k] = i
+        for arr in (self._w, self._u, self._p):
+            arr.append(0.0)
+        if k == i and type(k) is int and self._dense == i:
+            self._dense += 1
+        return i
+
+    def _grow_dense(self, n: int) -> bool:
+        """Make room for features 0..n-1 of a list; False when the positions are taken by names."""
+        if self._dense != len(self._keys) or any(k in self._index for k in range(self._dense, n)):
+            return False
+        for k in range(self._dense, n):
+            self._add_feature(k)
+        return True
+
+    # ------------------------------------------------------------------ stats
+    def predicting_weights(self) -> tuple[list[float], float]:
+        """(weights by position, bias) that make the published predictions."""
+        if self.variant == "averaged":
+            c = self._c
+            return [wi - ui / c for wi, ui in zip(self._w, self._u)], self._b - self._ub / c
+        if self.variant == "pocket":
+            return self._p, self._pb
+        return self._w, self._b
+
+    @property
+    def weights(self) -> dict:
+        """Feature → weight of the predicting weights."""
+        return dict(zip(self._keys, self.predicting_weights()[0]))
+
+    @property
+    def bias(self) -> float:
+        return self.predicting_weights()[1]
+
+    @property
+    def weight_norm(self) -> float:
+        """||(b, w)|| of the predicting weights."""
+        w, b = self.predicting_weights()
+        return math.sqrt(b * b + sum(wi * wi for wi in w))
+
+    @property
+    def radius(self) -> float:
+        """R = max ||x'|| over the events seen, x' = (1, x)."""
+        return math.sqrt(self._r2)
+
+    # ------------------------------------------------------------------ state
+    @classmethod
+    def from_weights(cls, weights: dict | list, bias: float = 0.0, variant: str = "plain", margin: float = 0.0) -> Perceptron:
+        """A perceptron that starts from the given weights instead of 0 (seed 002's θ, θ0).
+
+        >>> p = Perceptron.from_weights([1.0, -1.0], bias=1.0)
+        >>> p.step([1.0, 3.0], 1), p.weights, p.bias
+        (StepResult(y_pred=-1, score=-1.0, mistake=True), {0: 2.0, 1: 2.0}, 2.0)
+        """
+        p = cls(variant, margin)
+        items = enumerate(weights) if isinstance(weights, list) else weights.items()
+        for k, v in items:
+            i = p._add_feature(k)
+            p._w[i] = p._p[i] = float(v)
+        p._b = p._pb = float(bias)
+        return p
+
+    def to_state(self) -> dict:
+        """Everything the model holds, as plain JSON types (floats round trip exactly)."""
+        for k in self._keys:
+            if type(k) not in (str, int):
+                raise ValueError(f"cannot checkpoint feature name {k!r}: names must be str or int")
+        state: dict[str, Any] = {
+            "kind": STATE_KIND,
+            "format": STATE_FORMAT,
+            "variant": self.variant,
+            "margin": self.margin,
+            "features": list(self._keys),
+            "weights": list(self._w),
+            "bias": self._b,
+            "radius_sq": self._r2,
+            "counters": {"seen": self.seen, "labeled": self.labeled, "mistakes": self.mistakes, "updates": self.updates},
+        }
+        if self.variant == "averaged":
+            state["averaged"] = {"sum": list(self._u), "bias_sum": self._ub, "c": self._c}
+        if self.variant == "pocket":
+            state["pocket"] = {
+                "weights": list(self._p),
+                "bias": self._pb,
+                "run": self._run,
+                "best_run": self._best,
+                "same_as_running": self._p_is_w,
+            }
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> Perceptron:
+        """Rebuild exactly what :meth:`to_state` saved; ValueError on a wrong or corrupt state.
+
+        >>> Perceptron.from_state({"kind": "perceptron", "format": 99})
+        Traceback (most recent call last):
+        ...
+        ValueError: invalid perceptron state: format 99 is not supported (this version reads format 1)
+        """
+        st = _Reader("perceptron state", state)
+        st.header(STATE_KIND, STATE_FORMAT)
+        variant, margin = st.get("variant"), st.get("margin")
+        try:
+            p = cls(variant, margin)
+        except ValueError as exc:
+            st.fail(str(exc))
+        keys = st.get("features")
+        if not isinstance(keys, list) or any(type(k) not in (str, int) for k in keys):
+            st.fail("features must be a list of str or int names")
+        if len(set(keys)) != len(keys):
+            st.fail("features has duplicate names")
+        for k in keys:
+            p._add_feature(k)
+        n = len(keys)
+        p._w, p._b, p._r2 = st.floats("weights", n), st.float("bias"), st.float("radius_sq")
+        counters = _Reader("perceptron state counters", st.get("counters"))
+        p.seen, p.labeled, p.mistakes, p.updates = (counters.count(c) for c in ("seen", "labeled", "mistakes", "updates"))
+        if variant == "averaged":
+            avg = _Reader("perceptron state averaged", st.get("averaged"))
+            p._u, p._ub, p._c = avg.floats("sum", n), avg.float("bias_sum"), avg.count("c")
+            if p._c < 1:
+                avg.fail("c must be >= 1")
+        if variant == "pocket":
+            pk = _Reader("perceptron state pocket", st.get("pocket"))
+            p._p, p._pb, p._run, p._best = pk.floats("weights", n), pk.float("bias"), pk.count("run"), pk.count("best_run")
+            p._p_is_w = pk.get("same_as_running")
+            if type(p._p_is_w) is not bool:
+                pk.fail("same_as_running must be true or false")
+            if p._p_is_w and (p._p != p._w or p._pb != p._b):
+                pk.fail("same_as_running is true but the pocket weights differ from the running ones")
+        return p
+
+
+class _Reader:
+    """Typed reads from a JSON state, each failure a ValueError that says what is wrong."""
+
+    def __init__(self, what: str, state: Any) -> None:
+        self.what = what
+        if not isinstance(state, dict):
+            self.fail(f"expected a JSON object, got {type(state).__name__}")
+        self.state = state
+
+    def fail(self, msg: str) -> None:
+        raise ValueError(f"invalid {self.what}: {msg}")
+
+    def header(self, kind: str, fmt: int) -> None:
+        if self.state.get("kind") != kind:
+            self.fail(f"kind is {self.state.get('kind')!r}, expected {kind!r}")
+        if self.state.get("format") != fmt:
+            self.fail(f"format {self.state.get('format')!r} is not supported (this version reads format {fmt})")
+
+    def get(self, key: str) -> Any:
+        if key not in self.state:
+            self.fail(f"{key!r} is missing")
+        return self.state[key]
+
+    def float(self, key: str) -> float:
+        v = self.get(key)
+        if type(v) not in (int, float) or not math.isfinite(v):
+            self.fail(f"{key} must be a finite number, got {v!r}")
+        return float(v)
+
+    def floats(self, key: str, n: int) -> list[float]:
+        v = self.get(key)
+        if not isinstance(v, list) or len(v) != n:
+            self.fail(f"{key} must be a list of {n} numbers (one per feature)")
+        if any(type(e) not in (int, float) or not math.isfinite(e) for e in v):
+            self.fail(f"{key} must hold finite numbers only")
+        return [float(e) for e in v]
+
+    def count(self, key: str) -> int:
+        v = self.get(key)
+        if type(v) is not int or v < 0:
+            self.fail(f"{key} must be an integer >= 0, got {v!r}")
+        return v

@@ -1,0 +1,134 @@
+"""Online standardisation in front of the perceptron, and the factory the service uses.
+
+Why: a perceptron is not scale invariant.  Salary in tens of thousands beside
+age in tens swamps every other feature, and R (hence the (R/γ)² bound)
+explodes.  river's ``preprocessing.StandardScaler`` keeps running means and
+variances; :class:`ScaledPerceptron` is ``StandardScaler() | Perceptron()``
+with the perceptron's API (``step``, counters, ``to_state``), its state
+including the scaler's statistics, so a checkpoint restores both.
+
+``predict_one``/``learn_one`` behave exactly like river's pipeline
+(the scaler learns in ``learn_one``).  ``step`` first lets the scaler see x,
+then predicts and learns with the same scaled x: river's pipeline inside
+``compose.learn_during_predict()``.  It uses no label, so the published
+prediction is still made before learning from the label.
+
+>>> m = make_learner(standardize=True)
+>>> [m.step(x, y).mistake for x, y in [([1.0, 10.0], 1), ([3.0, 30.0], -1), ([1.0, 10.0], 1)]]
+[True, True, False]
+>>> learner_from_state(m.to_state()).to_state() == m.to_state()
+True
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from river import base, preprocessing
+
+from service.learning.perceptron import Perceptron, StepResult, _Reader, to_label
+
+STATE_KIND = "scaled-perceptron"
+STATE_FORMAT = 1
+
+
+class ScaledPerceptron(base.Classifier):
+    """``preprocessing.StandardScaler() | Perceptron(variant, margin)`` with the perceptron's API."""
+
+    def __init__(self, variant: str = "plain", margin: float = 0.0) -> None:
+        self.variant = variant
+        self.margin = margin
+        self.perceptron = Perceptron(variant, margin)
+        self.scaler = preprocessing.StandardScaler()
+
+    def predict_one(self, x: dict, **kwargs: Any) -> int:
+        return self.perceptron.predict_one(self.scaler.transform_one(_as_dict(x)))
+
+    def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
+        x = _as_dict(x)
+        self.scaler.learn_one(x)
+        self.perceptron.learn_one(self.scaler.transform_one(x), to_label(y))
+
+    def step(self, x: dict | list, y: int | None) -> StepResult:
+        """The scaler sees x, then the perceptron steps on the scaled x."""
+        x = _as_dict(x)
+        self.scaler.learn_one(x)
+        return self.perceptron.step(self.scaler.transform_one(x), y)
+
+    # The perceptron's counters and stats, in the scaled space.
+    seen = property(lambda self: self.perceptron.seen)
+    labeled = property(lambda self: self.perceptron.labeled)
+    mistakes = property(lambda self: self.perceptron.mistakes)
+    updates = property(lambda self: self.perceptron.updates)
+    radius = property(lambda self: self.perceptron.radius)
+    weight_norm = property(lambda self: self.perceptron.weight_norm)
+    weights = property(lambda self: self.perceptron.weights)
+    bias = property(lambda self: self.perceptron.bias)
+
+    def to_state(self) -> dict:
+        sc = self.scaler
+        return {
+            "kind": STATE_KIND,
+            "format": STATE_FORMAT,
+            "scaler": {
+                "with_std": sc.with_std,
+                # [name, value] pairs: JSON object keys would turn int names into str
+                "counts": [[k, v] for k, v in sc.counts.items()],
+                "means": [[k, v] for k, v in sc.means.items()],
+                "vars": [[k, v] for k, v in sc.vars.items()],
+            },
+            "perceptron": self.perceptron.to_state(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> ScaledPerceptron:
+        """Exact inverse of :meth:`to_state`; ValueError on a wrong or corrupt state."""
+        st = _Reader("scaled-perceptron state", state)
+        st.header(STATE_KIND, STATE_FORMAT)
+        p = Perceptron.from_state(st.get("perceptron"))
+        m = cls(p.variant, p.margin)
+        m.perceptron = p
+        sc = _Reader("scaled-perceptron state scaler", st.get("scaler"))
+        if sc.get("with_std") is not True:
+            sc.fail("with_std must be true")
+        m.scaler.counts.update(dict(_pairs(sc, "counts", int)))
+        m.scaler.means.update(dict(_pairs(sc, "means", float)))
+        m.scaler.vars.update(dict(_pairs(sc, "vars", float)))
+        return m
+
+
+def _pairs(sc: _Reader, key: str, kind: type) -> list[tuple]:
+    pairs = sc.get(key)
+    ok = isinstance(pairs, list) and all(
+        isinstance(e, list) and len(e) == 2 and type(e[0]) in (str, int) and type(e[1]) in ((int,) if kind is int else (int, float))
+        for e in pairs
+    )
+    if not ok:
+        sc.fail(f"{key} must be a list of [name, number] pairs")
+    return [(k, kind(v)) for k, v in pairs]
+
+
+def _as_dict(x: dict | list) -> dict:
+    return dict(enumerate(x)) if isinstance(x, list) else x
+
+
+def make_learner(variant: str = "plain", margin: float = 0.0, standardize: bool = False) -> Perceptron | ScaledPerceptron:
+    """The model the service runs: a :class:`Perceptron`, with a StandardScaler in front if asked."""
+    return ScaledPerceptron(variant, margin) if standardize else Perceptron(variant, margin)
+
+
+def learner_from_state(state: dict) -> Perceptron | ScaledPerceptron:
+    """Rebuild whichever learner wrote ``state`` (dispatch on its ``kind``).
+
+    >>> learner_from_state({"kind": "svm"})
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid learner state: unknown kind 'svm' (expected 'perceptron' or 'scaled-perceptron')
+    """
+    kind = state.get("kind") if isinstance(state, dict) else None
+    if kind == "perceptron":
+        return Perceptron.from_state(state)
+    if kind == STATE_KIND:
+        return ScaledPerceptron.from_state(state)
+    raise ValueError(f"invalid learner state: unknown kind {kind!r} (expected 'perceptron' or 'scaled-perceptron')")

@@ -1,0 +1,144 @@
+"""Unit tests of the online perceptron: the rule, the API the service uses, the state."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from river import base, evaluate, metrics, preprocessing
+
+from service.learning import Perceptron, ScaledPerceptron, StepResult, learner_from_state, make_learner
+from service.learning.perceptron import VARIANTS
+
+
+def test_starts_at_zero_and_zero_score_is_a_mistake():
+    p = Perceptron()
+    r = p.step([3.0, -1.0], -1)
+    assert r == StepResult(y_pred=-1, score=0.0, mistake=True)  # sign(0) is not a label
+    assert (p.weights, p.bias, p.updates, p.mistakes) == ({0: -3.0, 1: 1.0}, -1.0, 1, 1)
+
+
+def test_unlabeled_step_predicts_without_learning():
+    p = Perceptron.from_weights([1.0, -1.0], bias=1.0)
+    r = p.step([1.0, 3.0], None)
+    assert r == StepResult(-1, -1.0, None)
+    assert (p.seen, p.labeled, p.updates, p.weights) == (1, 0, 0, {0: 1.0, 1: -1.0})
+
+
+def test_counters_radius_norm():
+    p = Perceptron()
+    p.step([3.0, 4.0], 1)  # mistake: w = (1; 3, 4)
+    p.step([3.0, 4.0], 1)
+    p.step([0.0, 0.0], None)
+    assert (p.seen, p.labeled, p.mistakes, p.updates) == (3, 2, 1, 1)
+    assert p.radius == math.sqrt(26.0)  # ||(1, 3, 4)||
+    assert p.weight_norm == math.sqrt(26.0)
+
+
+def test_dicts_and_lists_share_int_features():
+    p = Perceptron()
+    p.step({0: 1.0, 1: 2.0}, 1)
+    p.step([1.0, 2.0, 5.0], -1)
+    p.step({"age": 2.0}, 1)
+    p.step([1.0, 1.0, 1.0, 1.0], -1)  # position 3 is "age": falls back to the dict path
+    assert list(p.weights) == [0, 1, 2, "age", 3]
+
+
+@pytest.mark.parametrize("y,expected", [(True, 1), (False, -1), (1, 1), (0, -1), (-1, -1)])
+def test_learn_one_labels(y, expected):
+    p = Perceptron()
+    p.learn_one({"a": 1.0}, y)
+    assert p.bias == expected and p.seen == 1 and p.labeled == 1
+
+
+@pytest.mark.parametrize("y", [2, -2, 0.5, "1", None, float("nan")])
+def test_learn_one_rejects_other_labels(y):
+    with pytest.raises(ValueError, match="y must be"):
+        Perceptron().learn_one({"a": 1.0}, y)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [({"variant": "nope"}, "variant"), ({"variant": "margin", "margin": -1.0}, "margin"),
+     ({"variant": "margin", "margin": math.inf}, "margin"), ({"variant": "plain", "margin": 0.5}, "margin")],
+)
+def test_bad_params(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        Perceptron(**kwargs)
+
+
+def test_margin_variant_updates_inside_the_margin():
+    p = Perceptron("margin", margin=10.0)
+    p.step([1.0], 1)  # mistake → w = (1; 1)
+    r = p.step([1.0], 1)  # score 2 > 0: correct, but 2 <= 10 → update
+    assert r.mistake is False and p.updates == 2 and p.mistakes == 1
+
+
+def test_averaged_predicts_with_the_average():
+    p = Perceptron("averaged")
+    p.step([1.0], 1)  # w_1 = (1; 1)
+    p.step([-1.0], -1)  # correct with w_1: score -1+1 = 0 → mistake: w_2 = (0; 2)
+    # average of w_0, w_1, w_2 = ((0+1+0)/3; (0+1+2)/3)
+    assert p.bias == pytest.approx(1 / 3) and p.weights[0] == pytest.approx(1.0)
+
+
+def test_pocket_keeps_the_longest_run():
+    p = Perceptron("pocket")
+    stream = [([1.0], 1)] * 5 + [([-1.0], 1)] + [([1.0], -1)]
+    for x, y in stream:
+        p.step(x, y)
+    # w_1 = (1; 1) had a run of 4, then failed twice: the pocket keeps w_1
+    assert (p.bias, p.weights) == (1.0, {0: 1.0})
+    assert p.updates == 3
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("standardize", [False, True])
+def test_state_round_trip_through_json(variant, standardize):
+    m = make_learner(variant, 0.25 if variant == "margin" else 0.0, standardize)
+    for i in range(50):
+        m.step([math.sin(i) * 3, math.cos(i * 1.7), 0.1 * i], 1 if math.sin(i * 0.3) > 0 else -1)
+    state = m.to_state()
+    back = learner_from_state(json.loads(json.dumps(state)))
+    assert type(back) is type(m) and back.to_state() == state
+    for i in range(20):  # and it goes on exactly like the original
+        x, y = [math.cos(i), i / 7, -1.0], (-1) ** i
+        assert back.step(x, y) == m.step(x, y)
+    assert back.to_state() == m.to_state()
+
+
+@pytest.mark.parametrize(
+    "mutate,msg",
+    [(lambda s: s.update(format=2), "format 2"), (lambda s: s.update(kind="x"), "kind"),
+     (lambda s: s.update(weights=[1.0]), "weights"), (lambda s: s.pop("bias"), "bias"),
+     (lambda s: s["counters"].update(seen=-1), "seen"), (lambda s: s.update(variant="v"), "variant"),
+     (lambda s: s.update(features=["a", "a"]), "duplicate"), (lambda s: s.update(bias=None), "bias")],
+)
+def test_from_state_rejects_corrupt_states(mutate, msg):
+    p = Perceptron()
+    p.step({"a": 1.0, "b": 2.0}, 1)
+    state = json.loads(json.dumps(p.to_state()))
+    mutate(state)
+    with pytest.raises(ValueError, match=msg):
+        learner_from_state(state)
+
+
+def test_river_protocol():
+    p = Perceptron("averaged")
+    assert isinstance(p, base.Classifier)
+    assert p.clone().variant == "averaged" and p.clone() is not p
+    model = preprocessing.StandardScaler() | Perceptron()
+    stream = [({"a": float(i % 7), "b": float(i % 3)}, i % 7 > 3) for i in range(200)]
+    evaluate.progressive_val_score(stream, model, metrics.Accuracy())
+    assert model["Perceptron"].seen == 200
+
+
+def test_scaled_predict_learn_is_rivers_pipeline():
+    ours, pipe = ScaledPerceptron(), preprocessing.StandardScaler() | Perceptron()
+    for i in range(300):
+        x, y = {"age": 20 + i % 40, "salary": 1000.0 * (i % 13)}, (i % 40) * 1000 > 2 * (i % 13) * 1000
+        assert ours.predict_one(x) == pipe.predict_one(x)
+        ours.learn_one(x, y)
+        pipe.learn_one(x, y)
+    assert ours.weights == pipe["Perceptron"].weights and ours.updates == pipe["Perceptron"].updates
