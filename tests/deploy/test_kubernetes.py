@@ -1,0 +1,361 @@
+"""Static checks of deploy/kubernetes/: no cluster runs on our machines.
+
+- Every manifest of a built-in kind is validated with kubernetes-validate
+  (the OpenAPI schemas it ships) in strict mode, which rejects unknown fields,
+  against one fixed Kubernetes version.
+- kubernetes-validate has no schema for custom resources: the ServiceMonitor
+  (monitoring.coreos.com/v1, Prometheus Operator) and the Kustomization are
+  checked structurally here instead, the ServiceMonitor against the fields we
+  use as the operator's CRD defines them (types and duration pattern).
+- The parts that must agree are cross-checked: ConfigMap keys are real
+  settings whose values load, probes hit /healthz and /readyz on the port
+  the service listens on, the Service and ServiceMonitor select what they
+  should, the PVC holds the state dir, and the security context is locked
+  down.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
+
+from service.config import ENV_PREFIX, ServeSettings, load
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "deploy" / "kubernetes"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+KUBERNETES_VERSION = "1.30.0"
+
+BUILTIN_KINDS = {"ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Service"}
+CUSTOM_KINDS = {"ServiceMonitor", "Kustomization"}
+
+
+def _documents(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _manifest_files() -> list[Path]:
+    files = sorted(MANIFESTS.glob("*.yaml")) + sorted(MANIFESTS.glob("*.yml"))
+    assert files, f"no manifests in {MANIFESTS}"
+    return files
+
+
+@pytest.fixture(scope="module")
+def objects() -> dict[str, dict]:
+    """kind -> the one object of that kind."""
+    found: dict[str, dict] = {}
+    for path in _manifest_files():
+        for doc in _documents(path):
+            assert doc["kind"] not in found, f"two objects of kind {doc['kind']}"
+            found[doc["kind"]] = doc
+    return found
+
+
+@pytest.fixture(scope="module")
+def container(objects) -> dict:
+    containers = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The image's ENV (continuation lines joined), the base the container's env overrides."""
+    env: dict[str, str] = {}
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    for line in text.splitlines():
+        line = line.strip()
+        if line.upper().startswith("ENV "):
+            for token in shlex.split(line[4:]):
+                key, _, value = token.partition("=")
+                env[key] = value
+    return env
+
+
+def dockerfile_uid() -> int:
+    users = [line.split()[1] for line in DOCKERFILE.read_text().splitlines() if line.startswith("USER ")]
+    assert len(users) == 1
+    return int(users[0].split(":")[0])
+
+
+def serve_settings(monkeypatch, env: dict[str, str]) -> ServeSettings:
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return load(ServeSettings, [])
+
+
+def pod_env(objects) -> dict[str, str]:
+    """The container's environment as Kubernetes builds it: image ENV < envFrom < env."""
+    env = dockerfile_env()
+    env.update(objects["ConfigMap"]["data"])
+    return env
+
+
+# --------------------------------------------------------------------------- schema validation
+
+
+@pytest.mark.parametrize("path", _manifest_files(), ids=lambda p: p.name)
+def test_manifest_is_valid_for_kubernetes(path):
+    for doc in _documents(path):
+        if doc["kind"] in CUSTOM_KINDS:
+            with pytest.raises(SchemaNotFoundError):  # why these are checked structurally below
+                kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+            continue
+        assert doc["kind"] in BUILTIN_KINDS, f"unexpected kind {doc['kind']} in {path.name}"
+        assert "namespace" not in doc["metadata"], "manifests are namespace-less: kubectl -n / kustomize sets it"
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_every_expected_kind_is_there(objects):
+    assert set(objects) == BUILTIN_KINDS | CUSTOM_KINDS
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda c: c.__setitem__("livenesProbe", c.pop("livenessProbe")), "livenesProbe"),  # a typo
+    (lambda c: c["securityContext"].__setitem__("readOnlyRootFilesystem", "yes"), "yes"),  # a wrong type
+    (lambda c: c["ports"][0].__setitem__("containerPort", "8000"), "8000"),
+])
+def test_strict_validation_rejects_broken_deployments(objects, mutate, field):
+    broken = copy.deepcopy(objects["Deployment"])
+    mutate(broken["spec"]["template"]["spec"]["containers"][0])
+    with pytest.raises(ValidationError) as error:
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+    assert field in str(error.value)
+
+
+# The fields of the ServiceMonitor CRD (prometheus-operator, monitoring.coreos.com/v1)
+# that these manifests use, with the CRD's types and its duration pattern; closed,
+# so a misspelled field fails here instead of being ignored by the operator.
+_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+SERVICEMONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["port"],
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                            "interval": {"type": "string", "pattern": _DURATION},
+                            "scrapeTimeout": {"type": "string", "pattern": _DURATION},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_servicemonitor_structure(objects):
+    jsonschema.validate(objects["ServiceMonitor"], SERVICEMONITOR_SCHEMA)
+    broken = copy.deepcopy(objects["ServiceMonitor"])
+    broken["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SERVICEMONITOR_SCHEMA)
+
+
+def test_servicemonitor_scrapes_the_services_metrics_port(objects):
+    monitor, service = objects["ServiceMonitor"], objects["Service"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    port_names = {port["name"] for port in service["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert endpoint["port"] in port_names
+        assert endpoint.get("path", "/metrics") == "/metrics"
+
+
+def test_kustomization_lists_the_manifests(objects):
+    kustomization = objects["Kustomization"]
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    resources = kustomization["resources"]
+    assert len(resources) == len(set(resources))
+    for resource in resources:
+        assert (MANIFESTS / resource).is_file(), resource
+    expected = {p.name for p in _manifest_files()} - {"kustomization.yaml", "secret.example.yaml"}
+    assert set(resources) == expected
+    # the placeholder Secret must never be applied by `kubectl apply -k`
+    assert "secret.example.yaml" not in resources
+    image = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert {i["name"] for i in kustomization.get("images", [])} <= {image.split(":")[0]}
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_configmap_keys_are_serve_settings(objects):
+    data = objects["ConfigMap"]["data"]
+    assert data
+    for name, value in data.items():
+        assert name.startswith(ENV_PREFIX), name
+        assert name.removeprefix(ENV_PREFIX).lower() in ServeSettings.model_fields, f"{name} is not a setting of serve"
+        assert isinstance(value, str), f"{name}: ConfigMap values are text"
+
+
+def test_configmap_values_load(objects, monkeypatch):
+    settings = serve_settings(monkeypatch, pod_env(objects))
+    assert settings.metrics_host == "0.0.0.0"
+    assert settings.state_store in ("local", "kafka")
+
+
+def test_deployment_env_names_are_settings_and_the_secret_is_optional(objects, container, monkeypatch):
+    config_maps = [source["configMapRef"]["name"] for source in container["envFrom"]]
+    assert config_maps == [objects["ConfigMap"]["metadata"]["name"]]
+    secret = objects["Secret"]
+    for var in container.get("env", []):
+        assert var["name"].removeprefix(ENV_PREFIX).lower() in ServeSettings.model_fields, var["name"]
+        ref = var["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"]
+        assert ref["key"] in secret["stringData"]
+        assert ref["optional"] is True  # the example Secret is not applied
+    names = {var["name"] for var in container.get("env", [])}
+    assert f"{ENV_PREFIX}SASL_PASSWORD" in names
+    # with SASL turned on, the ConfigMap plus the Secret's password make valid settings
+    env = pod_env(objects) | {
+        f"{ENV_PREFIX}SECURITY_PROTOCOL": "SASL_SSL",
+        f"{ENV_PREFIX}SASL_MECHANISM": "SCRAM-SHA-512",
+        f"{ENV_PREFIX}SASL_USERNAME": "perceptron-stream",
+        f"{ENV_PREFIX}SASL_PASSWORD": secret["stringData"]["sasl-password"],
+    }
+    assert serve_settings(monkeypatch, env).sasl_password.get_secret_value() == secret["stringData"]["sasl-password"]
+
+
+def test_secret_is_a_clearly_marked_placeholder(objects):
+    text = (MANIFESTS / "secret.example.yaml").read_text()
+    assert "EXAMPLE" in text and "placeholder" in text.lower()
+    for value in objects["Secret"]["stringData"].values():
+        assert "CHANGE-ME" in value
+    assert "data" not in objects["Secret"]  # no base64 that could hide a real value
+
+
+# --------------------------------------------------------------------------- the Deployment
+
+
+def test_one_instance_recreated_never_rolled(objects):
+    spec = objects["Deployment"]["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    assert "Recreate" in (MANIFESTS / "deployment.yaml").read_text().split("strategy:")[0]  # the reason is written
+
+
+def _container_port(container: dict, port) -> int:
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in container["ports"] if p["name"] == port)
+
+
+def test_probes_hit_healthz_and_readyz_on_the_metrics_port(objects, container, monkeypatch):
+    metrics_port = serve_settings(monkeypatch, pod_env(objects)).metrics_port
+    assert [p["containerPort"] for p in container["ports"]] == [metrics_port]
+    expected = {"livenessProbe": "/healthz", "readinessProbe": "/readyz", "startupProbe": "/healthz"}
+    assert {"livenessProbe", "readinessProbe"} <= set(container)
+    for probe, path in expected.items():
+        if probe not in container:
+            continue
+        get = container[probe]["httpGet"]
+        assert get["path"] == path, probe
+        assert _container_port(container, get["port"]) == metrics_port, probe
+
+
+def test_service_selects_the_pod_and_targets_the_metrics_port(objects, container, monkeypatch):
+    metrics_port = serve_settings(monkeypatch, pod_env(objects)).metrics_port
+    service = objects["Service"]
+    pod_labels = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    selector = objects["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port["name"] == "metrics"
+    assert _container_port(container, port["targetPort"]) == metrics_port
+
+
+def test_container_runs_locked_down(objects, container):
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == dockerfile_uid() != 0
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert pod.get("hostNetwork") is not True and pod.get("hostPID") is not True
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert not security["capabilities"].get("add")
+    assert security.get("privileged") is not True
+
+
+def _quantity(value) -> float:
+    units = {"m": 1e-3, "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 1e3, "M": 1e6, "G": 1e9}
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value)).groups()
+    return float(number) * units[unit]
+
+
+def test_resources_have_requests_within_limits(container):
+    resources = container["resources"]
+    for kind in ("cpu", "memory"):
+        request, limit = resources["requests"][kind], resources["limits"][kind]
+        assert 0 < _quantity(request) <= _quantity(limit), kind
+    assert _quantity(resources["limits"]["memory"]) >= 256 * 2**20  # river + kafka-python + the model
+
+
+def test_writable_paths_are_volumes(objects, container, monkeypatch):
+    """The root filesystem is read-only: /tmp and the state dir must be mounts."""
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    mounts = {mount["mountPath"]: volumes[mount["name"]] for mount in container["volumeMounts"]}
+    assert "emptyDir" in mounts["/tmp"]
+    settings = serve_settings(monkeypatch, pod_env(objects))
+    assert settings.state_store == "local", "these manifests keep checkpoints on the PVC"
+    state = mounts[str(settings.state_dir)]
+    assert str(settings.state_dir) == "/var/lib/perceptron-stream"
+    pvc = objects["PersistentVolumeClaim"]
+    assert state["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert _quantity(pvc["spec"]["resources"]["requests"]["storage"]) > 0
+
+
+def test_the_container_runs_serve_of_the_image(container):
+    assert container.get("args", ["serve"]) == ["serve"]
+    assert "command" not in container  # keep the image's ENTRYPOINT perceptron-stream
+    entrypoint = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith("ENTRYPOINT")]
+    assert json.loads(entrypoint[0].split(" ", 1)[1]) == ["perceptron-stream"]
