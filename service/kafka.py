@@ -98,6 +98,13 @@ def _retrying(action: Callable, what: str, timeout_s: float):
             delay = min(delay * 2, 5.0)
 
 
+def make_producer(settings: KafkaSettings, **overrides) -> KafkaProducer:
+    """A producer that waits for all in-sync replicas (acks=all) and batches briefly."""
+    options = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024,
+               "retries": 5, "max_block_ms": 10_000, **overrides}
+    return KafkaProducer(**client_options(settings), **options)
+
+
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_assigned: Callable, on_revoked: Callable):
         self.on_assigned, self.on_revoked = on_assigned, on_revoked
@@ -122,15 +129,14 @@ class KafkaIO:
         self.consumer = KafkaConsumer(
             **client_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
-            max_poll_records=max_poll_records, **GROUP_TIMINGS,
+            max_poll_records=max_poll_records, request_timeout_ms=10_000, **GROUP_TIMINGS,
         )
         self.consumer.subscribe([input_topic], listener=_Listener(on_assigned, on_revoked))
         self.producer = self._new_producer()
         self._pending: list = []
 
     def _new_producer(self) -> KafkaProducer:
-        return KafkaProducer(**client_options(self.settings), acks="all", linger_ms=5, batch_size=256 * 1024,
-                             max_request_size=4 * 1024 * 1024, retries=5, max_block_ms=10_000)
+        return make_producer(self.settings)
 
     # consuming -----------------------------------------------------------
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
@@ -150,16 +156,18 @@ class KafkaIO:
         """Commit next-offsets; raises KafkaError (e.g. during a rebalance) for the caller to retry later."""
         from kafka.structs import OffsetAndMetadata
 
+        owned = self.consumer.assignment()
+        positions = {tp: o for tp, o in positions.items() if TopicPartition(*tp) in owned}
         if positions:
             self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()})
 
-    def lag(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        """Messages behind the end of each partition, from the given next-offsets."""
-        tps = [TopicPartition(t, p) for t, p in positions]
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Messages between the consumer's position and the end of each assigned partition."""
+        tps = list(self.consumer.assignment())
         if not tps:
             return {}
         ends = self.consumer.end_offsets(tps)
-        return {(tp.topic, tp.partition): max(0, ends[tp] - positions[(tp.topic, tp.partition)]) for tp in tps}
+        return {(tp.topic, tp.partition): max(0, ends[tp] - self.consumer.position(tp)) for tp in tps}
 
     # producing -----------------------------------------------------------
     def send(self, topic: str, key: bytes | None, value: bytes) -> None:
@@ -204,3 +212,46 @@ class KafkaIO:
             self.producer.close(timeout=5)
         finally:
             self.consumer.close(autocommit=False)
+
+
+class CompactedTopic:
+    """A compacted topic used as a small key → value store (the Kafka checkpoint store)."""
+
+    def __init__(self, settings: KafkaSettings, topic: str):
+        self.settings, self.topic = settings, topic
+        self.producer = make_producer(settings, linger_ms=0, max_request_size=16 * 1024 * 1024)
+
+    def put(self, key: bytes, value: bytes, timeout_s: float = 30.0) -> None:
+        """Write and wait for the broker's acknowledgement."""
+        self.producer.send(self.topic, key=key, value=value).get(timeout=timeout_s)
+
+    def read_all(self, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes | None]]:
+        """Every record from the beginning of every partition, in offset order per partition."""
+        consumer = KafkaConsumer(**client_options(self.settings), enable_auto_commit=False, group_id=None,
+                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=32 * 1024 * 1024)
+        try:
+            partitions = consumer.partitions_for_topic(self.topic) or set()
+            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+            if not tps:
+                return []
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            ends = consumer.end_offsets(tps)
+            out: list[tuple[bytes | None, bytes | None]] = []
+            deadline, quiet_polls = time.monotonic() + timeout_s, 0
+            # end_offsets can read short on some brokers (see DESIGN.md): read
+            # until past it AND one poll came back empty.
+            while time.monotonic() < deadline:
+                batches = consumer.poll(timeout_ms=200)
+                for messages in batches.values():
+                    out.extend((m.key, m.value) for m in messages)
+                done = all(consumer.position(tp) >= ends[tp] for tp in tps)
+                quiet_polls = quiet_polls + 1 if not batches else 0
+                if done and quiet_polls >= 1:
+                    return out
+            raise KafkaError(f"reading {self.topic} did not finish within {timeout_s:.0f} s")
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        self.producer.close(timeout=5)

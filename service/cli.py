@@ -1,0 +1,141 @@
+"""``perceptron-stream``: the command line.
+
+Each command's flags are its settings class in :mod:`service.config`
+(``perceptron-stream serve --help`` lists them); a bad flag, environment
+variable or file value exits with code 2 and a message naming the setting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+
+from service import __version__
+from service.config import (
+    BrokerSettings,
+    ConfigError,
+    DemoSettings,
+    ProduceSettings,
+    ServeSettings,
+    TrainSettings,
+    load,
+)
+
+PROG = "perceptron-stream"
+COMMANDS = {
+    "serve": (ServeSettings, "run the service: consume points, predict, learn, publish"),
+    "broker": (BrokerSettings, "run the embedded Kafka-compatible broker (Tansu) in the foreground"),
+    "produce": (ProduceSettings, "write a synthetic stream or replay a CSV/JSONL file into a topic"),
+    "train": (TrainSettings, "run the batch algorithms (PLA, pocket) over a file; print JSON"),
+    "demo": (DemoSettings, "broker + producer + service on this machine, with a live view"),
+}
+
+
+def _usage() -> str:
+    lines = [f"usage: {PROG} COMMAND [--flags]   ({PROG} COMMAND --help for its flags)", "", "commands:"]
+    lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def _logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"{PROG} {__version__}")
+        return 0
+    command, args = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"{PROG}: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    settings_cls = COMMANDS[command][0]
+    try:
+        settings = load(settings_cls, args)
+    except ConfigError as exc:
+        print(f"{PROG} {command}: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help printed by the settings parser
+        return int(exc.code or 0)
+    try:
+        return RUNNERS[command](settings)
+    except KeyboardInterrupt:
+        return 130
+
+
+def run_serve(settings: ServeSettings) -> int:
+    from service.app import Application, StartupError
+    from service.kafka import MissingTopicError
+    from service.state.checkpoint import CheckpointError
+    from service.state.local import StateLockedError
+
+    _logging(settings.log_level)
+    try:
+        return Application(settings).run()
+    except (StartupError, CheckpointError, StateLockedError, MissingTopicError) as exc:
+        logging.getLogger(PROG).error("%s", exc)
+        print(f"{PROG} serve: {exc}", file=sys.stderr)
+        return 1
+
+
+def run_broker(settings: BrokerSettings) -> int:
+    from service.broker import EmbeddedBroker
+
+    _logging()
+    broker = EmbeddedBroker(settings.host, settings.port).start()
+    print(f"embedded broker (Tansu) on {broker.bootstrap_servers}; memory only; Ctrl-C stops it", flush=True)
+    print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
+    stop = lambda *_: broker.stop()  # noqa: E731 - a signal handler
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        code = broker.wait() if broker.process is not None else 0
+    finally:
+        broker.stop()
+    return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else code
+
+
+def run_produce(settings: ProduceSettings) -> int:
+    from service.produce import produce
+
+    _logging("WARNING")
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    sent = produce(settings, should_stop=lambda: bool(stopping))
+    print(f"wrote {sent} messages to {settings.topic}", file=sys.stderr)
+    return 0
+
+
+def run_train(settings: TrainSettings) -> int:
+    from service.learning.batch import train_report
+    from service.streams import load_dataset
+
+    try:
+        X, y, names = load_dataset(settings.data)
+    except (OSError, ValueError) as exc:
+        print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
+        return 2
+    report = train_report(X, y, algorithm=settings.algorithm, order=settings.order, seed=settings.seed,
+                          max_passes=settings.max_passes, feature_names=names)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def run_demo(settings: DemoSettings) -> int:
+    from service.demo import run_demo as demo
+
+    return demo(settings)
+
+
+RUNNERS = {"serve": run_serve, "broker": run_broker, "produce": run_produce, "train": run_train, "demo": run_demo}
+
+if __name__ == "__main__":
+    sys.exit(main())
