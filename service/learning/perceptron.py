@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from operator import add, sub
+import sys
+from math import hypot
+from operator import add, mul, sub
 from typing import Any, NamedTuple
 
 from river import base
@@ -55,6 +57,19 @@ STATE_FORMAT = 1
 # The labels learn_one accepts: -1/+1, and bool or 0/1 as river's datasets give them.
 # A dict lookup also takes 1.0, numpy ints and numpy bools (they hash and compare equal).
 _LABELS = {1: 1, -1: -1, 0: -1}
+
+# Up to Python 3.11, sum() of floats adds them one by one, in order: the same
+# floats as river's dot product.  From 3.12 it compensates rounding errors,
+# which is more accurate but no longer bit-identical to river: use a loop.
+_SEQUENTIAL_SUM = sys.version_info < (3, 12)
+_new = tuple.__new__
+
+
+def _dot(w: list[float], x: list[float]) -> float:
+    s = 0.0
+    for wi, xi in zip(w, x):
+        s += wi * xi
+    return s
 
 
 class StepResult(NamedTuple):
@@ -118,9 +133,10 @@ class Perceptron(base.Classifier):
         self._run = 0  # pocket: current run of correct predictions of the running weights
         self._best = 0  # pocket: run of the pocket weights
         self._p_is_w = True  # pocket holds the same values as the running weights
-        self._r2 = 0.0  # max ||x'||² seen
+        self._xmax = 0.0  # max ||x|| seen (without the constant 1)
+        self._mode = VARIANTS.index(variant) % 3  # 0: plain/margin, 1: averaged, 2: pocket
         self.seen = 0
-        self.labeled = 0
+        self._unlabeled = 0
         self.mistakes = 0
         self.updates = 0
 
@@ -146,28 +162,27 @@ class Perceptron(base.Classifier):
         return s + b
 
     # ------------------------------------------------------------------ hot path
+    # Speed notes (bench/learner.py): sum(map(mul, w, x)) and hypot(*x) run in C;
+    # counters that move on every event are the fewest possible (labeled is derived);
+    # StepResult is built with tuple.__new__ (a NamedTuple's __new__ is Python code).
+
     def step(self, x: dict | list, y: int | None) -> StepResult:
         """Score with the predicting weights, predict, then learn if ``y`` (-1/+1) is given."""
-        if self.variant == "averaged":
-            return self._step_averaged(x, y)
-        if self.variant == "pocket":
-            return self._step_pocket(x, y)
+        if self._mode:
+            return self._step_averaged(x, y) if self._mode == 1 else self._step_pocket(x, y)
         w = self._w
         if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            s = 0.0
-            q = 1.0
-            for wi, xi in zip(w, x):
-                s += wi * xi
-                q += xi * xi
+            s = (sum(map(mul, w, x)) if _SEQUENTIAL_SUM else _dot(w, x)) + self._b
+            r = hypot(*x)
         else:
-            x, s, q, _ = self._dict_dot(x, w)
-        s += self._b
-        if q > self._r2:
-            self._r2 = q
+            x, s, _, r = self._dict_dot(x, w, None)
+            s += self._b
+        if r > self._xmax:
+            self._xmax = r
         self.seen += 1
         if y is None:
-            return StepResult(1 if s > 0.0 else -1, s, None)
-        self.labeled += 1
+            self._unlabeled += 1
+            return _new(StepResult, (1 if s > 0.0 else -1, s, None))
         m = y * s
         if m <= self._thr:
             self._update(w, x, y)
@@ -175,23 +190,21 @@ class Perceptron(base.Classifier):
             self.updates += 1
         if m <= 0.0:
             self.mistakes += 1
-            return StepResult(1 if s > 0.0 else -1, s, True)
-        return StepResult(y, s, False)
+            return _new(StepResult, (1 if s > 0.0 else -1, s, True))
+        return _new(StepResult, (y, s, False))
 
     def _step_averaged(self, x: dict | list, y: int | None) -> StepResult:
         w, u = self._w, self._u
         if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            s = t = 0.0
-            q = 1.0
-            for wi, ui, xi in zip(w, u, x):
-                s += wi * xi
-                t += ui * xi
-                q += xi * xi
+            if _SEQUENTIAL_SUM:
+                s, t = sum(map(mul, w, x)), sum(map(mul, u, x))
+            else:
+                s, t = _dot(w, x), _dot(u, x)
+            r = hypot(*x)
         else:
-            x, s, q, t = self._dict_dot(x, w, u)
+            x, s, t, r = self._dict_dot(x, w, u)
         s += self._b
-        score = s - (t + self._ub) / self._c  # averaged weights: w - u/c
-        result = self._count(x, y, score, q)
+        result = self._count(y, s - (t + self._ub) / self._c, r)  # averaged weights: w - u/c
         if y is not None:
             if y * s <= 0.0:
                 c = self._c
@@ -206,21 +219,15 @@ class Perceptron(base.Classifier):
     def _step_pocket(self, x: dict | list, y: int | None) -> StepResult:
         w, p, same = self._w, self._p, self._p_is_w
         if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            s = t = 0.0
-            q = 1.0
-            if same:
-                for wi, xi in zip(w, x):
-                    s += wi * xi
-                    q += xi * xi
+            if _SEQUENTIAL_SUM:
+                s, t = sum(map(mul, w, x)), (0.0 if same else sum(map(mul, p, x)))
             else:
-                for wi, pi, xi in zip(w, p, x):
-                    s += wi * xi
-                    t += pi * xi
-                    q += xi * xi
+                s, t = _dot(w, x), (0.0 if same else _dot(p, x))
+            r = hypot(*x)
         else:
-            x, s, q, t = self._dict_dot(x, w, None if same else p)
+            x, s, t, r = self._dict_dot(x, w, None if same else p)
         s += self._b
-        result = self._count(x, y, s if same else t + self._pb, q)
+        result = self._count(y, s if same else t + self._pb, r)
         if y is not None:
             if y * s <= 0.0:
                 self._update(w, x, y)
@@ -238,31 +245,30 @@ class Perceptron(base.Classifier):
                         self._p_is_w = True
         return result
 
-    def _count(self, x: Any, y: int | None, score: float, q: float) -> StepResult:
-        """Book-keeping shared by the variants whose published score is not the running one."""
-        if q > self._r2:
-            self._r2 = q
+    def _count(self, y: int | None, score: float, r: float) -> StepResult:
+        """Book-keeping of the variants whose published score is not the learning one."""
+        if r > self._xmax:
+            self._xmax = r
         self.seen += 1
         y_pred = 1 if score > 0.0 else -1
         if y is None:
-            return StepResult(y_pred, score, None)
-        self.labeled += 1
+            self._unlabeled += 1
+            return _new(StepResult, (y_pred, score, None))
         mistake = y * score <= 0.0
         self.mistakes += mistake
-        return StepResult(y_pred, score, mistake)
+        return _new(StepResult, (y_pred, score, mistake))
 
-    def _dict_dot(self, x: dict | list, w: list[float], u: list[float] | None = None) -> tuple:
-        """(x as a dict, w·x without bias, ||x'||², u·x): the path for dicts (and odd lists).
+    def _dict_dot(self, x: dict | list, w: list[float], u: list[float] | None) -> tuple:
+        """(x as a dict, w·x, u·x, ||x||) without the bias: the path of dicts (and odd lists).
 
         The sum runs in the order of x, like river's ``VectorDict.dot``: same
-        floats, same rounding.  Unknown features get a weight of 0 (and a
-        position, so that the update can use it).
+        floats, same rounding.  Unknown features get a weight of 0, and a
+        position so that the update can use it.
         """
         if type(x) is not dict:
             x = dict(enumerate(x)) if isinstance(x, list) else dict(x)
         idx = self._index
         s = t = 0.0
-        q = 1.0
         for k, v in x.items():
             i = idx.get(k)
             if i is None:
@@ -271,8 +277,7 @@ class Perceptron(base.Classifier):
                 s += w[i] * v
                 if u is not None:
                     t += u[i] * v
-            q += v * v
-        return x, s, q, t
+        return x, s, t, hypot(*x.values())
 
     def _update(self, w: list[float], x: dict | list, y: float) -> None:
         """w += y·x, as river does it: w - (x·(-y)) rounds like w + y·x."""
@@ -335,8 +340,13 @@ class Perceptron(base.Classifier):
 
     @property
     def radius(self) -> float:
-        """R = max ||x'|| over the events seen, x' = (1, x)."""
-        return math.sqrt(self._r2)
+        """R = max ||x'|| over the events seen, x' = (1, x); 0 before any event."""
+        return hypot(1.0, self._xmax) if self.seen else 0.0
+
+    @property
+    def labeled(self) -> int:
+        """Events seen with a label (derived: one counter less on the hot path)."""
+        return self.seen - self._unlabeled
 
     # ------------------------------------------------------------------ state
     @classmethod
@@ -368,7 +378,7 @@ class Perceptron(base.Classifier):
             "features": list(self._keys),
             "weights": list(self._w),
             "bias": self._b,
-            "radius_sq": self._r2,
+            "max_norm": self._xmax,
             "counters": {"seen": self.seen, "labeled": self.labeled, "mistakes": self.mistakes, "updates": self.updates},
         }
         if self.variant == "averaged":
@@ -407,9 +417,12 @@ class Perceptron(base.Classifier):
         for k in keys:
             p._add_feature(k)
         n = len(keys)
-        p._w, p._b, p._r2 = st.floats("weights", n), st.float("bias"), st.float("radius_sq")
+        p._w, p._b, p._xmax = st.floats("weights", n), st.float("bias"), st.float("max_norm")
         counters = _Reader("perceptron state counters", st.get("counters"))
-        p.seen, p.labeled, p.mistakes, p.updates = (counters.count(c) for c in ("seen", "labeled", "mistakes", "updates"))
+        p.seen, labeled, p.mistakes, p.updates = (counters.count(c) for c in ("seen", "labeled", "mistakes", "updates"))
+        if labeled > p.seen or p.mistakes > labeled:
+            counters.fail("need mistakes <= labeled <= seen")
+        p._unlabeled = p.seen - labeled
         if variant == "averaged":
             avg = _Reader("perceptron state averaged", st.get("averaged"))
             p._u, p._ub, p._c = avg.floats("sum", n), avg.float("bias_sum"), avg.count("c")

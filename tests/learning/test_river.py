@@ -1,0 +1,75 @@
+"""The plain variant against ``river.linear_model.Perceptron`` fed the same events.
+
+River's Perceptron is SGD with lr 1 on the hinge loss with threshold 0 and
+intercept_lr 1: it updates when y·(w·x + b) <= 0 (y = 2·label - 1), by
+w ← w - x·(-y), b ← b - (-y).  Negating and multiplying by 1 are exact, and
+w - (-a) rounds exactly like w + a, so the updates are the same floats.  The
+score w·x is summed in the order of x's keys and the bias added last, in
+both.  Hence: same scores bit for bit, same mistakes, same final weights,
+with exact equality (no tolerance).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from river import datasets, linear_model
+
+from service.learning import Perceptron
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+def _run_both(stream):
+    ours, theirs = Perceptron(), linear_model.Perceptron()
+    for x, y in stream:
+        expected = theirs._raw_dot_one(x)
+        r = ours.step(x, y)
+        assert r.score == expected  # bit for bit
+        theirs.learn_one(x, y == 1)
+        assert r.mistake == (y * expected <= 0)
+    return ours, theirs
+
+
+def _same_weights(ours, theirs):
+    assert ours.bias == theirs.intercept
+    rw = theirs.weights
+    assert set(rw) <= set(ours.weights)
+    for k, w in ours.weights.items():
+        assert w == rw.get(k, 0.0), k
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(finite, min_size=3, max_size=3), st.sampled_from([-1, 1])), max_size=80))
+def test_same_as_river_on_generated_streams(events):
+    stream = [({f"f{i}": v for i, v in enumerate(x)}, y) for x, y in events]
+    ours, theirs = _run_both(stream)
+    _same_weights(ours, theirs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from("abcdef"), st.integers(-5, 5) | finite, max_size=4),
+                          st.sampled_from([-1, 1])), max_size=60))
+def test_same_as_river_with_sparse_dicts_and_ints(events):
+    ours, theirs = _run_both(events)
+    _same_weights(ours, theirs)
+
+
+def test_same_as_river_on_phishing():
+    """Phishing ships inside river (no download): 1250 events, bool labels, 9 features."""
+    stream = [(x, 1 if y else -1) for x, y in datasets.Phishing()]
+    ours, theirs = _run_both(stream)
+    _same_weights(ours, theirs)
+    assert ours.mistakes > 0 and ours.updates == ours.mistakes
+    assert ours.seen == 1250
+
+
+def test_same_predictions_as_river_predict_one():
+    """river predicts via sigmoid(score) > 0.5: the same as score > 0 unless |score| < ~1e-16."""
+    ours, theirs = Perceptron(), linear_model.Perceptron()
+    for x, y in itertools.islice(datasets.Phishing(), 500):
+        assert ours.predict_one(x) == (1 if theirs.predict_one(x) else -1)
+        ours.learn_one(x, y)
+        theirs.learn_one(x, y)
