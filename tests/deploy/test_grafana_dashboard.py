@@ -1,0 +1,239 @@
+"""The Grafana side of deploy/: provisioning files and the perceptron-stream dashboard.
+
+Structure (unique panel ids, a layout that fits the grid, the provisioned
+datasource uid everywhere, an expr in every target, the panels the service
+needs), and every expr sent to a real Prometheus: a PromQL parse error comes
+back as HTTP 400 bad_data.
+
+``dashboard_queries()`` (from tests/prometheus_server.py, re-exported here)
+gives the end-to-end test every panel's PromQL with Grafana's variables
+substituted.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+try:
+    from prometheus_server import (  # noqa: F401 (prometheus is a fixture)
+        DASHBOARD_PATH,
+        PrometheusServer,
+        dashboard_queries,
+        dashboard_targets,
+        dashboard_variable_values,
+        iter_panels,
+        load_dashboard,
+        prometheus,
+        substitute_grafana_variables,
+    )
+except ImportError:  # tests/ is a package
+    from tests.prometheus_server import (  # noqa: F401
+        DASHBOARD_PATH,
+        PrometheusServer,
+        dashboard_queries,
+        dashboard_targets,
+        dashboard_variable_values,
+        iter_panels,
+        load_dashboard,
+        prometheus,
+        substitute_grafana_variables,
+    )
+
+__all__ = ["dashboard_queries"]
+
+GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
+DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
+PROVIDERS = GRAFANA / "provisioning" / "dashboards" / "dashboards.yml"
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return load_dashboard()
+
+
+def provisioned_datasource() -> dict[str, Any]:
+    doc = yaml.safe_load(DATASOURCES.read_text())
+    assert doc["apiVersion"] == 1
+    [ds] = [d for d in doc["datasources"] if d["type"] == "prometheus"]
+    return ds
+
+
+def all_exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in iter_panels(dashboard["panels"]) for t in p.get("targets", [])]
+
+
+# -- provisioning ---------------------------------------------------------------
+
+
+def test_datasource_provisioning_points_at_the_compose_prometheus() -> None:
+    ds = provisioned_datasource()
+    assert ds["uid"] == "prometheus"
+    assert ds["url"] == "http://prometheus:9090"
+    assert ds["access"] == "proxy"
+    assert ds.get("isDefault") is True
+
+
+def test_dashboard_provider_loads_files_from_the_dashboards_path() -> None:
+    doc = yaml.safe_load(PROVIDERS.read_text())
+    assert doc["apiVersion"] == 1
+    [provider] = doc["providers"]
+    assert provider["type"] == "file"
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+    # the dashboard is a file in the directory mounted there
+    assert DASHBOARD_PATH.parent == GRAFANA / "dashboards" and DASHBOARD_PATH.is_file()
+
+
+# -- structure ------------------------------------------------------------------
+
+
+def test_dashboard_top_level(dashboard: dict[str, Any]) -> None:
+    assert dashboard["uid"] == "perceptron-stream"
+    assert dashboard["title"] == "perceptron-stream"
+    assert 36 <= dashboard["schemaVersion"] <= 41
+    assert dashboard["id"] is None  # provisioning assigns it
+    assert dashboard["panels"]
+    assert dashboard["time"]["from"].startswith("now-")
+
+
+def test_panel_ids_are_unique(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in iter_panels(dashboard["panels"])]
+    assert all(isinstance(i, int) and i > 0 for i in ids), ids
+    assert len(ids) == len(set(ids)), ids
+
+
+def test_panels_fit_the_grid_without_overlap(dashboard: dict[str, Any]) -> None:
+    cells: dict[tuple[int, int], str] = {}
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["y"] >= 0, panel["title"]
+        assert g["x"] + g["w"] <= 24, panel["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = panel["title"]
+
+
+def test_panel_types_and_titles(dashboard: dict[str, Any]) -> None:
+    for panel in iter_panels(dashboard["panels"]):
+        assert panel["type"] in {"timeseries", "stat", "row"}, panel
+        assert panel["title"].strip()
+    types = {p["type"] for p in dashboard["panels"]}
+    assert {"timeseries", "stat"} <= types
+
+
+def test_every_datasource_is_the_provisioned_one(dashboard: dict[str, Any]) -> None:
+    uid = provisioned_datasource()["uid"]
+    expected = {"type": "prometheus", "uid": uid}
+    for panel in iter_panels(dashboard["panels"]):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == expected, panel["title"]
+        for target in panel["targets"]:
+            assert target.get("datasource", expected) == expected, (panel["title"], target["refId"])
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            assert var["datasource"] == expected, var["name"]
+
+
+def test_every_target_has_an_expr_and_a_unique_ref_id(dashboard: dict[str, Any]) -> None:
+    for panel in iter_panels(dashboard["panels"]):
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"], panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            assert isinstance(target.get("expr"), str) and target["expr"].strip(), (panel["title"], target)
+
+
+def _panel_exprs(dashboard: dict[str, Any], title_part: str) -> list[str]:
+    panels = [p for p in dashboard["panels"] if title_part.lower() in p["title"].lower() and p["type"] == "timeseries"]
+    assert panels, f"no timeseries panel titled like {title_part!r}"
+    return [t["expr"] for p in panels for t in p["targets"]]
+
+
+def test_the_panels_the_service_needs(dashboard: dict[str, Any]) -> None:
+    compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
+    mistake_rate = compact(_panel_exprs(dashboard, "mistake rate"))
+    assert any(e.startswith("perceptron_mistake_rate{") for e in mistake_rate), mistake_rate
+    cumulative = compact(_panel_exprs(dashboard, "cumulative mistakes"))
+    assert any("perceptron_mistakes_total{" in e for e in cumulative)
+    assert any("perceptron_updates_total{" in e for e in cumulative)
+    events = compact(_panel_exprs(dashboard, "events per second"))
+    assert any(e.startswith("sumby(kind)(rate(perceptron_events_total{") for e in events), events
+    rejected = compact(_panel_exprs(dashboard, "rejected events per second"))
+    assert any(e.startswith("sumby(reason)(rate(perceptron_rejected_events_total{") for e in rejected), rejected
+    lag = compact(_panel_exprs(dashboard, "lag per partition"))
+    assert any("by(topic,partition)" in e and "perceptron_consumer_lag{" in e for e in lag), lag
+    latency = compact(_panel_exprs(dashboard, "latency"))
+    for q in ("0.5", "0.99"):
+        assert any(e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_processing_latency_seconds_bucket{{")
+                   for e in latency), (q, latency)
+    norm = compact(_panel_exprs(dashboard, "weight norm"))
+    assert any(e.startswith("perceptron_weight_norm{") for e in norm)
+    assert any(e.startswith("perceptron_data_radius{") for e in norm)
+
+
+def test_rates_use_the_rate_interval(dashboard: dict[str, Any]) -> None:
+    for expr in all_exprs(dashboard):
+        for window in re.findall(r"\[([^\]]+)\]", expr):
+            assert window == "$__rate_interval", expr
+
+
+def test_every_selector_is_narrowed_by_the_dashboard_variables(dashboard: dict[str, Any]) -> None:
+    # each metric selector carries job=~"$job" and instance=~"$instance", so the
+    # dropdowns apply everywhere (and process_* of other jobs stay out)
+    for expr in all_exprs(dashboard):
+        selectors = re.findall(r"\b([a-z_]+)\{([^}]*)\}", expr)
+        assert selectors, expr
+        for name, matchers in selectors:
+            assert 'job=~"$job"' in matchers and 'instance=~"$instance"' in matchers, (name, expr)
+
+
+def test_variables_substitute_to_plain_promql(dashboard: dict[str, Any]) -> None:
+    values = dashboard_variable_values(dashboard)
+    assert values["job"] == "perceptron-stream"
+    assert values["instance"] == ".*"
+    assert values["__rate_interval"] == "1m"
+    queries = dashboard_queries()
+    assert len(queries) == len(all_exprs(dashboard))
+    for q in queries:
+        assert "$" not in q and "[[" not in q, q
+
+
+# -- every expr parses on a real Prometheus --------------------------------------
+
+
+@pytest.mark.integration
+def test_a_parse_error_is_noticed(prometheus: PrometheusServer) -> None:
+    """The check below could fail: a bad expr gets 400 bad_data."""
+    status, body = prometheus.query_raw("sum by (kind) (rate(perceptron_events_total[1m])")
+    assert status == 400 and body["errorType"] == "bad_data", body
+    status, body = prometheus.query_raw("up")
+    assert status == 200 and body["status"] == "success", body
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("title", "ref", "expr"), dashboard_targets(), ids=lambda v: str(v)[:40])
+def test_dashboard_expr_parses_in_prometheus(prometheus: PrometheusServer, title: str, ref: str, expr: str) -> None:
+    status, body = prometheus.query_raw(expr)
+    assert body.get("errorType") != "bad_data", f"{title} [{ref}]: {expr}\n{body.get('error')}"
+    assert status == 200 and body["status"] == "success", (title, ref, body)
+    assert body["data"]["resultType"] == "vector", (title, ref, body["data"]["resultType"])
+
+
+@pytest.mark.integration
+def test_variable_queries_parse_in_prometheus(dashboard: dict[str, Any], prometheus: PrometheusServer) -> None:
+    values = dashboard_variable_values(dashboard)
+    for var in dashboard["templating"]["list"]:
+        m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["definition"])
+        assert m, var["definition"]
+        assert var["query"]["query"] == var["definition"]
+        selector = substitute_grafana_variables(m.group(1), values)
+        status, body = prometheus.api("series", {"match[]": selector})
+        assert status == 200 and body["status"] == "success", (var["name"], body)

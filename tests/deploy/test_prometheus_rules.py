@@ -1,0 +1,235 @@
+"""Prometheus config and alert rules of deploy/prometheus/, checked with promtool and a real server.
+
+- ``promtool check config`` / ``check rules`` / ``test rules`` pass;
+- the scrape config and every alert carry what operators rely on;
+- the unit tests in alerts_test.yml can fail: for every alert, a copy of the
+  rules where it never fires fails its firing tests, and a copy where it
+  always fires fails its silent tests;
+- a real Prometheus loads the rules and evaluates every one without error.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+try:
+    from prometheus_server import PrometheusServer, prometheus_factory  # noqa: F401 (fixture)
+except ImportError:  # tests/ is a package
+    from tests.prometheus_server import PrometheusServer, prometheus_factory  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[2]
+PROM_DIR = REPO / "deploy" / "prometheus"
+CONFIG = PROM_DIR / "prometheus.yml"
+ALERTS = PROM_DIR / "alerts.yml"
+ALERTS_TEST = PROM_DIR / "alerts_test.yml"
+
+EXPECTED_ALERTS = {
+    "PerceptronMistakeRateHigh",
+    "PerceptronConsumerLagGrowing",
+    "PerceptronNoEventsProcessed",
+    "PerceptronTargetDown",
+}
+
+#: The service's metric contract (DESIGN.md, metrics): a rule naming anything
+#: else under perceptron_ has a typo and would never fire.
+SERVICE_METRICS = {
+    "perceptron_events_total",
+    "perceptron_mistakes_total",
+    "perceptron_updates_total",
+    "perceptron_rejected_events_total",
+    "perceptron_mistake_rate",
+    "perceptron_mistake_rate_window_events",
+    "perceptron_processing_latency_seconds_bucket",
+    "perceptron_processing_latency_seconds_sum",
+    "perceptron_processing_latency_seconds_count",
+    "perceptron_consumer_lag",
+    "perceptron_weight_norm",
+    "perceptron_data_radius",
+    "perceptron_last_checkpoint_timestamp_seconds",
+    "perceptron_build_info",
+}
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
+    return path
+
+
+def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def alert_rules(path: Path = ALERTS) -> list[dict[str, Any]]:
+    doc = yaml.safe_load(path.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+# -- promtool -------------------------------------------------------------------
+
+
+def test_promtool_check_config_resolves_the_rule_files(tmp_path: Path) -> None:
+    # run from elsewhere: rule_files must resolve relative to the config file, as in the container
+    proc = run_promtool("check", "config", str(CONFIG), cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "is valid prometheus config file syntax" in out, out
+    assert "1 rule files found" in out, out
+    assert f"{len(alert_rules())} rules found" in out, out
+
+
+def test_promtool_check_rules() -> None:
+    proc = run_promtool("check", "rules", str(ALERTS), cwd=PROM_DIR)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert f"SUCCESS: {len(alert_rules())} rules found" in out, out
+
+
+def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
+    proc = run_promtool("test", "rules", str(ALERTS_TEST), cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "SUCCESS" in out and "FAILED" not in out, out
+
+
+def test_promtool_notices_a_broken_rule(tmp_path: Path) -> None:
+    """The check above could fail: promtool rejects a rule whose PromQL does not parse."""
+    broken = tmp_path / "alerts.yml"
+    broken.write_text(ALERTS.read_text().replace("perceptron_mistake_rate > 0.25", "perceptron_mistake_rate > > 0.25", 1))
+    proc = run_promtool("check", "rules", str(broken), cwd=tmp_path)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+
+
+# -- what the files say ---------------------------------------------------------
+
+
+def test_scrape_config_targets_the_service() -> None:
+    doc = yaml.safe_load(CONFIG.read_text())
+    assert doc["rule_files"] == ["alerts.yml"]
+    jobs = {job["job_name"]: job for job in doc["scrape_configs"]}
+    job = jobs["perceptron-stream"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    assert [t for sc in job["static_configs"] for t in sc["targets"]] == ["perceptron-stream:8000"]
+
+
+def test_every_alert_has_severity_summary_description_and_a_duration() -> None:
+    rules = alert_rules()
+    names = [rule["alert"] for rule in rules]
+    assert len(names) == len(set(names)), names
+    assert EXPECTED_ALERTS <= set(names)
+    for rule in rules:
+        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        assert rule["annotations"]["summary"].strip(), rule["alert"]
+        assert rule["annotations"]["description"].strip(), rule["alert"]
+        assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+
+
+def test_expected_durations() -> None:
+    durations = {rule["alert"]: rule["for"] for rule in alert_rules()}
+    assert durations["PerceptronMistakeRateHigh"] == "5m"
+    assert durations["PerceptronConsumerLagGrowing"] == "10m"
+    assert durations["PerceptronNoEventsProcessed"] == "5m"
+    assert durations["PerceptronTargetDown"] == "1m"
+
+
+def test_rules_name_only_metrics_the_service_exports() -> None:
+    for rule in alert_rules():
+        used = set(re.findall(r"\bperceptron_[a-z_]+\b", rule["expr"]))
+        assert used <= SERVICE_METRICS, (rule["alert"], used - SERVICE_METRICS)
+    assert 'up{job="perceptron-stream"}' in next(r["expr"] for r in alert_rules() if r["alert"] == "PerceptronTargetDown")
+
+
+# -- the unit tests can fail ----------------------------------------------------
+
+
+def _subset(tests_doc: dict[str, Any], alert: str, *, firing: bool) -> dict[str, Any]:
+    """alerts_test.yml reduced to the expectations on `alert` that it fires (or stays silent)."""
+    doc = copy.deepcopy(tests_doc)
+    doc["rule_files"] = ["alerts.yml"]
+    kept = []
+    for case in doc["tests"]:
+        checks = [c for c in case.get("alert_rule_test", [])
+                  if c["alertname"] == alert and bool(c.get("exp_alerts")) == firing]
+        if checks:
+            case["alert_rule_test"] = checks
+            case.pop("promql_expr_test", None)
+            kept.append(case)
+    doc["tests"] = kept
+    return doc
+
+
+def _mutated_rules(alert: str, expr: str) -> dict[str, Any]:
+    doc = yaml.safe_load(ALERTS.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == alert:
+                rule["expr"] = expr
+                rule["for"] = "0s"
+    return doc
+
+
+@pytest.mark.parametrize("alert", sorted(rule["alert"] for rule in alert_rules()))
+def test_each_alert_has_unit_tests_that_catch_a_wrong_rule(alert: str, tmp_path: Path) -> None:
+    tests_doc = yaml.safe_load(ALERTS_TEST.read_text())
+    for firing, wrong_expr in ((True, "vector(1) == 0"), (False, "vector(1)")):
+        kind = "firing" if firing else "silent"
+        subset = _subset(tests_doc, alert, firing=firing)
+        assert subset["tests"], f"alerts_test.yml has no {kind} expectation for {alert}"
+        work = tmp_path / kind
+        work.mkdir()
+        (work / "tests.yml").write_text(yaml.safe_dump(subset, sort_keys=False))
+        # the right rules pass the subset ...
+        shutil.copy(ALERTS, work / "alerts.yml")
+        proc = run_promtool("test", "rules", "tests.yml", cwd=work)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        # ... a rule that never fires (or always fires) fails it
+        (work / "alerts.yml").write_text(yaml.safe_dump(_mutated_rules(alert, wrong_expr), sort_keys=False))
+        proc = run_promtool("test", "rules", "tests.yml", cwd=work)
+        assert proc.returncode != 0, f"the {kind} tests of {alert} pass with expr {wrong_expr!r}:\n{proc.stdout}"
+
+
+# -- a real server --------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_real_prometheus_loads_and_evaluates_every_rule(prometheus_factory) -> None:
+    with socket.socket() as s:  # a port nobody listens on: the target is down
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    prom: PrometheusServer = prometheus_factory([dead], rule_files=[ALERTS])
+    prom.wait_for('up{job="perceptron-stream"}', lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=20)
+
+    def rules_now() -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for g in prom.rule_groups() for r in g["rules"]}
+
+    def down_alert(rules: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        return [a for a in rules.get("PerceptronTargetDown", {}).get("alerts", [])
+                if a["labels"].get("instance") == dead]
+
+    # every rule evaluated after the first failed scrape (evaluation and scrape run each second)
+    deadline = time.monotonic() + 20
+    rules = rules_now()
+    while not down_alert(rules) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        rules = rules_now()
+    assert set(rules) == {r["alert"] for r in alert_rules()}
+    for name, rule in rules.items():
+        assert rule["health"] == "ok", (name, rule.get("lastError"))
+        assert not rule["lastEvaluation"].startswith("0001"), (name, "never evaluated")
+    # the target is down: the alert is pending (it fires after 1 minute), with the target's labels
+    [alert] = down_alert(rules)
+    assert alert["state"] == "pending", alert
+    assert alert["labels"]["job"] == "perceptron-stream" and alert["labels"]["severity"] == "critical"
+    assert alert["annotations"]["summary"] == f"perceptron-stream {dead} is down"
+    for name in set(rules) - {"PerceptronTargetDown"}:
+        assert rules[name]["state"] == "inactive", rules[name]
