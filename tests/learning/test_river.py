@@ -73,3 +73,43 @@ def test_same_predictions_as_river_predict_one():
         assert ours.predict_one(x) == (1 if theirs.predict_one(x) else -1)
         ours.learn_one(x, y)
         theirs.learn_one(x, y)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(finite, min_size=4, max_size=4), st.sampled_from([-1, 1])), max_size=60))
+def test_dense_lists_same_as_river_dicts(events):
+    ours, theirs = Perceptron(), linear_model.Perceptron()
+    for x, y in events:
+        assert ours.step(x, y).score == theirs._raw_dot_one(dict(enumerate(x)))
+        theirs.learn_one(dict(enumerate(x)), y == 1)
+    _same_weights(ours, theirs)
+
+
+def test_progressive_validation_same_as_river_with_a_scaler():
+    """In river's own evaluation loop, behind river's scaler: same predictions, same accuracy."""
+    from river import evaluate, metrics, preprocessing
+
+    stream = [(x, 1 if y else -1) for x, y in datasets.Phishing()]
+    ours = preprocessing.StandardScaler() | Perceptron()
+    theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
+    acc_ours = evaluate.progressive_val_score(stream, ours, metrics.Accuracy())
+    acc_theirs = evaluate.progressive_val_score([(x, y == 1) for x, y in stream], theirs, metrics.Accuracy())
+    assert acc_ours.get() == acc_theirs.get()
+    _same_weights(ours["Perceptron"], theirs["Perceptron"])
+
+
+def test_scaled_step_is_rivers_pipeline_learning_during_predict():
+    """ScaledPerceptron.step = river's pipeline inside compose.learn_during_predict()."""
+    from river import compose, preprocessing
+
+    from service.learning import make_learner
+
+    ours = make_learner(standardize=True)
+    theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
+    with compose.learn_during_predict():
+        for x, y in datasets.Phishing():
+            y_pred = 1 if theirs.predict_one(x) else -1
+            r = ours.step(x, 1 if y else -1)
+            assert r.y_pred == y_pred or abs(r.score) < 1e-12
+            theirs.learn_one(x, y)
+    _same_weights(ours.perceptron, theirs["Perceptron"])
