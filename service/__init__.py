@@ -7,3 +7,7 @@ Data flow, one module a step: bytes → :mod:`service.schema` → learner
 """
 
 __version__ = "0.1.0"
+
+from service.learning import Perceptron
+
+__all__ = ["Perceptron", "__version__"]

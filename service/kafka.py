@@ -52,7 +52,14 @@ class MissingTopicError(RuntimeError):
 
 def client_options(settings: KafkaSettings) -> dict:
     """bootstrap servers and the security settings, as kafka-python takes them."""
-    options = {"bootstrap_servers": settings.bootstrap_servers.split(","), "security_protocol": settings.security_protocol}
+    options = {
+        "bootstrap_servers": settings.bootstrap_servers.split(","),
+        "security_protocol": settings.security_protocol,
+        # bounded attempts, so the caller's retry loop stays responsive to
+        # signals and health checks, and a returning broker is found quickly
+        "bootstrap_timeout_ms": 3000,
+        "reconnect_backoff_max_ms": 5000,
+    }
     if settings.sasl_mechanism:
         options["sasl_mechanism"] = settings.sasl_mechanism
         options["sasl_plain_username"] = settings.sasl_username
@@ -64,8 +71,11 @@ def client_options(settings: KafkaSettings) -> dict:
     return options
 
 
-def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: bool, timeout_s: float = 30.0) -> None:
-    """Create the topics that are missing, or fail naming them when ``create`` is off."""
+def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: bool, timeout_s: float = 0.0) -> None:
+    """Create the topics that are missing, or fail naming them when ``create`` is off.
+
+    Connecting is retried for ``timeout_s`` (0: one attempt, for callers with a retry loop of their own).
+    """
     topics = list(topics)
     admin = _retrying(lambda: KafkaAdminClient(**client_options(settings), request_timeout_ms=10_000), "connect to the brokers", timeout_s)
     try:

@@ -26,6 +26,8 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
+from service.schema import REASONS
+
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -69,6 +71,8 @@ class ServiceMetrics:
         self.mistakes = Counter("perceptron_mistakes", "Published predictions that were wrong (y·score ≤ 0).", registry=registry)
         self.updates = Counter("perceptron_updates", "Weight updates made by the perceptron.", registry=registry)
         self.rejected = Counter("perceptron_rejected_events", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=registry)
+        for reason in REASONS:  # every series exists from the start, so rate() and dashboards see zeros, not gaps
+            self.rejected.labels(reason)
         self.mistake_rate = Gauge("perceptron_mistake_rate", "Share of mistakes among the last N labeled events.", registry=registry)
         Gauge("perceptron_mistake_rate_window_events", "N, the labeled events in the mistake-rate window.", registry=registry).set(window)
         self.latency = Histogram("perceptron_processing_latency_seconds", "Seconds from polling an event to the broker's acknowledgement of its output.",

@@ -54,7 +54,7 @@ class RateLimiter:
 
 def produce(settings: ProduceSettings, should_stop=lambda: False) -> int:
     """Write the messages; returns how many were acknowledged."""
-    ensure_topics(settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True)
+    ensure_topics(settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=30.0)
     producer = make_producer(settings)
     limiter = RateLimiter(settings.rate)
     total = settings.count or None

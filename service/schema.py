@@ -38,6 +38,9 @@ FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 #: points at the whole original in the input topic.
 DEAD_LETTER_RAW_LIMIT = 64 * 1024
 
+#: Every reason code a rejection can carry (the metric's label values).
+REASONS = ("invalid_json", "not_utf8", "invalid_event", "bad_label", "non_finite", "wrong_dimension", "too_large", "too_many_features")
+
 
 def to_label(value: Any) -> int | None:
     """Map an accepted label spelling to −1/+1; None stays None (unlabeled).

@@ -1,0 +1,93 @@
+"""Settings: flags, environment, file; bad values fail naming the setting."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from service.config import ConfigError, ProduceSettings, ServeSettings, load
+
+
+def test_flags_override_env_which_override_the_file(tmp_path, monkeypatch):
+    config = tmp_path / "serve.toml"
+    config.write_text('input_topic = "from-file"\noutput_topic = "out-file"\nbatch_size = 7\n')
+    monkeypatch.setenv("PERCEPTRON_STREAM_OUTPUT_TOPIC", "out-env")
+    s = load(ServeSettings, ["--config-file", str(config), "--batch-size", "9"])
+    assert (s.input_topic, s.output_topic, s.batch_size) == ("from-file", "out-env", 9)
+
+
+def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"group_id": "g-json", "variant": "pocket"}))
+    monkeypatch.setenv("PERCEPTRON_STREAM_CONFIG_FILE", str(config))
+    s = load(ServeSettings, [])
+    assert (s.group_id, s.variant) == ("g-json", "pocket")
+
+
+@pytest.mark.parametrize(
+    "args, env, named",
+    [
+        (["--batch-size", "0"], {}, "batch_size (--batch-size, PERCEPTRON_STREAM_BATCH_SIZE)"),
+        (["--variant", "deep"], {}, "invalid setting variant"),
+        (["--metrics-port", "70000"], {}, "invalid setting metrics_port"),
+        (["--margin", "nan"], {}, "invalid setting margin"),
+        ([], {"PERCEPTRON_STREAM_AUTO_OFFSET_RESET": "middle"}, "invalid setting auto_offset_reset"),
+        (["--security-protocol", "SASL_SSL"], {}, "sasl_mechanism must be set"),
+        (["--security-protocol", "SASL_SSL", "--sasl-mechanism", "PLAIN"], {}, "sasl_username and sasl_password"),
+        (["--ssl-cafile", "/nonexistent/ca.pem"], {}, "ssl_cafile /nonexistent/ca.pem is not a readable file"),
+        (["--output-topic", "points"], {}, "three different topics"),
+        (["--no-such-flag", "1"], {}, "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_values_name_the_setting(args, env, named, monkeypatch):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as error:
+        load(ServeSettings, args)
+    assert named in str(error.value)
+
+
+def test_a_bad_config_file_is_named(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("batch_size = = 3")
+    with pytest.raises(ConfigError, match="config_file.*not valid TOML"):
+        load(ServeSettings, ["--config-file", str(bad)])
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("bach_size = 3")
+    with pytest.raises(ConfigError, match="unknown settings: bach_size"):
+        load(ServeSettings, ["--config-file", str(unknown)])
+
+
+def test_sasl_password_is_never_echoed():
+    with pytest.raises(ConfigError) as error:
+        load(ServeSettings, ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-password", "hunter2"])
+    assert "hunter2" not in str(error.value)
+
+
+def test_security_settings_reach_the_kafka_client(tmp_path):
+    from service.kafka import client_options
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    s = load(ServeSettings, ["--bootstrap-servers", "k1:9093,k2:9093", "--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512",
+                             "--sasl-username", "svc", "--sasl-password", "s3cret", "--ssl-cafile", str(ca)])
+    assert client_options(s) == {
+        "bootstrap_timeout_ms": 3000, "reconnect_backoff_max_ms": 5000,
+        "bootstrap_servers": ["k1:9093", "k2:9093"], "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "svc", "sasl_plain_password": "s3cret", "ssl_cafile": str(ca),
+    }
+    assert "s3cret" not in repr(s)
+
+
+def test_produce_settings_defaults():
+    s = load(ProduceSettings, ["--stream", "credit", "--count", "5"])
+    assert (s.topic, s.stream, s.count, s.rate) == ("points", "credit", 5, 0.0)
+
+
+def test_the_command_exits_2_with_the_message():
+    result = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--batch-size", "-3"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "invalid setting batch_size (--batch-size, PERCEPTRON_STREAM_BATCH_SIZE)" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "service.cli", "nonsense"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unknown command 'nonsense'" in result.stderr

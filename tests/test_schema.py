@@ -1,0 +1,73 @@
+"""The wire format: the models, the committed JSON Schemas and the decoder."""
+
+import json
+
+import pytest
+
+from service.schema import DEAD_LETTER_RAW_LIMIT, SCHEMA_DIR, Decoder, Event, Prediction, Rejection, dead_letter, json_schemas
+
+
+def test_committed_schemas_match_the_models():
+    for filename, text in json_schemas().items():
+        path = SCHEMA_DIR / filename
+        assert path.exists(), f"{path} is missing: run python -m service.schema"
+        assert path.read_text(encoding="utf-8") == text, f"{path} drifted from the models: run python -m service.schema"
+    assert sorted(p.name for p in SCHEMA_DIR.glob("*.json")) == sorted(json_schemas())
+
+
+def test_the_design_examples_are_valid():
+    d = Decoder(1_000_000, 100)
+    assert d.decode(b'{"id": "c-1042", "x": [0.3, 1.2, -0.5], "y": 1}') == Event("c-1042", [0.3, 1.2, -0.5], 1)
+    assert d.decode(b'{"id": "c-1043", "features": {"age": 31, "salary": 52000}, "y": -1}') == Event("c-1043", {"age": 31.0, "salary": 52000.0}, -1)
+    assert d.decode(b'{"id": "c-1044", "x": [0.1, 0.2, 0.3]}') == Event("c-1044", [0.1, 0.2, 0.3], None)
+    Prediction.model_validate({"id": "c-1042", "source": {"topic": "points", "partition": 0, "offset": 17}, "y_pred": 1, "score": 2.5,
+                               "y": 1, "mistake": False, "model": {"version": 42, "seen": 1000, "mistakes": 12}})
+
+
+@pytest.mark.parametrize("y, label", [(1, 1), (-1, -1), (0, -1), (True, 1), (False, -1), (None, None)])
+def test_accepted_labels_map_to_plus_minus_one(y, label):
+    assert Decoder(1000, 10).decode(json.dumps({"x": [1.0], "y": y}).encode()).y == label
+
+
+@pytest.mark.parametrize(
+    "raw, reason, says",
+    [
+        (b"{not json", "invalid_json", "not valid JSON"),
+        (b"\xc3\x28{}", "not_utf8", "not UTF-8"),
+        (b"[1]", "invalid_event", "must be a JSON object, got a list"),
+        (b'{"x": [1, "2"]}', "invalid_event", 'x[1] must be a number, got a string "2"'),
+        (b'{"features": {"age": null}}', "invalid_event", "features.age must be a number"),
+        (b'{"x": [Infinity]}', "non_finite", "x[0] must be a finite number, got Infinity"),
+        (b'{"x": [1], "features": {"a": 1}}', "invalid_event", "exactly one of x"),
+        (b'{"y": 1}', "invalid_event", "got neither"),
+        (b'{"x": [1], "y": 2}', "bad_label", "y must be -1 or +1"),
+        (b'{"x": [1], "y": 1.5}', "bad_label", "got 1.5"),
+        (b'{"x": [1, 2, 3, 4, 5, 6]}', "too_many_features", "6 features, more than the limit of 5"),
+        (b'{"x": [1]}' + b" " * 600, "too_large", "more than the limit of 500"),
+        (b'{"x": [' + b"[" * 5000 + b"]}", "invalid_json", "recursion limit"),
+    ],
+)
+def test_rejections_say_what_to_fix(raw, reason, says):
+    got = Decoder(max_message_bytes=500 if b" " * 600 in raw else 100_000, max_features=5).decode(raw)
+    assert isinstance(got, Rejection)
+    assert got.reason == reason
+    assert says in got.error
+    assert len(got.error) < 200
+
+
+def test_the_first_dense_event_fixes_the_dimension():
+    d = Decoder(1000, 10)
+    assert isinstance(d.decode(b'{"x": [1, 2]}'), Event)
+    assert d.decode(b'{"x": [1, 2, 3]}').reason == "wrong_dimension"
+    assert isinstance(d.decode(b'{"features": {"a": 1, "b": 2, "c": 3}}'), Event)  # named features are free
+    assert Decoder(1000, 10, dimension=3).decode(b'{"x": [1, 2]}').reason == "wrong_dimension"
+
+
+def test_dead_letters_keep_the_original():
+    text = dead_letter(Rejection("bad_label", "y must be..."), b'{"y": 2}', "points", 3, 99)
+    assert text == {"error": "y must be...", "reason": "bad_label", "source": {"topic": "points", "partition": 3, "offset": 99},
+                    "raw": '{"y": 2}', "raw_encoding": "utf-8", "raw_truncated": False}
+    binary = dead_letter(Rejection("not_utf8", "..."), b"\xff\x00", "points", 0, 1)
+    assert (binary["raw"], binary["raw_encoding"]) == ("/wA=", "base64")
+    huge = dead_letter(Rejection("too_large", "..."), b"a" * (DEAD_LETTER_RAW_LIMIT + 10), "points", 0, 2)
+    assert huge["raw_truncated"] and len(huge["raw"]) == DEAD_LETTER_RAW_LIMIT
