@@ -354,6 +354,23 @@ def test_prometheus_gets_its_config_and_alert_rules(compose):
     assert any(PurePosixPath(r).name == "alerts.yml" for r in rule_files)
 
 
+def _datasource_uids(node) -> set[str]:
+    """The uids of every `datasource` reference in a dashboard (dict form, or a bare uid string)."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource" and isinstance(value, dict) and "uid" in value:
+                found.add(str(value["uid"]))
+            elif key == "datasource" and isinstance(value, str):
+                found.add(value)
+            else:
+                found |= _datasource_uids(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= _datasource_uids(item)
+    return found
+
+
 def test_grafana_provisioning_lines_up_with_the_mounts(compose):
     grafana = compose["services"]["grafana"]
     assert published_ports(grafana) == {3000: 3000}
@@ -364,6 +381,7 @@ def test_grafana_provisioning_lines_up_with_the_mounts(compose):
     prometheus_port = next(iter(published_ports(compose["services"]["prometheus"])))
     urls = [ds["url"] for ds in datasources if ds["type"] == "prometheus"]
     assert urls == [f"http://prometheus:{prometheus_port}"]
+    provisioned_uids = {ds["uid"] for ds in datasources if "uid" in ds} | {ds["name"] for ds in datasources}
 
     providers = yaml.safe_load((provisioning / "dashboards" / "dashboards.yml").read_text())["providers"]
     assert providers
@@ -373,7 +391,10 @@ def test_grafana_provisioning_lines_up_with_the_mounts(compose):
         dashboards = sorted(folder.glob("*.json"))
         assert dashboards, f"no dashboard JSON in {folder}"
         for dashboard in dashboards:
-            json.loads(dashboard.read_text())
+            # every panel's datasource is one that is provisioned (or a template variable)
+            for uid in _datasource_uids(json.loads(dashboard.read_text())):
+                assert uid in provisioned_uids or uid.startswith("$") or uid == "-- Grafana --", (
+                    f"{dashboard.name} uses datasource uid {uid!r}; provisioned: {sorted(provisioned_uids)}")
 
     home = _environment(grafana).get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     if home is not None:
