@@ -552,6 +552,44 @@ def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
         assert dockerignored(path, lines), f"{path} should stay out of the build context"
 
 
+def test_the_copied_files_build_the_package(tmp_path):
+    """What `docker build` would do up to `pip install .`, without Docker.
+
+    Stage exactly the files the Dockerfile COPYs (as the build context gives
+    them, .dockerignore applied) and build the wheel from them with pip.
+    """
+    lines = DOCKERIGNORE.read_text().splitlines()
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    context = tmp_path / "context"
+    for word, args in instructions:
+        if word != "COPY":
+            continue
+        *sources, _ = args.split()
+        for source in (s for s in sources if not s.startswith("--")):
+            path = ROOT / source
+            assert path.exists(), f"deploy/Dockerfile copies {source}, which is not in the repository"
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+            for file in files:
+                relative = file.relative_to(ROOT).as_posix()
+                if not dockerignored(relative, lines):
+                    (context / relative).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(file, context / relative)
+    out = tmp_path / "wheel"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check", "-w", str(out), str(context)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = out.glob("perceptron_stream-*.whl")
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        assert "service/cli.py" in names
+        entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert re.search(r"^perceptron-stream\s*=\s*service\.cli:main", entry_points, re.M)
+
+
 def test_dockerignore_matcher_itself():
     lines = ["*.md", "!README.md", "**/__pycache__", "tests"]
     assert dockerignored("CHANGES.md", lines) and not dockerignored("README.md", lines)
