@@ -198,7 +198,9 @@ class DemoSettings(CommandSettings):
     metrics_port: int = Field(8000, ge=0, le=65535, description="Port of the service's /metrics.")
     broker_port: int = Field(0, ge=0, le=65535, description="Port of the embedded broker (0 picks a free port).")
     standardize: bool = Field(True, description="Standardise the credit features online.")
-    variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
+    variant: Literal["plain", "averaged", "pocket", "margin"] = Field(
+        "averaged", description="Perceptron variant (averaged shows the climb and recovery at the policy change best).")
+    noise: float = Field(0.02, ge=0.0, le=1.0, description="Fraction of flipped labels in the credit stream.")
     live: bool = Field(True, description="Show the live terminal view (off: print a line every few seconds).")
 
 

@@ -190,3 +190,5 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+    except (urllib.error.URLError, ConnectionError):  # nothing listens (yet)
+        return 0, ""

@@ -1,0 +1,122 @@
+"""``perceptron-stream demo``: the whole product on one machine, no Docker.
+
+Starts the embedded broker (a child process), the service and a producer of
+the credit-approval stream (threads of this process), and shows a live view:
+events/s, mistakes, the mistake rate and its trend, and the weights by
+feature. The stream has label noise and a change of the bank's policy
+partway through, so the mistake rate climbs and then recovers. Ctrl-C (or
+``--duration``) stops everything; the broker goes with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import tempfile
+import threading
+import time
+from collections import deque
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from service.app import Application
+from service.broker import EmbeddedBroker
+from service.config import DemoSettings, ProduceSettings, ServeSettings, load
+from service.produce import produce
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], top: float = 0.5) -> str:
+    """Mistake rates as bars, 0 → ▁, ``top`` or more → █.
+
+    >>> sparkline([0.0, 0.25, 0.5])
+    '▁▄█'
+    """
+    return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in values)
+
+
+class DemoView:
+    """What the terminal shows, computed from the running Application."""
+
+    def __init__(self, app: Application, bootstrap: str, metrics_url: str, drift_at: int):
+        self.app, self.bootstrap, self.metrics_url, self.drift_at = app, bootstrap, metrics_url, drift_at
+        self.samples: deque[tuple[float, int]] = deque(maxlen=20)
+        self.rates: deque[float] = deque(maxlen=60)
+
+    def sample(self) -> dict:
+        learner = self.app.learner
+        now = time.monotonic()
+        self.samples.append((now, learner.seen))
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        rate = self.app.metrics.window.value
+        self.rates.append(rate)
+        return {"seen": learner.seen, "events_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0, "mistakes": learner.mistakes,
+                "updates": learner.updates, "rate": rate, "weights": dict(learner.weights), "bias": learner.bias}
+
+    def render(self) -> Panel:
+        s = self.sample()
+        stats = Table.grid(padding=(0, 2))
+        stats.add_row("events", f"{s['seen']:,}", "events/s", f"{s['events_per_s']:,.0f}")
+        stats.add_row("mistakes", f"{s['mistakes']:,}", "updates (model version)", f"{s['updates']:,}")
+        stats.add_row("mistake rate", f"{s['rate']:.1%} (last {self.app.metrics.window.window} labeled)",
+                      "trend", sparkline(list(self.rates)))
+        phase = "before" if s["seen"] < self.drift_at else "after"
+        stats.add_row("bank policy", f"changes at event {self.drift_at:,} ({phase})", "", "")
+        weights = Table("feature", "weight", box=None, padding=(0, 2))
+        for name, w in sorted(s["weights"].items(), key=lambda kv: str(kv[0])):
+            weights.add_row(str(name), f"{w:+.3f}")
+        weights.add_row("(bias)", f"{s['bias']:+.3f}")
+        footer = f"metrics: {self.metrics_url}/metrics   broker: {self.bootstrap}   Ctrl-C stops"
+        return Panel(Group(stats, "", weights, "", footer), title="perceptron-stream demo: credit approval")
+
+    def line(self) -> str:
+        s = self.sample()
+        return (f"events={s['seen']} events/s={s['events_per_s']:.0f} mistakes={s['mistakes']} "
+                f"mistake_rate={s['rate']:.3f} updates={s['updates']}")
+
+
+def run_demo(settings: DemoSettings) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    console = Console()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    drift_at = max(1000, int(settings.rate * 20))
+    with EmbeddedBroker(port=settings.broker_port) as broker, tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state:
+        console.print(f"embedded broker on {broker.bootstrap_servers} (pid {broker.process.pid})")
+        base = ["--bootstrap-servers", broker.bootstrap_servers]
+        serve = load(ServeSettings, [*base, "--metrics-port", str(settings.metrics_port), "--state-dir", state, "--variant", settings.variant,
+                                     "--standardize" if settings.standardize else "--no-standardize", "--checkpoint-interval-seconds", "5"])
+        app = Application(serve)
+        producer_settings = load(ProduceSettings, [*base, "--stream", "credit", "--count", "0", "--rate", str(settings.rate),
+                                                   "--noise", str(settings.noise), "--drift-every", str(drift_at), "--no-progress"])
+        service = threading.Thread(target=app.run, kwargs={"install_signal_handlers": False}, name="service", daemon=True)
+        service.start()
+        while app.http is None and service.is_alive():
+            time.sleep(0.05)
+        metrics_url = f"http://{serve.metrics_host}:{app.http.port}" if app.http else "(not started)"
+        console.print(f"metrics on {metrics_url}/metrics", highlight=False)
+        producer = threading.Thread(target=produce, args=(producer_settings, stop.is_set), name="producer", daemon=True)
+        producer.start()
+        view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at)
+        deadline = time.monotonic() + settings.duration if settings.duration else float("inf")
+        try:
+            if settings.live:
+                with Live(view.render(), console=console, refresh_per_second=4) as live:
+                    while not stop.wait(0.25) and time.monotonic() < deadline and service.is_alive():
+                        live.update(view.render())
+            else:
+                while not stop.wait(2.0) and time.monotonic() < deadline and service.is_alive():
+                    print(view.line(), flush=True)
+        finally:
+            stop.set()
+            producer.join(15)
+            app.stop()
+            service.join(30)
+        console.print(view.line(), highlight=False)
+        console.print("stopped: broker, producer and service are down")
+    return 0

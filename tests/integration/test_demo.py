@@ -1,0 +1,78 @@
+"""`perceptron-stream demo` runs for a bounded time, counts events and leaves nothing behind."""
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from service.broker import free_port
+from tests.conftest import ROOT, http_get, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
+    port = free_port()
+    out = open(tmp_path / "demo.out", "w+")
+    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port),
+                             "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        def metric(name):
+            status, text = http_get(f"http://127.0.0.1:{port}/metrics")
+            match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M) if status == 200 else None
+            return float(match.group(1)) if match else 0.0
+
+        wait_until(lambda: metric("perceptron_mistakes_total") > 0, 30, what="the demo to count mistakes")
+        assert metric('perceptron_events_total{kind="labeled"}') > 0
+        broker_address = re.search(r"embedded broker on (\S+)", (tmp_path / "demo.out").read_text()).group(1)
+        assert _processes_mentioning(f"tcp://{broker_address}"), "the demo's broker should be running"
+        code = demo.wait(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    log = (tmp_path / "demo.out").read_text()
+    assert code == 0, log
+    assert "stopped: broker, producer and service are down" in log
+    last = re.findall(r"events=(\d+) .*mistakes=(\d+)", log)[-1]
+    assert int(last[0]) > 1000 and int(last[1]) > 0
+    time.sleep(0.5)
+    assert _processes_mentioning(f"tcp://{broker_address}") == [], "a child process outlived the demo"
+
+
+def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
+    import signal
+
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--no-live", "--metrics-port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, text=True)
+    try:
+        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 if _listening(port) else False, 30, what="the demo's service")
+        demo.send_signal(signal.SIGINT)
+        output, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, output
+    broker_address = re.search(r"embedded broker on (\S+)", output).group(1)
+    assert _processes_mentioning(f"tcp://{broker_address}") == []
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
