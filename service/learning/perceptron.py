@@ -45,6 +45,7 @@ import math
 import numbers
 import sys
 from math import hypot
+from itertools import repeat
 from operator import add, mul, sub
 from typing import Any, NamedTuple
 
@@ -65,11 +66,43 @@ _SEQUENTIAL_SUM = sys.version_info < (3, 12)
 _new = tuple.__new__
 
 
-def _dot(w: list[float], x: list[float]) -> float:
+def _dot(w: list[float], idx: dict | None, x: list | dict) -> float:
+    """w·x without the bias, summed in x's order (river's order).
+
+    ``idx`` None: x is a dense list, x[i] is feature i.  Else x is a dict whose
+    features are all in ``idx`` (KeyError otherwise).
+    """
+    if idx is None:
+        ws, vals = w, x
+    else:
+        ws, vals = map(w.__getitem__, map(idx.__getitem__, x)), x.values()
+    if _SEQUENTIAL_SUM:
+        return sum(map(mul, ws, vals))
     s = 0.0
-    for wi, xi in zip(w, x):
+    for wi, xi in zip(ws, vals):
         s += wi * xi
     return s
+
+
+def _update(w: list[float], idx: dict | None, x: list | dict, y: float) -> None:
+    """w += y·x.  river computes w - x·(-y): for y = ±1 the same floats as w ± x."""
+    if idx is None:
+        n = len(x)
+        if y == 1:
+            w[:n] = map(add, w, x)
+        elif y == -1:
+            w[:n] = map(sub, w, x)
+        else:
+            w[:n] = map(add, w, map(mul, x, repeat(y)))
+    else:
+        for k, v in x.items():
+            w[idx[k]] += y * v
+
+
+def _as_dict(x: dict | list) -> dict:
+    if type(x) is dict:
+        return x
+    return dict(enumerate(x)) if isinstance(x, list) else dict(x)
 
 
 class StepResult(NamedTuple):
@@ -150,21 +183,27 @@ class Perceptron(base.Classifier):
         self.step(x, to_label(y))
 
     def score_one(self, x: dict | list) -> float:
-        """w·x + b with the predicting weights; changes nothing."""
-        keys, vals = (range(len(x)), x) if isinstance(x, list) else (x.keys(), x.values())
-        idx = self._index
-        w, b = self.predicting_weights()
-        s = 0.0
-        for k, v in zip(keys, vals):
-            i = idx.get(k)
-            if i is not None:
-                s += w[i] * v
-        return s + b
+        """The score :meth:`step` would publish for x; changes nothing."""
+        idx: dict | None = None
+        if type(x) is not list or len(x) > self._dense:
+            idx = self._index
+            x = _as_dict(x)
+        try:
+            s = _dot(self._w, idx, x) + self._b
+        except KeyError:  # unknown features weigh 0: leave them out
+            x = {k: v for k, v in x.items() if k in idx}
+            s = _dot(self._w, idx, x) + self._b
+        if self._mode == 1:
+            return s - (_dot(self._u, idx, x) + self._ub) / self._c
+        if self._mode == 2 and not self._p_is_w:
+            return _dot(self._p, idx, x) + self._pb
+        return s
 
     # ------------------------------------------------------------------ hot path
-    # Speed notes (bench/learner.py): sum(map(mul, w, x)) and hypot(*x) run in C;
-    # counters that move on every event are the fewest possible (labeled is derived);
-    # StepResult is built with tuple.__new__ (a NamedTuple's __new__ is Python code).
+    # Speed notes (bench/learner.py): sums run in C (sum(map(mul, ...))), so does the
+    # norm (hypot); counters that move on every event are the fewest possible
+    # (labeled is derived); StepResult is built with tuple.__new__ (a NamedTuple's
+    # __new__ is Python code).  x is a dense list (idx None) or a dict (idx the index).
 
     def step(self, x: dict | list, y: int | None) -> StepResult:
         """Score with the predicting weights, predict, then learn if ``y`` (-1/+1) is given."""
@@ -172,11 +211,18 @@ class Perceptron(base.Classifier):
             return self._step_averaged(x, y) if self._mode == 1 else self._step_pocket(x, y)
         w = self._w
         if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            s = (sum(map(mul, w, x)) if _SEQUENTIAL_SUM else _dot(w, x)) + self._b
+            idx = None
+            s = (sum(map(mul, w, x)) if _SEQUENTIAL_SUM else _dot(w, None, x)) + self._b
             r = hypot(*x)
         else:
-            x, s, _, r = self._dict_dot(x, w, None)
-            s += self._b
+            idx = self._index
+            x = _as_dict(x)
+            try:
+                s = _dot(w, idx, x) + self._b
+            except KeyError:
+                self._sparse(x)
+                s = _dot(w, idx, x) + self._b
+            r = hypot(*x.values())
         if r > self._xmax:
             self._xmax = r
         self.seen += 1
@@ -184,32 +230,25 @@ class Perceptron(base.Classifier):
             self._unlabeled += 1
             return _new(StepResult, (1 if s > 0.0 else -1, s, None))
         m = y * s
-        if m <= self._thr:
-            self._update(w, x, y)
+        if m <= self._thr:  # _thr >= 0: every mistake (m <= 0) lands here
+            _update(w, idx, x, y)
             self._b += y
             self.updates += 1
-        if m <= 0.0:
-            self.mistakes += 1
-            return _new(StepResult, (1 if s > 0.0 else -1, s, True))
+            if m <= 0.0:
+                self.mistakes += 1
+                return _new(StepResult, (1 if s > 0.0 else -1, s, True))
         return _new(StepResult, (y, s, False))
 
     def _step_averaged(self, x: dict | list, y: int | None) -> StepResult:
         w, u = self._w, self._u
-        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            if _SEQUENTIAL_SUM:
-                s, t = sum(map(mul, w, x)), sum(map(mul, u, x))
-            else:
-                s, t = _dot(w, x), _dot(u, x)
-            r = hypot(*x)
-        else:
-            x, s, t, r = self._dict_dot(x, w, u)
-        s += self._b
-        result = self._count(y, s - (t + self._ub) / self._c, r)  # averaged weights: w - u/c
+        idx, x = self._view(x)
+        s = _dot(w, idx, x) + self._b
+        result = self._count(y, s - (_dot(u, idx, x) + self._ub) / self._c, x)  # averaged weights: w - u/c
         if y is not None:
             if y * s <= 0.0:
                 c = self._c
-                self._update(w, x, y)
-                self._update(u, x, y * c)
+                _update(w, idx, x, y)
+                _update(u, idx, x, y * c)
                 self._b += y
                 self._ub += y * c
                 self.updates += 1
@@ -218,19 +257,12 @@ class Perceptron(base.Classifier):
 
     def _step_pocket(self, x: dict | list, y: int | None) -> StepResult:
         w, p, same = self._w, self._p, self._p_is_w
-        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            if _SEQUENTIAL_SUM:
-                s, t = sum(map(mul, w, x)), (0.0 if same else sum(map(mul, p, x)))
-            else:
-                s, t = _dot(w, x), (0.0 if same else _dot(p, x))
-            r = hypot(*x)
-        else:
-            x, s, t, r = self._dict_dot(x, w, None if same else p)
-        s += self._b
-        result = self._count(y, s if same else t + self._pb, r)
+        idx, x = self._view(x)
+        s = _dot(w, idx, x) + self._b
+        result = self._count(y, s if same else _dot(p, idx, x) + self._pb, x)
         if y is not None:
             if y * s <= 0.0:
-                self._update(w, x, y)
+                _update(w, idx, x, y)
                 self._b += y
                 self.updates += 1
                 self._run = 0
@@ -245,8 +277,9 @@ class Perceptron(base.Classifier):
                         self._p_is_w = True
         return result
 
-    def _count(self, y: int | None, score: float, r: float) -> StepResult:
+    def _count(self, y: int | None, score: float, x: list | dict) -> StepResult:
         """Book-keeping of the variants whose published score is not the learning one."""
+        r = hypot(*(x.values() if type(x) is dict else x))
         if r > self._xmax:
             self._xmax = r
         self.seen += 1
@@ -258,41 +291,21 @@ class Perceptron(base.Classifier):
         self.mistakes += mistake
         return _new(StepResult, (y_pred, score, mistake))
 
-    def _dict_dot(self, x: dict | list, w: list[float], u: list[float] | None) -> tuple:
-        """(x as a dict, w·x, u·x, ||x||) without the bias: the path of dicts (and odd lists).
+    def _view(self, x: dict | list) -> tuple[dict | None, list | dict]:
+        """(None, x) for a list that indexes positions directly, else (index, x as a dict)."""
+        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
+            return None, x
+        return self._sparse(x)
 
-        The sum runs in the order of x, like river's ``VectorDict.dot``: same
-        floats, same rounding.  Unknown features get a weight of 0, and a
-        position so that the update can use it.
-        """
-        if type(x) is not dict:
-            x = dict(enumerate(x)) if isinstance(x, list) else dict(x)
+    def _sparse(self, x: dict | list) -> tuple[dict, dict]:
+        """(index, x as a dict), every feature of x given a position (weight 0 when new)."""
+        x = _as_dict(x)
         idx = self._index
-        s = t = 0.0
-        for k, v in x.items():
-            i = idx.get(k)
-            if i is None:
-                self._add_feature(k)
-            else:
-                s += w[i] * v
-                if u is not None:
-                    t += u[i] * v
-        return x, s, t, hypot(*x.values())
-
-    def _update(self, w: list[float], x: dict | list, y: float) -> None:
-        """w += y·x, as river does it: w - (x·(-y)) rounds like w + y·x."""
-        if type(x) is list:
-            n = len(x)
-            if y == 1:
-                w[:n] = map(add, w, x)
-            elif y == -1:
-                w[:n] = map(sub, w, x)
-            else:
-                w[:n] = [wi + y * xi for wi, xi in zip(w, x)]
-        else:
-            idx = self._index
-            for k, v in x.items():
-                w[idx[k]] += y * v
+        if not all(map(idx.__contains__, x)):
+            for k in x:
+                if k not in idx:
+                    self._add_feature(k)
+        return idx, x
 
     # --------------------------------------------------------------- features
     def _add_feature(self, k: Any) -> int:

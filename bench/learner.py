@@ -1,0 +1,148 @@
+"""How fast is the learning core?  Events per second, against river, in the same run.
+
+    python3 bench/learner.py                 # the table of bench/README.md
+    python3 bench/learner.py --events 5000 --repeats 3 --json out.json
+
+For d = 2, 10, 100 and a clean or 5%-label-noise stream (labels from a fixed
+random separator with a bias), it times on the very same events:
+
+- river: ``river.linear_model.Perceptron`` ``predict_one`` + ``learn_one``
+  (dicts, bool labels: river's only interface);
+- ours p+l: :class:`Perceptron` ``predict_one`` + ``learn_one`` (dicts);
+- step: the service's hot path :meth:`Perceptron.step` on dense lists, and on
+  dicts (the ``features`` form of the wire format);
+- averaged / pocket: ``step`` on lists, as a cost relative to plain.
+
+Each figure is the best of ``--repeats`` runs of a fresh model over the whole
+stream, the runs of all contenders taking turns (best-of filters out scheduler
+noise, turns keep the ratios fair on a busy machine; every run starts from w = 0, so
+each includes the early updates).  No timing is asserted anywhere in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import river  # noqa: E402
+from river import linear_model  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from service.learning import Perceptron  # noqa: E402
+
+
+def make_stream(d: int, n: int, noise: float, seed: int = 42) -> tuple[list[list[float]], list[int]]:
+    """n points in [-1, 1]^d labelled by a random hyperplane; a fraction ``noise`` of labels flipped."""
+    rng = random.Random(seed * 1000 + d)
+    w = [rng.gauss(0, 1) for _ in range(d)]
+    b = rng.gauss(0, 0.3)
+    X = [[rng.uniform(-1, 1) for _ in range(d)] for _ in range(n)]
+    y = [1 if sum(wi * xi for wi, xi in zip(w, x)) + b > 0 else -1 for x in X]
+    y = [-v if rng.random() < noise else v for v in y]
+    return X, y
+
+
+def best_rates(runs: dict[str, Callable[[], object]], n: int, repeats: int) -> dict[str, float]:
+    """Events per second of the fastest of ``repeats`` runs of each; the runs take turns.
+
+    Taking turns (river, ours, river, ours...) exposes all of them to the same
+    machine load, so the ratios hold even on a busy machine.
+    """
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeats):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: n / t for name, t in best.items()}
+
+
+def measure(d: int, noise: float, n: int, repeats: int) -> dict:
+    X, y = make_stream(d, n, noise)
+    D = [dict(enumerate(x)) for x in X]
+    B = [v == 1 for v in y]
+
+    def river_pl() -> None:
+        m = linear_model.Perceptron()
+        for x, t in zip(D, B):
+            m.predict_one(x)
+            m.learn_one(x, t)
+
+    def ours_pl() -> None:
+        m = Perceptron()
+        for x, t in zip(D, y):
+            m.predict_one(x)
+            m.learn_one(x, t)
+
+    def stepper(variant: str, rows: list) -> Callable[[], None]:
+        def run() -> None:
+            step = Perceptron(variant).step
+            for x, t in zip(rows, y):
+                step(x, t)
+
+        return run
+
+    runs = {
+        "river": river_pl,
+        "ours_pl": ours_pl,
+        "step_list": stepper("plain", X),
+        "step_dict": stepper("plain", D),
+        "averaged": stepper("averaged", X),
+        "pocket": stepper("pocket", X),
+    }
+    rates = best_rates(runs, n, repeats)
+    m = Perceptron()
+    for x, t in zip(X, y):
+        m.step(x, t)
+    return {"d": d, "noise": noise, "events": n, "mistakes": m.mistakes, "rates": rates}
+
+
+def table(rows: list[dict]) -> Table:
+    t = Table(title="events/s (best of repeats); ratios against river's Perceptron, costs against plain step")
+    for col in ("d", "noise", "river p+l", "ours p+l", "step list", "step dict", "averaged", "pocket"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        q = r["rates"]
+        rv, pl = q["river"], q["step_list"]
+        t.add_row(
+            str(r["d"]),
+            f"{r['noise']:.0%}",
+            f"{rv:,.0f}",
+            f"{q['ours_pl']:,.0f} ({q['ours_pl'] / rv:.1f}×)",
+            f"{pl:,.0f} ({pl / rv:.1f}×)",
+            f"{q['step_dict']:,.0f} ({q['step_dict'] / rv:.1f}×)",
+            f"{q['averaged']:,.0f} (cost {pl / q['averaged']:.2f}×)",
+            f"{q['pocket']:,.0f} (cost {pl / q['pocket']:.2f}×)",
+        )
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=20_000, help="events per stream (default 20000)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs per figure, the best is kept (default 5)")
+    ap.add_argument("--dims", type=int, nargs="+", default=[2, 10, 100])
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    rows = [measure(d, noise, args.events, args.repeats) for d in args.dims for noise in (0.0, 0.05)]
+    console = Console(width=150)
+    console.print(table(rows))
+    console.print(
+        f"Python {platform.python_version()}, river {river.__version__}, {platform.machine()}, "
+        f"{args.events} events, best of {args.repeats}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"python": platform.python_version(), "river": river.__version__, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
