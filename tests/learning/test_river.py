@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from river import datasets, linear_model
@@ -113,3 +115,34 @@ def test_scaled_step_is_rivers_pipeline_learning_during_predict():
             assert r.y_pred == y_pred or abs(r.score) < 1e-12
             theirs.learn_one(x, y)
     _same_weights(ours.perceptron, theirs["Perceptron"])
+
+
+GENERAL_CHECKS = [
+    "check_repr", "check_str", "check_tags", "check_clone_same_class", "check_clone_is_idempotent",
+    "check_init_has_default_params_for_tests", "check_init_default_params_are_not_mutable", "check_doc",
+    "check_clone_changes_memory_addresses", "check_mutate_can_be_idempotent", "check_repr_roundtrips_clone",
+    "check_clone_with_new_params_applies", "check_get_params_matches_signature",
+]
+DATASET_CHECKS = [
+    "check_learn_one", "check_shuffle_features_no_impact", "check_emerging_features",
+    "check_disappearing_features", "check_radically_disappearing_features", "check_predict_one_pure",
+    "check_predict_one_before_any_learn", "check_no_state_aliasing_with_input", "check_clone_is_independent",
+]
+
+
+def _models():
+    from service.learning import ScaledPerceptron
+
+    return [Perceptron(), Perceptron("averaged"), Perceptron("pocket"), Perceptron("margin", 0.5), ScaledPerceptron()]
+
+
+@pytest.mark.parametrize("check", GENERAL_CHECKS + DATASET_CHECKS)
+def test_river_estimator_checks(check):
+    """river's own estimator checks (those that need neither sklearn nor pickle), on Phishing."""
+    from river.checks import common
+
+    for model in _models():
+        if check in DATASET_CHECKS:
+            getattr(common, check)(model.clone(), datasets.Phishing())
+        else:
+            getattr(common, check)(model.clone())

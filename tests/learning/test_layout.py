@@ -1,0 +1,29 @@
+"""The learning core stays free of Kafka, HTTP and pickle (DESIGN.md, "Layout")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+LEARNING = Path(__file__).resolve().parents[2] / "service" / "learning"
+FORBIDDEN = {"kafka", "confluent_kafka", "http", "urllib", "urllib3", "requests", "aiohttp", "socket",
+             "prometheus_client", "pickle", "cloudpickle", "dill", "joblib", "shelve", "marshal"}
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(LEARNING.glob("*.py")), ids=lambda p: p.name)
+def test_no_kafka_http_or_pickle_imports(path):
+    assert not _imports(path) & FORBIDDEN
+    assert _imports(path) <= {"__future__", "collections", "itertools", "math", "numbers", "operator",
+                              "random", "sys", "typing", "river", "service"}
