@@ -44,8 +44,8 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from math import hypot
 from itertools import repeat
+from math import hypot
 from operator import add, mul, sub
 from typing import Any, NamedTuple
 
@@ -327,8 +327,8 @@ class Perceptron(base.Classifier):
         return True
 
     # ------------------------------------------------------------------ stats
-    def predicting_weights(self) -> tuple[list[float], float]:
-        """(weights by position, bias) that make the published predictions."""
+    def _predicting(self) -> tuple[list[float], float]:
+        """(weights by position, bias) that make the published predictions (not copies)."""
         if self.variant == "averaged":
             c = self._c
             return [wi - ui / c for wi, ui in zip(self._w, self._u)], self._b - self._ub / c
@@ -339,17 +339,17 @@ class Perceptron(base.Classifier):
     @property
     def weights(self) -> dict:
         """Feature → weight of the predicting weights."""
-        return dict(zip(self._keys, self.predicting_weights()[0]))
+        return dict(zip(self._keys, self._predicting()[0]))
 
     @property
     def bias(self) -> float:
-        return self.predicting_weights()[1]
+        return self._predicting()[1]
 
     @property
     def weight_norm(self) -> float:
         """||(b, w)|| of the predicting weights."""
-        w, b = self.predicting_weights()
-        return math.sqrt(b * b + sum(wi * wi for wi in w))
+        w, b = self._predicting()
+        return hypot(b, *w)
 
     @property
     def radius(self) -> float:

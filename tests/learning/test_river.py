@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from river import datasets, linear_model
