@@ -33,8 +33,8 @@ SPARK = "▁▂▃▄▅▆▇█"
 def sparkline(values: list[float], top: float = 0.5) -> str:
     """Mistake rates as bars, 0 → ▁, ``top`` or more → █.
 
-    >>> sparkline([0.0, 0.25, 0.5])
-    '▁▄█'
+    >>> sparkline([0.0, 0.1, 0.25, 0.5, 0.9])
+    '▁▂▅██'
     """
     return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in values)
 
