@@ -45,7 +45,8 @@ class DemoView:
     def __init__(self, app: Application, bootstrap: str, metrics_url: str, drift_at: int):
         self.app, self.bootstrap, self.metrics_url, self.drift_at = app, bootstrap, metrics_url, drift_at
         self.samples: deque[tuple[float, int]] = deque(maxlen=20)
-        self.rates: deque[float] = deque(maxlen=60)
+        self.rates: deque[float] = deque(maxlen=40)  # one mistake-rate sample a second
+        self._next_rate_at = 0.0
 
     def sample(self) -> dict:
         learner = self.app.learner
@@ -53,7 +54,9 @@ class DemoView:
         self.samples.append((now, learner.seen))
         (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
         rate = self.app.metrics.window.value
-        self.rates.append(rate)
+        if now >= self._next_rate_at:
+            self.rates.append(rate)
+            self._next_rate_at = now + 1.0
         return {"seen": learner.seen, "events_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0, "mistakes": learner.mistakes,
                 "updates": learner.updates, "rate": rate, "weights": dict(learner.weights), "bias": learner.bias}
 
@@ -63,7 +66,7 @@ class DemoView:
         stats.add_row("events", f"{s['seen']:,}", "events/s", f"{s['events_per_s']:,.0f}")
         stats.add_row("mistakes", f"{s['mistakes']:,}", "updates (model version)", f"{s['updates']:,}")
         stats.add_row("mistake rate", f"{s['rate']:.1%} (last {self.app.metrics.window.window} labeled)",
-                      "trend", sparkline(list(self.rates)))
+                      "trend (40 s)", sparkline(list(self.rates)))
         phase = "before" if s["seen"] < self.drift_at else "after"
         stats.add_row("bank policy", f"changes at event {self.drift_at:,} ({phase})", "", "")
         weights = Table("feature", "weight", box=None, padding=(0, 2))
@@ -106,7 +109,7 @@ def run_demo(settings: DemoSettings) -> int:
         deadline = time.monotonic() + settings.duration if settings.duration else float("inf")
         try:
             if settings.live:
-                with Live(view.render(), console=console, refresh_per_second=4) as live:
+                with Live(view.render(), console=console, refresh_per_second=4, screen=True) as live:
                     while not stop.wait(0.25) and time.monotonic() < deadline and service.is_alive():
                         live.update(view.render())
             else:
