@@ -66,16 +66,19 @@ _SEQUENTIAL_SUM = sys.version_info < (3, 12)
 _new = tuple.__new__
 
 
-def _dot(w: list[float], idx: dict | None, x: list | dict) -> float:
+def _dot(w: list[float], m: Perceptron | None, x: list | dict) -> float:
     """w·x without the bias, summed in x's order (river's order).
 
-    ``idx`` None: x is a dense list, x[i] is feature i.  Else x is a dict whose
-    features are all in ``idx`` (KeyError otherwise).
+    ``m`` None: x is a dense list, x[i] is feature i.  Else x is a dict of
+    features all known to the perceptron ``m`` (KeyError otherwise); when they
+    are its first features in order (a fixed schema) the sum skips the lookups.
     """
-    if idx is None:
+    if m is None:
         ws, vals = w, x
+    elif m._keys[: len(x)] == list(x):
+        ws, vals = w, x.values()
     else:
-        ws, vals = map(w.__getitem__, map(idx.__getitem__, x)), x.values()
+        ws, vals = map(w.__getitem__, map(m._index.__getitem__, x)), x.values()
     if _SEQUENTIAL_SUM:
         return sum(map(mul, ws, vals))
     s = 0.0
@@ -84,19 +87,22 @@ def _dot(w: list[float], idx: dict | None, x: list | dict) -> float:
     return s
 
 
-def _update(w: list[float], idx: dict | None, x: list | dict, y: float) -> None:
-    """w += y·x.  river computes w - x·(-y): for y = ±1 the same floats as w ± x."""
-    if idx is None:
-        n = len(x)
-        if y == 1:
-            w[:n] = map(add, w, x)
-        elif y == -1:
-            w[:n] = map(sub, w, x)
-        else:
-            w[:n] = map(add, w, map(mul, x, repeat(y)))
+def _update(w: list[float], m: Perceptron | None, x: list | dict, y: float) -> None:
+    """w += y·x (``m`` as in :func:`_dot`).  river computes w - x·(-y): for y = ±1, the floats of w ± x."""
+    n = len(x)
+    if m is not None:
+        if m._keys[:n] != list(x):
+            idx = m._index
+            for k, v in x.items():
+                w[idx[k]] += y * v
+            return
+        x = x.values()
+    if y == 1:
+        w[:n] = map(add, w, x)
+    elif y == -1:
+        w[:n] = map(sub, w, x)
     else:
-        for k, v in x.items():
-            w[idx[k]] += y * v
+        w[:n] = map(add, w, map(mul, x, repeat(y)))
 
 
 def _as_dict(x: dict | list) -> dict:
@@ -184,26 +190,25 @@ class Perceptron(base.Classifier):
 
     def score_one(self, x: dict | list) -> float:
         """The score :meth:`step` would publish for x; changes nothing."""
-        idx: dict | None = None
+        m: Perceptron | None = None
         if type(x) is not list or len(x) > self._dense:
-            idx = self._index
-            x = _as_dict(x)
+            m, x = self, _as_dict(x)
         try:
-            s = _dot(self._w, idx, x) + self._b
+            s = _dot(self._w, m, x) + self._b
         except KeyError:  # unknown features weigh 0: leave them out
-            x = {k: v for k, v in x.items() if k in idx}
-            s = _dot(self._w, idx, x) + self._b
+            x = {k: v for k, v in x.items() if k in self._index}
+            s = _dot(self._w, m, x) + self._b
         if self._mode == 1:
-            return s - (_dot(self._u, idx, x) + self._ub) / self._c
+            return s - (_dot(self._u, m, x) + self._ub) / self._c
         if self._mode == 2 and not self._p_is_w:
-            return _dot(self._p, idx, x) + self._pb
+            return _dot(self._p, m, x) + self._pb
         return s
 
     # ------------------------------------------------------------------ hot path
     # Speed notes (bench/learner.py): sums run in C (sum(map(mul, ...))), so does the
     # norm (hypot); counters that move on every event are the fewest possible
     # (labeled is derived); StepResult is built with tuple.__new__ (a NamedTuple's
-    # __new__ is Python code).  x is a dense list (idx None) or a dict (idx the index).
+    # __new__ is Python code).  x is a dense list (m None) or a dict (m self).
 
     def step(self, x: dict | list, y: int | None) -> StepResult:
         """Score with the predicting weights, predict, then learn if ``y`` (-1/+1) is given."""
@@ -211,17 +216,16 @@ class Perceptron(base.Classifier):
             return self._step_averaged(x, y) if self._mode == 1 else self._step_pocket(x, y)
         w = self._w
         if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            idx = None
+            m = None
             s = (sum(map(mul, w, x)) if _SEQUENTIAL_SUM else _dot(w, None, x)) + self._b
             r = hypot(*x)
         else:
-            idx = self._index
-            x = _as_dict(x)
+            m, x = self, _as_dict(x)
             try:
-                s = _dot(w, idx, x) + self._b
+                s = _dot(w, m, x) + self._b
             except KeyError:
-                self._sparse(x)
-                s = _dot(w, idx, x) + self._b
+                self._register(x)
+                s = _dot(w, m, x) + self._b
             r = hypot(*x.values())
         if r > self._xmax:
             self._xmax = r
@@ -229,26 +233,26 @@ class Perceptron(base.Classifier):
         if y is None:
             self._unlabeled += 1
             return _new(StepResult, (1 if s > 0.0 else -1, s, None))
-        m = y * s
-        if m <= self._thr:  # _thr >= 0: every mistake (m <= 0) lands here
-            _update(w, idx, x, y)
+        ys = y * s
+        if ys <= self._thr:  # _thr >= 0: every mistake (ys <= 0) lands here
+            _update(w, m, x, y)
             self._b += y
             self.updates += 1
-            if m <= 0.0:
+            if ys <= 0.0:
                 self.mistakes += 1
                 return _new(StepResult, (1 if s > 0.0 else -1, s, True))
         return _new(StepResult, (y, s, False))
 
     def _step_averaged(self, x: dict | list, y: int | None) -> StepResult:
         w, u = self._w, self._u
-        idx, x = self._view(x)
-        s = _dot(w, idx, x) + self._b
-        result = self._count(y, s - (_dot(u, idx, x) + self._ub) / self._c, x)  # averaged weights: w - u/c
+        m, x = self._view(x)
+        s = _dot(w, m, x) + self._b
+        result = self._count(y, s - (_dot(u, m, x) + self._ub) / self._c, x)  # averaged weights: w - u/c
         if y is not None:
             if y * s <= 0.0:
                 c = self._c
-                _update(w, idx, x, y)
-                _update(u, idx, x, y * c)
+                _update(w, m, x, y)
+                _update(u, m, x, y * c)
                 self._b += y
                 self._ub += y * c
                 self.updates += 1
@@ -257,12 +261,12 @@ class Perceptron(base.Classifier):
 
     def _step_pocket(self, x: dict | list, y: int | None) -> StepResult:
         w, p, same = self._w, self._p, self._p_is_w
-        idx, x = self._view(x)
-        s = _dot(w, idx, x) + self._b
-        result = self._count(y, s if same else _dot(p, idx, x) + self._pb, x)
+        m, x = self._view(x)
+        s = _dot(w, m, x) + self._b
+        result = self._count(y, s if same else _dot(p, m, x) + self._pb, x)
         if y is not None:
             if y * s <= 0.0:
-                _update(w, idx, x, y)
+                _update(w, m, x, y)
                 self._b += y
                 self.updates += 1
                 self._run = 0
@@ -291,21 +295,21 @@ class Perceptron(base.Classifier):
         self.mistakes += mistake
         return _new(StepResult, (y_pred, score, mistake))
 
-    def _view(self, x: dict | list) -> tuple[dict | None, list | dict]:
-        """(None, x) for a list that indexes positions directly, else (index, x as a dict)."""
+    def _view(self, x: dict | list) -> tuple[Perceptron | None, list | dict]:
+        """(None, x) for a list that indexes positions directly, else (self, x as a dict)."""
         if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
             return None, x
-        return self._sparse(x)
-
-    def _sparse(self, x: dict | list) -> tuple[dict, dict]:
-        """(index, x as a dict), every feature of x given a position (weight 0 when new)."""
         x = _as_dict(x)
+        self._register(x)
+        return self, x
+
+    def _register(self, x: dict) -> None:
+        """Give every new feature of x a position (weight 0)."""
         idx = self._index
         if not all(map(idx.__contains__, x)):
             for k in x:
                 if k not in idx:
                     self._add_feature(k)
-        return idx, x
 
     # --------------------------------------------------------------- features
     def _add_feature(self, k: Any) -> int:
