@@ -92,11 +92,16 @@ def run_broker(settings: BrokerSettings) -> int:
     broker = EmbeddedBroker(settings.host, settings.port).start()
     print(f"embedded broker (Tansu) on {broker.bootstrap_servers}; memory only; Ctrl-C stops it", flush=True)
     print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
-    stop = lambda *_: broker.stop()  # noqa: E731 - a signal handler
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    process = broker.process
+
+    def forward(signum, _frame):  # the child gets SIGTERM; the wait below then returns
+        if process.poll() is None:
+            process.terminate()
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     try:
-        code = broker.wait() if broker.process is not None else 0
+        code = process.wait()
     finally:
         broker.stop()
     return 0 if code in (0, -signal.SIGTERM, -signal.SIGINT) else code
