@@ -112,3 +112,45 @@ def test_counters_are_consistent(variant, events):
     assert all((r.mistake is None) == (y is None) for r, (_, y) in zip(results, events))
     assert all(r.y_pred == (1 if r.score > 0 else -1) for r in results)
     assert math.isclose(p.weight_norm, math.sqrt(p.bias**2 + sum(w * w for w in p.weights.values())), rel_tol=1e-12)
+
+
+labeled_stream = st.lists(st.tuples(st.lists(coord, min_size=2, max_size=2), st.sampled_from([-1, 1])), max_size=60)
+
+
+@settings(max_examples=80, deadline=None)
+@given(labeled_stream)
+def test_averaged_is_the_average_of_all_weight_vectors(events):
+    """Lazy averaging (O(d) per update) = the naive average of w_0..w_T, recomputed each event."""
+    p = Perceptron("averaged")
+    w, total, count = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], 1  # (b, w1, w2); total sums w_0..w_t
+    for x, y in events:
+        avg = [t / count for t in total]
+        naive = avg[0] + avg[1] * x[0] + avg[2] * x[1]
+        r = p.step(x, y)
+        assert math.isclose(r.score, naive, rel_tol=1e-9, abs_tol=1e-9)
+        if y * ((w[1] * x[0] + w[2] * x[1]) + w[0]) <= 0:  # the perceptron's order of sums
+            w = [w[0] + y, w[1] + y * x[0], w[2] + y * x[1]]
+        total = [t + v for t, v in zip(total, w)]
+        count += 1
+    avg = [t / count for t in total]
+    assert math.isclose(p.bias, avg[0], rel_tol=1e-9, abs_tol=1e-9)
+    for i in range(2):
+        assert math.isclose(p.weights.get(i, 0.0), avg[i + 1], rel_tol=1e-9, abs_tol=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(labeled_stream)
+def test_pocket_is_gallants_longest_run(events):
+    """Online pocket = the running weights with the longest run of correct predictions so far."""
+    p = Perceptron("pocket")
+    w, run, pocket, best = [0.0, 0.0, 0.0], 0, [0.0, 0.0, 0.0], 0
+    for x, y in events:
+        r = p.step(x, y)
+        assert r.score == (pocket[1] * x[0] + pocket[2] * x[1]) + pocket[0]
+        if y * ((w[1] * x[0] + w[2] * x[1]) + w[0]) <= 0:  # the perceptron's order of sums
+            w, run = [w[0] + y, w[1] + y * x[0], w[2] + y * x[1]], 0
+        else:
+            run += 1
+            if run > best:
+                pocket, best = list(w), run
+    assert [p.bias, p.weights.get(0, 0.0), p.weights.get(1, 0.0)] == pocket
