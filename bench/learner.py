@@ -13,10 +13,11 @@ random separator with a bias), it times on the very same events:
   dicts (the ``features`` form of the wire format);
 - averaged / pocket: ``step`` on lists, as a cost relative to plain.
 
-Each figure is the best of ``--repeats`` runs of a fresh model over the whole
-stream, the runs of all contenders taking turns (best-of filters out scheduler
-noise, turns keep the ratios fair on a busy machine; every run starts from w = 0, so
-each includes the early updates).  No timing is asserted anywhere in tests.
+Every run is a fresh model (w = 0, so the early updates count) over the whole
+stream.  In each of ``--repeats`` rounds every contender runs once, in a
+shuffled order, timed in process CPU time.  Rates are the best round; ratios
+are the median over rounds of the same-round ratio, which cancels the load
+changes of a shared machine.  No timing is asserted anywhere in tests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -52,20 +54,42 @@ def make_stream(d: int, n: int, noise: float, seed: int = 42) -> tuple[list[list
     return X, y
 
 
-def best_rates(runs: dict[str, Callable[[], object]], n: int, repeats: int) -> dict[str, float]:
-    """Events per second of the fastest of ``repeats`` runs of each; the runs take turns.
+def timed_rounds(runs: dict[str, Callable[[], object]], repeats: int, seed: int = 0) -> list[dict[str, float]]:
+    """``repeats`` rounds; in each, every run once, in a shuffled order: CPU seconds per run.
 
-    Taking turns (river, ours, river, ours...) exposes all of them to the same
-    machine load, and the clock is this process's CPU time (time.process_time),
-    not wall time, so the ratios hold on a busy machine too.
+    Taking turns exposes all contenders to the same machine load, and the clock
+    is this process's CPU time (time.process_time), not wall time.
     """
-    best = dict.fromkeys(runs, float("inf"))
+    rng = random.Random(seed)
+    rounds = []
     for _ in range(repeats):
-        for name, run in runs.items():
+        names = list(runs)
+        rng.shuffle(names)
+        times = {}
+        for name in names:
             t0 = time.process_time()
-            run()
-            best[name] = min(best[name], time.process_time() - t0)
-    return {name: n / t for name, t in best.items()}
+            runs[name]()
+            times[name] = time.process_time() - t0
+        rounds.append(times)
+    return rounds
+
+
+def summarize(rounds: list[dict[str, float]], n: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(best events/s of each run, median over rounds of each same-round time ratio).
+
+    Ratios: river's time / ours (speed-up) and averaged or pocket / plain step
+    (cost).  Same-round ratios cancel the load changes between rounds.
+    """
+    rates = {k: n / min(r[k] for r in rounds) for k in rounds[0]}
+    pairs = {
+        "ours_pl": ("river", "ours_pl"),
+        "step_list": ("river", "step_list"),
+        "step_dict": ("river", "step_dict"),
+        "averaged": ("averaged", "step_list"),
+        "pocket": ("pocket", "step_list"),
+    }
+    ratios = {k: statistics.median(r[a] / r[b] for r in rounds) for k, (a, b) in pairs.items()}
+    return rates, ratios
 
 
 def measure(d: int, noise: float, n: int, repeats: int) -> dict:
@@ -101,29 +125,28 @@ def measure(d: int, noise: float, n: int, repeats: int) -> dict:
         "averaged": stepper("averaged", X),
         "pocket": stepper("pocket", X),
     }
-    rates = best_rates(runs, n, repeats)
+    rates, ratios = summarize(timed_rounds(runs, repeats), n)
     m = Perceptron()
     for x, t in zip(X, y):
         m.step(x, t)
-    return {"d": d, "noise": noise, "events": n, "mistakes": m.mistakes, "rates": rates}
+    return {"d": d, "noise": noise, "events": n, "mistakes": m.mistakes, "rates": rates, "ratios": ratios}
 
 
 def table(rows: list[dict]) -> Table:
-    t = Table(title="events/s (best of repeats); ratios against river's Perceptron, costs against plain step")
-    for col in ("d", "noise", "river p+l", "ours p+l", "step list", "step dict", "averaged", "pocket"):
+    t = Table(
+        title="events/s (best round); in brackets, the median same-round ratio: speed-up over river, or cost against a plain step"
+    )
+    for col in ("d", "noise", "mistakes", "river p+l", "ours p+l", "step list", "step dict", "averaged", "pocket"):
         t.add_column(col, justify="right")
     for r in rows:
-        q = r["rates"]
-        rv, pl = q["river"], q["step_list"]
+        q, k = r["rates"], r["ratios"]
         t.add_row(
             str(r["d"]),
             f"{r['noise']:.0%}",
-            f"{rv:,.0f}",
-            f"{q['ours_pl']:,.0f} ({q['ours_pl'] / rv:.1f}×)",
-            f"{pl:,.0f} ({pl / rv:.1f}×)",
-            f"{q['step_dict']:,.0f} ({q['step_dict'] / rv:.1f}×)",
-            f"{q['averaged']:,.0f} (cost {pl / q['averaged']:.2f}×)",
-            f"{q['pocket']:,.0f} (cost {pl / q['pocket']:.2f}×)",
+            f"{r['mistakes']:,}",
+            f"{q['river']:,.0f}",
+            *(f"{q[c]:,.0f} ({k[c]:.1f}×)" for c in ("ours_pl", "step_list", "step_dict")),
+            *(f"{q[c]:,.0f} (cost {k[c]:.2f}×)" for c in ("averaged", "pocket")),
         )
     return t
 
@@ -131,7 +154,7 @@ def table(rows: list[dict]) -> Table:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=20_000, help="events per stream (default 20000)")
-    ap.add_argument("--repeats", type=int, default=7, help="runs per figure, the best is kept (default 7)")
+    ap.add_argument("--repeats", type=int, default=9, help="rounds (default 9)")
     ap.add_argument("--dims", type=int, nargs="+", default=[2, 10, 100])
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args(argv)
@@ -140,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     console.print(table(rows))
     console.print(
         f"Python {platform.python_version()}, river {river.__version__}, {platform.machine()}, "
-        f"{args.events} events, best of {args.repeats}, CPU time; load average {os.getloadavg()[0]:.2f}"
+        f"{args.events} events, {args.repeats} rounds, CPU time; load average {os.getloadavg()[0]:.2f}"
     )
     if args.json:
         args.json.write_text(json.dumps({"python": platform.python_version(), "river": river.__version__, "rows": rows}, indent=2))

@@ -28,6 +28,16 @@ Variants (``variant=``), and when each one helps:
   non-separable data with a stable concept; a bad update cannot hurt the
   published prediction until the new weights prove themselves.
 
+For the variants that predict with other weights than they learn with,
+``mistakes`` counts the published predictions' mistakes and ``updates`` the
+learning weights' updates (the model version).
+
+In river: ``preprocessing.StandardScaler() | Perceptron()``,
+``evaluate.progressive_val_score`` and ``clone()`` work.  ``learn_one``
+takes river's bool labels, but ``predict_one`` answers -1/+1, so give a
+metric -1/+1 labels (``((x, 1 if y else -1) for x, y in dataset)``): a
+metric comparing -1 with False counts a miss.
+
 >>> p = Perceptron()
 >>> p.step([1.0, 2.0], 1)            # score 0 is a mistake, then learn
 StepResult(y_pred=-1, score=0.0, mistake=True)
@@ -152,6 +162,18 @@ class Perceptron(base.Classifier):
     Inputs are dicts (feature name → number) or dense lists (features 0..d-1,
     the same features as the int keys 0..d-1 of a dict).  ``learn_one`` takes
     -1/+1, True/False or 1/0 labels; ``predict_one`` answers -1 or +1.
+    ``margin`` (γ >= 0) is for ``variant="margin"`` only; a non-zero margin
+    with another variant is a ValueError rather than silently ignored.
+
+    Counters: ``seen`` (events through step/learn_one, labeled or not),
+    ``labeled``, ``mistakes`` (of the published predictions), ``updates``
+    (the model version).  ``radius`` is R = max ||(1, x)||, ``weight_norm``
+    ||(b, w)|| of the predicting weights.
+
+    >>> p = Perceptron("margin", margin=1.0)
+    >>> p.learn_one({"age": 2.0}, True); p.learn_one({"age": 2.0}, 1)  # 2nd: y·score = 5 > 1
+    >>> p.predict_one({"age": 2.0}), p.mistakes, p.updates, p.labeled
+    (1, 1, 1, 2)
     """
 
     def __init__(self, variant: str = "plain", margin: float = 0.0) -> None:
