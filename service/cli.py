@@ -128,8 +128,12 @@ def run_train(settings: TrainSettings) -> int:
     except (OSError, ValueError) as exc:
         print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
         return 2
-    report = train_report(X, y, algorithm=settings.algorithm, order=settings.order, seed=settings.seed,
-                          max_passes=settings.max_passes, feature_names=names)
+    try:
+        report = train_report(X, y, algorithm=settings.algorithm, order=settings.order, seed=settings.seed,
+                              max_passes=settings.max_passes, feature_names=names)
+    except ValueError as exc:
+        print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=2))
     return 0
 

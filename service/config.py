@@ -149,9 +149,11 @@ class ServeSettings(KafkaSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
     @model_validator(mode="after")
-    def _topics_differ(self):
+    def _consistent(self):
         if len({self.input_topic, self.output_topic, self.dlq_topic}) < 3:
             raise ValueError("input_topic, output_topic and dlq_topic must be three different topics")
+        if self.margin > 0 and self.variant != "margin":
+            raise ValueError(f"margin {self.margin} is only used by variant margin (variant is {self.variant})")
         return self
 
 

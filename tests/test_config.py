@@ -37,6 +37,7 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
         (["--security-protocol", "SASL_SSL", "--sasl-mechanism", "PLAIN"], {}, "sasl_username and sasl_password"),
         (["--ssl-cafile", "/nonexistent/ca.pem"], {}, "ssl_cafile /nonexistent/ca.pem is not a readable file"),
         (["--output-topic", "points"], {}, "three different topics"),
+        (["--margin", "0.5"], {}, "margin 0.5 is only used by variant margin"),
         (["--no-such-flag", "1"], {}, "unrecognized arguments: --no-such-flag"),
     ],
 )
