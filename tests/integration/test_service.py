@@ -166,3 +166,28 @@ def test_sigterm_mid_stream_exits_zero_and_loses_nothing(broker, topics, tmp_pat
     predictions = _by_seen(records)
     assert [p["source"]["offset"] for p in predictions] == list(range(len(events)))
     assert [(p["y_pred"], p["score"], p["mistake"]) for p in predictions] == _offline(events)
+
+
+def test_missing_topics_with_creation_off_fail_with_a_clear_message(broker, topics, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    args = settings_args(broker, topics, tmp_path, create_topics=False)
+    result = subprocess.run([sys.executable, "-m", "service.cli", "serve", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1
+    assert f"topics {topics['input_topic']}, {topics['output_topic']}, {topics['dlq_topic']} do not exist and create_topics is off" in result.stderr
+
+
+def test_topics_are_created_with_the_configured_partitions(broker, topics, tmp_path, service_thread):
+    from kafka import KafkaConsumer
+
+    service = service_thread(settings_args(broker, topics, tmp_path, topic_partitions=3))
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
+    try:
+        for name in ("input_topic", "output_topic", "dlq_topic"):
+            assert wait_until(lambda: consumer.partitions_for_topic(topics[name]), 30, what=name) == {0, 1, 2}
+    finally:
+        consumer.close()
+        service.stop()
