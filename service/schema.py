@@ -8,9 +8,16 @@ Three pydantic models are the contract with producers and consumers
 - :class:`DeadLetter`, published for every rejected input, with a reason a
   producer can act on.
 
-Decoding goes through pydantic's Rust JSON parser in one call per message;
-rejections are turned into one plain sentence and a short reason code that
-is also the ``reason`` label of ``perceptron_rejected_events_total``.
+Decoding has two paths with one outcome. The common event (an object with
+only ``id``, ``x`` or ``features``, and ``y``, every value of the expected
+type) is parsed by orjson and checked by a few type tests; anything else
+(invalid JSON, extra keys, a string where a number belongs, a label to map
+or reject...) goes through the pydantic model, whose first error becomes one
+plain sentence and a short reason code, also the ``reason`` label of
+``perceptron_rejected_events_total``. The fast path only accepts what the
+model accepts, with the same values (orjson and pydantic's parser read every
+number to the same double, and both refuse non-finite ones), so an event
+decodes to the same :class:`Event` either way (tests/test_schema.py checks it).
 
 >>> decoder = Decoder(max_message_bytes=1000, max_features=10)
 >>> decoder.decode(b'{"id": "c-1", "x": [0.5, -1.0], "y": 1}')
@@ -29,6 +36,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -138,6 +146,14 @@ class Rejection(NamedTuple):
     error: str
 
 
+#: The keys of the events the fast path takes; an event with others is decoded by the model.
+_FAST_KEYS = frozenset(("id", "x", "features", "y"))
+_ONLY_FLOATS = frozenset((float,)).issuperset
+_NUMBERS = frozenset((float, int)).issuperset  # bool is not int here: type(True) is bool
+_LABELS = {1: 1, -1: -1, 0: -1}  # True == 1 and False == 0 hash alike: the booleans map too
+_new = tuple.__new__
+
+
 class Decoder:
     """Turns message values into events or rejections.
 
@@ -155,24 +171,62 @@ class Decoder:
             return Rejection("invalid_event", "the message has no value (a tombstone); send a JSON object")
         if len(raw) > self.max_message_bytes:
             return Rejection("too_large", f"the message is {len(raw)} bytes, more than the limit of {self.max_message_bytes}")
+        # The fast path: each test below that fails hands the message to the model.
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return self._decode_model(raw)
+        if type(doc) is not dict or not _FAST_KEYS.issuperset(doc):
+            return self._decode_model(raw)
+        get = doc.get
+        id_, y = get("id"), get("y")
+        if not (id_ is None or type(id_) is str or type(id_) is int):
+            return self._decode_model(raw)
+        if y is not None:
+            y = _LABELS.get(y) if (type(y) is int or type(y) is bool) else None
+            if y is None:
+                return self._decode_model(raw)
+        x, features = get("x"), get("features")
+        if features is None and type(x) is list:
+            if not _ONLY_FLOATS(map(type, x)):
+                if not _NUMBERS(map(type, x)):
+                    return self._decode_model(raw)
+                x = [float(v) for v in x]
+            return self._checked(id_, x, True, y)
+        if x is None and type(features) is dict:
+            values = features.values()
+            if not _ONLY_FLOATS(map(type, values)):
+                if not _NUMBERS(map(type, values)):
+                    return self._decode_model(raw)
+                features = {k: float(v) for k, v in features.items()}
+            return self._checked(id_, features, False, y)
+        return self._decode_model(raw)
+
+    def _decode_model(self, raw: bytes) -> Event | Rejection:
+        """The model's way: every rule of :class:`InputEvent`, and a sentence for the first one broken."""
         try:
             event = InputEvent.model_validate_json(raw)
         except ValidationError as exc:
             return _explain(exc, raw)
-        x = event.x if event.x is not None else event.features
-        if not x:
-            return Rejection("invalid_event", f"{'x' if event.x is not None else 'features'} is empty; send at least one feature")
-        if len(x) > self.max_features:
-            return Rejection("too_many_features", f"the event has {len(x)} features, more than the limit of {self.max_features}")
-        if event.x is not None:
+        dense = event.x is not None
+        return self._checked(event.id, event.x if dense else event.features, dense, event.y)
+
+    def _checked(self, id_: str | int | None, x: list[float] | dict[str, float], dense: bool, y: int | None) -> Event | Rejection:
+        """The rules beyond the model: at least one feature, at most max_features, the fixed dimension."""
+        n = len(x)
+        if not n:
+            return Rejection("invalid_event", f"{'x' if dense else 'features'} is empty; send at least one feature")
+        if n > self.max_features:
+            return Rejection("too_many_features", f"the event has {n} features, more than the limit of {self.max_features}")
+        if dense:
             if self.dimension is None:
-                self.dimension = len(x)
-            elif len(x) != self.dimension:
+                self.dimension = n
+            elif n != self.dimension:
                 return Rejection(
                     "wrong_dimension",
-                    f"x has {len(x)} values but this model takes {self.dimension} (the first dense event fixed the dimension)",
+                    f"x has {n} values but this model takes {self.dimension} (the first dense event fixed the dimension)",
                 )
-        return Event(event.id, x, event.y)
+        return _new(Event, (id_, x, y))
 
 
 def _explain(exc: ValidationError, raw: bytes) -> Rejection:

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.schema import DEAD_LETTER_RAW_LIMIT, SCHEMA_DIR, Decoder, Event, Prediction, Rejection, dead_letter, json_schemas
 
@@ -71,3 +73,33 @@ def test_dead_letters_keep_the_original():
     assert (binary["raw"], binary["raw_encoding"]) == ("/wA=", "base64")
     huge = dead_letter(Rejection("too_large", "..."), b"a" * (DEAD_LETTER_RAW_LIMIT + 10), "points", 0, 2)
     assert huge["raw_truncated"] and len(huge["raw"]) == DEAD_LETTER_RAW_LIMIT
+
+
+# The fast path (orjson and type tests) must decode every message exactly as the model does.
+
+_numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.booleans(),
+                     st.sampled_from([0, 1, -1, 0.0, 1.0, -0.0, 1e308, 5e-324, 2**53 + 1]))
+_values = st.one_of(st.none(), _numbers, st.text(max_size=5), st.lists(_numbers, max_size=3), st.dictionaries(st.text(max_size=3), _numbers, max_size=3))
+_events = st.dictionaries(
+    st.sampled_from(["id", "x", "features", "y", "extra"]),
+    st.one_of(_values, st.lists(_numbers, min_size=2, max_size=2), st.dictionaries(st.text(max_size=3), _numbers, max_size=7)),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(event=_events)
+def test_the_fast_path_decodes_as_the_model_does(event):
+    raw = json.dumps(event).encode()  # NaN and Infinity too, as Python writes them
+    assert repr(Decoder(100_000, 5, dimension=2).decode(raw)) == repr(Decoder(100_000, 5, dimension=2)._decode_model(raw))
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"id": "p-1", "x": [0.25, -1.5, 3], "y": 1}', b'{"id": 7, "features": {"a": 1, "b": 2.5}, "y": 0}', b'{"x": [1, 2], "y": true}',
+    b'{"x": [1, 2], "y": false}', b'{"x": [1, 2], "y": null}', b'{"x": [1, 2], "features": null}', b'{"x": null, "features": {"a": 1}}',
+    b'{"x": [1, 2], "x": [3]}', b'{"id": 1.0, "x": [1]}', b'{"id": true, "x": [1]}', b'{"id": 18446744073709551616, "x": [1]}',
+    b'{"x": [9007199254740993, 1e-400]}', b'{"x": [1e999]}', b'{"x": [1], "y": 1.0}', b'{"x": [1], "y": -2}', b'{"x": []}',
+    b'{"features": {}}', b'{"x": [true]}', b'{"x": [1], "other": {"deep": [[1]]}}', b' {"x": [1]}\n', b'{"id": "\\ud800", "x": [1]}',
+    b'\xef\xbb\xbf{"x": [1]}', b'{"x": [1, 2, 3, 4, 5, 6]}', b'[]', b'"x"', b'{"x": {"a": 1}}', b'{"features": [1]}',
+])
+def test_the_fast_path_and_the_model_agree_on_edge_cases(raw):
+    assert repr(Decoder(100_000, 5).decode(raw)) == repr(Decoder(100_000, 5)._decode_model(raw))
