@@ -10,7 +10,9 @@ import json
 import logging
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
+from itertools import islice
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -34,29 +36,65 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class SlidingRate:
-    """Share of True among the last ``window`` flags, updated in O(1).
+    """Share of True among the last ``window`` flags, updated in O(1) per flag, in C per batch.
 
     >>> rate = SlidingRate(window=3)
     >>> for flag in (True, False, False, True):
     ...     rate.add(flag)
     >>> round(rate.value, 3)      # the last three: False, False, True
     0.333
+    >>> rate.add_many([True, False])
+    >>> round(rate.value, 3)      # True, True, False
+    0.667
     """
 
     def __init__(self, window: int):
         self.window = window
-        self._flags: deque[bool] = deque()
+        self._flags: deque[bool] = deque(maxlen=window)
         self._count = 0
 
     def add(self, flag: bool) -> None:
+        if len(self._flags) == self.window:
+            self._count -= self._flags[0]  # the flag the append pushes out
         self._flags.append(flag)
         self._count += flag
-        if len(self._flags) > self.window:
-            self._count -= self._flags.popleft()
+
+    def add_many(self, flags: list[bool]) -> None:
+        """Add ``flags`` in order (the same as ``add`` on each, without a Python-level loop)."""
+        n = len(flags)
+        if n >= self.window:
+            self._flags.clear()
+            self._flags.extend(flags[n - self.window:])
+            self._count = sum(self._flags)
+            return
+        out = len(self._flags) + n - self.window  # how many the extend pushes out, from the left
+        if out > 0:
+            self._count -= sum(islice(self._flags, out))
+        self._flags.extend(flags)
+        self._count += sum(flags)
 
     @property
     def value(self) -> float:
         return self._count / len(self._flags) if self._flags else 0.0
+
+
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """``histogram.observe(value)`` ``count`` times, in O(1).
+
+    prometheus-client has no weighted observe; this adds to the sum and to
+    the one bucket the value falls in, as ``observe`` does, through its
+    (long-stable) internals, and falls back to the loop if they change.
+    """
+    if count <= 0:
+        return
+    try:
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+    except AttributeError:  # pragma: no cover - another prometheus-client layout
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    total.inc(value * count)
+    buckets[bisect_left(bounds, value)].inc(count)  # the first bound >= value; the last bound is +Inf
 
 
 class ServiceMetrics:
@@ -90,14 +128,11 @@ class ServiceMetrics:
         self.unlabeled.inc(unlabeled)
         self.mistakes.inc(sum(mistake_flags))
         self.updates.inc(updates)
-        for flag in mistake_flags:
-            self.window.add(flag)
+        self.window.add_many(mistake_flags)
         self.mistake_rate.set(self.window.value)
         # Every event of a batch waits for the same acknowledgement, so one
-        # value stands for all of them; prometheus-client has no weighted
-        # observe, and calling observe per event would cost more than it says.
-        for _ in range(labeled + unlabeled):
-            self.latency.observe(latency_s)
+        # value stands for all of them.
+        observe_many(self.latency, latency_s, labeled + unlabeled)
 
     def set_model(self, weight_norm: float, radius: float) -> None:
         self.weight_norm.set(weight_norm)
