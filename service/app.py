@@ -12,7 +12,15 @@ Guarantees, and the order above that gives them:
   model and the positions it reflects and is written only after their outputs
   were acknowledged; on assignment the service restores it and seeks there,
   so events after it are learned again from the same state and their outputs
-  repeat identically (``source`` tells the copies apart).
+  repeat identically (``source`` tells the copies apart);
+- with a state store, the offsets committed to the group are the positions of
+  the last checkpoint, never more: a partition the checkpoint does not know
+  (no checkpoint yet, a new partition) then restarts where the model stands
+  (``auto_offset_reset`` for a new model), not after events the model lost in
+  a crash;
+- one instance per model: a second one on the same state directory fails at
+  the lock; with either store, a newcomer that finds other live members in
+  its consumer group stops before it processes anything.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import time
 from collections.abc import Callable
 
 import orjson
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 
 from service import __version__
 from service.config import ServeSettings
@@ -39,6 +47,11 @@ log = logging.getLogger("perceptron_stream")
 
 LAG_EVERY_S = 5.0
 RETRY_MAX_S = 5.0
+#: Broker round trips the loop makes on its own (the lag probe, commits) give
+#: up after this long, so an outage shows on /readyz within seconds and the
+#: loop keeps turning.
+PROBE_TIMEOUT_S = 3.0
+COMMIT_TIMEOUT_S = 5.0
 
 
 class StartupError(RuntimeError):
@@ -61,7 +74,10 @@ class Application:
         self.checkpoint_seq = 0
         self._events_since_checkpoint = 0
         self._last_checkpoint_at = time.monotonic()
-        self._uncommitted = False
+        self._checkpoint_retry_at = 0.0
+        self._to_commit: dict[tuple[str, int], int] | None = None  # positions acknowledged and not yet committed
+        self._group_checked = False  # this instance passed the one-member check of its group
+        self._assignment_to_check = False
         self._stopping = False
         self._next_lag_at = 0.0
 
@@ -151,11 +167,40 @@ class Application:
                 self.health.broker_ok = False
                 time.sleep(0.5)
                 continue
+            if self._assignment_to_check:
+                self._check_group()  # before the first record of a new assignment is processed
             if records:
                 self._process(records)
             self._finish_batch(final=False)
             self._refresh_lag()
         return 0
+
+    def _check_group(self) -> None:
+        """A newcomer stops when its group has other live members: one model, one instance.
+
+        Done once, on this instance's first assignment, from the poll loop (a
+        rebalance callback may not block on the consumer). A crashed member
+        is gone by then: the group completes a join only after evicting it.
+        """
+        self._assignment_to_check = False
+        if self._group_checked:
+            return
+        if self.store is None:  # no state to fork
+            self._group_checked = True
+            return
+        s = self.settings
+        try:
+            members = self.io.group_members()
+        except (KafkaError, ValueError) as exc:
+            log.warning("could not check that consumer group %s has no other member (%s); going on", s.group_id, exc)
+            self._group_checked = True
+            return
+        if len(members) > 1:
+            raise StartupError(
+                f"consumer group {s.group_id} already has {len(members) - 1} other active member(s): another instance "
+                f"runs this model (its checkpoints are in the {s.state_store} store); one instance runs per model: "
+                "stop the other one, or give this one another --group-id and state")
+        self._group_checked = True
 
     def _process(self, records) -> None:
         started = time.perf_counter()
@@ -185,7 +230,8 @@ class Application:
                 }))
             positions[(r.topic, r.partition)] = r.offset + 1
         self._flush()
-        self._uncommitted = True
+        if self.store is None:
+            self._to_commit = dict(positions)
         self._events_since_checkpoint += len(records)
         self.metrics.observe_batch(labeled=labeled, unlabeled=unlabeled, mistake_flags=flags,
                                    updates=learner.updates - updates_before, latency_s=time.perf_counter() - started)
@@ -206,35 +252,60 @@ class Application:
                 log.warning("%s; waiting for the brokers", exc)
 
     def _finish_batch(self, final: bool) -> None:
-        """Checkpoint when due (or final), then commit what was acknowledged."""
-        s = self.settings
-        due = self._events_since_checkpoint >= s.checkpoint_interval_events or (
-            self._events_since_checkpoint and time.monotonic() - self._last_checkpoint_at >= s.checkpoint_interval_seconds)
-        if final and self._events_since_checkpoint:
-            due = True
-        if due:
-            self._checkpoint()
-        if self._uncommitted:
-            try:
-                self.io.commit(dict(self.positions))
-                self._uncommitted = False
-            except KafkaError as exc:
-                # e.g. RebalanceInProgressError: keep polling; the next batch
-                # commits, or the redelivered events are processed again
-                log.warning("commit failed (%s); will commit with the next batch", exc.__class__.__name__)
+        """Checkpoint when due (or final), then commit what the checkpoint holds (or, storeless, what was acknowledged)."""
+        self._maybe_checkpoint(final)
+        self._commit()
 
-    def _checkpoint(self) -> None:
+    def _maybe_checkpoint(self, final: bool) -> None:
+        s = self.settings
+        if not self._events_since_checkpoint:
+            return
+        now = time.monotonic()
+        due = final or self._events_since_checkpoint >= s.checkpoint_interval_events or (
+            now - self._last_checkpoint_at >= s.checkpoint_interval_seconds)
+        if due and (final or now >= self._checkpoint_retry_at):
+            self._checkpoint()
+
+    def _commit(self) -> None:
+        if self._to_commit is None:
+            return
+        try:
+            self.io.commit(self._to_commit, timeout_s=COMMIT_TIMEOUT_S)
+        except KafkaError as exc:
+            # e.g. RebalanceInProgressError: keep polling; the next batch
+            # commits, or the redelivered events are processed again
+            if isinstance(exc, KafkaTimeoutError):
+                self.health.broker_ok = False
+            log.warning("commit failed (%s); will commit with the next batch", exc.__class__.__name__)
+            return
+        self._to_commit = None
+        self.health.broker_ok = True
+
+    def _checkpoint(self) -> bool:
+        """Save the model and its positions; a failure is logged and retried later, never fatal."""
         if self.store is None:
             self._events_since_checkpoint = 0
-            return
-        self.checkpoint_seq += 1
-        cp = Checkpoint(seq=self.checkpoint_seq, positions=dict(self.positions), model=self.learner.to_state(),
+            return True
+        cp = Checkpoint(seq=self.checkpoint_seq + 1, positions=dict(self.positions), model=self.learner.to_state(),
                         dimension=self.decoder.dimension, meta=self._model_meta(), created=time.time())
-        self.store.save(cp)
+        try:
+            self.store.save(cp)
+        except (KafkaError, OSError) as exc:
+            # the model goes on in memory; a crash before the next good
+            # checkpoint replays more events, it does not learn any twice
+            retry_in = min(self.settings.checkpoint_interval_seconds, RETRY_MAX_S)
+            self._checkpoint_retry_at = time.monotonic() + retry_in
+            if isinstance(exc, KafkaError):
+                self.health.broker_ok = False
+            log.error("checkpoint %d failed: %s; retrying in %.0f s", cp.seq, exc, retry_in)
+            return False
+        self.checkpoint_seq = cp.seq
+        self._to_commit = dict(cp.positions)
         self._events_since_checkpoint = 0
         self._last_checkpoint_at = time.monotonic()
         self.metrics.last_checkpoint.set(cp.created)
         log.debug("checkpoint %d at %s", cp.seq, cp.positions)
+        return True
 
     def _model_meta(self) -> dict:
         s = self.settings
@@ -266,6 +337,9 @@ class Application:
         log.info("restored checkpoint %d: %d events seen, %d updates, positions %s",
                  cp.seq, self.learner.seen, self.learner.updates, cp.positions)
 
+    # The rebalance callbacks run on the consumer's network thread: they may
+    # not block on the consumer (a commit there raises), so they only seek,
+    # checkpoint and leave the rest to the poll loop.
     def _on_assigned(self, partitions: list[tuple[str, int]]) -> None:
         # The learner in memory is the newest state (revocation checkpoints
         # first); seek every partition it has learned from to where it stands,
@@ -275,22 +349,24 @@ class Application:
                 self.io.seek(tp[0], tp[1], self.positions[tp])
         log.info("assigned %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
         self.health.assigned = bool(partitions)
+        self._assignment_to_check = True
         self._next_lag_at = 0.0
 
     def _on_revoked(self, partitions: list[tuple[str, int]]) -> None:
         log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
-        if self.io is not None and (self._events_since_checkpoint or self._uncommitted):
-            self._finish_batch(final=True)
+        if self.io is not None and self._group_checked:
+            self._maybe_checkpoint(final=True)  # committed by the loop once the group is stable again
         self.metrics.forget_partitions(partitions)
         self.health.assigned = False
 
     def _refresh_lag(self) -> None:
+        """Lag per partition; also the loop's probe of the brokers for /readyz."""
         now = time.monotonic()
         if now < self._next_lag_at:
             return
         self._next_lag_at = now + LAG_EVERY_S
         try:
-            self.metrics.set_lag(self.io.lag())
+            self.metrics.set_lag(self.io.lag(timeout_s=PROBE_TIMEOUT_S))
             self.health.broker_ok = True
         except KafkaError as exc:
             self.health.broker_ok = False

@@ -115,6 +115,37 @@ def make_producer(settings: KafkaSettings, **overrides) -> KafkaProducer:
     return KafkaProducer(**client_options(settings), **options)
 
 
+class _AdminClient(KafkaAdminClient):
+    """kafka-python's admin client, tolerant of authorized-operation bits it cannot name.
+
+    Tansu answers DescribeGroups with every bit set, and kafka-python 3.0
+    raises ValueError turning unknown bits into its enum; nothing here needs them.
+    """
+
+    def _process_acl_operations(self, obj):
+        try:
+            return super()._process_acl_operations(obj)
+        except ValueError:
+            obj.pop("authorized_operations", None)
+            return obj
+
+
+def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
+    """Member ids of consumer group ``group_id`` as its coordinator reports them (DescribeGroups).
+
+    A member that died without leaving is listed until its session times out
+    (on Tansu: until the next join evicts it).
+    """
+    admin = _AdminClient(**client_options(settings), request_timeout_ms=10_000)
+    try:
+        group = admin.describe_groups([group_id])[group_id]
+    finally:
+        admin.close()
+    if group.get("error"):
+        raise KafkaError(f"describing consumer group {group_id} failed: {group['error']}")
+    return [m["member_id"] for m in group.get("members") or []]
+
+
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_assigned: Callable, on_revoked: Callable):
         self.on_assigned, self.on_revoked = on_assigned, on_revoked
@@ -136,6 +167,7 @@ class KafkaIO:
     def __init__(self, settings: KafkaSettings, *, group_id: str, input_topic: str, auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, client_id: str = "perceptron-stream"):
         self.settings = settings
+        self.group_id = group_id
         self.consumer = KafkaConsumer(
             **client_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
@@ -162,22 +194,31 @@ class KafkaIO:
     def seek(self, topic: str, partition: int, offset: int) -> None:
         self.consumer.seek(TopicPartition(topic, partition), offset)
 
-    def commit(self, positions: dict[tuple[str, int], int]) -> None:
-        """Commit next-offsets; raises KafkaError (e.g. during a rebalance) for the caller to retry later."""
+    def commit(self, positions: dict[tuple[str, int], int], timeout_s: float | None = None) -> None:
+        """Commit next-offsets of the partitions still owned; raises KafkaError (e.g. during a
+        rebalance, or KafkaTimeoutError after ``timeout_s``) for the caller to retry later.
+
+        Not from a rebalance callback: those run on the consumer's network thread, which cannot block on itself.
+        """
         from kafka.structs import OffsetAndMetadata
 
         owned = self.consumer.assignment()
         positions = {tp: o for tp, o in positions.items() if TopicPartition(*tp) in owned}
         if positions:
-            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()})
+            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()},
+                                 timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
 
-    def lag(self) -> dict[tuple[str, int], int]:
+    def lag(self, timeout_s: float | None = None) -> dict[tuple[str, int], int]:
         """Messages between the consumer's position and the end of each assigned partition."""
         tps = list(self.consumer.assignment())
         if not tps:
             return {}
-        ends = self.consumer.end_offsets(tps)
+        ends = self.consumer.end_offsets(tps, timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
         return {(tp.topic, tp.partition): max(0, ends[tp] - self.consumer.position(tp)) for tp in tps}
+
+    def group_members(self) -> list[str]:
+        """Member ids of the live members of this consumer's group, this one included."""
+        return group_members(self.settings, self.group_id)
 
     # producing -----------------------------------------------------------
     def send(self, topic: str, key: bytes | None, value: bytes) -> None:
@@ -231,7 +272,7 @@ class CompactedTopic:
         self.settings, self.topic = settings, topic
         self.producer = make_producer(settings, linger_ms=0, max_request_size=16 * 1024 * 1024)
 
-    def put(self, key: bytes, value: bytes, timeout_s: float = 30.0) -> None:
+    def put(self, key: bytes, value: bytes, timeout_s: float = 10.0) -> None:
         """Write and wait for the broker's acknowledgement."""
         self.producer.send(self.topic, key=key, value=value).get(timeout=timeout_s)
 
