@@ -1,0 +1,260 @@
+"""Issue 4 end to end: the service on the embedded broker, scraped by a real Prometheus.
+
+One test, three phases:
+
+1. the service and a Prometheus (Debian's binary, 1 s scrape and rule
+   evaluation, job ``perceptron-stream``, the rules of
+   ``deploy/prometheus/alerts.yml``) start, and Prometheus scrapes the service
+   once before any event exists, so every counter's rise lies inside the
+   ``[1m]`` windows of the dashboard;
+2. a few thousand noisy labeled events, some unlabeled and a few malformed
+   ones go in; once every prediction and dead letter is in its topic, the
+   counters that Prometheus scraped must equal what the topics hold: mistakes
+   = ``"mistake": true`` predictions, events by kind, rejected events by reason;
+3. while a background producer keeps events flowing at a modest rate (so
+   rates and latency quantiles have data in their window), every query of the
+   Grafana dashboard must return a non-empty, finite result, and every alert
+   rule must evaluate against the live series with health ``ok``, with
+   ``PerceptronTargetDown`` inactive. Then the flow stops and the mistake
+   counter must still match the predictions topic.
+
+A missing ``prometheus`` binary fails the test with the install command
+(``tests/run.sh`` installs it); it is never skipped.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import json
+import math
+import threading
+
+import pytest
+import yaml
+
+from service.streams import separable
+from tests.conftest import consume, create_topic, http_get, produce, settings_args, wait_until
+from tests.prometheus_server import (  # noqa: F401 (prometheus_factory is a fixture)
+    ALERTS_PATH,
+    DEFAULT_JOB,
+    PrometheusNotFound,
+    PrometheusServer,
+    dashboard_targets,
+    find_prometheus,
+    prometheus_factory,
+)
+
+pytestmark = pytest.mark.integration
+
+DIMENSIONS = 5
+LABELED_AND_UNLABELED = 3000
+JOB = f'job="{DEFAULT_JOB}"'
+
+#: Malformed inputs, each with the reason the service must give (the label of
+#: perceptron_rejected_events_total). They come after the first valid event, so
+#: the dimension is fixed when the short vector arrives.
+MALFORMED: list[tuple[bytes, str]] = [
+    (b"{not json", "invalid_json"),
+    (b"\xff\xfe{}", "not_utf8"),
+    (b'{"x": [0.1, 0.2, 0.3, 0.4, 0.5], "y": 2}', "bad_label"),
+    (b'{"x": [0.1, 0.2], "y": 1}', "wrong_dimension"),
+    (b'{"x": [1e999, 0, 0, 0, 0], "y": 1}', "non_finite"),
+    (b"[1, 2, 3]", "invalid_event"),
+    (b'{"x": [0.1, 0.2, 0.3, 0.4, 0.5], "features": {"a": 1}}', "invalid_event"),
+]
+
+
+def _scalar(result: list) -> float:
+    assert len(result) == 1, result
+    return float(result[0]["value"][1])
+
+
+def _by_label(result: list, label: str) -> dict[str, float]:
+    return {sample["metric"].get(label, ""): float(sample["value"][1]) for sample in result}
+
+
+def _finite_and_non_empty(result: list) -> bool:
+    return bool(result) and all(math.isfinite(float(sample["value"][1])) for sample in result)
+
+
+class BackgroundProducer:
+    """Writes valid labeled events at a modest, steady rate until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, per_second: int = 200, seed: int = 99):
+        self.bootstrap, self.topic = bootstrap, topic
+        self.per_second = per_second
+        self.events = separable(dimensions=DIMENSIONS, margin=0.05, noise=0.05, seed=seed)
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="background-producer", daemon=True)
+
+    def _run(self) -> None:
+        from kafka import KafkaProducer
+
+        try:
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+            try:
+                tick = 0.1
+                while not self._stop.is_set():
+                    for event in itertools.islice(self.events, max(1, int(self.per_second * tick))):
+                        event["id"] = f"bg-{event['id']}"
+                        producer.send(self.topic, value=json.dumps(event).encode())
+                        self.sent += 1
+                    producer.flush()
+                    self._stop.wait(tick)
+                producer.flush()
+            finally:
+                producer.close()
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+
+    def __enter__(self) -> BackgroundProducer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the background producer did not stop"
+        if self.error:
+            raise self.error
+        return self.sent
+
+    def __exit__(self, *exc) -> None:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(30)
+
+
+@contextlib.contextmanager
+def _service_must_live(service):
+    """A wait that fails because the service thread died says so, with the service's exception."""
+    try:
+        yield
+    except Exception as exc:
+        if service.thread.is_alive():
+            raise
+        raise AssertionError(f"the service stopped by itself ({service.error!r}); then: {exc}") from service.error
+
+
+def _alert_names() -> list[str]:
+    doc = yaml.safe_load(ALERTS_PATH.read_text())
+    return [rule["alert"] for group in doc["groups"] for rule in group["rules"]]
+
+
+def _rule(prom: PrometheusServer, name: str) -> dict:
+    [rule] = [r for g in prom.rule_groups() for r in g["rules"] if r["name"] == name]
+    return rule
+
+
+def _wait_for_fresh_rule_evaluation(prom: PrometheusServer, timeout: float = 15.0) -> list[dict]:
+    """The rule groups once every group has been evaluated again since this call (so against the data now present)."""
+    before = {g["name"]: g["lastEvaluation"] for g in prom.rule_groups()}
+    assert before, f"no rule group loaded; prometheus log:\n{prom.log_tail()}"
+
+    def fresh():
+        groups = prom.rule_groups()
+        return groups if all(g["lastEvaluation"] != before.get(g["name"]) for g in groups) else None
+
+    return wait_until(fresh, timeout, 0.2, what="a new evaluation of every rule group")
+
+
+def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
+        broker, topics, tmp_path, service_thread, prometheus_factory):  # noqa: F811
+    missing = None
+    try:
+        find_prometheus()
+    except PrometheusNotFound as exc:
+        missing = str(exc)
+    if missing:
+        pytest.fail(missing, pytrace=False)
+
+    bootstrap = broker.bootstrap_servers
+    for name in (topics["input_topic"], topics["output_topic"], topics["dlq_topic"]):
+        create_topic(bootstrap, name)  # one partition each (auto-created topics get four)
+
+    # -- phase 1: service and Prometheus up, one scrape before any event ----------
+    service = service_thread(settings_args(broker, topics, tmp_path))
+    with _service_must_live(service):
+        target = f"127.0.0.1:{service.app.http.port}"
+        prom = prometheus_factory([target], job=DEFAULT_JOB, rule_files=[ALERTS_PATH])
+        wait_until(lambda: not service.thread.is_alive() or http_get(service.metrics_url + "/readyz")[0] == 200, 30,
+                   what="the service to be ready")
+        assert service.thread.is_alive(), "the service stopped before it was ready"
+        prom.wait_for(f"up{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "1", timeout=15)
+        prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=15)
+        [scraped] = prom.targets()
+        assert scraped["labels"]["job"] == DEFAULT_JOB and scraped["labels"]["instance"] == target
+        assert scraped["health"] == "up", scraped
+
+        # -- phase 2: a known batch; the scraped counters equal what the topics hold ---
+        events = list(itertools.islice(separable(dimensions=DIMENSIONS, margin=0.05, noise=0.05, seed=4, unlabeled=0.1),
+                                       LABELED_AND_UNLABELED))
+        values: list[bytes] = [json.dumps(e).encode() for e in events]
+        for i, (raw, _reason) in enumerate(MALFORMED):  # spread through the stream, after the first valid event
+            values.insert(1 + (i + 1) * len(values) // (len(MALFORMED) + 1), raw)
+        produce(bootstrap, topics["input_topic"], values)
+
+        labeled_sent = sum(1 for e in events if "y" in e)
+        unlabeled_sent = len(events) - labeled_sent
+        assert labeled_sent > 2000 and unlabeled_sent > 100  # the stream has both kinds
+
+        predictions = [json.loads(r.value) for r in consume(bootstrap, topics["output_topic"], len(events), timeout=30)]
+        dead_letters = [json.loads(r.value) for r in consume(bootstrap, topics["dlq_topic"], len(MALFORMED), timeout=30)]
+        assert len(predictions) == len(events) and len(dead_letters) == len(MALFORMED)
+        mistakes = sum(p["mistake"] is True for p in predictions)
+        labeled = sum(p["y"] is not None for p in predictions)
+        assert labeled == labeled_sent and len(predictions) - labeled == unlabeled_sent
+        assert 0 < mistakes < labeled and mistakes == max(p["model"]["mistakes"] for p in predictions)
+        rejected = collections.Counter(d["reason"] for d in dead_letters)
+        assert rejected == collections.Counter(reason for _raw, reason in MALFORMED)
+
+        prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and float(r[0]["value"][1]) == mistakes, timeout=15)
+        assert _scalar(prom.query(f"perceptron_updates_total{{{JOB}}}")) == mistakes  # plain perceptron: one update per mistake
+        by_kind = {"labeled": float(labeled_sent), "unlabeled": float(unlabeled_sent)}
+        prom.wait_for(f"perceptron_events_total{{{JOB}}}", lambda r: _by_label(r, "kind") == by_kind, timeout=15)
+        prom.wait_for(f"sum by (reason) (perceptron_rejected_events_total{{{JOB}}}) > 0",
+                      lambda r: _by_label(r, "reason") == {k: float(v) for k, v in rejected.items()}, timeout=15)
+        # the cumulative mistake share of the dashboard is exactly the topic's
+        share = _scalar(prom.query(f"sum(perceptron_mistakes_total{{{JOB}}}) / sum(perceptron_events_total{{{JOB}, kind=\"labeled\"}})"))
+        assert share == pytest.approx(mistakes / labeled_sent)
+
+        # -- phase 3: events keep flowing; the dashboard and the alert rules on live data
+        with BackgroundProducer(bootstrap, topics["input_topic"]) as flow:
+            prom.wait_for(f"sum(rate(perceptron_events_total{{{JOB}, kind=\"labeled\"}}[10s])) > 0", bool, timeout=15)
+            for title, ref, expr in dashboard_targets():
+                try:
+                    prom.wait_for(expr, _finite_and_non_empty, timeout=15)
+                except TimeoutError as exc:
+                    raise AssertionError(f"dashboard panel {title!r} target {ref}: {exc}") from None
+
+            groups = _wait_for_fresh_rule_evaluation(prom)
+            rules = {rule["name"]: rule for group in groups for rule in group["rules"]}
+            assert sorted(rules) == sorted(_alert_names()), "the rules Prometheus loaded are not those of alerts.yml"
+            for name, rule in rules.items():
+                assert rule["health"] == "ok", f"{name}: {rule['health']}: {rule.get('lastError')}"
+                assert not rule.get("lastError"), f"{name}: {rule['lastError']}"
+                prom.query(rule["query"])  # and the expression answers a direct query without error
+            # the target is up, so the rule's expression is empty: inactive, not even pending (a
+            # scrape that timed out under load would make it pending for an evaluation or two)
+            target_down = wait_until(lambda: (lambda r: r if r["state"] == "inactive" else None)(
+                _rule(prom, "PerceptronTargetDown")), 10, 0.2, what="PerceptronTargetDown to be inactive")
+            assert target_down["health"] == "ok", target_down
+            status, body = prom.api("alerts")
+            assert status == 200, body
+            assert not [a for a in body["data"]["alerts"] if a["labels"]["alertname"] == "PerceptronTargetDown"]
+            background = flow.stop()
+
+        # the counter still agrees with the topic after a stretch of live traffic
+        assert background > 0
+        total = len(events) + background
+        predictions = [json.loads(r.value) for r in consume(bootstrap, topics["output_topic"], total, timeout=30)]
+        assert len(predictions) == total
+        mistakes = sum(p["mistake"] is True for p in predictions)
+        prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and float(r[0]["value"][1]) == mistakes, timeout=15)
+        prom.wait_for(f"sum(perceptron_events_total{{{JOB}}})", lambda r: len(r) == 1 and float(r[0]["value"][1]) == total, timeout=15)
+
+    assert service.stop() == 0
