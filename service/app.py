@@ -38,7 +38,7 @@ from service.config import ServeSettings
 from service.kafka import CompactedTopic, DeliveryError, KafkaIO, TopicSpec, ensure_topics
 from service.learning import learner_from_state, make_learner
 from service.metrics import Health, HttpEndpoints, ServiceMetrics
-from service.schema import Decoder, Rejection, dead_letter
+from service.schema import Decoder, Event, Rejection, dead_letter
 from service.state.checkpoint import Checkpoint, CheckpointError
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
@@ -54,8 +54,32 @@ PROBE_TIMEOUT_S = 3.0
 COMMIT_TIMEOUT_S = 5.0
 
 
+#: An integer id is written back in the prediction: beyond 64 bits orjson
+#: (and most consumers) cannot write it, and the event would stop the service.
+ID_MIN, ID_MAX = -(1 << 63), (1 << 64) - 1
+#: The longest error sentence a dead letter carries: the decoder may quote a
+#: hostile feature name, and a dead letter must stay far below the brokers'
+#: message size limit (the raw head it carries is bounded by the decoder).
+DEAD_LETTER_ERROR_LIMIT = 1000
+
+
 class StartupError(RuntimeError):
     """The service cannot start as configured; the message says why."""
+
+
+def publishable(event: Event | Rejection) -> Event | Rejection:
+    """The decoded event, or a rejection when its prediction could not be written."""
+    if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
+        return Rejection("invalid_event", f"id must be a string or an integer of at most 64 bits, got an integer of {event.id.bit_length()} bits")
+    return event
+
+
+def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int) -> bytes:
+    """The dead-letter message the service publishes for a rejected input (JSON bytes)."""
+    letter = dead_letter(rejection, raw, topic, partition, offset)
+    if len(letter["error"]) > DEAD_LETTER_ERROR_LIMIT:
+        letter["error"] = letter["error"][: DEAD_LETTER_ERROR_LIMIT - 3] + "..."
+    return orjson.dumps(letter)
 
 
 class Application:
@@ -75,6 +99,7 @@ class Application:
         self._events_since_checkpoint = 0
         self._last_checkpoint_at = time.monotonic()
         self._checkpoint_retry_at = 0.0
+        self._batch_open = False  # a batch is being processed and its outputs are not all acknowledged
         self._to_commit: dict[tuple[str, int], int] | None = None  # positions acknowledged and not yet committed
         self._group_checked = False  # this instance passed the one-member check of its group
         self._assignment_to_check = False
@@ -146,7 +171,14 @@ class Application:
         try:
             if self.io is not None:
                 try:
-                    self._finish_batch(final=True)
+                    if self._batch_open:
+                        # stopped (or failed) inside a batch: the model and positions in
+                        # memory are ahead of the acknowledged outputs; saving them would
+                        # lose those outputs, or learn an event twice after a restart
+                        log.warning("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
+                                    "the next start learns and publishes it again from checkpoint %d", self.checkpoint_seq)
+                    else:
+                        self._finish_batch(final=True)
                 finally:
                     self.io.close()
         finally:
@@ -170,7 +202,10 @@ class Application:
             if self._assignment_to_check:
                 self._check_group()  # before the first record of a new assignment is processed
             if records:
-                self._process(records)
+                try:
+                    self._process(records)
+                except DeliveryError:  # raised only once stopping: _close leaves the checkpoint as it was
+                    return 0
             self._finish_batch(final=False)
             self._refresh_lag()
         return 0
@@ -210,10 +245,13 @@ class Application:
         labeled = unlabeled = 0
         flags: list[bool] = []
         updates_before = learner.updates
+        self._batch_open = True
         for r in records:
             event = decode(r.value)
+            if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
+                event = publishable(event)
             if type(event) is Rejection:
-                io.send(dlq_topic, r.key, dumps(dead_letter(event, r.value, r.topic, r.partition, r.offset)))
+                io.send(dlq_topic, r.key, dead_letter_value(event, r.value, r.topic, r.partition, r.offset))
                 self.metrics.rejected.labels(event.reason).inc()
             else:
                 y_pred, score, mistake = step(event.x, event.y)
@@ -230,6 +268,7 @@ class Application:
                 }))
             positions[(r.topic, r.partition)] = r.offset + 1
         self._flush()
+        self._batch_open = False
         if self.store is None:
             self._to_commit = dict(positions)
         self._events_since_checkpoint += len(records)
@@ -354,7 +393,7 @@ class Application:
 
     def _on_revoked(self, partitions: list[tuple[str, int]]) -> None:
         log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
-        if self.io is not None and self._group_checked:
+        if self.io is not None and self._group_checked and not self._batch_open:
             self._maybe_checkpoint(final=True)  # committed by the loop once the group is stable again
         self.metrics.forget_partitions(partitions)
         self.health.assigned = False

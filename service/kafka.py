@@ -115,6 +115,27 @@ def make_producer(settings: KafkaSettings, **overrides) -> KafkaProducer:
     return KafkaProducer(**client_options(settings), **options)
 
 
+def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
+    """Close ``producer``, waiting at most ``timeout_s`` for its unacknowledged messages, and never raise.
+
+    kafka-python 3.0 raises from ``close()`` when that wait times out, and
+    leaves the producer open (its sender thread, its connections, an error
+    again at garbage collection): force it shut then. The messages it held
+    were never acknowledged, so nothing was committed or checkpointed for them.
+    """
+    try:
+        producer.close(timeout=timeout_s)
+    except Exception as exc:  # KafkaTimeoutError, or anything a broken producer raises
+        log.warning("closed the producer with messages not acknowledged (%s)", exc.__class__.__name__)
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            try:
+                sender.force_close()
+            except Exception:  # pragma: no cover - best effort on a broken client
+                log.debug("forcing the producer's sender down failed", exc_info=True)
+        producer._closed = True  # what close() would have set: no second attempt at garbage collection
+
+
 class _AdminClient(KafkaAdminClient):
     """kafka-python's admin client, tolerant of authorized-operation bits it cannot name.
 
@@ -252,15 +273,12 @@ class KafkaIO:
     def _renew_producer(self) -> None:
         # After an outage an idempotent kafka-python producer has been seen to
         # report sends as done that were never stored: start a fresh one.
-        try:
-            self.producer.close(timeout=1)
-        except Exception:  # closing a broken producer may fail; the new one is what matters
-            log.debug("closing the old producer failed", exc_info=True)
+        close_producer(self.producer, 1.0)
         self.producer = self._new_producer()
 
     def close(self) -> None:
         try:
-            self.producer.close(timeout=5)
+            close_producer(self.producer, 5.0)
         finally:
             self.consumer.close(autocommit=False)
 
@@ -305,4 +323,4 @@ class CompactedTopic:
             consumer.close()
 
     def close(self) -> None:
-        self.producer.close(timeout=5)
+        close_producer(self.producer, 5.0)
