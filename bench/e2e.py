@@ -1,0 +1,685 @@
+"""End to end: the service against a bare Kafka client, on the same embedded broker.
+
+    python3 bench/e2e.py                              # the table of bench/README.md (about 5 min)
+    python3 bench/e2e.py --memory-events 1000000      # also resident memory from 100k to 1M events
+    python3 bench/e2e.py --client confluent           # also the confluent-kafka ceiling
+    python3 bench/e2e.py --service-tree new=../other  # also the service of another source tree, side by side
+    python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
+
+One fresh embedded broker (Tansu) per invocation. N events (default 200,000;
+d = 10, 5% label noise, JSON, ``service.streams.separable``) are pre-produced
+to an input topic created with 1 and with 4 partitions. On each, the
+contenders take turns (``--repeats`` rounds, the order reversed every other
+round), each in a child process of its own, with a fresh group and output topic:
+
+- ceiling kafka-python: a bare pass-through, as tight as the client allows: a
+  consumer in a group polls a batch (1000), the producer sends one message per
+  input (the value's bytes as they came, the key passed through), flush, check
+  every send was acknowledged, commit. The service's client settings (acks=all,
+  group timings) except where the ceiling can do better: linger until the flush,
+  fetch_max_wait_ms 20 (see CEILING_PRODUCER, CEILING_CONSUMER);
+- ceiling confluent (``--client confluent``): the same loop on confluent-kafka;
+  ``--client confluent+service-path``: that loop also doing the service's
+  per-event work (decode, predict and learn, the prediction's JSON, metrics);
+- service: ``python -m service.cli serve`` with its defaults (local checkpoint
+  store with fsync, metrics endpoint); ``--service-tree NAME=DIR`` adds the
+  service of another source tree (a proposed change), measured the same way.
+
+Throughput, the same for all, from outside: from the first output record's
+CreateTime (the first batch processed) to the moment the group's committed
+offsets reach N (polled every 50 ms): the whole consume → produce →
+acknowledge → commit path, without start-up and group join.
+
+Latency (``--latency-seconds``, per partition count): on a fresh topic, once the
+contender is assigned, events are produced at half the service's measured rate
+(each service contender: half its own) with a key of their own; latency =
+output CreateTime − input CreateTime (both stamped by the producers at send),
+matched by key; the first second is dropped. The ceiling runs at the service's
+rate, as the reference of what the broker and client give.
+
+Memory (``--memory-events``): the service consumes a topic that a producer
+feeds continuously; VmRSS (/proc/<pid>/status) is sampled each time the
+committed offsets pass another 100k.
+
+The machine has 2 cores shared with other work: read the ratios, taken within
+a round, and the medians. Results: bench/results/e2e-<time>.json (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import orjson  # noqa: E402
+
+# the client settings of the service (service.kafka)
+GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024, "retries": 5}
+# The ceiling as tight as the client allows:
+# - it flushes every batch, so its records may wait for the flush: one produce request per batch
+#   instead of one per 5 ms costs kafka-python's sender thread far less (about 10 µs an event);
+# - the embedded broker answers a fetch it holds (no data yet) late, up to fetch_max_wait_ms (500):
+#   a short one cuts the latency tail and costs nothing while data flows.
+CEILING_PRODUCER = {**PRODUCER, "linger_ms": 1000}
+CEILING_CONSUMER = {**GROUP_TIMINGS, "fetch_max_wait_ms": 20}
+
+
+# --------------------------------------------------------------------------- ceilings (child processes)
+def ceiling_kafka_python(bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int) -> None:
+    """consume with a group → produce one message per input → flush → commit, per batch."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.consumer.subscription_state import ConsumerRebalanceListener
+    from kafka.structs import OffsetAndMetadata
+
+    class Announce(ConsumerRebalanceListener):
+        def on_partitions_assigned(self, assigned):
+            print("assigned", len(assigned), flush=True)
+
+        def on_partitions_revoked(self, revoked):
+            pass
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                             auto_offset_reset="earliest", max_poll_records=batch, **CEILING_CONSUMER)
+    consumer.subscribe([input_topic], listener=Announce())
+    producer = KafkaProducer(bootstrap_servers=bootstrap, **CEILING_PRODUCER)
+    send, poll, flush, commit = producer.send, consumer.poll, producer.flush, consumer.commit
+    done = 0
+    while done < events:
+        batches = poll(timeout_ms=200, max_records=batch)
+        if not batches:
+            continue
+        offsets, futures = {}, []
+        keep = futures.append
+        for tp, messages in batches.items():
+            for m in messages:
+                keep(send(output_topic, value=m.value, key=m.key))
+            offsets[tp] = OffsetAndMetadata(messages[-1].offset + 1, "", -1)
+            done += len(messages)
+        flush()  # waits for every request, but a failed send is seen on its future only
+        if not all(f.succeeded() for f in futures):
+            raise RuntimeError("a message was not acknowledged: nothing committed")
+        commit(offsets)
+    producer.close()
+    consumer.close(autocommit=False)
+
+
+def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int,
+                      work: bool = False) -> None:
+    """The same loop on confluent-kafka (librdkafka): errors only are reported back to Python.
+
+    ``work``: also the service's per-event path (decode, predict and learn, the prediction's JSON, the
+    metrics), to see what the service could do on this client (``--client confluent+service-path``).
+    """
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    failed = []
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
+                         "max.poll.interval.ms": 300_000, "fetch.wait.max.ms": 20, "broker.address.family": "v4"})
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1000, "batch.size": 1024 * 1024,
+                         "broker.address.family": "v4", "delivery.report.only.error": True,
+                         "on_delivery": lambda err, msg: failed.append(err)})
+    consumer.subscribe([input_topic], on_assign=lambda c, partitions: print("assigned", len(partitions), flush=True))
+    consume, produce, flush = consumer.consume, producer.produce, producer.flush
+    if work:
+        from service.learning import make_learner
+        from service.metrics import ServiceMetrics
+        from service.schema import Decoder, Rejection
+
+        decode, learner = Decoder(1024 * 1024, 10_000).decode, make_learner("plain", 0.0, False)
+        step, dumps, metrics = learner.step, orjson.dumps, ServiceMetrics(window=1000, version="bench", variant="plain")
+    done = 0
+    while done < events:
+        messages = consume(num_messages=batch, timeout=0.2)
+        if not messages:
+            continue
+        positions = {}
+        if work:
+            started, flags = time.perf_counter(), []
+            for m in messages:
+                if m.error():
+                    raise KafkaException(m.error())
+                partition, offset = m.partition(), m.offset()
+                event = decode(m.value())
+                if type(event) is Rejection:
+                    raise RuntimeError(event.error)
+                y_pred, score, mistake = step(event.x, event.y)
+                flags.append(mistake)
+                produce(output_topic, dumps({
+                    "id": event.id, "source": {"topic": input_topic, "partition": partition, "offset": offset},
+                    "y_pred": y_pred, "score": score, "y": event.y, "mistake": mistake,
+                    "model": {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes}}), m.key())
+                positions[partition] = offset
+        else:
+            for m in messages:
+                if m.error():
+                    raise KafkaException(m.error())
+                produce(output_topic, m.value(), m.key())
+                positions[m.partition()] = m.offset()
+        if flush(30) or failed:
+            raise RuntimeError(f"not acknowledged: {failed[:3]}")
+        if work:
+            metrics.observe_batch(labeled=len(flags), unlabeled=0, mistake_flags=flags, updates=0,
+                                  latency_s=time.perf_counter() - started)
+        consumer.commit(offsets=[TopicPartition(input_topic, p, o + 1) for p, o in positions.items()], asynchronous=False)
+        done += len(messages)
+    consumer.close()
+
+
+CEILINGS = {"kafka-python": ceiling_kafka_python, "confluent": ceiling_confluent,
+            "confluent+service-path": lambda *args: ceiling_confluent(*args, work=True)}
+
+
+# --------------------------------------------------------------------------- broker helpers
+class Kafka:
+    """Admin, producing and reading helpers on one broker (kafka-python)."""
+
+    def __init__(self, bootstrap: str):
+        from kafka import KafkaAdminClient
+
+        self.bootstrap = bootstrap
+        self.admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+
+    def create(self, name: str, partitions: int) -> None:
+        from kafka.admin import NewTopic
+
+        self.admin.create_topics([NewTopic(name, partitions, 1)])
+
+    def committed(self, group: str) -> int:
+        try:
+            offsets = self.admin.list_group_offsets(group).get(group, {})
+        except Exception:  # the group does not exist yet
+            return 0
+        return sum(max(0, o.offset) for o in offsets.values())
+
+    def producer(self, **overrides):
+        from kafka import KafkaProducer
+
+        return KafkaProducer(bootstrap_servers=self.bootstrap, **{**PRODUCER, **overrides})
+
+    def produce(self, topic: str, payloads: list[tuple[bytes, bytes]], partitions: int) -> None:
+        """Write every payload, round robin over the partitions, and wait for the acks."""
+        producer = self.producer(linger_ms=20, batch_size=1024 * 1024)
+        send = producer.send
+        for i, (key, value) in enumerate(payloads):
+            send(topic, value=value, key=key, partition=i % partitions)
+        producer.flush()
+        producer.close()
+
+    def read(self, topic: str, count: int, timeout: float = 120.0) -> list:
+        """``count`` records from the start of every partition of ``topic``."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
+        try:
+            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            out: list = []
+            deadline = time.monotonic() + timeout
+            while len(out) < count and time.monotonic() < deadline:
+                for messages in consumer.poll(timeout_ms=200, max_records=100_000).values():
+                    out.extend(messages)
+            return out
+        finally:
+            consumer.close()
+
+    def first_timestamp_ms(self, topic: str) -> int:
+        """The smallest CreateTime among the first records of the partitions."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+                                 max_partition_fetch_bytes=4096)
+        try:
+            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            first: dict = {}
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for tp, messages in consumer.poll(timeout_ms=300, max_records=1000).items():
+                    first.setdefault(tp, messages[0].timestamp)
+                    consumer.pause(tp)
+                if len(first) == len(tps) or (first and time.monotonic() > deadline - 25):
+                    break
+            return min(first.values())
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+# --------------------------------------------------------------------------- runs
+class Contender(NamedTuple):
+    name: str
+    kind: str  # "ceiling" or "service"
+    client: str
+    tree: Path  # where the service's code is (ROOT, or a tree given with --service-tree)
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+class Service:
+    """``python -m service.cli serve`` (from ``tree``) as a child process."""
+
+    def __init__(self, tree: Path, bootstrap: str, input_topic: str, output_topic: str, group: str, partitions: int,
+                 log_path: Path, extra: list[str] = ()):
+        from service.broker import free_port
+
+        self.state = tempfile.TemporaryDirectory(prefix="e2e-state-")
+        self.port = free_port()
+        args = ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
+                "--dlq-topic", output_topic + ".dlq", "--group-id", group, "--state-dir", self.state.name,
+                "--metrics-port", str(self.port), "--topic-partitions", str(partitions), *extra]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
+        env["PYTHONPATH"] = str(tree)
+        self.log = open(log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args], cwd=tree, env=env,
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the service exited with {self.process.returncode}; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the service was not ready after {timeout:.0f} s; see {self.log.name}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        self.state.cleanup()
+        return self.process.returncode
+
+
+class Ceiling:
+    """A ceiling loop (this file, ``--worker``) as a child process."""
+
+    def __init__(self, client: str, bootstrap: str, input_topic: str, output_topic: str, group: str, events: int,
+                 batch: int, log_path: Path):
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, __file__, "--worker", client, "--bootstrap", bootstrap,
+                                         "--worker-topics", input_topic, output_topic, group, "--events", str(events),
+                                         "--batch-size", str(batch)], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until the worker says its partitions are assigned."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the worker exited with {self.process.returncode}; see {self.log_path}")
+            if b"assigned" in self.log_path.read_bytes():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the worker was not assigned partitions in {timeout:.0f} s; see {self.log_path}")
+
+    def stop(self) -> int:
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+        return self.process.returncode
+
+
+def start(c: Contender, kafka: Kafka, input_topic: str, output_topic: str, group: str, partitions: int, events: int,
+          batch: int, log_path: Path):
+    for name in (output_topic, output_topic + ".dlq"):
+        kafka.create(name, partitions)
+    if c.kind == "ceiling":
+        return Ceiling(c.client, kafka.bootstrap, input_topic, output_topic, group, events, batch, log_path)
+    return Service(c.tree, kafka.bootstrap, input_topic, output_topic, group, partitions, log_path, ["--batch-size", str(batch)])
+
+
+def wait_committed(kafka: Kafka, group: str, target: int, process: subprocess.Popen, timeout: float,
+                   interval: float = 0.05, on_progress=None) -> float:
+    """Poll the group's committed offsets until they reach ``target``; returns time.time() then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = kafka.committed(group)
+        if on_progress is not None:
+            on_progress(done)
+        if done >= target:
+            return time.time()
+        if process.poll() is not None and process.returncode != 0:
+            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} at {done} committed")
+        time.sleep(interval)
+    raise RuntimeError(f"{target} not committed after {timeout:.0f} s")
+
+
+def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int, events: int, batch: int, tag: str,
+                   logs: Path) -> dict:
+    """From the first output's CreateTime to the committed offsets reaching ``events``."""
+    output_topic, group = f"out-{tag}", f"g-{tag}"
+    worker = start(c, kafka, input_topic, output_topic, group, partitions, events, batch, logs / f"{tag}.log")
+    try:
+        end = wait_committed(kafka, group, events, worker.process, timeout=600)
+    finally:
+        worker.stop()
+    seconds = end - kafka.first_timestamp_ms(output_topic) / 1000
+    return {"name": c.name, "partitions": partitions, "events": events, "seconds": round(seconds, 3),
+            "events_per_s": round(events / seconds, 1)}
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))]
+
+
+def rate_producer(kafka: Kafka, topic: str, payloads, rate: float, seconds: float, partitions: int) -> tuple[int, str]:
+    """Send at ``rate`` events/s for ``seconds`` (a schedule checked every 0.5 ms); returns how many were sent, and with what.
+
+    Each message gets a key of its own (its number), by which its output is found. confluent-kafka
+    when it is installed: its sends cost the 2-core machine far less CPU than kafka-python's, CPU that
+    the service under test would miss (a kafka-python producer at 6,000 events/s takes a good part of a core).
+    """
+    total = int(rate * seconds)
+    source = itertools.cycle(payloads)
+    try:
+        from confluent_kafka import Producer
+    except ImportError:
+        Producer = None
+    if Producer is not None:
+        producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 1, "acks": "all", "broker.address.family": "v4"})
+        client = "confluent-kafka"
+
+        def send(key, value, partition):
+            producer.produce(topic, value, key, partition=partition)
+    else:
+        producer = kafka.producer(linger_ms=1)
+        client = "kafka-python"
+
+        def send(key, value, partition):
+            producer.send(topic, value=value, key=key, partition=partition)
+    sent = 0
+    began = time.perf_counter()
+    while sent < total:
+        due = min(total, int((time.perf_counter() - began) * rate) + 1)
+        while sent < due:
+            send(b"%d" % sent, next(source)[1], sent % partitions)
+            sent += 1
+        if client == "confluent-kafka":
+            producer.poll(0)
+        time.sleep(0.0005)
+    if client == "confluent-kafka":
+        if producer.flush(30):
+            raise RuntimeError("the rate producer's messages were not all acknowledged")
+    else:
+        producer.flush()
+        producer.close()
+    return sent, client
+
+
+def latency_run(kafka: Kafka, c: Contender, payloads, partitions: int, rate: float, seconds: float, batch: int, tag: str,
+                logs: Path) -> dict:
+    """``c`` runs, assigned, while events arrive at ``rate``; latency = output CreateTime − input CreateTime."""
+    input_topic, output_topic, group = f"lat-in-{tag}", f"lat-out-{tag}", f"g-lat-{tag}"
+    kafka.create(input_topic, partitions)
+    total = int(rate * seconds)
+    worker = start(c, kafka, input_topic, output_topic, group, partitions, total, batch, logs / f"{tag}.log")
+    try:
+        worker.wait_ready()
+        time.sleep(0.5)
+        began = time.time()
+        sent, producer = rate_producer(kafka, input_topic, payloads, rate, seconds, partitions)
+        achieved = sent / (time.time() - began)
+        wait_committed(kafka, group, sent, worker.process, timeout=300, interval=0.2)
+    finally:
+        worker.stop()
+    inputs = {m.key: m.timestamp for m in kafka.read(input_topic, sent)}
+    warm_until = min(inputs.values()) + 1000
+    outputs = kafka.read(output_topic, sent)
+    latencies = sorted(m.timestamp - inputs[m.key] for m in outputs if inputs[m.key] >= warm_until)
+    return {"name": c.name, "partitions": partitions, "target_rate": round(rate, 1), "achieved_rate": round(achieved, 1),
+            "producer": producer, "sent": sent, "outputs": len(outputs), "measured": len(latencies), "p50_ms": percentile(latencies, 0.50),
+            "p99_ms": percentile(latencies, 0.99), "max_ms": latencies[-1] if latencies else None}
+
+
+def memory_run(kafka: Kafka, c: Contender, payloads, events: int, batch: int, tag: str, logs: Path,
+               every: int = 100_000) -> dict:
+    """VmRSS of the service each time its committed offsets pass another ``every``, while a producer feeds it."""
+    input_topic, output_topic, group = f"mem-in-{tag}", f"mem-out-{tag}", f"g-mem-{tag}"
+    kafka.create(input_topic, 1)
+    service = start(c, kafka, input_topic, output_topic, group, 1, events, batch, logs / f"{tag}.log")
+    samples: dict[int, int] = {}
+    stop = threading.Event()
+
+    def feed():  # continuously, as fast as it goes, until ``events`` were written
+        producer = kafka.producer(linger_ms=20, batch_size=1024 * 1024)
+        source = itertools.cycle(payloads)
+        for _ in range(events):
+            if stop.is_set():
+                break
+            key, value = next(source)
+            producer.send(input_topic, value=value, key=key)
+        producer.flush()
+        producer.close()
+
+    def progress(done: int) -> None:
+        mark = done // every * every
+        if mark and mark not in samples:
+            samples[mark] = rss_kib(service.pid)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    try:
+        service.wait_ready()
+        began = time.time()
+        feeder.start()
+        wait_committed(kafka, group, events, service.process, timeout=3600, interval=0.1, on_progress=progress)
+        seconds = time.time() - began
+    finally:
+        stop.set()
+        service.stop()
+        feeder.join(30)
+    first, last = samples[min(samples)], samples[max(samples)]
+    return {"name": c.name, "events": events, "seconds": round(seconds, 1),
+            "rss_kib": {str(k): v for k, v in sorted(samples.items())},
+            "rss_first_mib": round(first / 1024, 1), "rss_last_mib": round(last / 1024, 1), "growth": round(last / first - 1, 4)}
+
+
+# --------------------------------------------------------------------------- main
+def describe_tree(tree: Path) -> str:
+    """The commit of a git tree, with '+changes' when its working copy differs from it."""
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no", "service"],
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+changes" if dirty else "")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return "not a git tree"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=200_000, help="events per throughput run (default 200000)")
+    parser.add_argument("--partitions", default="1,4", help="partition counts, comma-separated (default 1,4)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per partition count; medians are reported")
+    parser.add_argument("--batch-size", type=int, default=1000, help="records per poll, ceiling and service alike")
+    parser.add_argument("--client", choices=["confluent", "confluent+service-path"], action="append", default=[],
+                        help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
+                             "service's per-event work too (what the service could do on that client)")
+    parser.add_argument("--service-tree", action="append", default=[], metavar="NAME=DIR",
+                        help="also the service from another source tree (e.g. a proposed change), side by side")
+    parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)")
+    parser.add_argument("--memory-events", type=int, default=0, help="events of the resident-memory run (0: skip; e.g. 1000000)")
+    parser.add_argument("--skip-throughput", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="where to write the results (default bench/results/e2e-<time>.json)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-topics", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        CEILINGS[args.worker](args.bootstrap, *args.worker_topics, args.events, args.batch_size)
+        return 0
+
+    from rich.console import Console
+
+    from service.broker import EmbeddedBroker
+    from service.streams import separable
+
+    console = Console()
+    contenders = [Contender("ceiling kafka-python", "ceiling", "kafka-python", ROOT)]
+    contenders += [Contender(f"ceiling {c}", "ceiling", c, ROOT) for c in dict.fromkeys(args.client)]
+    services = [Contender("service", "service", "kafka-python", ROOT)]
+    for spec in args.service_tree:
+        name, _, tree = spec.partition("=")
+        if not tree or not (Path(tree) / "service" / "cli.py").is_file():
+            parser.error(f"--service-tree {spec}: want NAME=DIR, DIR holding service/cli.py")
+        services.append(Contender(f"service@{name}", "service", "kafka-python", Path(tree).resolve()))
+    contenders += services
+    partitions = [int(p) for p in args.partitions.split(",")]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix=f"e2e-{stamp}-"))
+    results: dict = {
+        "command": " ".join(["python3", "bench/e2e.py", *sys.argv[1:]]), "started": stamp,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_at_start": os.getloadavg()},
+        "trees": {c.name: {"path": str(c.tree), "commit": describe_tree(c.tree)} for c in services},
+        "events": args.events, "dimensions": 10, "batch_size": args.batch_size, "repeats": args.repeats,
+        "throughput": [], "latency": [], "memory": [], "logs": str(logs),
+    }
+
+    console.print(f"generating {args.events:,} events (d=10, noise 0.05) ...")
+    events = itertools.islice(separable(dimensions=10, noise=0.05), args.events)
+    payloads = [(e["id"].encode(), orjson.dumps(e)) for e in events]
+
+    with EmbeddedBroker(log_path=logs / "broker.log") as broker:
+        kafka = Kafka(broker.bootstrap_servers)
+        try:
+            for p in partitions if not args.skip_throughput else ():
+                topic = f"in-{p}"
+                kafka.create(topic, p)
+                t0 = time.monotonic()
+                kafka.produce(topic, payloads, p)
+                console.print(f"pre-produced {args.events:,} events to {topic} ({p} partition(s)) in {time.monotonic() - t0:.1f} s")
+                runs = []
+                for r in range(args.repeats):
+                    for i, c in enumerate(contenders if r % 2 == 0 else contenders[::-1]):
+                        run = throughput_run(kafka, c, topic, p, args.events, args.batch_size, f"p{p}-r{r}-{i}", logs)
+                        run["repeat"] = r
+                        runs.append(run)
+                        console.print(f"  p={p} repeat {r}: {c.name:24s} {run['events_per_s']:>10,.0f} events/s ({run['seconds']:.2f} s)")
+                results["throughput"].append(summarise(runs, contenders, p))
+            for p in partitions if args.latency_seconds else ():
+                rates = {c.name: service_rate(results, c.name, p) / 2 for c in services}
+                for c in services + [contenders[0]]:
+                    rate = rates.get(c.name, rates["service"])
+                    console.print(f"latency: {c.name}, {p} partition(s), {rate:,.0f} events/s for {args.latency_seconds:.0f} s ...")
+                    run = latency_run(kafka, c, payloads, p, rate, args.latency_seconds, args.batch_size,
+                                      f"p{p}-{len(results['latency'])}", logs)
+                    console.print(f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms")
+                    results["latency"].append(run)
+            for i, c in enumerate(services if args.memory_events else ()):
+                console.print(f"memory: {c.name}, {args.memory_events:,} events fed continuously ...")
+                results["memory"].append(memory_run(kafka, c, payloads, args.memory_events, args.batch_size, f"m{i}", logs))
+        finally:
+            kafka.close()
+
+    report(console, results, contenders)
+    path = args.json or out_dir / f"e2e-{stamp}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    console.print(f"results: {path}  (logs: {logs})")
+    return 0
+
+
+def summarise(runs: list[dict], contenders: list[Contender], partitions: int) -> dict:
+    """Median events/s of each contender; each service's ratio to the kafka-python ceiling, median over repeats."""
+    medians = {c.name: statistics.median(r["events_per_s"] for r in runs if r["name"] == c.name) for c in contenders}
+    by_repeat: dict[int, dict] = {}
+    for r in runs:
+        by_repeat.setdefault(r["repeat"], {})[r["name"]] = r["events_per_s"]
+    ratios = {c.name: [round(rep[c.name] / rep["ceiling kafka-python"], 3) for rep in by_repeat.values()]
+              for c in contenders if c.name != "ceiling kafka-python"}
+    return {"partitions": partitions, "runs": runs, "events_per_s": medians,
+            "ratio_to_kafka_python_ceiling": {name: statistics.median(v) for name, v in ratios.items()},
+            "ratios_by_repeat": ratios}
+
+
+def service_rate(results: dict, name: str, partitions: int) -> float:
+    for t in results["throughput"]:
+        if t["partitions"] == partitions:
+            return t["events_per_s"][name]
+    raise SystemExit(f"no throughput figure for {name} with {partitions} partition(s): the latency run needs one")
+
+
+def report(console, results: dict, contenders: list[Contender]) -> None:
+    from rich.table import Table
+
+    if results["throughput"]:
+        table = Table(title=f"end to end, {results['events']:,} events, d=10, batch {results['batch_size']}, "
+                            f"median of {results['repeats']}")
+        table.add_column("partitions", justify="right")
+        for c in contenders:
+            table.add_column(f"{c.name}\nevents/s", justify="right")
+        others = [c.name for c in contenders if c.name != "ceiling kafka-python"]
+        for name in others:
+            table.add_column(f"{name} /\nceiling kafka-python", justify="right")
+        for t in results["throughput"]:
+            table.add_row(str(t["partitions"]), *(f"{t['events_per_s'][c.name]:,.0f}" for c in contenders),
+                          *(f"{t['ratio_to_kafka_python_ceiling'][n]:.2f}" for n in others))
+        console.print(table)
+    if results["latency"]:
+        lat = Table(title="latency, input CreateTime → output CreateTime, at half the service's max rate")
+        for name in ("", "partitions", "events/s", "events", "p50 ms", "p99 ms", "max ms"):
+            lat.add_column(name, justify="right")
+        for r in results["latency"]:
+            lat.add_row(r["name"], str(r["partitions"]), f"{r['achieved_rate']:,.0f}", f"{r['measured']:,}",
+                        f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['max_ms']:.0f}")
+        console.print(lat)
+    for m in results["memory"]:
+        mem = Table(title=f"{m['name']}: resident memory (VmRSS), {m['events']:,} events fed continuously")
+        mem.add_column("events committed", justify="right")
+        mem.add_column("VmRSS MiB", justify="right")
+        for k, v in m["rss_kib"].items():
+            mem.add_row(f"{int(k):,}", f"{v / 1024:.1f}")
+        mem.add_row("growth, first → last", f"{m['growth'] * 100:+.1f}%")
+        console.print(mem)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
