@@ -25,10 +25,12 @@ round), each in a child process of its own, with a fresh group and output topic:
   store with fsync, metrics endpoint); ``--service-tree NAME=DIR`` adds the
   service of another source tree (a proposed change), measured the same way.
 
-Throughput, the same for all, from outside: from the first output record's
-CreateTime (the first batch processed) to the moment the group's committed
-offsets reach N (polled every 50 ms): the whole consume → produce →
-acknowledge → commit path, without start-up and group join.
+Throughput, the same for all, from the data: N / (CreateTime of the last
+output − CreateTime of the first), read back from the output topic once every
+output was acknowledged (a ceiling's committed offsets reach N; a service's
+/metrics count N events, polled every 0.2 s: the service commits at its
+checkpoints only, up to 30 s later). Start-up and group join are not counted;
+neither is the acknowledgement of the last batch (a few ms, for all alike).
 
 Latency (``--latency-seconds``, per partition count): on a fresh topic, once the
 contender is assigned, events are produced at half the service's measured rate
@@ -38,8 +40,8 @@ matched by key; the first second is dropped. The ceiling runs at the service's
 rate, as the reference of what the broker and client give.
 
 Memory (``--memory-events``): the service consumes a topic that a producer
-feeds continuously; VmRSS (/proc/<pid>/status) is sampled each time the
-committed offsets pass another 100k.
+feeds continuously; VmRSS (/proc/<pid>/status) is sampled each time its
+acknowledged events pass another 100k.
 
 The machine has 2 cores shared with other work: read the ratios, taken within
 a round, and the medians. Results: bench/results/e2e-<time>.json (gitignored).
@@ -241,25 +243,37 @@ class Kafka:
         finally:
             consumer.close()
 
-    def first_timestamp_ms(self, topic: str) -> int:
-        """The smallest CreateTime among the first records of the partitions."""
+    def timestamp_span_ms(self, topic: str) -> tuple[int, int]:
+        """The smallest and the largest CreateTime of the records of ``topic`` (its first and last records)."""
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
-                                 max_partition_fetch_bytes=4096)
+                                 max_partition_fetch_bytes=1024 * 1024)
         try:
             tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
             consumer.assign(tps)
             consumer.seek_to_beginning(*tps)
-            first: dict = {}
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                for tp, messages in consumer.poll(timeout_ms=300, max_records=1000).items():
-                    first.setdefault(tp, messages[0].timestamp)
-                    consumer.pause(tp)
-                if len(first) == len(tps) or (first and time.monotonic() > deadline - 25):
-                    break
-            return min(first.values())
+            firsts = []
+            for tp in tps:  # the first record of each partition
+                consumer.pause(*[t for t in tps if t != tp])
+                consumer.resume(tp)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    messages = consumer.poll(timeout_ms=300, max_records=1).get(tp)
+                    if messages:
+                        firsts.append(messages[0].timestamp)
+                        break
+            consumer.resume(*tps)
+            ends = consumer.end_offsets(tps)  # may read short on the embedded broker: read on to the end
+            for tp in tps:
+                consumer.seek(tp, max(0, ends[tp] - 1))
+            last, quiet = 0, 0
+            while quiet < 3:
+                got = consumer.poll(timeout_ms=300, max_records=100_000)
+                quiet = 0 if got else quiet + 1
+                for messages in got.values():
+                    last = max(last, max(m.timestamp for m in messages))
+            return min(firsts), last
         finally:
             consumer.close()
 
@@ -319,6 +333,16 @@ class Service:
             time.sleep(0.1)
         raise RuntimeError(f"the service was not ready after {timeout:.0f} s; see {self.log.name}")
 
+    def processed(self) -> int:
+        """Events whose outputs the brokers acknowledged (valid and rejected), from /metrics."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(("perceptron_events_total{", "perceptron_rejected_events_total{"))))
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -373,32 +397,34 @@ def start(c: Contender, kafka: Kafka, input_topic: str, output_topic: str, group
     return Service(c.tree, kafka.bootstrap, input_topic, output_topic, group, partitions, log_path, ["--batch-size", str(batch)])
 
 
-def wait_committed(kafka: Kafka, group: str, target: int, process: subprocess.Popen, timeout: float,
-                   interval: float = 0.05, on_progress=None) -> float:
-    """Poll the group's committed offsets until they reach ``target``; returns time.time() then."""
+def wait_done(kafka: Kafka, worker, group: str, target: int, timeout: float, interval: float = 0.2, on_progress=None) -> None:
+    """Until ``target`` events are done: a ceiling's committed offsets (it commits every batch); a
+    service's acknowledged events from /metrics (it commits at its checkpoints, up to 30 s later)."""
     deadline = time.monotonic() + timeout
+    count = worker.processed if isinstance(worker, Service) else lambda: kafka.committed(group)
     while time.monotonic() < deadline:
-        done = kafka.committed(group)
+        done = count()
         if on_progress is not None:
             on_progress(done)
         if done >= target:
-            return time.time()
-        if process.poll() is not None and process.returncode != 0:
-            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode} at {done} committed")
+            return
+        if worker.process.poll() is not None:
+            raise RuntimeError(f"{worker.process.args[:5]} exited with {worker.process.returncode} at {done} done")
         time.sleep(interval)
-    raise RuntimeError(f"{target} not committed after {timeout:.0f} s")
+    raise RuntimeError(f"{target} not done after {timeout:.0f} s")
 
 
 def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int, events: int, batch: int, tag: str,
                    logs: Path) -> dict:
-    """From the first output's CreateTime to the committed offsets reaching ``events``."""
+    """From the first output's CreateTime to the last one's, once every output was acknowledged."""
     output_topic, group = f"out-{tag}", f"g-{tag}"
     worker = start(c, kafka, input_topic, output_topic, group, partitions, events, batch, logs / f"{tag}.log")
     try:
-        end = wait_committed(kafka, group, events, worker.process, timeout=600)
+        wait_done(kafka, worker, group, events, timeout=900)
     finally:
         worker.stop()
-    seconds = end - kafka.first_timestamp_ms(output_topic) / 1000
+    first, last = kafka.timestamp_span_ms(output_topic)
+    seconds = (last - first) / 1000
     return {"name": c.name, "partitions": partitions, "events": events, "seconds": round(seconds, 3),
             "events_per_s": round(events / seconds, 1)}
 
@@ -466,7 +492,7 @@ def latency_run(kafka: Kafka, c: Contender, payloads, partitions: int, rate: flo
         began = time.time()
         sent, producer = rate_producer(kafka, input_topic, payloads, rate, seconds, partitions)
         achieved = sent / (time.time() - began)
-        wait_committed(kafka, group, sent, worker.process, timeout=300, interval=0.2)
+        wait_done(kafka, worker, group, sent, timeout=600)
     finally:
         worker.stop()
     inputs = {m.key: m.timestamp for m in kafka.read(input_topic, sent)}
@@ -480,7 +506,7 @@ def latency_run(kafka: Kafka, c: Contender, payloads, partitions: int, rate: flo
 
 def memory_run(kafka: Kafka, c: Contender, payloads, events: int, batch: int, tag: str, logs: Path,
                every: int = 100_000) -> dict:
-    """VmRSS of the service each time its committed offsets pass another ``every``, while a producer feeds it."""
+    """VmRSS of the service each time its acknowledged events pass another ``every``, while a producer feeds it."""
     input_topic, output_topic, group = f"mem-in-{tag}", f"mem-out-{tag}", f"g-mem-{tag}"
     kafka.create(input_topic, 1)
     service = start(c, kafka, input_topic, output_topic, group, 1, events, batch, logs / f"{tag}.log")
@@ -508,7 +534,7 @@ def memory_run(kafka: Kafka, c: Contender, payloads, events: int, batch: int, ta
         service.wait_ready()
         began = time.time()
         feeder.start()
-        wait_committed(kafka, group, events, service.process, timeout=3600, interval=0.1, on_progress=progress)
+        wait_done(kafka, service, group, events, timeout=3600, interval=0.1, on_progress=progress)
         seconds = time.time() - began
     finally:
         stop.set()
@@ -546,7 +572,7 @@ def main() -> int:
                         help="also the service from another source tree (e.g. a proposed change), side by side")
     parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)")
     parser.add_argument("--memory-events", type=int, default=0, help="events of the resident-memory run (0: skip; e.g. 1000000)")
-    parser.add_argument("--skip-throughput", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-throughput", action="store_true", help="skip the throughput runs (and with them the latency runs): a memory run alone")
     parser.add_argument("--json", type=Path, help="where to write the results (default bench/results/e2e-<time>.json)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -561,7 +587,8 @@ def main() -> int:
     from service.broker import EmbeddedBroker
     from service.streams import separable
 
-    console = Console()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the broker and the children on the way out
+    console = Console(width=max(120, Console().width))
     contenders = [Contender("ceiling kafka-python", "ceiling", "kafka-python", ROOT)]
     contenders += [Contender(f"ceiling {c}", "ceiling", c, ROOT) for c in dict.fromkeys(args.client)]
     services = [Contender("service", "service", "kafka-python", ROOT)]
@@ -591,7 +618,7 @@ def main() -> int:
     with EmbeddedBroker(log_path=logs / "broker.log") as broker:
         kafka = Kafka(broker.bootstrap_servers)
         try:
-            for p in partitions if not args.skip_throughput else ():
+            for p in partitions if not args.no_throughput else ():
                 topic = f"in-{p}"
                 kafka.create(topic, p)
                 t0 = time.monotonic()
@@ -605,7 +632,7 @@ def main() -> int:
                         runs.append(run)
                         console.print(f"  p={p} repeat {r}: {c.name:24s} {run['events_per_s']:>10,.0f} events/s ({run['seconds']:.2f} s)")
                 results["throughput"].append(summarise(runs, contenders, p))
-            for p in partitions if args.latency_seconds else ():
+            for p in partitions if args.latency_seconds and not args.no_throughput else ():
                 rates = {c.name: service_rate(results, c.name, p) / 2 for c in services}
                 for c in services + [contenders[0]]:
                     rate = rates.get(c.name, rates["service"])
@@ -652,20 +679,21 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
 
     if results["throughput"]:
         table = Table(title=f"end to end, {results['events']:,} events, d=10, batch {results['batch_size']}, "
-                            f"median of {results['repeats']}")
-        table.add_column("partitions", justify="right")
-        for c in contenders:
-            table.add_column(f"{c.name}\nevents/s", justify="right")
-        others = [c.name for c in contenders if c.name != "ceiling kafka-python"]
-        for name in others:
-            table.add_column(f"{name} /\nceiling kafka-python", justify="right")
+                            f"median of {results['repeats']} (× = median same-round ratio to the kafka-python ceiling)")
+        table.add_column("contender")
         for t in results["throughput"]:
-            table.add_row(str(t["partitions"]), *(f"{t['events_per_s'][c.name]:,.0f}" for c in contenders),
-                          *(f"{t['ratio_to_kafka_python_ceiling'][n]:.2f}" for n in others))
+            table.add_column(f"{t['partitions']} partition(s)\nevents/s", justify="right")
+            table.add_column("×", justify="right")
+        for c in contenders:
+            cells = []
+            for t in results["throughput"]:
+                ratio = t["ratio_to_kafka_python_ceiling"].get(c.name)
+                cells += [f"{t['events_per_s'][c.name]:,.0f}", "1" if ratio is None else f"{ratio:.2f}"]
+            table.add_row(c.name, *cells)
         console.print(table)
     if results["latency"]:
         lat = Table(title="latency, input CreateTime → output CreateTime, at half the service's max rate")
-        for name in ("", "partitions", "events/s", "events", "p50 ms", "p99 ms", "max ms"):
+        for name in ("contender", "partitions", "events/s", "events", "p50 ms", "p99 ms", "max ms"):
             lat.add_column(name, justify="right")
         for r in results["latency"]:
             lat.add_row(r["name"], str(r["partitions"]), f"{r['achieved_rate']:,.0f}", f"{r['measured']:,}",
@@ -673,7 +701,7 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
         console.print(lat)
     for m in results["memory"]:
         mem = Table(title=f"{m['name']}: resident memory (VmRSS), {m['events']:,} events fed continuously")
-        mem.add_column("events committed", justify="right")
+        mem.add_column("events done", justify="right")
         mem.add_column("VmRSS MiB", justify="right")
         for k, v in m["rss_kib"].items():
             mem.add_row(f"{int(k):,}", f"{v / 1024:.1f}")
