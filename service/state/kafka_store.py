@@ -28,7 +28,8 @@ class KafkaStore:
     def load(self) -> Checkpoint | None:
         latest: dict[bytes, bytes] = {}
         for key, value in self.topic.read_all():
-            if key is not None and key.startswith(self.prefix):
+            # "<group>/<slot>" exactly: group "a" must not read group "a/1"'s "a/1/0"
+            if key is not None and key.startswith(self.prefix) and key[len(self.prefix):].isdigit():
                 latest[key] = value  # later records of a key replace earlier ones, as compaction would
         good, problems = [], []
         for key, value in latest.items():
@@ -38,7 +39,10 @@ class KafkaStore:
                 log.error("checkpoint %s in %s is unusable: %s", key.decode(errors="replace"), self.topic.topic, exc)
                 problems.append(f"{key.decode(errors='replace')}: {exc}")
         if good:
-            return max(good, key=lambda cp: cp.seq)
+            newest = max(good, key=lambda cp: cp.seq)
+            if problems:
+                log.warning("restored checkpoint %d from %s, skipping %d unusable one(s)", newest.seq, self.topic.topic, len(problems))
+            return newest
         if problems:
             raise CheckpointError(f"no usable checkpoint in topic {self.topic.topic}: " + "; ".join(problems))
         return None
