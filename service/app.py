@@ -52,6 +52,11 @@ RETRY_MAX_S = 5.0
 #: loop keeps turning.
 PROBE_TIMEOUT_S = 3.0
 COMMIT_TIMEOUT_S = 5.0
+#: Settings of the checkpoint topic when the service creates it: compacted,
+#: with segments rolled hourly (compaction never touches the active segment,
+#: and a start reads every record still there), and room for a large model
+#: (the checkpoint producer sends up to 16 MiB).
+CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000), "max.message.bytes": str(16 * 1024 * 1024)}
 
 
 #: An integer id is written back in the prediction: beyond 64 bits orjson
@@ -132,7 +137,7 @@ class Application:
         s = self.settings
         topics = [TopicSpec(name, s.topic_partitions, s.topic_replication_factor) for name in (s.input_topic, s.output_topic, s.dlq_topic)]
         if s.state_store == "kafka":
-            topics.append(TopicSpec(s.checkpoint_topic, 1, s.topic_replication_factor, {"cleanup.policy": "compact"}))
+            topics.append(TopicSpec(s.checkpoint_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
         self._until_it_works(lambda: ensure_topics(s, topics, s.create_topics), "reach the brokers and check the topics")
         if self._stopping:
             return
