@@ -1,0 +1,232 @@
+"""Checkpoints on disk and in Kafka, with real service processes: damaged
+checkpoints, incompatible ones, no checkpoint yet, and a second instance.
+
+The end state is always held to the same bar as the crash tests: every input
+offset predicted, repeats identical, and the final model exactly the one an
+uninterrupted run computes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from service.config import ServeSettings, load
+from service.kafka import CompactedTopic
+from service.state.checkpoint import encode_checkpoint
+from service.state.kafka_store import KafkaStore
+from service.state.local import LocalStore
+from tests.conftest import produce, settings_args, start_service_process, wait_until
+from tests.integration.test_crash import (
+    OutputWatcher,
+    check_outputs,
+    final_checkpoint,
+    make_events,
+    offline,
+    stop_process,
+    store_args,
+    tail,
+    wait_assigned,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _run_to_the_end(args, watcher, count, log_path, records: int = 0) -> None:
+    """Start the service, wait for every offset (and ``records`` outputs in all), stop it with SIGTERM (exit 0)."""
+    process = start_service_process(args, log_path)
+    try:
+        wait_assigned(process, log_path, load(ServeSettings, args).input_topic)
+        wait_until(lambda: (watcher.distinct() >= count and watcher.records >= records) or process.poll() is not None, 120,
+                   what=f"{count} offsets predicted")
+        assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
+    finally:
+        code = stop_process(process, log_path)
+    assert code == 0, tail(log_path)
+
+
+def _exit_code(args, log_path, timeout=60.0) -> int:
+    """Run a service that must stop by itself; its exit code."""
+    process = start_service_process(args, log_path)
+    try:
+        return process.wait(timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+# damaged checkpoints ------------------------------------------------------
+def _damage_local(args) -> list[str]:
+    """Truncate the newest checkpoint file and break the checksum of the next; their names."""
+    store = LocalStore(load(ServeSettings, args).state_dir)
+    newest, second, oldest = store.files()[:3]
+    newest.write_bytes(newest.read_bytes()[: len(newest.read_bytes()) // 2])  # a write cut short
+    body = json.loads(second.read_bytes())
+    body["model"]["bias"] += 1.0  # valid JSON, wrong content: only the checksum can tell
+    second.write_text(json.dumps(body))
+    assert store.load().seq == int(oldest.stem.split("-")[1])
+    return [newest.name, second.name]
+
+
+def _damage_kafka(args) -> list[str]:
+    """Write a truncated record over the newest checkpoint's key and a tampered one over the next."""
+    settings = load(ServeSettings, args)
+    topic = CompactedTopic(settings, settings.checkpoint_topic)
+    store = KafkaStore(topic, settings.group_id)
+    try:
+        newest = store.load()
+        keys = [f"{settings.group_id}/{(newest.seq - age) % store.keep}" for age in (0, 1)]
+        good = encode_checkpoint(newest)
+        topic.put(keys[0].encode(), good[: len(good) // 2])
+        body = json.loads(good)
+        body["seq"] -= 1
+        body["model"]["bias"] += 1.0
+        topic.put(keys[1].encode(), json.dumps(body).encode())
+        assert store.load().seq == newest.seq - 2
+    finally:
+        store.close()
+    return keys
+
+
+@pytest.mark.parametrize("store", ["local", "kafka"])
+def test_damaged_newest_checkpoints_fall_back_to_an_older_one_and_end_exact(broker, topics, tmp_path, store):
+    count, first_part = 8000, 5000
+    events = make_events(count, seed=21)
+    expected, model = offline(events)
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500,
+                         **store_args(store, topics))
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        produce(broker.bootstrap_servers, topics["input_topic"], events[:first_part])
+        _run_to_the_end(args, watcher, first_part, tmp_path / "serve-1.log")
+        damaged = (_damage_local if store == "local" else _damage_kafka)(args)
+
+        produce(broker.bootstrap_servers, topics["input_topic"], events[first_part:])
+        _run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+
+    log = (tmp_path / "serve-2.log").read_text()
+    for name in damaged:
+        assert name in log, log[-3000:]
+    assert "unusable" in log and "truncated or corrupt" in log and "checksum does not match" in log, log[-3000:]
+    assert check_outputs(by_source, expected) > 0  # the events after the older checkpoint were replayed
+    checkpoint = final_checkpoint(args, store, tmp_path)
+    assert checkpoint.positions == {(topics["input_topic"], 0): count}
+    assert checkpoint.model == model
+
+
+def test_every_checkpoint_damaged_stops_the_service_naming_the_state_dir(broker, topics, tmp_path):
+    events = make_events(3000, seed=22)
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500)
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")
+        state_dir = load(ServeSettings, args).state_dir
+        for path in LocalStore(state_dir).files():
+            path.write_bytes(b"\x00" * 100)  # e.g. a disk that lost the data blocks
+        before = watcher.settle()
+        records_before = watcher.records
+
+        code = _exit_code(args, tmp_path / "serve-2.log")
+        time.sleep(1.0)
+    finally:
+        watcher.stop()
+    log = (tmp_path / "serve-2.log").read_text()
+    assert code == 1, log[-3000:]
+    assert f"no usable checkpoint in {state_dir}" in log, log[-3000:]
+    assert "move them away to start from zero weights" in log
+    assert "Traceback" not in log
+    assert (watcher.distinct(), watcher.records) == (before, records_before)  # nothing learned from zero weights
+
+
+def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_path):
+    events = make_events(1000, seed=23)
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(broker, topics, tmp_path, checkpoint_interval_events=500)
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")
+    finally:
+        watcher.stop()
+    saved = LocalStore(load(ServeSettings, args).state_dir).load()
+
+    code = _exit_code(args + ["--variant", "averaged"], tmp_path / "serve-2.log")
+    log = (tmp_path / "serve-2.log").read_text()
+    assert code == 1, log[-3000:]
+    assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[-3000:]
+    assert "Traceback" not in log
+    assert LocalStore(load(ServeSettings, args).state_dir).load() == saved  # left as it was
+
+
+# no checkpoint yet ----------------------------------------------------------
+@pytest.mark.parametrize("store", ["local", "kafka"])
+def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(broker, topics, tmp_path, store):
+    """Offsets committed with no checkpoint behind them would skip events the lost model had learned."""
+    count = 3000
+    events = make_events(count, seed=24)
+    expected, model = offline(events)
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1_000_000,
+                         checkpoint_interval_seconds=3600, **store_args(store, topics))
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        process = start_service_process(args, tmp_path / "serve-1.log")
+        try:
+            wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
+            time.sleep(0.5)  # the loop turns a few more times: any commit it would make is made
+        finally:
+            process.kill()
+            process.wait()
+        assert final_checkpoint(args, store, tmp_path) is None
+        _run_to_the_end(args, watcher, count, tmp_path / "serve-2.log", records=2 * count)
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    assert check_outputs(by_source, expected) == count  # all learned again from zero, identically
+    checkpoint = final_checkpoint(args, store, tmp_path)
+    assert checkpoint.positions == {(topics["input_topic"], 0): count}
+    assert checkpoint.model == model
+
+
+# one instance per model -----------------------------------------------------
+@pytest.mark.parametrize("store", ["local", "kafka"])
+def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(broker, topics, tmp_path, store):
+    count, first_part = 6000, 3000
+    events = make_events(count, seed=25)
+    expected, model = offline(events)
+    produce(broker.bootstrap_servers, topics["input_topic"], events[:first_part])
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500,
+                         **store_args(store, topics))
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    first = start_service_process(args, tmp_path / "serve-1.log")
+    try:
+        wait_until(lambda: watcher.distinct() >= first_part or first.poll() is not None, 120, what="the first part predicted")
+        # the same model again (same group, same state), e.g. a second replica by mistake
+        code = _exit_code(args, tmp_path / "serve-2.log")
+        log = (tmp_path / "serve-2.log").read_text()
+        assert code == 1, log[-3000:]
+        if store == "local":
+            state_dir = load(ServeSettings, args).state_dir
+            assert f"state directory {state_dir} is in use by pid {first.pid}" in log, log[-3000:]
+        else:
+            assert f"consumer group {topics['group_id']} already has 1 other active member(s)" in log, log[-3000:]
+        assert "Traceback" not in log
+
+        produce(broker.bootstrap_servers, topics["input_topic"], events[first_part:])
+        wait_until(lambda: watcher.distinct() >= count or first.poll() is not None, 120, what="the second part predicted")
+        assert first.poll() is None, tail(tmp_path / "serve-1.log")
+    finally:
+        code = stop_process(first, tmp_path / "serve-1.log")
+        by_source = watcher.stop()
+    assert code == 0, tail(tmp_path / "serve-1.log")
+    assert "Traceback" not in (tmp_path / "serve-1.log").read_text(), tail(tmp_path / "serve-1.log")
+    check_outputs(by_source, expected)
+    checkpoint = final_checkpoint(args, store, tmp_path)
+    assert checkpoint.positions == {(topics["input_topic"], 0): count}
+    assert checkpoint.model == model
