@@ -46,6 +46,18 @@ class DeliveryError(RuntimeError):
     """The broker did not acknowledge some messages; nothing was committed."""
 
 
+class _NotSent:
+    """In place of the future of a message the producer refused (no metadata while the brokers are away)."""
+
+    __slots__ = ()
+
+    def succeeded(self) -> bool:
+        return False
+
+
+_NOT_SENT = _NotSent()
+
+
 class MissingTopicError(RuntimeError):
     pass
 
@@ -197,6 +209,7 @@ class KafkaIO:
         self.consumer.subscribe([input_topic], listener=_Listener(on_assigned, on_revoked))
         self.producer = self._new_producer()
         self._pending: list = []
+        self._refused = False  # the producer refused a send: the rest wait for flush to send them again
 
     def _new_producer(self) -> KafkaProducer:
         return make_producer(self.settings)
@@ -243,7 +256,15 @@ class KafkaIO:
 
     # producing -----------------------------------------------------------
     def send(self, topic: str, key: bytes | None, value: bytes) -> None:
-        self._pending.append((topic, key, value, self.producer.send(topic, key=key, value=value)))
+        if self._refused:
+            future = _NOT_SENT
+        else:
+            try:
+                future = self.producer.send(topic, key=key, value=value)
+            except KafkaError as exc:  # e.g. no metadata within max_block_ms: the brokers are away
+                log.warning("the producer refused a message (%s); it is sent again at the flush", exc.__class__.__name__)
+                self._refused, future = True, _NOT_SENT
+        self._pending.append((topic, key, value, future))
 
     def flush(self, timeout_s: float) -> None:
         """Wait until the broker acknowledged every message sent since the last flush.
@@ -267,14 +288,22 @@ class KafkaIO:
             log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(failed), delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-            self._renew_producer()
-            self._pending = [(t, k, v, self.producer.send(t, key=k, value=v)) for t, k, v in failed]
+            try:
+                self._renew_producer()
+            except KafkaError as exc:  # no broker to start a producer with yet (a long outage): next round
+                log.warning("could not start a new producer (%s); trying again", exc.__class__.__name__)
+                continue
+            self._pending = []
+            for t, k, v in failed:
+                self.send(t, k, v)
 
     def _renew_producer(self) -> None:
         # After an outage an idempotent kafka-python producer has been seen to
-        # report sends as done that were never stored: start a fresh one.
+        # report sends as done that were never stored: start a fresh one (the
+        # old one stays while no new one can be made: the brokers may be away).
+        producer = self._new_producer()
         close_producer(self.producer, 1.0)
-        self.producer = self._new_producer()
+        self.producer, self._refused = producer, False
 
     def close(self) -> None:
         try:

@@ -280,6 +280,75 @@ def test_broker_frozen_for_20_seconds_mid_stream(tmp_path, topics):
     assert "Traceback" not in log_path.read_text(), tail(log_path)
 
 
+class _Future:
+    def __init__(self, ok: bool):
+        self.ok = ok
+
+    def succeeded(self) -> bool:
+        return self.ok
+
+
+class _FakeProducer:
+    """A producer whose brokers are away (sends never acknowledged, or refused) or back."""
+
+    def __init__(self, mode: str, delivered: list):
+        self.mode, self.delivered, self.closed = mode, delivered, False
+
+    def send(self, topic, key=None, value=None):
+        if self.mode == "refuses":
+            from kafka.errors import KafkaTimeoutError
+
+            raise KafkaTimeoutError("Failed to update metadata after 10.0 secs.")
+        if self.mode == "works":
+            self.delivered.append(value)
+        return _Future(self.mode == "works")
+
+    def flush(self, timeout=None):
+        pass
+
+    def close(self, timeout=None):
+        self.closed = True
+
+
+def test_an_outage_longer_than_the_producers_delivery_timeout_is_waited_out(monkeypatch):
+    """Past its delivery timeout (2 min) a real producer fails its messages, and while the brokers
+    are away a new one can neither bootstrap nor get metadata. Played with a fake producer (a real
+    outage that long would take minutes): flush keeps raising DeliveryError, never anything else,
+    and delivers every message, in order, once the brokers are back."""
+    from kafka.errors import KafkaTimeoutError
+
+    from service.kafka import DeliveryError, KafkaIO
+
+    delivered: list = []
+    io = KafkaIO.__new__(KafkaIO)  # no consumer needed for sending
+    io.producer, io._pending, io._refused = _FakeProducer("away", delivered), [], False
+    makes = iter(["no bootstrap", "refuses", "no bootstrap", "works"])
+
+    def new_producer():
+        mode = next(makes)
+        if mode == "no bootstrap":
+            raise KafkaTimeoutError("Unable to bootstrap from ['127.0.0.1:9092']")
+        return _FakeProducer(mode, delivered)
+
+    monkeypatch.setattr(io, "_new_producer", new_producer)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    for i in range(5):
+        io.send("out", None, b"%d" % i)
+    rounds = 0
+    while True:
+        try:
+            io.flush(timeout_s=0.05)
+            break
+        except DeliveryError:
+            rounds += 1
+            assert rounds < 1000, "never delivered"
+    assert delivered == [b"0", b"1", b"2", b"3", b"4"]
+    assert io.producer.mode == "works" and io._pending == []
+    io.send("out", None, b"5")  # and the service goes on with the new producer
+    io.flush(timeout_s=0.05)
+    assert delivered[-1] == b"5"
+
+
 def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(tmp_path, topics):
     """Stopping in the middle of a batch the broker never acknowledged must not save that batch:
     the next start, with the broker back, publishes it and ends with the exact model."""
