@@ -587,6 +587,11 @@ def main() -> int:
     from service.broker import EmbeddedBroker
     from service.streams import separable
 
+    if args.client:
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            parser.error("--client confluent needs confluent-kafka: pip install confluent-kafka")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the broker and the children on the way out
     console = Console(width=max(120, Console().width))
     contenders = [Contender("ceiling kafka-python", "ceiling", "kafka-python", ROOT)]
