@@ -133,7 +133,7 @@ def check_outputs(by_source: dict[int, list[bytes]], expected: list[dict]) -> in
     return repeats
 
 
-def final_checkpoint(args: list[str], store: str, tmp_path: Path):
+def final_checkpoint(args: list[str], store: str):
     settings = load(ServeSettings, args)
     if store == "local":
         return LocalStore(settings.state_dir).load()
@@ -227,7 +227,7 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(broker, topics
     assert progress[-1] < count, f"the last kill came after the end of the stream: {progress}"
     repeats = check_outputs(by_source, expected)
     assert repeats > 0, "no kill landed between a checkpoint and the next: the test proved nothing"
-    checkpoint = final_checkpoint(args, store, tmp_path)
+    checkpoint = final_checkpoint(args, store)
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model  # the exact state of an uninterrupted run, to the last bit of every weight
     for run in range(kills):
@@ -274,7 +274,7 @@ def test_broker_frozen_for_20_seconds_mid_stream(tmp_path, topics):
                 process.wait()
             by_source = watcher.stop()
         check_outputs(by_source, expected)
-        checkpoint = final_checkpoint(args, "local", tmp_path)
+        checkpoint = final_checkpoint(args, "local")
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model
     assert "Traceback" not in log_path.read_text(), tail(log_path)
@@ -375,7 +375,7 @@ def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(t
                     process.kill()
                     process.wait()
             assert code == 0, tail(tmp_path / "serve-1.log")
-            saved = final_checkpoint(args, "local", tmp_path)
+            saved = final_checkpoint(args, "local")
             process = start_service_process(args, tmp_path / "serve-2.log")
             try:
                 wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
@@ -385,7 +385,7 @@ def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(t
         finally:
             by_source = watcher.stop()
         check_outputs(by_source, expected)
-        checkpoint = final_checkpoint(args, "local", tmp_path)
+        checkpoint = final_checkpoint(args, "local")
     assert saved is not None and saved.positions[(topics["input_topic"], 0)] < count
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model

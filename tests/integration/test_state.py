@@ -115,7 +115,7 @@ def test_damaged_newest_checkpoints_fall_back_to_an_older_one_and_end_exact(brok
         assert name in log, log[-3000:]
     assert "unusable" in log and "truncated or corrupt" in log and "checksum does not match" in log, log[-3000:]
     assert check_outputs(by_source, expected) > 0  # the events after the older checkpoint were replayed
-    checkpoint = final_checkpoint(args, store, tmp_path)
+    checkpoint = final_checkpoint(args, store)
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model
 
@@ -183,13 +183,13 @@ def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(broker, top
         finally:
             process.kill()
             process.wait()
-        assert final_checkpoint(args, store, tmp_path) is None
+        assert final_checkpoint(args, store) is None
         _run_to_the_end(args, watcher, count, tmp_path / "serve-2.log", records=2 * count)
         watcher.settle()
     finally:
         by_source = watcher.stop()
     assert check_outputs(by_source, expected) == count  # all learned again from zero, identically
-    checkpoint = final_checkpoint(args, store, tmp_path)
+    checkpoint = final_checkpoint(args, store)
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model
 
@@ -227,6 +227,6 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(br
     assert code == 0, tail(tmp_path / "serve-1.log")
     assert "Traceback" not in (tmp_path / "serve-1.log").read_text(), tail(tmp_path / "serve-1.log")
     check_outputs(by_source, expected)
-    checkpoint = final_checkpoint(args, store, tmp_path)
+    checkpoint = final_checkpoint(args, store)
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model
