@@ -117,8 +117,17 @@ def ceiling_kafka_python(bootstrap: str, input_topic: str, output_topic: str, gr
         if not all(f.succeeded() for f in futures):
             raise RuntimeError("a message was not acknowledged: nothing committed")
         commit(offsets)
+    wait_for_stop()
     producer.close()
     consumer.close(autocommit=False)
+
+
+def wait_for_stop() -> None:
+    """A ceiling stays up until SIGTERM, as a service does, so the runner reads its CPU time after the last event."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(0.1):
+        pass
 
 
 def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int,
@@ -181,6 +190,7 @@ def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group
                                   latency_s=time.perf_counter() - started)
         consumer.commit(offsets=[TopicPartition(input_topic, p, o + 1) for p, o in positions.items()], asynchronous=False)
         done += len(messages)
+    wait_for_stop()
     consumer.close()
 
 
@@ -289,6 +299,13 @@ class Contender(NamedTuple):
     tree: Path  # where the service's code is (ROOT, or a tree given with --service-tree)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far, all its threads (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -379,6 +396,8 @@ class Ceiling:
         raise RuntimeError(f"the worker was not assigned partitions in {timeout:.0f} s; see {self.log_path}")
 
     def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(60)
         except subprocess.TimeoutExpired:
@@ -416,17 +435,29 @@ def wait_done(kafka: Kafka, worker, group: str, target: int, timeout: float, int
 
 def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int, events: int, batch: int, tag: str,
                    logs: Path) -> dict:
-    """From the first output's CreateTime to the last one's, once every output was acknowledged."""
+    """From the first output's CreateTime to the last one's, once every output was acknowledged.
+
+    Also the CPU time per event of the contender's process (all its threads), from its first
+    acknowledged batch to its last: steadier than events/s on a shared machine.
+    """
     output_topic, group = f"out-{tag}", f"g-{tag}"
     worker = start(c, kafka, input_topic, output_topic, group, partitions, events, batch, logs / f"{tag}.log")
+    samples: list[tuple[int, float]] = []
+
+    def sample(done: int) -> None:
+        if done and (not samples or done >= events):
+            samples.append((done, cpu_seconds(worker.process.pid)))
+
     try:
-        wait_done(kafka, worker, group, events, timeout=900)
+        wait_done(kafka, worker, group, events, timeout=900, interval=0.1, on_progress=sample)
     finally:
         worker.stop()
     first, last = kafka.timestamp_span_ms(output_topic)
     seconds = (last - first) / 1000
+    (done0, cpu0), (done1, cpu1) = samples[0], samples[-1]
     return {"name": c.name, "partitions": partitions, "events": events, "seconds": round(seconds, 3),
-            "events_per_s": round(events / seconds, 1)}
+            "events_per_s": round(events / seconds, 1),
+            "cpu_us_per_event": round((cpu1 - cpu0) / (done1 - done0) * 1e6, 1) if done1 > done0 else None}
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -635,7 +666,8 @@ def main() -> int:
                         run = throughput_run(kafka, c, topic, p, args.events, args.batch_size, f"p{p}-r{r}-{i}", logs)
                         run["repeat"] = r
                         runs.append(run)
-                        console.print(f"  p={p} repeat {r}: {c.name:24s} {run['events_per_s']:>10,.0f} events/s ({run['seconds']:.2f} s)")
+                        console.print(f"  p={p} repeat {r}: {c.name:24s} {run['events_per_s']:>10,.0f} events/s ({run['seconds']:.2f} s), "
+                                      f"{run['cpu_us_per_event']} µs CPU an event")
                 results["throughput"].append(summarise(runs, contenders, p))
             for p in partitions if args.latency_seconds and not args.no_throughput else ():
                 rates = {c.name: service_rate(results, c.name, p) / 2 for c in services}
@@ -662,12 +694,13 @@ def main() -> int:
 def summarise(runs: list[dict], contenders: list[Contender], partitions: int) -> dict:
     """Median events/s of each contender; each service's ratio to the kafka-python ceiling, median over repeats."""
     medians = {c.name: statistics.median(r["events_per_s"] for r in runs if r["name"] == c.name) for c in contenders}
+    cpu = {c.name: statistics.median(r["cpu_us_per_event"] for r in runs if r["name"] == c.name) for c in contenders}
     by_repeat: dict[int, dict] = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["name"]] = r["events_per_s"]
     ratios = {c.name: [round(rep[c.name] / rep["ceiling kafka-python"], 3) for rep in by_repeat.values()]
               for c in contenders if c.name != "ceiling kafka-python"}
-    return {"partitions": partitions, "runs": runs, "events_per_s": medians,
+    return {"partitions": partitions, "runs": runs, "events_per_s": medians, "cpu_us_per_event": cpu,
             "ratio_to_kafka_python_ceiling": {name: statistics.median(v) for name, v in ratios.items()},
             "ratios_by_repeat": ratios}
 
@@ -689,11 +722,13 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
         for t in results["throughput"]:
             table.add_column(f"{t['partitions']} partition(s)\nevents/s", justify="right")
             table.add_column("×", justify="right")
+            table.add_column("CPU µs\nan event", justify="right")
         for c in contenders:
             cells = []
             for t in results["throughput"]:
                 ratio = t["ratio_to_kafka_python_ceiling"].get(c.name)
-                cells += [f"{t['events_per_s'][c.name]:,.0f}", "1" if ratio is None else f"{ratio:.2f}"]
+                cells += [f"{t['events_per_s'][c.name]:,.0f}", "1" if ratio is None else f"{ratio:.2f}",
+                          f"{t['cpu_us_per_event'][c.name]:.0f}"]
             table.add_row(c.name, *cells)
         console.print(table)
     if results["latency"]:
