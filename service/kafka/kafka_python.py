@@ -1,8 +1,8 @@
-"""Everything that talks to Kafka, behind one small interface.
+"""The kafka-python client behind :mod:`service.kafka`'s interface (the default).
 
-The application sees :class:`Record` tuples, a :class:`KafkaIO` with poll /
-send / flush / commit / seek, and plain exceptions; only this module imports
-kafka-python, so another client could stand behind the same methods.
+The only module that imports kafka-python. Besides the stream of the poll
+loop (:class:`KafkaIO`), the admin calls (topics, group members) and the
+checkpoint topic use it whichever client runs the loop.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -18,48 +17,44 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from service.config import KafkaSettings
+from service.kafka.types import (
+    BEGINNING,
+    END,
+    FATAL_ERRORS,
+    GROUP_TIMINGS,
+    REFUSED_ERRORS,
+    DeliveryError,
+    MissingTopicError,
+    Record,
+    Refused,
+    TopicSpec,
+)
 
 log = logging.getLogger(__name__)
 
-#: Group timings that let a consumer join the embedded broker's group in
-#: seconds (see DESIGN.md); Apache Kafka is happy with them too.
-GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
-
-
-class Record(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int
-
-
-class TopicSpec(NamedTuple):
-    name: str
-    partitions: int
-    replication_factor: int
-    config: dict[str, str] = {}
-
-
-class DeliveryError(RuntimeError):
-    """The broker did not acknowledge some messages; nothing was committed."""
+#: The service flushes its producer at the end of every batch, so its records
+#: wait for that flush: one produce request per batch. With a short linger the
+#: sender thread wakes every few ms mid-batch and fights the poll loop for the
+#: GIL and the accumulator's locks; that made each send about twice as
+#: expensive (py-spy, bench/README.md "End to end"). A batch that outgrows
+#: ``batch_size`` is still sent at once.
+LINGER_UNTIL_FLUSH_MS = 60_000
 
 
 class _NotSent:
-    """In place of the future of a message the producer refused (no metadata while the brokers are away)."""
+    """In place of the future of a message the producer did not take: ``exception`` None
+    (no metadata while the brokers are away: send it again) or the error it was refused with."""
 
-    __slots__ = ()
+    __slots__ = ("exception",)
+
+    def __init__(self, exception: Exception | None = None):
+        self.exception = exception
 
     def succeeded(self) -> bool:
         return False
 
 
 _NOT_SENT = _NotSent()
-
-
-class MissingTopicError(RuntimeError):
-    pass
 
 
 def client_options(settings: KafkaSettings) -> dict:
@@ -80,6 +75,8 @@ def client_options(settings: KafkaSettings) -> dict:
     for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
         if getattr(settings, name) is not None:
             options[name] = str(getattr(settings, name))
+    if settings.ssl_password is not None:
+        options["ssl_password"] = settings.ssl_password.get_secret_value()
     return options
 
 
@@ -163,6 +160,16 @@ class _AdminClient(KafkaAdminClient):
             return obj
 
 
+def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
+    """Partition → committed next offset of consumer group ``group_id`` on ``topic`` (none: {})."""
+    admin = _AdminClient(**client_options(settings), request_timeout_ms=10_000)
+    try:
+        offsets = admin.list_group_offsets(group_id).get(group_id, {})
+    finally:
+        admin.close()
+    return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0}
+
+
 def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
     """Member ids of consumer group ``group_id`` as its coordinator reports them (DescribeGroups).
 
@@ -198,13 +205,15 @@ class KafkaIO:
     """
 
     def __init__(self, settings: KafkaSettings, *, group_id: str, input_topic: str, auto_offset_reset: str,
-                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, client_id: str = "perceptron-stream"):
+                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
+                 client_id: str = "perceptron-stream"):
         self.settings = settings
         self.group_id = group_id
         self.consumer = KafkaConsumer(
             **client_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
-            max_poll_records=max_poll_records, request_timeout_ms=10_000, **GROUP_TIMINGS,
+            max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms, request_timeout_ms=10_000,
+            **GROUP_TIMINGS,
         )
         self.consumer.subscribe([input_topic], listener=_Listener(on_assigned, on_revoked))
         self.producer = self._new_producer()
@@ -212,7 +221,7 @@ class KafkaIO:
         self._refused = False  # the producer refused a send: the rest wait for flush to send them again
 
     def _new_producer(self) -> KafkaProducer:
-        return make_producer(self.settings)
+        return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS)
 
     # consuming -----------------------------------------------------------
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
@@ -226,7 +235,14 @@ class KafkaIO:
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
-        self.consumer.seek(TopicPartition(topic, partition), offset)
+        """Next read of the partition at ``offset``, or at its BEGINNING or END."""
+        tp = TopicPartition(topic, partition)
+        if offset == BEGINNING:
+            self.consumer.seek_to_beginning(tp)
+        elif offset == END:
+            self.consumer.seek_to_end(tp)
+        else:
+            self.consumer.seek(tp, offset)
 
     def commit(self, positions: dict[tuple[str, int], int], timeout_s: float | None = None) -> None:
         """Commit next-offsets of the partitions still owned; raises KafkaError (e.g. during a
@@ -242,13 +258,25 @@ class KafkaIO:
             self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()},
                                  timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
 
-    def lag(self, timeout_s: float | None = None) -> dict[tuple[str, int], int]:
-        """Messages between the consumer's position and the end of each assigned partition."""
+    def lag(self, timeout_s: float | None = None, ask_broker: bool = True) -> dict[tuple[str, int], int]:
+        """Messages between the consumer's position and the end of each assigned partition.
+
+        ``ask_broker`` False: from the high watermarks the last fetch responses
+        carried, without a request (a ListOffsets round trip stalled the loop
+        100-300 ms on the embedded broker); a partition with none yet is left out.
+        True: the end offsets, asked of the brokers (raises KafkaError when they
+        do not answer within ``timeout_s``: the loop's probe for /readyz).
+        """
         tps = list(self.consumer.assignment())
         if not tps:
             return {}
-        ends = self.consumer.end_offsets(tps, timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
-        return {(tp.topic, tp.partition): max(0, ends[tp] - self.consumer.position(tp)) for tp in tps}
+        if ask_broker:
+            ends = self.consumer.end_offsets(tps, timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
+        else:
+            ends = {tp: self.consumer.highwater(tp) for tp in tps}
+        timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
+        return {(tp.topic, tp.partition): max(0, ends[tp] - self.consumer.position(tp, timeout_ms=timeout_ms))
+                for tp in tps if ends[tp] is not None}
 
     def group_members(self) -> list[str]:
         """Member ids of the live members of this consumer's group, this one included."""
@@ -261,28 +289,43 @@ class KafkaIO:
         else:
             try:
                 future = self.producer.send(topic, key=key, value=value)
+            except REFUSED_ERRORS as exc:  # e.g. larger than max_request_size: never sendable
+                future = _NotSent(exc)
             except KafkaError as exc:  # e.g. no metadata within max_block_ms: the brokers are away
                 log.warning("the producer refused a message (%s); it is sent again at the flush", exc.__class__.__name__)
                 self._refused, future = True, _NOT_SENT
         self._pending.append((topic, key, value, future))
 
-    def flush(self, timeout_s: float) -> None:
+    def flush(self, timeout_s: float) -> list[Refused]:
         """Wait until the broker acknowledged every message sent since the last flush.
 
         Failed messages are sent again, in order, until they are acknowledged or
         ``timeout_s`` passes (then DeliveryError: the caller must not commit).
+        Messages refused for good (REFUSED_ERRORS: sending again cannot help)
+        are returned for the caller to replace; a FATAL_ERRORS error is raised.
         """
         deadline = time.monotonic() + timeout_s
         delay = 0.2
+        refused: list[Refused] = []
         while self._pending:
             try:
                 self.producer.flush(timeout=max(0.1, deadline - time.monotonic()))
             except KafkaError:
                 pass
-            failed = [(t, k, v) for t, k, v, future in self._pending if not future.succeeded()]
+            failed = []
+            for t, k, v, future in self._pending:
+                if future.succeeded():
+                    continue
+                error = future.exception
+                if isinstance(error, FATAL_ERRORS):
+                    raise error
+                if isinstance(error, REFUSED_ERRORS):
+                    refused.append(Refused(t, k, v, error))
+                else:
+                    failed.append((t, k, v))
             if not failed:
                 self._pending.clear()
-                return
+                return refused
             if time.monotonic() >= deadline:
                 raise DeliveryError(f"{len(failed)} message(s) not acknowledged by the brokers within {timeout_s:.0f} s")
             log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(failed), delay)
@@ -323,8 +366,8 @@ class CompactedTopic:
         """Write and wait for the broker's acknowledgement."""
         self.producer.send(self.topic, key=key, value=value).get(timeout=timeout_s)
 
-    def read_all(self, timeout_s: float = 30.0) -> list[tuple[bytes | None, bytes | None]]:
-        """Every record from the beginning of every partition, in offset order per partition."""
+    def read_latest(self, wanted: Callable[[bytes], bool], timeout_s: float = 30.0) -> dict[bytes, bytes | None]:
+        """The last value of each ``wanted`` key, reading every partition from its beginning (as compaction would keep)."""
         consumer = KafkaConsumer(**client_options(self.settings), enable_auto_commit=False, group_id=None,
                                  fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=32 * 1024 * 1024)
         try:
@@ -335,14 +378,14 @@ class CompactedTopic:
             consumer.assign(tps)
             consumer.seek_to_beginning(*tps)
             ends = consumer.end_offsets(tps)
-            out: list[tuple[bytes | None, bytes | None]] = []
+            out: dict[bytes, bytes | None] = {}
             deadline, quiet_polls = time.monotonic() + timeout_s, 0
             # end_offsets can read short on some brokers (see DESIGN.md): read
             # until past it AND one poll came back empty.
             while time.monotonic() < deadline:
                 batches = consumer.poll(timeout_ms=200)
                 for messages in batches.values():
-                    out.extend((m.key, m.value) for m in messages)
+                    out.update((m.key, m.value) for m in messages if m.key is not None and wanted(m.key))
                 done = all(consumer.position(tp) >= ends[tp] for tp in tps)
                 quiet_polls = quiet_polls + 1 if not batches else 0
                 if done and quiet_polls >= 1:

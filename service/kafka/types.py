@@ -1,0 +1,64 @@
+"""What the application sees of Kafka, whichever client is behind it."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+#: Group timings that let a consumer join the embedded broker's group in
+#: seconds (see DESIGN.md); Apache Kafka is happy with them too.
+GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+
+
+#: Offsets of ``seek`` that mean the start and the end of a partition.
+BEGINNING, END = -2, -1
+
+
+class Record(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+class TopicSpec(NamedTuple):
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = {}
+
+
+class DeliveryError(RuntimeError):
+    """The broker did not acknowledge some messages; nothing was committed."""
+
+
+class MissingTopicError(RuntimeError):
+    """Topics the service needs do not exist and it may not create them."""
+
+
+def _errors(*names: str) -> tuple[type, ...]:
+    import kafka.errors
+
+    return tuple(getattr(kafka.errors, name) for name in names if hasattr(kafka.errors, name))
+
+
+#: Errors that retrying cannot cure: a setting or the brokers' permissions
+#: must change. The service stops with the error instead of retrying forever.
+FATAL_ERRORS = _errors(
+    "AuthorizationError", "SaslAuthenticationFailedError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",
+    "InvalidReplicationFactorError", "InvalidPartitionsError", "InvalidTopicError", "PolicyViolationError",
+)
+
+#: Errors of one message that sending it again cannot cure: the brokers
+#: refuse it for good (larger than the topic allows, invalid).
+REFUSED_ERRORS = _errors("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordError")
+
+
+class Refused(NamedTuple):
+    """A message the brokers refused for good, returned by ``flush``."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    error: Exception
