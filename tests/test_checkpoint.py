@@ -118,7 +118,7 @@ def test_local_falls_back_to_the_newest_good_checkpoint(tmp_path, caplog):
     newest, middle, oldest = store.files()
     newest.write_bytes(newest.read_bytes()[:100])  # cut short
     assert store.load().seq == 2
-    assert f"checkpoint {newest} is unusable" in caplog.text and "truncated or corrupt" in caplog.text
+    assert f"checkpoint {newest.name} in {newest.parent} is unusable" in caplog.text and "truncated or corrupt" in caplog.text
     middle.unlink()
     middle.mkdir()  # unreadable: an OSError, not a crash
     assert store.load().seq == 1
@@ -194,8 +194,8 @@ class MemoryTopic:
     def put(self, key: bytes, value: bytes, timeout_s: float = 10.0) -> None:
         self.records.append((key, value))
 
-    def read_all(self, timeout_s: float = 30.0):
-        return list(self.records)
+    def read_latest(self, wanted, timeout_s: float = 30.0):
+        return {k: v for k, v in self.records if k is not None and wanted(k)}
 
     def close(self) -> None:
         self.closed = True
@@ -224,7 +224,7 @@ def test_kafka_store_falls_back_and_ignores_other_groups(caplog):
     assert mine.load().seq == 3
     topic.put(b"g/0", encode_checkpoint(_checkpoint(3))[:-20])  # the newest (seq 3, slot 0), damaged
     assert mine.load().seq == 2
-    assert "checkpoint g/0 in checkpoints is unusable" in caplog.text
+    assert "checkpoint g/0 in topic checkpoints is unusable" in caplog.text
     topic.put(b"g/2", None)  # a tombstone over seq 2
     assert mine.load().seq == 1
     topic.put(b"g/1", b"garbage")

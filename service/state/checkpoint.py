@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 KIND = "perceptron-stream.checkpoint"
@@ -75,3 +79,32 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"the checkpoint is missing or has a malformed field: {exc}") from None
+
+
+def newest_usable(candidates: Iterable[tuple[str, Checkpoint | CheckpointError]], accept: Callable[[Checkpoint], None] | None,
+                  where: str) -> Checkpoint | None:
+    """The first checkpoint of ``candidates`` (newest first, each decoded or the error it gave) that ``accept`` takes.
+
+    ``accept`` raises CheckpointError for one this version cannot use (a model
+    it cannot read): the next older one is tried. None when there are no
+    candidates at all; CheckpointError when there are some and none is
+    usable: starting over from zero weights must be an operator's decision,
+    not an accident.
+    """
+    problems = []
+    for name, cp in candidates:
+        if not isinstance(cp, CheckpointError) and accept is not None:
+            try:
+                accept(cp)
+            except CheckpointError as exc:
+                cp = exc
+        if isinstance(cp, CheckpointError):
+            log.error("checkpoint %s in %s is unusable: %s; trying an older one", name, where, cp)
+            problems.append(f"{name}: {cp}")
+            continue
+        if problems:
+            log.warning("restored the older checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems))
+        return cp
+    if problems:
+        raise CheckpointError(f"no usable checkpoint in {where}: " + "; ".join(problems))
+    return None

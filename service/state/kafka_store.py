@@ -7,12 +7,10 @@ checkpoints survive it and a damaged newest one has older ones to fall back to.
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 
 from service.kafka import CompactedTopic
-from service.state.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint
-
-log = logging.getLogger(__name__)
+from service.state.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint, newest_usable
 
 
 class KafkaStore:
@@ -25,27 +23,20 @@ class KafkaStore:
     def save(self, cp: Checkpoint) -> None:
         self.topic.put(self.prefix + str(cp.seq % self.keep).encode(), encode_checkpoint(cp))
 
-    def load(self) -> Checkpoint | None:
-        latest: dict[bytes, bytes] = {}
-        for key, value in self.topic.read_all():
-            # "<group>/<slot>" exactly: group "a" must not read group "a/1"'s "a/1/0"
-            if key is not None and key.startswith(self.prefix) and key[len(self.prefix):].isdigit():
-                latest[key] = value  # later records of a key replace earlier ones, as compaction would
-        good, problems = [], []
+    def load(self, accept: Callable[[Checkpoint], None] | None = None) -> Checkpoint | None:
+        """The newest checkpoint of this group that decodes and that ``accept`` takes (see :func:`newest_usable`)."""
+        prefix = self.prefix
+        # "<group>/<slot>" exactly: group "a" must not read group "a/1"'s "a/1/0"
+        latest = self.topic.read_latest(lambda key: key.startswith(prefix) and key[len(prefix):].isdigit())
+        decoded = []
         for key, value in latest.items():
             try:
-                good.append(decode_checkpoint(value or b""))
+                decoded.append((key.decode(), decode_checkpoint(value or b"")))
             except CheckpointError as exc:
-                log.error("checkpoint %s in %s is unusable: %s", key.decode(errors="replace"), self.topic.topic, exc)
-                problems.append(f"{key.decode(errors='replace')}: {exc}")
-        if good:
-            newest = max(good, key=lambda cp: cp.seq)
-            if problems:
-                log.warning("restored checkpoint %d from %s, skipping %d unusable one(s)", newest.seq, self.topic.topic, len(problems))
-            return newest
-        if problems:
-            raise CheckpointError(f"no usable checkpoint in topic {self.topic.topic}: " + "; ".join(problems))
-        return None
+                decoded.append((key.decode(), exc))
+        # the damaged ones first (reported: any may have been the newest), then newest first
+        decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
+        return newest_usable(decoded, accept, f"topic {self.topic.topic}")
 
     def close(self) -> None:
         self.topic.close()

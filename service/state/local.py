@@ -20,9 +20,10 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from service.state.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint
+from service.state.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint, newest_usable
 
 log = logging.getLogger(__name__)
 
@@ -80,29 +81,20 @@ class LocalStore:
         for old in self.files()[self.keep:]:
             old.unlink(missing_ok=True)
 
-    def load(self) -> Checkpoint | None:
-        """The newest good checkpoint; None when there is none at all.
+    def load(self, accept: Callable[[Checkpoint], None] | None = None) -> Checkpoint | None:
+        """The newest checkpoint that decodes and that ``accept`` takes (see :func:`newest_usable`)."""
 
-        Damaged ones are skipped with an error in the log; when every one is
-        damaged, CheckpointError: starting over from zero weights must be an
-        operator's decision, not an accident.
-        """
-        files = self.files()
-        problems = []
-        for path in files:
-            try:
-                cp = decode_checkpoint(path.read_bytes())
-            except (CheckpointError, OSError) as exc:
-                log.error("checkpoint %s is unusable: %s; trying an older one", path, exc)
-                problems.append(f"{path.name}: {exc}")
-                continue
-            if problems:
-                log.warning("restored the older checkpoint %s", path.name)
-            return cp
-        if problems:
-            raise CheckpointError(f"no usable checkpoint in {self.directory}: " + "; ".join(problems)
-                                  + " (move them away to start from zero weights)")
-        return None
+        def candidates():
+            for path in self.files():
+                try:
+                    yield path.name, decode_checkpoint(path.read_bytes())
+                except (CheckpointError, OSError) as exc:
+                    yield path.name, CheckpointError(str(exc))
+
+        try:
+            return newest_usable(candidates(), accept, str(self.directory))
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc} (move them away to start from zero weights)") from None
 
     def close(self) -> None:
         self.unlock()
