@@ -47,7 +47,8 @@ FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 DEAD_LETTER_RAW_LIMIT = 64 * 1024
 
 #: Every reason code a rejection can carry (the metric's label values).
-REASONS = ("invalid_json", "not_utf8", "invalid_event", "bad_label", "non_finite", "wrong_dimension", "too_large", "too_many_features")
+REASONS = ("invalid_json", "not_utf8", "invalid_event", "bad_label", "non_finite", "out_of_range", "wrong_dimension", "too_large",
+           "too_many_features", "output_refused")
 
 
 def to_label(value: Any) -> int | None:
@@ -159,18 +160,28 @@ class Decoder:
 
     It holds one piece of state, the dimension ``d`` fixed by the first dense
     event, which checkpoints carry so a restart keeps it.
+
+    ``max_feature_value`` bounds every |value|: a finite 1e308 passes JSON,
+    but overflows the score to infinity (published as null) and leaves the
+    weights there for good.
     """
 
-    def __init__(self, max_message_bytes: int, max_features: int, dimension: int | None = None):
+    def __init__(self, max_message_bytes: int, max_features: int, dimension: int | None = None,
+                 max_feature_value: float = 1e15):
         self.max_message_bytes = max_message_bytes
         self.max_features = max_features
         self.dimension = dimension
+        self.max_feature_value = max_feature_value
 
-    def decode(self, raw: bytes | None) -> Event | Rejection:
+    def decode(self, raw: bytes | None, key: bytes | None = None) -> Event | Rejection:
+        """The event in ``raw``, or why it is rejected; the Kafka ``key`` counts toward the size limit
+        (it is passed through to the outputs, which must fit the brokers' limit too)."""
         if raw is None:
             return Rejection("invalid_event", "the message has no value (a tombstone); send a JSON object")
-        if len(raw) > self.max_message_bytes:
-            return Rejection("too_large", f"the message is {len(raw)} bytes, more than the limit of {self.max_message_bytes}")
+        size = len(raw) if key is None else len(raw) + len(key)
+        if size > self.max_message_bytes:
+            what = "" if key is None else f" (key {len(key)} + value {len(raw)})"
+            return Rejection("too_large", f"the message is {size} bytes{what}, more than the limit of {self.max_message_bytes}")
         # The fast path: each test below that fails hands the message to the model.
         try:
             doc = orjson.loads(raw)
@@ -218,6 +229,10 @@ class Decoder:
             return Rejection("invalid_event", f"{'x' if dense else 'features'} is empty; send at least one feature")
         if n > self.max_features:
             return Rejection("too_many_features", f"the event has {n} features, more than the limit of {self.max_features}")
+        largest = max(map(abs, x if dense else x.values()))
+        if largest > self.max_feature_value:
+            return Rejection("out_of_range", f"{'x' if dense else 'features'} has a value of magnitude {largest:.3g}, more than "
+                                             f"the limit of {self.max_feature_value:.3g}; rescale the feature")
         if dense:
             if self.dimension is None:
                 self.dimension = n

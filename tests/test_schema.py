@@ -47,6 +47,9 @@ def test_accepted_labels_map_to_plus_minus_one(y, label):
         (b'{"x": [1, 2, 3, 4, 5, 6]}', "too_many_features", "6 features, more than the limit of 5"),
         (b'{"x": [1]}' + b" " * 600, "too_large", "more than the limit of 500"),
         (b'{"x": [' + b"[" * 5000 + b"]}", "invalid_json", "recursion limit"),
+        (b'{"x": [1e16]}', "out_of_range", "x has a value of magnitude 1e+16, more than the limit of 1e+15"),
+        (b'{"features": {"a": -1.7e308}}', "out_of_range", "features has a value of magnitude 1.7e+308"),
+        (b'{"x": [1, "2"], "id": {"deep": 1e308}}', "invalid_event", "id must be a string or a number"),
     ],
 )
 def test_rejections_say_what_to_fix(raw, reason, says):
@@ -55,6 +58,20 @@ def test_rejections_say_what_to_fix(raw, reason, says):
     assert got.reason == reason
     assert says in got.error
     assert len(got.error) < 200
+
+
+def test_the_key_counts_toward_the_size_limit():
+    """A prediction carries its input's key: a huge key must not make an output larger than the brokers take."""
+    d = Decoder(max_message_bytes=100, max_features=10)
+    raw = b'{"x": [1.0]}'
+    assert d.decode(raw, b"k" * (100 - len(raw))) == Event(None, [1.0], None)
+    got = d.decode(raw, b"k" * (101 - len(raw)))
+    assert got == Rejection("too_large", f"the message is 101 bytes (key {101 - len(raw)} + value {len(raw)}), more than the limit of 100")
+
+
+def test_the_magnitude_limit_is_a_setting():
+    assert Decoder(1000, 10, max_feature_value=1e300).decode(b'{"x": [1e299]}') == Event(None, [1e299], None)
+    assert Decoder(1000, 10, max_feature_value=1e300).decode(b'{"x": [1e301]}').reason == "out_of_range"
 
 
 def test_the_first_dense_event_fixes_the_dimension():
