@@ -25,6 +25,7 @@ Guarantees, and the order above that gives them:
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import time
@@ -35,7 +36,18 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 
 from service import __version__
 from service.config import ServeSettings
-from service.kafka import CompactedTopic, DeliveryError, KafkaIO, TopicSpec, ensure_topics
+from service.kafka import (
+    BEGINNING,
+    END,
+    FATAL_ERRORS,
+    CompactedTopic,
+    DeliveryError,
+    Refused,
+    TopicSpec,
+    committed_offsets,
+    ensure_topics,
+    open_stream,
+)
 from service.learning import learner_from_state, make_learner
 from service.metrics import Health, HttpEndpoints, ServiceMetrics
 from service.schema import Decoder, Event, Rejection, dead_letter
@@ -69,7 +81,7 @@ DEAD_LETTER_ERROR_LIMIT = 1000
 
 
 class StartupError(RuntimeError):
-    """The service cannot start as configured; the message says why."""
+    """The service cannot start, or go on, as configured; the message says why (exit 1)."""
 
 
 def publishable(event: Event | Rejection) -> Event | Rejection:
@@ -93,11 +105,11 @@ class Application:
     def __init__(self, settings: ServeSettings):
         self.settings = s = settings
         self.learner = make_learner(s.variant, s.margin, s.standardize)
-        self.decoder = Decoder(s.max_message_bytes, s.max_features)
+        self.decoder = Decoder(s.max_message_bytes, s.max_features, max_feature_value=s.max_feature_value)
         self.metrics = ServiceMetrics(window=s.mistake_rate_window, version=__version__, variant=s.variant)
         self.health = Health(s.healthz_timeout_seconds)
         self.http: HttpEndpoints | None = None
-        self.io: KafkaIO | None = None
+        self.io = None  # the stream of service.kafka.open_stream
         self.store = None
         self.positions: dict[tuple[str, int], int] = {}
         self.checkpoint_seq = 0
@@ -110,6 +122,7 @@ class Application:
         self._assignment_to_check = False
         self._stopping = False
         self._next_lag_at = 0.0
+        self._polled_since_lag = False  # records came in since the last lag refresh
 
     # life cycle ----------------------------------------------------------
     def stop(self, *_args) -> None:
@@ -144,16 +157,32 @@ class Application:
         if s.state_store == "local":
             self.store = LocalStore(s.state_dir)
         elif s.state_store == "kafka":
-            self.store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
-        if self.store is not None:
+            self.store = self._until_it_works(lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id),
+                                              "connect to the checkpoint topic")
+        if self._stopping:
+            return
+        if self.store is None:
+            self.health.restored = True  # nothing to restore: a storeless model starts from zero
+        else:
             self.store.lock()
-            self._restore()  # fail fast on a bad checkpoint, before joining the group
+            # fail fast on a bad checkpoint, or on lost state, before joining the group
+            if not self._until_it_works(self._restore, "read the checkpoints") and not self._stopping:
+                self._until_it_works(self._refuse_lost_state, "read the group's committed offsets")
+        if self._stopping:
+            return
         self.io = self._until_it_works(
-            lambda: KafkaIO(s, group_id=s.group_id, input_topic=s.input_topic, auto_offset_reset=s.auto_offset_reset,
-                            on_assigned=self._on_assigned, on_revoked=self._on_revoked, max_poll_records=s.batch_size),
+            lambda: open_stream(s, s.kafka_client, group_id=s.group_id, input_topic=s.input_topic,
+                                auto_offset_reset=s.auto_offset_reset, on_assigned=self._on_assigned,
+                                on_revoked=self._on_revoked, max_poll_records=s.batch_size,
+                                fetch_max_wait_ms=s.fetch_max_wait_ms),
             "connect the consumer and producer",
         )
         self.health.broker_ok = True
+        # Start-up leaves ~100k long-lived objects (river, pydantic, the clients);
+        # every full collection walked them all, about 5 µs an event at full
+        # speed. Frozen, the collector only looks at what the loop allocates.
+        gc.collect()
+        gc.freeze()
 
     def _until_it_works(self, action: Callable, what: str):
         """Retry ``action`` with backoff until it works or the service is stopped: no crash loop."""
@@ -161,6 +190,9 @@ class Application:
         while True:
             try:
                 return action()
+            except FATAL_ERRORS as exc:
+                raise StartupError(f"could not {what}: {exc.__class__.__name__}: {exc}; retrying cannot help: "
+                                   "check the Kafka settings (security, credentials, ACLs, replication factor)") from None
             except KafkaError as exc:
                 self.health.broker_ok = False
                 if self._stopping:
@@ -207,6 +239,7 @@ class Application:
             if self._assignment_to_check:
                 self._check_group()  # before the first record of a new assignment is processed
             if records:
+                self._polled_since_lag = True
                 try:
                     self._process(records)
                 except DeliveryError:  # raised only once stopping: _close leaves the checkpoint as it was
@@ -229,11 +262,9 @@ class Application:
             self._group_checked = True
             return
         s = self.settings
-        try:
-            members = self.io.group_members()
-        except (KafkaError, ValueError) as exc:
-            log.warning("could not check that consumer group %s has no other member (%s); going on", s.group_id, exc)
-            self._group_checked = True
+        # Retried until it answers (a service that cannot tell must not run beside another one)
+        members = self._until_it_works(self.io.group_members, f"check that consumer group {s.group_id} has no other member")
+        if members is None:  # stopped meanwhile
             return
         if len(members) > 1:
             raise StartupError(
@@ -252,7 +283,7 @@ class Application:
         updates_before = learner.updates
         self._batch_open = True
         for r in records:
-            event = decode(r.value)
+            event = decode(r.value, r.key)
             if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
                 event = publishable(event)
             if type(event) is Rejection:
@@ -282,18 +313,43 @@ class Application:
         self.metrics.set_model(learner.weight_norm, learner.radius)
 
     def _flush(self) -> None:
-        """Wait for every acknowledgement, however long the brokers are away (or until stopped)."""
+        """Wait for every acknowledgement, however long the brokers are away (or until stopped).
+
+        An output the brokers refuse for good (larger than the topic allows,
+        say) is replaced by a dead letter without key or raw value: waiting for
+        it would stop the service for one event.
+        """
         while True:
             try:
-                self.io.flush(timeout_s=10.0)
+                refused = self.io.flush(timeout_s=10.0)
                 self.health.broker_ok = True
+                if refused:
+                    self._replace_refused(refused)
                 return
+            except FATAL_ERRORS as exc:
+                raise StartupError(f"the brokers refuse the service's messages: {exc.__class__.__name__}: {exc}; "
+                                   "check the topics' ACLs and the Kafka settings") from None
             except DeliveryError as exc:
                 self.health.broker_ok = False
                 self.health.beat()  # the loop is alive, waiting for the brokers
                 if self._stopping:
                     raise
                 log.warning("%s; waiting for the brokers", exc)
+
+    def _replace_refused(self, refused: list[Refused]) -> None:
+        s = self.settings
+        for r in refused:
+            source = orjson.loads(r.value)["source"]  # every output carries its input's position
+            what = "dead letter" if r.topic == s.dlq_topic else "prediction"
+            error = (f"the brokers refused this event's {what} ({len(r.value)} bytes, key {len(r.key or b'')} bytes) for good: "
+                     f"{r.error.__class__.__name__}; the input is at source")
+            log.error("%s at %s", error, source)
+            self.io.send(s.dlq_topic, None, dead_letter_value(Rejection("output_refused", error), None, source["topic"],
+                                                              source["partition"], source["offset"]))
+            self.metrics.rejected.labels("output_refused").inc()
+        again = self.io.flush(timeout_s=10.0)
+        if again:
+            raise StartupError(f"the brokers refuse even a short dead letter on {s.dlq_topic}: {again[0].error!r}")
 
     def _finish_batch(self, final: bool) -> None:
         """Checkpoint when due (or final), then commit what the checkpoint holds (or, storeless, what was acknowledged)."""
@@ -356,30 +412,56 @@ class Application:
         return {"variant": s.variant, "margin": s.margin, "standardize": s.standardize, "input_topic": s.input_topic}
 
     # state ---------------------------------------------------------------
-    def _restore(self) -> None:
-        """Load the newest good checkpoint into the learner and decoder."""
-        cp = self.store.load()
-        if cp is None:
-            log.info("no checkpoint yet: starting from zero weights")
-            self.health.restored = True
-            return
+    def _restore(self) -> bool:
+        """Load the newest usable checkpoint into the learner and decoder; False when there is none."""
         expected = self._model_meta()
-        different = {k: (cp.meta.get(k), v) for k, v in expected.items() if cp.meta.get(k) != v}
-        if different:
-            what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
-            raise StartupError(f"the checkpoint was taken with other model settings ({what}); "
-                               "use the same settings, or another state store to start a new model")
-        try:
-            self.learner = learner_from_state(cp.model)
-        except ValueError as exc:
-            raise CheckpointError(f"checkpoint {cp.seq} holds a model this version cannot read: {exc}") from None
+        models = {}
+
+        def accept(cp: Checkpoint) -> None:
+            different = {k: (cp.meta.get(k), v) for k, v in expected.items() if cp.meta.get(k) != v}
+            if different:  # the operator's settings changed, not the checkpoint: no falling back
+                what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
+                raise StartupError(f"the checkpoint was taken with other model settings ({what}); "
+                                   "use the same settings, or another state store to start a new model")
+            try:
+                models[cp.seq] = learner_from_state(cp.model)
+            except ValueError as exc:
+                raise CheckpointError(f"it holds a model this version cannot read: {exc}") from None
+
+        cp = self.store.load(accept)
+        if cp is None:
+            log.info("no checkpoint yet: a new model, starting from zero weights")
+            self.health.restored = True
+            return False
+        self.learner = models[cp.seq]
         self.decoder.dimension = cp.dimension
         self.checkpoint_seq = cp.seq
         self.positions = dict(cp.positions)
         self.health.restored = True
         self.metrics.set_model(self.learner.weight_norm, self.learner.radius)
+        self.metrics.last_checkpoint.set(cp.created)
         log.info("restored checkpoint %d: %d events seen, %d updates, positions %s",
                  cp.seq, self.learner.seen, self.learner.updates, cp.positions)
+        return True
+
+    def _refuse_lost_state(self) -> None:
+        """With no checkpoint, committed offsets mean the state that learned up to them is lost.
+
+        This service commits only checkpointed positions, so offsets without a
+        checkpoint come from a model whose store was emptied (a new volume, a
+        deleted topic) or from a storeless run. Going on would learn from the
+        middle of the stream with zero weights, silently.
+        """
+        s = self.settings
+        offsets = committed_offsets(s, s.group_id, s.input_topic)
+        if offsets:
+            at = ", ".join(f"partition {p} at {o}" for p, o in sorted(offsets.items()))
+            where = s.state_dir if s.state_store == "local" else f"topic {s.checkpoint_topic}"
+            raise StartupError(
+                f"consumer group {s.group_id} has committed offsets on {s.input_topic} ({at}) but the state store "
+                f"({s.state_store}, {where}) has no checkpoint: the model that learned those events is lost. Restore "
+                "the checkpoints, or start a new model on the retained history with a new --group-id, or reset "
+                "the group's offsets (kafka-consumer-groups --reset-offsets)")
 
     # The rebalance callbacks run on the consumer's network thread: they may
     # not block on the consumer (a commit there raises), so they only seek,
@@ -391,6 +473,11 @@ class Application:
         for tp in partitions:
             if tp in self.positions:
                 self.io.seek(tp[0], tp[1], self.positions[tp])
+            elif self.store is not None:
+                # The model has learned nothing from it; committed offsets are
+                # only ever a checkpoint's, so any here belong to a checkpoint
+                # that could not be used: start where a new model would.
+                self.io.seek(tp[0], tp[1], BEGINNING if self.settings.auto_offset_reset == "earliest" else END)
         log.info("assigned %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
         self.health.assigned = bool(partitions)
         self._assignment_to_check = True
@@ -404,14 +491,20 @@ class Application:
         self.health.assigned = False
 
     def _refresh_lag(self) -> None:
-        """Lag per partition; also the loop's probe of the brokers for /readyz."""
+        """Lag per partition; when no records came, also the loop's probe of the brokers for /readyz.
+
+        While records flow, the fetch responses' high watermarks give the lag
+        with no request, and the flushes tell that the brokers answer.
+        """
         now = time.monotonic()
         if now < self._next_lag_at:
             return
         self._next_lag_at = now + LAG_EVERY_S
+        flowing, self._polled_since_lag = self._polled_since_lag, False
         try:
-            self.metrics.set_lag(self.io.lag(timeout_s=PROBE_TIMEOUT_S))
-            self.health.broker_ok = True
+            self.metrics.set_lag(self.io.lag(timeout_s=PROBE_TIMEOUT_S, ask_broker=not flowing))
+            if not flowing:
+                self.health.broker_ok = True
         except KafkaError as exc:
             self.health.broker_ok = False
             log.warning("could not read the end offsets for the lag: %s", exc.__class__.__name__)

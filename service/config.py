@@ -19,6 +19,7 @@ service.config.ConfigError: invalid setting batch_size (--batch-size, PERCEPTRON
 from __future__ import annotations
 
 import contextvars
+import importlib.util
 import json
 import tomllib
 from pathlib import Path
@@ -98,19 +99,20 @@ class KafkaSettings(CommandSettings):
 
     bootstrap_servers: str = Field("127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port].")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="Kafka security protocol.")
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = Field(None, description="SASL mechanism when the protocol is SASL_*.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(None, description="SASL mechanism when the protocol is SASL_*.")
     sasl_username: str | None = Field(None, description="SASL user name.")
     sasl_password: SecretStr | None = Field(None, description="SASL password (never logged).")
     ssl_cafile: Path | None = Field(None, description="CA bundle to verify the brokers (SSL, SASL_SSL).")
     ssl_certfile: Path | None = Field(None, description="Client certificate (mutual TLS).")
     ssl_keyfile: Path | None = Field(None, description="Client private key (mutual TLS).")
+    ssl_password: SecretStr | None = Field(None, description="Password of the client private key, when it is encrypted (never logged).")
 
     @model_validator(mode="after")
     def _security_is_complete(self):
         if self.security_protocol.startswith("SASL"):
             if self.sasl_mechanism is None:
                 raise ValueError("sasl_mechanism must be set when security_protocol is " + self.security_protocol)
-            if self.sasl_mechanism != "OAUTHBEARER" and (self.sasl_username is None or self.sasl_password is None):
+            if self.sasl_username is None or self.sasl_password is None:
                 raise ValueError(f"sasl_username and sasl_password must be set for SASL {self.sasl_mechanism}")
         for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
             path = getattr(self, name)
@@ -126,12 +128,19 @@ class ServeSettings(KafkaSettings):
     output_topic: str = Field("predictions", min_length=1, description="Topic the predictions are published to.")
     dlq_topic: str = Field("points.dlq", min_length=1, description="Dead-letter topic for rejected events.")
     group_id: str = Field("perceptron-stream", min_length=1, description="Kafka consumer group.")
+    kafka_client: Literal["kafka-python", "confluent"] = Field(
+        "kafka-python", description="Client of the poll loop: kafka-python, or confluent (librdkafka, the confluent extra; "
+        "several times faster).")
     auto_offset_reset: Literal["earliest", "latest"] = Field("earliest", description="Where a new group starts: earliest learns from the whole retained history.")
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
     margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ.")
     standardize: bool = Field(False, description="Standardise features online (river StandardScaler) before the perceptron.")
     batch_size: int = Field(1000, gt=0, le=100_000, description="Most records taken per poll.")
     poll_timeout_ms: int = Field(200, gt=0, le=60_000, description="How long one poll waits for records.")
+    fetch_max_wait_ms: int = Field(
+        20, gt=0, le=60_000,
+        description="Longest a broker holds a fetch that finds no new records (Kafka's fetch.max.wait.ms). "
+        "Apache Kafka answers as soon as records arrive; the embedded broker waits it out, so it bounds latency there.")
     metrics_host: str = Field("127.0.0.1", description="Address of /metrics, /healthz and /readyz (0.0.0.0 in containers).")
     metrics_port: int = Field(8000, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0 picks a free port).")
     mistake_rate_window: int = Field(1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate.")
@@ -144,8 +153,13 @@ class ServeSettings(KafkaSettings):
     create_topics: bool = Field(True, description="Create missing topics at start-up; when off, a missing topic is an error.")
     topic_partitions: int = Field(1, gt=0, description="Partitions of topics the service creates.")
     topic_replication_factor: int = Field(1, gt=0, description="Replication factor of topics the service creates.")
-    max_message_bytes: int = Field(1_048_576, gt=0, description="Larger input messages are dead-lettered.")
+    max_message_bytes: int = Field(
+        1_000_000, gt=0,
+        description="Larger input messages (key + value) are dead-lettered. Keep it 1 KiB or more under the brokers' "
+        "message.max.bytes: a prediction carries its input's key and id.")
     max_features: int = Field(10_000, gt=0, description="Events with more features are dead-lettered.")
+    max_feature_value: float = Field(
+        1e15, gt=0, le=1e100, description="Events with a feature of larger magnitude are dead-lettered (out_of_range).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
     @model_validator(mode="after")
@@ -154,6 +168,8 @@ class ServeSettings(KafkaSettings):
             raise ValueError("input_topic, output_topic and dlq_topic must be three different topics")
         if self.margin > 0 and self.variant != "margin":
             raise ValueError(f"margin {self.margin} is only used by variant margin (variant is {self.variant})")
+        if self.kafka_client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+            raise ValueError("kafka_client confluent needs confluent-kafka: pip install 'perceptron-stream[confluent]'")
         return self
 
 

@@ -35,6 +35,7 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
         ([], {"PERCEPTRON_STREAM_AUTO_OFFSET_RESET": "middle"}, "invalid setting auto_offset_reset"),
         (["--security-protocol", "SASL_SSL"], {}, "sasl_mechanism must be set"),
         (["--security-protocol", "SASL_SSL", "--sasl-mechanism", "PLAIN"], {}, "sasl_username and sasl_password"),
+        (["--security-protocol", "SASL_SSL", "--sasl-mechanism", "OAUTHBEARER"], {}, "invalid setting sasl_mechanism"),
         (["--ssl-cafile", "/nonexistent/ca.pem"], {}, "ssl_cafile /nonexistent/ca.pem is not a readable file"),
         (["--output-topic", "points"], {}, "three different topics"),
         (["--margin", "0.5"], {}, "margin 0.5 is only used by variant margin"),
@@ -72,13 +73,14 @@ def test_security_settings_reach_the_kafka_client(tmp_path):
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     s = load(ServeSettings, ["--bootstrap-servers", "k1:9093,k2:9093", "--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512",
-                             "--sasl-username", "svc", "--sasl-password", "s3cret", "--ssl-cafile", str(ca)])
+                             "--sasl-username", "svc", "--sasl-password", "s3cret", "--ssl-cafile", str(ca),
+                             "--ssl-password", "keyp4ss"])
     assert client_options(s) == {
         "bootstrap_timeout_ms": 3000, "reconnect_backoff_max_ms": 5000,
         "bootstrap_servers": ["k1:9093", "k2:9093"], "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_plain_username": "svc", "sasl_plain_password": "s3cret", "ssl_cafile": str(ca),
+        "sasl_plain_username": "svc", "sasl_plain_password": "s3cret", "ssl_cafile": str(ca), "ssl_password": "keyp4ss",
     }
-    assert "s3cret" not in repr(s)
+    assert "s3cret" not in repr(s) and "keyp4ss" not in repr(s)
 
 
 def test_produce_settings_defaults():

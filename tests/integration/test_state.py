@@ -230,3 +230,96 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(br
     checkpoint = final_checkpoint(args, store)
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model
+
+
+# lost state -----------------------------------------------------------------
+def test_committed_offsets_without_a_checkpoint_are_refused_not_a_silent_reset(broker, topics, tmp_path):
+    """An emptied state directory (a new volume, say): going on would learn from mid-stream with zero weights."""
+    events = make_events(2000, seed=26)
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(broker, topics, tmp_path, checkpoint_interval_events=500)
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")  # checkpoints, then commits them
+        state_dir = load(ServeSettings, args).state_dir
+        for path in LocalStore(state_dir).files():
+            path.unlink()
+        before = watcher.settle()
+        records_before = watcher.records
+
+        code = _exit_code(args, tmp_path / "serve-2.log")
+        time.sleep(1.0)
+    finally:
+        watcher.stop()
+    log = (tmp_path / "serve-2.log").read_text()
+    assert code == 1, log[-3000:]
+    assert (f"consumer group {topics['group_id']} has committed offsets on {topics['input_topic']} (partition 0 at 2000) "
+            f"but the state store (local, {state_dir}) has no checkpoint") in log, log[-3000:]
+    assert "Traceback" not in log
+    assert (watcher.distinct(), watcher.records) == (before, records_before)  # nothing published from zero weights
+
+
+def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_start(broker, topics, tmp_path):
+    """Fallback to a checkpoint older than a partition's first events: its committed offset (from the lost
+    newer checkpoint) would skip them; the model must learn them, from where a new model starts."""
+    from tests.conftest import consume, create_topic
+
+    create_topic(broker.bootstrap_servers, topics["input_topic"], partitions=2)
+    events = make_events(2000, seed=27)
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200)
+    produce(broker.bootstrap_servers, topics["input_topic"], events[:1000], partition=0)
+    process = start_service_process(args, tmp_path / "serve-1.log")
+    try:
+        wait_until(lambda: (final_checkpoint(args, "local") or _NONE).positions.get((topics["input_topic"], 0)) == 1000
+                   or process.poll() is not None, 120, what="partition 0 checkpointed")
+    finally:
+        assert stop_process(process, tmp_path / "serve-1.log") == 0, tail(tmp_path / "serve-1.log")
+    older = final_checkpoint(args, "local")
+    assert set(older.positions) == {(topics["input_topic"], 0)}
+
+    # partition 1's events come in; the only checkpoint that has them is the last one
+    produce(broker.bootstrap_servers, topics["input_topic"], events[1000:], partition=1)
+    one_checkpoint = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1_000_000,
+                                   checkpoint_interval_seconds=3600)
+    process = start_service_process(one_checkpoint, tmp_path / "serve-2.log")
+    try:
+        consume(broker.bootstrap_servers, topics["output_topic"], 2000, timeout=120)
+    finally:
+        assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
+    newest = LocalStore(load(ServeSettings, args).state_dir).files()[0]
+    assert json.loads(newest.read_bytes())["positions"] == [[topics["input_topic"], 0, 1000], [topics["input_topic"], 1, 1000]]
+    newest.write_bytes(newest.read_bytes()[:100])  # lost: the restart falls back to the older one
+
+    process = start_service_process(args, tmp_path / "serve-3.log")
+    try:
+        wait_until(lambda: ((final_checkpoint(args, "local") or _NONE).positions == {(topics["input_topic"], 0): 1000,
+                                                                                      (topics["input_topic"], 1): 1000})
+                   or process.poll() is not None, 120, what="partition 1 learned again")
+    finally:
+        assert stop_process(process, tmp_path / "serve-3.log") == 0, tail(tmp_path / "serve-3.log")
+    assert final_checkpoint(args, "local").model["counters"]["seen"] == 2000  # partition 1 learned, once
+
+
+class _NONE:  # a stand-in for "no checkpoint yet" in the waits above
+    positions: dict = {}
+
+
+# no store -------------------------------------------------------------------
+def test_a_storeless_service_is_ready_and_resumes_from_its_commits(broker, topics, tmp_path, service_thread):
+    from tests.conftest import consume, http_get
+
+    events = make_events(500, seed=28)
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(broker, topics, tmp_path, state_store="none")
+    service = service_thread(args)
+    wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="/readyz 200 without a store")
+    assert len(consume(broker.bootstrap_servers, topics["output_topic"], 500)) == 500
+    service.stop()
+    assert not (tmp_path / "state").exists()  # nothing written
+
+    produce(broker.bootstrap_servers, topics["input_topic"], events[:100])
+    service = service_thread(args)
+    outputs = consume(broker.bootstrap_servers, topics["output_topic"], 600)
+    time.sleep(1.0)
+    outputs = consume(broker.bootstrap_servers, topics["output_topic"], 600)
+    assert sorted(json.loads(m.value)["source"]["offset"] for m in outputs) == list(range(600))  # resumed at 500, no repeats
