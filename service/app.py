@@ -480,6 +480,7 @@ class Application:
                 self.io.seek(tp[0], tp[1], BEGINNING if self.settings.auto_offset_reset == "earliest" else END)
         log.info("assigned %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
         self.health.assigned = bool(partitions)
+        self.metrics.set_assigned(len(partitions))
         self._assignment_to_check = True
         self._next_lag_at = 0.0
 
@@ -489,6 +490,7 @@ class Application:
             self._maybe_checkpoint(final=True)  # committed by the loop once the group is stable again
         self.metrics.forget_partitions(partitions)
         self.health.assigned = False
+        self.metrics.set_assigned(0)
 
     def _refresh_lag(self) -> None:
         """Lag per partition; when no records came, also the loop's probe of the brokers for /readyz.

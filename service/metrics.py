@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from bisect import bisect_left
@@ -118,7 +119,15 @@ class ServiceMetrics:
         self.lag = Gauge("perceptron_consumer_lag", "Messages between the service's position and the end of each input partition.", ["topic", "partition"], registry=registry)
         self.weight_norm = Gauge("perceptron_weight_norm", "Euclidean norm of the predicting weights, bias included.", registry=registry)
         self.radius = Gauge("perceptron_data_radius", "R: the largest ‖x‖ seen, the constant 1 included.", registry=registry)
-        self.last_checkpoint = Gauge("perceptron_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint written.", registry=registry)
+        self.last_checkpoint = Gauge("perceptron_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint written or restored.", registry=registry)
+        # Liveness for alerts: /healthz tells a probe, this tells Prometheus. Computed
+        # at scrape time from the Health the loop beats, so a loop hung inside a
+        # call still shows its last turn (NaN until a Health is tracked).
+        self._health: Health | None = None
+        self.poll_loop_last_turn = Gauge("perceptron_poll_loop_last_turn_timestamp_seconds",
+                                         "Unix time at which the poll loop last turned (or waited, alive, for the brokers).", registry=registry)
+        self.poll_loop_last_turn.set_function(self._last_turn_unix)
+        self.assigned_partitions = Gauge("perceptron_assigned_partitions", "Input partitions assigned to this instance by its consumer group.", registry=registry)
         Info("perceptron_build", "Version and model variant of the running service.", registry=registry).info({"version": version, "variant": variant})
         self.window = SlidingRate(window)
 
@@ -133,6 +142,20 @@ class ServiceMetrics:
         # Every event of a batch waits for the same acknowledgement, so one
         # value stands for all of them.
         observe_many(self.latency, latency_s, labeled + unlabeled)
+
+    def track_poll_loop(self, health: Health) -> None:
+        """Report ``health``'s last beat as perceptron_poll_loop_last_turn_timestamp_seconds (HttpEndpoints calls this)."""
+        self._health = health
+
+    def _last_turn_unix(self) -> float:
+        health = self._health
+        if health is None:
+            return math.nan
+        return time.time() - (time.monotonic() - health.last_beat)
+
+    def set_assigned(self, partitions: int) -> None:
+        """The number of input partitions the group gave this instance: call on every assignment and revocation."""
+        self.assigned_partitions.set(partitions)
 
     def set_model(self, weight_norm: float, radius: float) -> None:
         self.weight_norm.set(weight_norm)
@@ -183,11 +206,16 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class HttpEndpoints:
-    """/metrics, /healthz and /readyz on ``host:port`` in a background thread."""
+    """/metrics, /healthz and /readyz on ``host:port`` in a background thread.
+
+    /metrics then also reports ``health``'s poll-loop beat (see
+    :meth:`ServiceMetrics.track_poll_loop`).
+    """
 
     def __init__(self, metrics: ServiceMetrics, health: Health, host: str, port: int):
         self._metrics_app = make_wsgi_app(metrics.registry)
         self.health = health
+        metrics.track_poll_loop(health)
         self.server = make_server(host, port, self._app, server_class=_ThreadingServer, handler_class=_QuietHandler)
         self.port = self.server.server_port
         self._thread = threading.Thread(target=self.server.serve_forever, name="http-endpoints", daemon=True)

@@ -49,3 +49,115 @@ def test_observe_batch_counts_every_event():
     assert "perceptron_processing_latency_seconds_count 7.0" in text
     assert "perceptron_mistake_rate 0.25" in text  # the last four labeled: False, True, False, False
     assert "perceptron_mistakes_total 2.0" in text and "perceptron_updates_total 2.0" in text
+
+
+# -- the metric list of issue 4, as exported -------------------------------------
+
+#: Every metric family issue 4 (and the alerts) ask for, with its type. Expanded to
+#: sample names it must equal SERVICE_METRICS of tests/deploy/test_prometheus_rules.py,
+#: the list the alert rules are checked against: the three cannot drift apart.
+ISSUE_METRICS = {
+    "perceptron_events": "counter",  # kind = labeled | unlabeled
+    "perceptron_mistakes": "counter",
+    "perceptron_updates": "counter",
+    "perceptron_rejected_events": "counter",  # reason
+    "perceptron_mistake_rate": "gauge",
+    "perceptron_mistake_rate_window_events": "gauge",
+    "perceptron_processing_latency_seconds": "histogram",
+    "perceptron_consumer_lag": "gauge",  # topic, partition
+    "perceptron_weight_norm": "gauge",
+    "perceptron_data_radius": "gauge",
+    "perceptron_last_checkpoint_timestamp_seconds": "gauge",
+    "perceptron_poll_loop_last_turn_timestamp_seconds": "gauge",
+    "perceptron_assigned_partitions": "gauge",
+    "perceptron_build_info": "gauge",  # version, variant: an Info is a gauge of 1 in the text format
+}
+SAMPLE_SUFFIXES = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
+
+
+def _promtool() -> str:
+    import shutil
+
+    path = shutil.which("promtool")
+    assert path, "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
+    return path
+
+
+def _check_metrics(text: bytes):
+    import subprocess
+
+    return subprocess.run([_promtool(), "check", "metrics"], input=text, capture_output=True, timeout=60)
+
+
+def _exported() -> bytes:
+    m = ServiceMetrics(window=50, version="1.2.3", variant="plain")
+    m.set_lag({("points", 0): 5})  # labelled families get a series, so their samples show too
+    return generate_latest(m.registry)
+
+
+def test_issue_list_is_the_list_the_alert_rules_are_checked_against():
+    from tests.deploy.test_prometheus_rules import SERVICE_METRICS
+
+    samples = {family + suffix for family, kind in ISSUE_METRICS.items() for suffix in SAMPLE_SUFFIXES[kind]}
+    assert samples == SERVICE_METRICS
+
+
+def test_every_metric_is_exported_with_its_type_and_help_and_passes_promtool():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = _exported()
+    proc = _check_metrics(text)
+    assert proc.returncode == 0 and not proc.stdout.strip(), (proc.stdout + proc.stderr).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    # prometheus-client adds a <name>_created gauge beside each counter and histogram
+    exported = {name for name in families if name.startswith("perceptron_")
+                and not (name.endswith("_created") and name.removesuffix("_created") in families)}
+    assert exported == set(ISSUE_METRICS), (exported ^ set(ISSUE_METRICS))
+    for name, kind in ISSUE_METRICS.items():
+        family = families[name]
+        assert family.type == kind, (name, family.type)
+        assert len(family.documentation) > 10, (name, family.documentation)
+        sample_names = {s.name for s in family.samples}
+        assert sample_names == {name + suffix for suffix in SAMPLE_SUFFIXES[kind]}, (name, sample_names)
+    [build] = families["perceptron_build_info"].samples
+    assert build.labels == {"version": "1.2.3", "variant": "plain"} and build.value == 1
+    assert {s.labels["kind"] for s in families["perceptron_events"].samples if s.name.endswith("_total")} == {"labeled", "unlabeled"}
+
+
+def test_promtool_check_metrics_can_fail():
+    """The check above means something: promtool flags a counter without _total and a metric without help."""
+    bad = b"# TYPE perceptron_oops counter\nperceptron_oops 1\n"
+    proc = _check_metrics(bad)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and b'"_total" suffix' in out and b"no help text" in out, out
+
+
+def test_poll_loop_gauge_follows_the_tracked_health():
+    import math
+    import time
+
+    from service.metrics import Health
+
+    m = ServiceMetrics(window=4, version="test", variant="plain")
+    assert math.isnan(_sample(m, "perceptron_poll_loop_last_turn_timestamp_seconds"))  # no Health tracked: unknown
+    health = Health(stall_timeout_s=1.0)
+    m.track_poll_loop(health)
+    health.last_beat = time.monotonic() - 120  # the loop last turned two minutes ago
+    assert _sample(m, "perceptron_poll_loop_last_turn_timestamp_seconds") == pytest.approx(time.time() - 120, abs=1)
+    health.beat()
+    assert _sample(m, "perceptron_poll_loop_last_turn_timestamp_seconds") == pytest.approx(time.time(), abs=1)
+
+
+def test_assigned_partitions_gauge():
+    m = ServiceMetrics(window=4, version="test", variant="plain")
+    assert _sample(m, "perceptron_assigned_partitions") == 0
+    m.set_assigned(3)
+    assert _sample(m, "perceptron_assigned_partitions") == 3
+    m.set_assigned(0)
+    assert _sample(m, "perceptron_assigned_partitions") == 0
+
+
+def _sample(m: ServiceMetrics, name: str) -> float:
+    value = m.registry.get_sample_value(name)
+    assert value is not None, name
+    return value

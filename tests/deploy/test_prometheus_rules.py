@@ -38,10 +38,14 @@ EXPECTED_ALERTS = {
     "PerceptronConsumerLagGrowing",
     "PerceptronNoEventsProcessed",
     "PerceptronTargetDown",
+    "PerceptronPollLoopStalled",
+    "PerceptronNoPartitionsAssigned",
 }
 
-#: The service's metric contract (DESIGN.md, metrics): a rule naming anything
-#: else under perceptron_ has a typo and would never fire.
+#: The service's metric contract (DESIGN.md, metrics; issue 4), as the sample
+#: names Prometheus stores: a rule naming anything else under perceptron_ has a
+#: typo and would never fire. tests/test_metrics.py checks that ServiceMetrics
+#: exports exactly these, so this list cannot drift from the code.
 SERVICE_METRICS = {
     "perceptron_events_total",
     "perceptron_mistakes_total",
@@ -56,6 +60,8 @@ SERVICE_METRICS = {
     "perceptron_weight_norm",
     "perceptron_data_radius",
     "perceptron_last_checkpoint_timestamp_seconds",
+    "perceptron_poll_loop_last_turn_timestamp_seconds",
+    "perceptron_assigned_partitions",
     "perceptron_build_info",
 }
 
@@ -140,6 +146,13 @@ def test_expected_durations() -> None:
     assert durations["PerceptronConsumerLagGrowing"] == "10m"
     assert durations["PerceptronNoEventsProcessed"] == "5m"
     assert durations["PerceptronTargetDown"] == "1m"
+    assert durations["PerceptronPollLoopStalled"] == "5m"
+    assert durations["PerceptronNoPartitionsAssigned"] == "5m"
+
+
+def test_mistake_rate_alert_needs_labeled_events_flowing() -> None:
+    expr = next(r["expr"] for r in alert_rules() if r["alert"] == "PerceptronMistakeRateHigh")
+    assert 'rate(perceptron_events_total{kind="labeled"}' in expr, expr
 
 
 def test_rules_name_only_metrics_the_service_exports() -> None:

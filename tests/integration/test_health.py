@@ -1,14 +1,23 @@
 """/healthz follows the poll loop, /readyz the assignment, restore and broker."""
 
 import json
+import re
 import threading
+import time
 
 import pytest
 
 from service.broker import free_port
-from tests.conftest import http_get, produce, settings_args, wait_until
+from tests.conftest import create_topic, http_get, produce, settings_args, wait_until
 
 pytestmark = pytest.mark.integration
+
+def metric(url: str, name: str) -> float | None:
+    """The value of an unlabelled sample on /metrics, None when it is not there."""
+    status, text = http_get(url + "/metrics")
+    assert status == 200, status
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else None
 
 
 def test_not_ready_while_the_broker_is_unreachable_but_alive(tmp_path, topics, service_thread):
@@ -37,10 +46,68 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
         release.wait(30)
         return real_poll(*args, **kwargs)
 
+    last_turn = "perceptron_poll_loop_last_turn_timestamp_seconds"
+    assert metric(service.metrics_url, last_turn) > time.time() - 1.0  # turning
     service.app.io.poll = stuck_poll  # the loop blocks inside poll, as on a hung client
     status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(http_get(service.metrics_url + "/healthz")), 10, what="healthz 503")
-    assert json.loads(body)["poll_loop_idle_seconds"] > 1.0
+    idle = json.loads(body)["poll_loop_idle_seconds"]
+    assert idle > 1.0
+    # Prometheus sees the same stall: the last turn stands still while the scrape goes on
+    stalled_at = metric(service.metrics_url, last_turn)
+    assert stalled_at < time.time() - 1.0
+    time.sleep(0.3)
+    assert metric(service.metrics_url, last_turn) == pytest.approx(stalled_at, abs=0.05)
     release.set()
     service.app.io.poll = real_poll
     wait_until(lambda: http_get(service.metrics_url + "/healthz")[0] == 200, 10, what="healthz back to 200")
+    assert metric(service.metrics_url, last_turn) > time.time() - 1.0
     assert http_get(service.metrics_url + "/nothing")[0] == 404
+
+
+def test_not_ready_while_the_group_gives_the_partition_to_another_member(broker, topics, tmp_path, service_thread):
+    """Broker reachable, state restored, group joined, but no partition: /readyz 503 saying so.
+
+    Two instances in one group on a one-partition topic (no state store, so
+    the second is not stopped as a second instance of one model): the group
+    gives the partition to one of them; the other is alive and connected but
+    must not be ready.
+    """
+    create_topic(broker.bootstrap_servers, topics["input_topic"], partitions=1)
+    produce(broker.bootstrap_servers, topics["input_topic"], [{"x": [1.0, 2.0], "y": 1}])
+
+    def start(name):
+        return service_thread(settings_args(broker, topics, tmp_path / name, state_store="none"))
+
+    first = start("a")
+    wait_until(lambda: http_get(first.metrics_url + "/readyz")[0] == 200, 60, what="the first instance to be ready")
+    second = start("b")
+    not_ready = {"ok": False, "partitions_assigned": False, "state_restored": True, "broker_reachable": True}
+
+    def split():
+        answers = [http_get(s.metrics_url + "/readyz") for s in (first, second)]
+        statuses = sorted(status for status, _ in answers)
+        idle = [json.loads(body) for status, body in answers if status == 503]
+        return answers if statuses == [200, 503] and idle == [not_ready] else None
+
+    # The second one joining makes the group rebalance (both unassigned for a few
+    # seconds); then one holds the partition and the other none, and that lasts.
+    held_since, deadline = None, time.monotonic() + 60
+    while True:
+        answers = split()
+        now = time.monotonic()
+        held_since = (held_since or now) if answers else None
+        if held_since is not None and now - held_since >= 4.0:
+            break
+        assert now < deadline, f"no lasting split of one ready instance and one without partitions; last: {answers}"
+        time.sleep(0.2)
+    [(idle_instance, body)] = [(s, b) for s, (status, b) in zip((first, second), answers) if status == 503]
+    assert json.loads(body) == not_ready
+    assert idle_instance.app.io.assignment() == []
+    assert http_get(idle_instance.metrics_url + "/healthz")[0] == 200  # alive: waiting is not a hung loop
+
+
+def test_assigned_partitions_gauge_follows_the_assignment(broker, topics, tmp_path, service_thread):
+    create_topic(broker.bootstrap_servers, topics["input_topic"], partitions=2)
+    service = service_thread(settings_args(broker, topics, tmp_path))
+    wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="readyz 200")
+    assert metric(service.metrics_url, "perceptron_assigned_partitions") == 2
