@@ -179,6 +179,14 @@ def test_the_panels_the_service_needs(dashboard: dict[str, Any]) -> None:
     assert any(e.startswith("perceptron_data_radius{") for e in norm)
 
 
+def test_no_query_falls_back_to_a_constant(dashboard: dict[str, Any]) -> None:
+    """`... or vector(0)` returns data for a service that exports nothing: the end-to-end
+    check that every panel returns data would then prove nothing. The service creates
+    its unlabelled series, and the rejected-events series of every reason, at start."""
+    for expr in all_exprs(dashboard):
+        assert not re.search(r"\b(vector|scalar)\s*\(", expr), expr
+
+
 def test_rates_use_the_rate_interval(dashboard: dict[str, Any]) -> None:
     for expr in all_exprs(dashboard):
         for window in re.findall(r"\[([^\]]+)\]", expr):

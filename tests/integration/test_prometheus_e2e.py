@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import threading
+import time
 
 import pytest
 import yaml
@@ -172,6 +173,7 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
     if missing:
         pytest.fail(missing, pytrace=False)
 
+    started = time.time()
     bootstrap = broker.bootstrap_servers
     for name in (topics["input_topic"], topics["output_topic"], topics["dlq_topic"]):
         create_topic(bootstrap, name)  # one partition each (auto-created topics get four)
@@ -230,6 +232,14 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
                     prom.wait_for(expr, _finite_and_non_empty, timeout=15)
                 except TimeoutError as exc:
                     raise AssertionError(f"dashboard panel {title!r} target {ref}: {exc}") from None
+            # stats whose "returns data" alone proves little: their values
+            stat = {title: expr for title, _ref, expr in dashboard_targets()}
+            assert _scalar(prom.query(stat["Rejected"])) == len(MALFORMED)  # the background flow is all valid
+            checkpoint_ms = _scalar(prom.wait_for(stat["Last checkpoint"], lambda r: len(r) == 1 and float(r[0]["value"][1]) > 0, timeout=15))
+            assert started <= checkpoint_ms / 1000 <= time.time(), (started, checkpoint_ms)  # a checkpoint of this run, in ms
+            # the poll loop turns: its last turn is seconds old, as the stall alert sees it
+            loop_age = _scalar(prom.query(f"time() - perceptron_poll_loop_last_turn_timestamp_seconds{{{JOB}}}"))
+            assert -2 < loop_age < 5, loop_age
 
             groups = _wait_for_fresh_rule_evaluation(prom)
             rules = {rule["name"]: rule for group in groups for rule in group["rules"]}
