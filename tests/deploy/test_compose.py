@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from service.app import CHECKPOINT_TOPIC_CONFIG
 from service.config import ENV_PREFIX, ProduceSettings, ServeSettings, load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,11 +244,22 @@ def _created_topics(compose) -> dict[str, str]:
     return created
 
 
+def _topic_configs(line: str) -> dict[str, str]:
+    """The --config key=value pairs of a kafka-topics.sh line."""
+    pairs = re.findall(r"--config[ =](\S+)", line)
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_topic_configs_are_read_from_the_line():
+    line = "create --topic t --partitions 1 --config cleanup.policy=compact --config=segment.ms=1"
+    assert _topic_configs(line) == {"cleanup.policy": "compact", "segment.ms": "1"}
+
+
 def test_topics_service_creates_every_topic_the_service_uses(compose, monkeypatch):
     settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
     created = _created_topics(compose)
     assert set(created) == {settings.input_topic, settings.output_topic, settings.dlq_topic, settings.checkpoint_topic}
-    assert "cleanup.policy=compact" in created[settings.checkpoint_topic]
+    assert _topic_configs(created[settings.checkpoint_topic]) == CHECKPOINT_TOPIC_CONFIG
     for topic, line in created.items():
         if topic != settings.checkpoint_topic:
             assert "compact" not in line, f"{topic} must keep every event, not compact them"

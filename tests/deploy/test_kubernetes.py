@@ -4,14 +4,17 @@
   (the OpenAPI schemas it ships) in strict mode, which rejects unknown fields,
   against one fixed Kubernetes version.
 - kubernetes-validate has no schema for custom resources: the ServiceMonitor
-  (monitoring.coreos.com/v1, Prometheus Operator) and the Kustomization are
-  checked structurally here instead, the ServiceMonitor against the fields we
-  use as the operator's CRD defines them (types and duration pattern).
+  and PrometheusRule (monitoring.coreos.com/v1, Prometheus Operator) and the
+  Kustomization are checked structurally here instead, against the fields we
+  use as the operator's CRDs define them (types and duration pattern).
+- The PrometheusRule is generated from deploy/prometheus/alerts.yml
+  (``python -m tests.deploy.test_kubernetes`` rewrites it) and a test fails
+  when the two differ by a character.
 - The parts that must agree are cross-checked: ConfigMap keys are real
-  settings whose values load, probes hit /healthz and /readyz on the port
-  the service listens on, the Service and ServiceMonitor select what they
-  should, the PVC holds the state dir, and the security context is locked
-  down.
+  settings whose values load, probes hit paths the service's HTTP endpoints
+  really serve, on the port the service listens on, the Service and
+  ServiceMonitor select what they should, the PVC holds the state dir, and
+  the security context is locked down.
 """
 
 from __future__ import annotations
@@ -34,10 +37,43 @@ from service.config import ENV_PREFIX, ServeSettings, load
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+PROMETHEUSRULE = MANIFESTS / "prometheusrule.yaml"
 KUBERNETES_VERSION = "1.30.0"
 
 BUILTIN_KINDS = {"ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Service"}
-CUSTOM_KINDS = {"ServiceMonitor", "Kustomization"}
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Kustomization"}
+
+PROMETHEUSRULE_HEADER = """\
+# GENERATED from deploy/prometheus/alerts.yml by `python -m tests.deploy.test_kubernetes`:
+# edit alerts.yml (and its unit tests, alerts_test.yml), then regenerate; a test
+# fails when the two differ.
+#
+# The alert rules for the Prometheus Operator (CRD monitoring.coreos.com/v1).
+# The operator's Prometheus loads only the PrometheusRules its ruleSelector
+# matches, as it scrapes only the ServiceMonitors its serviceMonitorSelector
+# matches: kube-prometheus-stack selects `release: <its Helm release name>` by
+# default; set that label in kustomization.yaml (see `labels:` there).
+# The ServiceMonitor's targets get job="perceptron-stream" (the Service's name),
+# the job PerceptronTargetDown watches.
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata:
+  name: perceptron-stream
+  labels:
+    app.kubernetes.io/name: perceptron-stream
+    app.kubernetes.io/component: model-server
+spec:
+"""
+
+
+def prometheusrule_text(alerts: str | None = None) -> str:
+    """deploy/kubernetes/prometheusrule.yaml as generated from alerts.yml: its groups, comments kept, under spec."""
+    alerts = ALERTS.read_text() if alerts is None else alerts
+    lines = alerts.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("groups:"))
+    body = "\n".join(("  " + line) if line.strip() else "" for line in lines[start:])
+    return PROMETHEUSRULE_HEADER + body + "\n"
 
 
 def _documents(path: Path) -> list[dict]:
@@ -205,6 +241,111 @@ def test_servicemonitor_scrapes_the_services_metrics_port(objects):
         assert endpoint.get("path", "/metrics") == "/metrics"
 
 
+PROMETHEUSRULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": SERVICEMONITOR_SCHEMA["properties"]["metadata"],
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {"groups": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["name", "rules"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": {"type": "string", "pattern": _DURATION},
+                        "rules": {"type": "array", "items": {
+                            "type": "object",
+                            "required": ["expr"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "alert": {"type": "string"},
+                                "record": {"type": "string"},
+                                "expr": {"type": ["string", "integer"]},
+                                "for": {"type": "string", "pattern": _DURATION},
+                                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                            },
+                        }},
+                    },
+                },
+            }},
+        },
+    },
+}
+
+
+def test_prometheusrule_is_generated_from_the_alert_rules(objects):
+    assert PROMETHEUSRULE.read_text() == prometheusrule_text(), (
+        "deploy/kubernetes/prometheusrule.yaml differs from deploy/prometheus/alerts.yml: "
+        "run `python -m tests.deploy.test_kubernetes` to regenerate it")
+    assert objects["PrometheusRule"]["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+
+
+def test_prometheusrule_generation_notices_a_changed_rule():
+    changed = ALERTS.read_text().replace("perceptron_mistake_rate > 0.25", "perceptron_mistake_rate > 0.5", 1)
+    assert changed != ALERTS.read_text()
+    assert prometheusrule_text(changed) != PROMETHEUSRULE.read_text()
+
+
+def test_prometheusrule_structure_and_rules_pass_promtool(objects, tmp_path):
+    import shutil
+    import subprocess
+
+    rule = objects["PrometheusRule"]
+    jsonschema.validate(rule, PROMETHEUSRULE_SCHEMA)
+    broken = copy.deepcopy(rule)
+    broken["spec"]["groups"][0]["rules"][0]["fro"] = "5m"  # a typo the operator would drop silently
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, PROMETHEUSRULE_SCHEMA)
+    # what the operator hands its Prometheus: a rule file of these groups
+    rules_file = tmp_path / "rules.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
+    proc = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_prometheusrule_and_servicemonitor_carry_the_same_labels(objects):
+    assert objects["PrometheusRule"]["metadata"]["labels"] == objects["ServiceMonitor"]["metadata"]["labels"]
+
+
+def _commented_block(text: str, marker: str) -> str:
+    """The YAML of a commented-out block: the ``# `` lines right after the line holding ``marker``, uncommented."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line) + 1
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("# "):
+            break
+        block.append(line[2:])
+    return "\n".join(block)
+
+
+def test_kustomization_shows_how_to_add_the_release_label(objects):
+    """kube-prometheus-stack finds ServiceMonitors and PrometheusRules by `release:`: one uncommented block sets it."""
+    text = (MANIFESTS / "kustomization.yaml").read_text()
+    block = yaml.safe_load(_commented_block(text, "UNCOMMENT for kube-prometheus-stack"))
+    assert set(block) == {"labels"}, block
+    [entry] = block["labels"]
+    assert set(entry["pairs"]) == {"release"}
+    # only metadata labels: a selector change would orphan the Deployment's pods (selectors are immutable)
+    assert entry["includeSelectors"] is False
+    assert "includeTemplates" not in entry or entry["includeTemplates"] is False
+    assert "labels" not in objects["Kustomization"]  # uncommenting adds the key, it does not duplicate one
+    assert yaml.safe_load(text + "\n" + _commented_block(text, "UNCOMMENT for kube-prometheus-stack"))["labels"] == block["labels"]
+
+
 def test_kustomization_lists_the_manifests(objects):
     kustomization = objects["Kustomization"]
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
@@ -284,6 +425,34 @@ def _container_port(container: dict, port) -> int:
     return next(p["containerPort"] for p in container["ports"] if p["name"] == port)
 
 
+def _served_status(path: str) -> int:
+    """The HTTP status the service's own endpoints answer for ``path`` (a fresh, not-ready service)."""
+    import urllib.error
+    import urllib.request
+
+    from service.metrics import Health, HttpEndpoints, ServiceMetrics
+
+    endpoints = HttpEndpoints(ServiceMetrics(window=10, version="test", variant="plain"), Health(30.0), "127.0.0.1", 0).start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{endpoints.port}{path}", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    finally:
+        endpoints.stop()
+
+
+def test_probe_and_scrape_paths_are_served_by_the_service(objects, container):
+    """Each probe's and the ServiceMonitor's path is a route of HttpEndpoints, not a string we hope is one."""
+    paths = {probe: container[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe", "startupProbe") if probe in container}
+    paths |= {f"ServiceMonitor endpoint {i}": e.get("path", "/metrics") for i, e in enumerate(objects["ServiceMonitor"]["spec"]["endpoints"])}
+    for what, path in paths.items():
+        assert _served_status(path) != 404, f"{what} asks {path}, which the service does not serve"
+    assert _served_status("/metrics") == 200 and _served_status("/healthz") == 200  # live right after start
+    assert _served_status("/readyz") == 503  # not ready: nothing assigned yet
+    assert _served_status("/healthzz") == 404  # the check can fail
+
+
 def test_probes_hit_healthz_and_readyz_on_the_metrics_port(objects, container, monkeypatch):
     metrics_port = serve_settings(monkeypatch, pod_env(objects)).metrics_port
     assert [p["containerPort"] for p in container["ports"]] == [metrics_port]
@@ -359,3 +528,8 @@ def test_the_container_runs_serve_of_the_image(container):
     assert "command" not in container  # keep the image's ENTRYPOINT perceptron-stream
     entrypoint = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith("ENTRYPOINT")]
     assert json.loads(entrypoint[0].split(" ", 1)[1]) == ["perceptron-stream"]
+
+
+if __name__ == "__main__":  # regenerate deploy/kubernetes/prometheusrule.yaml
+    PROMETHEUSRULE.write_text(prometheusrule_text())
+    print(f"wrote {PROMETHEUSRULE.relative_to(ROOT)}")
