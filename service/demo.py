@@ -10,11 +10,14 @@ partway through, so the mistake rate climbs and then recovers. Ctrl-C (or
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
 
 from rich.console import Console, Group
@@ -22,10 +25,11 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from service.app import Application
+from service.app import Application, StartupError
 from service.broker import EmbeddedBroker
 from service.config import DemoSettings, ProduceSettings, ServeSettings, load
 from service.produce import produce
+from service.state.checkpoint import CheckpointError
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -82,13 +86,47 @@ class DemoView:
                 f"mistake_rate={s['rate']:.3f} updates={s['updates']}")
 
 
+def describe_failure(exc: BaseException, metrics_port: int) -> str:
+    """What went wrong with the demo's service, in a sentence that says what to do."""
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return f"port {metrics_port} is in use: try --metrics-port with another port (0 picks a free one)"
+    if isinstance(exc, OSError) and exc.errno == errno.EACCES:
+        return f"not allowed to listen on port {metrics_port}: try --metrics-port above 1023"
+    if isinstance(exc, (StartupError, CheckpointError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc} (traceback above)"
+
+
+def _expected(exc: BaseException) -> bool:
+    """A failure the message explains in full: no traceback needed."""
+    return isinstance(exc, (StartupError, CheckpointError)) or (
+        isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EACCES))
+
+
+class _ServiceThread(threading.Thread):
+    """The Application in a thread that keeps what it died of."""
+
+    def __init__(self, app: Application):
+        super().__init__(name="service", daemon=True)
+        self.app = app
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.app.run(install_signal_handlers=False)
+        except BaseException as exc:  # reported by run_demo, which then exits 1
+            self.error = exc
+
+
 def run_demo(settings: DemoSettings) -> int:
+    """Run the demo until Ctrl-C or ``--duration``; 1 when the service fails (the message says why), else 0."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     console = Console()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     drift_at = max(1000, int(settings.rate * 20))
+    failure: str | None = None
     with EmbeddedBroker(port=settings.broker_port) as broker, tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state:
         console.print(f"embedded broker on {broker.bootstrap_servers} (pid {broker.process.pid})")
         base = ["--bootstrap-servers", broker.bootstrap_servers]
@@ -97,29 +135,47 @@ def run_demo(settings: DemoSettings) -> int:
         app = Application(serve)
         producer_settings = load(ProduceSettings, [*base, "--stream", "credit", "--count", "0", "--rate", str(settings.rate),
                                                    "--noise", str(settings.noise), "--drift-every", str(drift_at), "--no-progress"])
-        service = threading.Thread(target=app.run, kwargs={"install_signal_handlers": False}, name="service", daemon=True)
+        service = _ServiceThread(app)
         service.start()
         while app.http is None and service.is_alive():
             time.sleep(0.05)
-        metrics_url = f"http://{serve.metrics_host}:{app.http.port}" if app.http else "(not started)"
-        console.print(f"metrics on {metrics_url}/metrics", highlight=False)
         producer = threading.Thread(target=produce, args=(producer_settings, stop.is_set), name="producer", daemon=True)
-        producer.start()
-        view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at)
-        deadline = time.monotonic() + settings.duration if settings.duration else float("inf")
+        view = None
         try:
-            if settings.live:
-                with Live(view.render(), console=console, refresh_per_second=4, screen=True) as live:
-                    while not stop.wait(0.25) and time.monotonic() < deadline and service.is_alive():
-                        live.update(view.render())
-            else:
-                while not stop.wait(2.0) and time.monotonic() < deadline and service.is_alive():
-                    print(view.line(), flush=True)
+            if service.is_alive():
+                metrics_url = f"http://{serve.metrics_host}:{app.http.port}"
+                console.print(f"metrics on {metrics_url}/metrics", highlight=False)
+                producer.start()
+                view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at)
+                deadline = time.monotonic() + settings.duration if settings.duration else float("inf")
+                if settings.live:
+                    with Live(view.render(), console=console, refresh_per_second=4, screen=True) as live:
+                        while not stop.wait(0.25) and time.monotonic() < deadline and service.is_alive():
+                            live.update(view.render())
+                else:
+                    while not stop.wait(2.0) and time.monotonic() < deadline and service.is_alive():
+                        print(view.line(), flush=True)
+            died = not service.is_alive()  # before it was asked to stop
         finally:
             stop.set()
-            producer.join(15)
+            if producer.is_alive():
+                producer.join(15)
             app.stop()
             service.join(30)
-        console.print(view.line(), highlight=False)
-        console.print("stopped: broker, producer and service are down")
+        if service.error is not None:
+            if not _expected(service.error):
+                traceback.print_exception(service.error)
+            failure = describe_failure(service.error, settings.metrics_port)
+        elif died:
+            failure = "the service stopped by itself (see the log above)"
+        elif service.is_alive():
+            failure = "the service did not stop within 30 s"
+        if view is not None:
+            console.print(view.line(), highlight=False)
+    # the broker (a child process) and the producer are down here, whatever happened
+    if failure is not None:
+        print(f"perceptron-stream demo: the service failed: {failure} (the broker and the producer are stopped)",
+              file=sys.stderr, flush=True)
+        return 1
+    console.print("stopped: broker, producer and service are down")
     return 0

@@ -76,3 +76,27 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
+    """Metrics port taken: exit 1, a message naming the port and the flag, and the broker is gone too."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
+        try:
+            stdout, stderr = demo.communicate(timeout=60)
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+    assert demo.returncode == 1, stdout + stderr
+    assert f"port {port} is in use: try --metrics-port" in stderr, stderr
+    assert "Traceback" not in stderr, stderr  # the message says it all
+    assert "stopped: broker, producer and service are down" not in stdout  # no success line after a failure
+    broker_address = re.search(r"embedded broker on (\S+)", stdout).group(1)
+    time.sleep(0.5)
+    assert _processes_mentioning(f"tcp://{broker_address}") == [], "a child process outlived the demo"

@@ -1,0 +1,93 @@
+"""The demo's live view (rich), rendered to a recording console with a real learner and metrics."""
+
+import re
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+import service.demo as demo
+from service.demo import DemoView, sparkline
+from service.learning import make_learner
+from service.metrics import ServiceMetrics
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _render(view: DemoView) -> str:
+    console = Console(record=True, width=120, color_system=None)
+    console.print(view.render())
+    return console.export_text()
+
+
+@pytest.fixture
+def app():
+    learner = make_learner("plain", 0.0, False)
+    metrics = ServiceMetrics(window=10, version="test", variant="plain")
+    return SimpleNamespace(learner=learner, metrics=metrics)
+
+
+def _learn(app, events):
+    flags = []
+    for features, y in events:
+        _y_pred, _score, mistake = app.learner.step(features, y)
+        flags.append(mistake)
+    app.metrics.observe_batch(labeled=len(flags), unlabeled=0, mistake_flags=flags,
+                              updates=0, latency_s=0.001)
+    return flags
+
+
+def test_the_view_shows_rate_mistakes_trend_and_weights_by_name(app, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(demo.time, "monotonic", clock)
+    view = DemoView(app, "127.0.0.1:9092", "http://127.0.0.1:8000", drift_at=5000)
+
+    first = _render(view)  # nothing seen yet, at t = 1000 s
+    assert "events/s" in first and "0" in first
+
+    # 40 events in 2 s: 20 events/s. The label is the sign of the salary, so the
+    # perceptron soon gets them right, except two flipped labels among the last ten.
+    events = [({"age": 0.5, "salary": 1.0 if i % 2 == 0 else -1.0}, 1 if i % 2 == 0 else -1) for i in range(40)]
+    for i in (33, 36):
+        features, y = events[i]
+        events[i] = (features, -y)
+    flags = _learn(app, events)
+    clock.now += 2.0
+    text = _render(view)
+
+    learner = app.learner
+    rate = app.metrics.window.value  # the last 10 labeled events
+    assert learner.seen == 40 and 0 < learner.mistakes == sum(flags) < 40
+    assert 0 < rate < 1
+    lines = text.splitlines()
+
+    def row(label: str) -> str:
+        return next(line for line in lines if label in line)
+
+    assert re.search(r"events\s+40\s+events/s\s+20\s", row("events/s")), row("events/s")
+    assert re.search(rf"mistakes\s+{learner.mistakes}\s+updates \(model version\)\s+{learner.updates}\s", row("mistakes")), row("mistakes")
+    assert re.search(rf"mistake rate\s+{re.escape(f'{rate:.1%}')} \(last 10 labeled\)", row("mistake rate")), row("mistake rate")
+    assert sparkline([0.0, rate]) in row("trend")  # one sample a second: the first at 0, then the rate now
+    for name, weight in learner.weights.items():
+        assert re.search(rf"\b{name}\s+{re.escape(f'{weight:+.3f}')}\s", row(name)), (name, weight, row(name))
+    assert set(learner.weights) == {"age", "salary"} and any(w != 0 for w in learner.weights.values())
+    assert f"{learner.bias:+.3f}" in row("(bias)")
+    assert "changes at event 5,000 (before)" in text
+    assert "http://127.0.0.1:8000/metrics" in text and "127.0.0.1:9092" in text
+
+
+def test_the_plain_line_says_the_same(app, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(demo.time, "monotonic", clock)
+    view = DemoView(app, "b:1", "http://m:1", drift_at=10)
+    view.line()
+    _learn(app, [({"a": 1.0}, 1), ({"a": 1.0}, -1), ({"a": -1.0}, 1), ({"a": 2.0}, 1)])
+    clock.now += 1.0
+    line = view.line()
+    assert f"events=4 events/s=4 mistakes={app.learner.mistakes} mistake_rate={app.metrics.window.value:.3f}" in line
