@@ -124,6 +124,8 @@ class KafkaSettings(CommandSettings):
 class ServeSettings(KafkaSettings):
     """Settings of ``perceptron-stream serve``."""
 
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream serve")
+
     input_topic: str = Field("points", min_length=1, description="Topic of labeled and unlabeled points.")
     output_topic: str = Field("predictions", min_length=1, description="Topic the predictions are published to.")
     dlq_topic: str = Field("points.dlq", min_length=1, description="Dead-letter topic for rejected events.")
@@ -176,6 +178,8 @@ class ServeSettings(KafkaSettings):
 class ProduceSettings(KafkaSettings):
     """Settings of ``perceptron-stream produce``."""
 
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream produce")
+
     topic: str = Field("points", min_length=1, description="Topic to write to.")
     stream: Literal["separable", "noisy", "drift", "credit"] = Field("separable", description="Synthetic stream to generate (ignored with --file).")
     file: Path | None = Field(None, description="Replay a CSV or JSONL file instead of generating.")
@@ -194,12 +198,16 @@ class ProduceSettings(KafkaSettings):
 class BrokerSettings(CommandSettings):
     """Settings of ``perceptron-stream broker``."""
 
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream broker")
+
     host: str = Field("127.0.0.1", description="Address the embedded broker listens on.")
     port: int = Field(9092, ge=0, le=65535, description="Port the embedded broker listens on (0 picks a free port).")
 
 
 class TrainSettings(CommandSettings):
     """Settings of ``perceptron-stream train``."""
+
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream train")
 
     data: Path = Field(..., description="CSV (header, label column y) or JSONL in the wire format.")
     algorithm: Literal["pla", "pocket"] = Field("pla", description="Batch algorithm.")
@@ -210,6 +218,8 @@ class TrainSettings(CommandSettings):
 
 class DemoSettings(CommandSettings):
     """Settings of ``perceptron-stream demo``."""
+
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream demo")
 
     duration: float = Field(0.0, ge=0.0, description="Stop after this many seconds (0: until Ctrl-C).")
     rate: float = Field(500.0, gt=0.0, description="Events per second of the credit stream.")
