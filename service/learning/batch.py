@@ -233,8 +233,11 @@ def train_report(
     """Train in batch and describe the result as a JSON-able dict (``perceptron-stream train``).
 
     ``margin`` is the geometric margin min_i y_i (w·x_i + b)/||w|| (None when
-    w = 0); ``bound`` is (R/γ)² with R = max ||x'|| and γ the margin of the
-    result in the space of x' = (1, x) (``margin_augmented``): as the result
+    w = 0: there is no hyperplane); ``margin_augmented`` is γ, the margin of
+    the result in the space of x' = (1, x), min_i y_i (w·x_i + b)/||(b, w)||
+    (None only when w = 0 and b = 0).  The two are computed separately, so a
+    result that separates D with its bias alone (w = 0, b ≠ 0) still gets a
+    γ and a bound.  ``bound`` is (R/γ)² with R = max ||x'||: as the result
     separates D, the theorem bounds the updates of any PLA run on D by it.
     None when the result does not separate D.  Labels: -1/+1 (or 0/1, bool).
 
@@ -243,15 +246,22 @@ def train_report(
     ([-3.0], 7.0, True, 0, 0.3333333333333333)
     >>> r["updates"] <= r["bound"]
     True
+    >>> r = train_report([[0], [0]], [1, 1])  # separated by the bias alone
+    >>> r["weights"], r["bias"], r["margin"], r["margin_augmented"], r["radius"], r["bound"]
+    ([0.0], 1.0, None, 1.0, 1.0, 1.0)
     """
     X, y = _check(X, y, feature_names, algorithm, order, max_passes)
     run = pla if algorithm == "pla" else pocket
     fit = run(X, y, order=order, seed=seed, max_passes=max_passes, intercept=intercept)
     wrong = mistakes(fit.weights, fit.bias, X, y)
     try:
-        geo, aug = margin(fit.weights, fit.bias, X, y), augmented_margin(fit.weights, fit.bias, X, y)
-    except ValueError:
-        geo = aug = None
+        geo = margin(fit.weights, fit.bias, X, y)
+    except ValueError:  # w = 0: no hyperplane, no geometric margin
+        geo = None
+    try:
+        aug = augmented_margin(fit.weights, fit.bias, X, y)
+    except ValueError:  # w = 0 and b = 0
+        aug = None
     R = radius(X, intercept)
     report = {
         "algorithm": algorithm,

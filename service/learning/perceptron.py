@@ -2,7 +2,7 @@
 
 h(x) = sign(w·x + b), the bias b being the weight of a constant feature x0 = 1.
 Start from w = 0, b = 0; a score of exactly 0 is a mistake; on a mistake
-(y·score ≤ 0) update w ← w + y·x, b ← b + y.  Labels are -1/+1.
+(y·score ≤ 0) update w ← w + y·x, b ← b + y.  Labels are -1/+1 inside.
 
 Why a class of our own rather than ``river.linear_model.Perceptron``: the
 service calls :meth:`Perceptron.step` once per event (predict with the
@@ -33,20 +33,27 @@ For the variants that predict with other weights than they learn with,
 learning weights' updates (the model version).
 
 In river: ``preprocessing.StandardScaler() | Perceptron()``,
-``evaluate.progressive_val_score`` and ``clone()`` work.  ``learn_one``
-takes river's bool labels, but ``predict_one`` answers -1/+1, so give a
-metric -1/+1 labels (``((x, 1 if y else -1) for x, y in dataset)``): a
-metric comparing -1 with False counts a miss.
+``evaluate.progressive_val_score`` and ``clone()`` work on river's data sets
+as they are.  Labels: ``learn_one`` takes -1/+1, True/False or 1/0, and
+``predict_one`` answers in the kind of label the model learned from, as a
+river classifier predicts the labels it saw: True/False after bool labels
+(river's data sets), -1/+1 otherwise and before any learning.  So a metric
+compares like with like (-1 against False would count a miss); the one
+difference from river's Perceptron is the very first prediction, -1 where
+river's says False.  ``step``,
+the service's hot path, takes and answers -1/+1 whatever ``learn_one`` saw.
 
 >>> p = Perceptron()
->>> p.step([1.0, 2.0], 1)            # score 0 is a mistake, then learn
-StepResult(y_pred=-1, score=0.0, mistake=True)
+>>> p.step([1.0, 2.0], 1)            # (y_pred, score, mistake): score 0 is a mistake, then learn
+(-1, 0.0, True)
 >>> p.step([1.0, 2.0], 1)
-StepResult(y_pred=1, score=6.0, mistake=False)
+(1, 6.0, False)
 >>> p.weights, p.bias, p.updates, p.seen
 ({0: 1.0, 1: 2.0}, 1.0, 1, 2)
 >>> Perceptron.from_state(p.to_state()).to_state() == p.to_state()
 True
+>>> p.learn_one({0: 1.0, 1: 2.0}, False); p.predict_one({0: 1.0, 1: 2.0})
+False
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ import sys
 from itertools import repeat
 from math import hypot
 from operator import add, mul, sub
-from typing import Any, NamedTuple
+from typing import Any
 
 from river import base
 
@@ -73,7 +80,30 @@ _LABELS = {1: 1, -1: -1, 0: -1}
 # floats as river's dot product.  From 3.12 it compensates rounding errors,
 # which is more accurate but no longer bit-identical to river: use a loop.
 _SEQUENTIAL_SUM = sys.version_info < (3, 12)
-_new = tuple.__new__
+
+# The names state["labels"] takes: what predict_one answers in.
+_SIGNED, _BOOL = "-1/+1", "bool"
+
+
+def _seq_sum(values: Any) -> float:
+    """sum() as Python <= 3.11 does it for floats: left to right, no compensation."""
+    s = 0.0
+    for v in values:
+        s += v
+    return s
+
+
+_sum = sum if _SEQUENTIAL_SUM else _seq_sum
+
+
+def _is_bool(y: Any) -> bool:
+    """True for bool labels: Python's, and numpy's (river's pandas streams give those)."""
+    t = type(y)
+    return t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"))
+
+
+def _bad_label(y: Any) -> ValueError:
+    return ValueError(f"step takes y = -1, +1 or None (map other spellings with to_label), got {y!r}")
 
 
 def _dot(w: list[float], m: Perceptron | None, x: list | dict) -> float:
@@ -89,12 +119,7 @@ def _dot(w: list[float], m: Perceptron | None, x: list | dict) -> float:
         ws, vals = w, x.values()
     else:
         ws, vals = map(w.__getitem__, map(m._index.__getitem__, x)), x.values()
-    if _SEQUENTIAL_SUM:
-        return sum(map(mul, ws, vals))
-    s = 0.0
-    for wi, xi in zip(ws, vals):
-        s += wi * xi
-    return s
+    return _sum(map(mul, ws, vals))
 
 
 def _update(w: list[float], m: Perceptron | None, x: list | dict, y: float) -> None:
@@ -121,12 +146,10 @@ def _as_dict(x: dict | list) -> dict:
     return dict(enumerate(x)) if isinstance(x, list) else dict(x)
 
 
-class StepResult(NamedTuple):
-    """What :meth:`Perceptron.step` published: made BEFORE learning from the event."""
-
-    y_pred: int
-    score: float
-    mistake: bool | None  # None when the event had no label
+#: What :meth:`Perceptron.step` answers, made BEFORE learning from the event:
+#: ``(y_pred, score, mistake)``, mistake None when the event had no label.  A
+#: plain tuple: building a NamedTuple was a sixth of a step (bench/README.md).
+StepResult = tuple[int, float, "bool | None"]
 
 
 def to_label(y: Any) -> int:
@@ -161,7 +184,9 @@ class Perceptron(base.Classifier):
 
     Inputs are dicts (feature name → number) or dense lists (features 0..d-1,
     the same features as the int keys 0..d-1 of a dict).  ``learn_one`` takes
-    -1/+1, True/False or 1/0 labels; ``predict_one`` answers -1 or +1.
+    -1/+1, True/False or 1/0 labels; ``predict_one`` answers True/False when
+    the last label ``learn_one`` took was a bool, else -1/+1 (a river
+    classifier predicts the labels it saw).  ``step`` takes and answers -1/+1.
     ``margin`` (γ >= 0) is for ``variant="margin"`` only; a non-zero margin
     with another variant is a ValueError rather than silently ignored.
 
@@ -174,6 +199,8 @@ class Perceptron(base.Classifier):
     >>> p.learn_one({"age": 2.0}, True); p.learn_one({"age": 2.0}, 1)  # 2nd: y·score = 5 > 1
     >>> p.predict_one({"age": 2.0}), p.mistakes, p.updates, p.labeled
     (1, 1, 1, 2)
+    >>> p.learn_one({"age": 2.0}, True); p.predict_one({"age": 2.0})
+    True
     """
 
     def __init__(self, variant: str = "plain", margin: float = 0.0) -> None:
@@ -184,6 +211,9 @@ class Perceptron(base.Classifier):
         self._keys: list = []  # position -> feature
         self._index: dict = {}  # feature -> position
         self._dense = 0  # _keys[i] == i for every i < _dense: lists index positions directly
+        self._mode = VARIANTS.index(variant) % 3  # 0: plain/margin, 1: averaged, 2: pocket
+        self._fast = 0 if self._mode == 0 else -1  # lists of up to _fast values take step's fast path
+        self._bool_labels = False  # predict_one answers bools (learn_one's last label was one)
         self._w: list[float] = []  # running (learning) weights
         self._b = 0.0
         self._u: list[float] = []  # averaged: sum of c·y·x over updates
@@ -195,20 +225,27 @@ class Perceptron(base.Classifier):
         self._best = 0  # pocket: run of the pocket weights
         self._p_is_w = True  # pocket holds the same values as the running weights
         self._xmax = 0.0  # max ||x|| seen (without the constant 1)
-        self._mode = VARIANTS.index(variant) % 3  # 0: plain/margin, 1: averaged, 2: pocket
         self.seen = 0
         self._unlabeled = 0
         self.mistakes = 0
         self.updates = 0
 
     # ----------------------------------------------------------------- river API
-    def predict_one(self, x: dict, **kwargs: Any) -> int:
-        """-1 or +1 with the predicting weights; +1 iff the score is > 0."""
+    def predict_one(self, x: dict, **kwargs: Any) -> int | bool:
+        """+1 iff the score of the predicting weights is > 0, else -1; True/False
+        instead when ``learn_one`` last learned from a bool label."""
+        if self._bool_labels:
+            return self.score_one(x) > 0.0
         return 1 if self.score_one(x) > 0.0 else -1
 
     def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
-        """Learn from one event (counted in ``seen``); y: -1/+1, True/False or 1/0."""
+        """Learn from one event (counted in ``seen``); y: -1/+1, True/False or 1/0.
+
+        The kind of y (bool or not) sets what :meth:`predict_one` answers in.
+        """
         self.step(x, to_label(y))
+        t = type(y)
+        self._bool_labels = t is bool or (t is not int and _is_bool(y))
 
     def score_one(self, x: dict | list) -> float:
         """The score :meth:`step` would publish for x; changes nothing."""
@@ -227,52 +264,149 @@ class Perceptron(base.Classifier):
         return s
 
     # ------------------------------------------------------------------ hot path
-    # Speed notes (bench/learner.py): sums run in C (sum(map(mul, ...))), so does the
-    # norm (hypot); counters that move on every event are the fewest possible
-    # (labeled is derived); StepResult is built with tuple.__new__ (a NamedTuple's
-    # __new__ is Python code).  x is a dense list (m None) or a dict (m self).
+    # Speed notes (bench/learner.py, bench/README.md "## Learner"): sums run in C
+    # (sum(map(mul, ...))), so does the norm (hypot, the cheapest exact one); a
+    # dense list of the plain or margin variant takes the first branch of step,
+    # with no call and no variant dispatch (_fast is -1 for the other variants,
+    # so no list is short enough); counters that move on every event are the
+    # fewest possible (labeled is derived); the answer is a plain tuple (a
+    # NamedTuple, even built with tuple.__new__, was a sixth of a step).
+    # Profiled at d = 10: the dot product is about half of a step, hypot a
+    # tenth, the Python around them (call, checks, counters) under a fifth, so
+    # shaving bytecode (locals for globals, slots) measured as noise.
+    #
+    # The label is not checked on the path of a correct prediction (the common
+    # one): a check there would cost every event, and y comes mapped already
+    # (the service's decoder, learn_one's to_label).  It is checked where it is
+    # free, on the update path, before anything changes: that catches y = 0 or
+    # False (0/1 labels given as they are) on their first use, since 0·score is
+    # always <= 0, and any other value that would move the weights.
 
     def step(self, x: dict | list, y: int | None) -> StepResult:
-        """Score with the predicting weights, predict, then learn if ``y`` (-1/+1) is given."""
-        if self._mode:
-            return self._step_averaged(x, y) if self._mode == 1 else self._step_pocket(x, y)
-        w = self._w
-        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            m = None
-            s = (sum(map(mul, w, x)) if _SEQUENTIAL_SUM else _dot(w, None, x)) + self._b
+        """Score with the predicting weights, predict, then learn if ``y`` is given.
+
+        ``y`` must be -1, +1 or None (unlabeled: predict only); map other
+        spellings with :func:`to_label` first.  Not checked on every event (the
+        hot path): a value that would update the weights (0, False, 2 on a
+        mistake...) is a ValueError and changes nothing, but one on a correct
+        prediction (y = 2 with a positive score) goes through as if it were
+        its sign, and is echoed as ``y_pred``.
+        """
+        if type(x) is list and len(x) <= self._fast:
+            w = self._w
+            s = _sum(map(mul, w, x)) + self._b
             r = hypot(*x)
-        else:
-            m, x = self, _as_dict(x)
-            try:
-                s = _dot(w, m, x) + self._b
-            except KeyError:
-                self._register(x)
-                s = _dot(w, m, x) + self._b
-            r = hypot(*x.values())
+            if y is not None:
+                ys = y * s
+                if ys > self._thr:  # correct (and outside the margin): no update
+                    if r > self._xmax:
+                        self._xmax = r
+                    self.seen += 1
+                    return (y, s, False)
+                # _thr >= 0: every mistake (ys <= 0) lands here.  w + x or w - x:
+                # the floats river computes; a new list is cheaper than a slice
+                # assignment, which copies the new values once more.
+                if y == 1:
+                    op = add
+                elif y == -1:
+                    op = sub
+                else:
+                    raise _bad_label(y)
+                if len(x) == len(w):
+                    self._w = list(map(op, w, x))
+                else:  # a shorter list: the features after it keep their weights
+                    w[: len(x)] = map(op, w, x)
+                self._b += y
+                self.updates += 1
+                if r > self._xmax:
+                    self._xmax = r
+                self.seen += 1
+                if ys <= 0.0:
+                    self.mistakes += 1
+                    return (1 if s > 0.0 else -1, s, True)
+                return (y, s, False)
+            if r > self._xmax:
+                self._xmax = r
+            self.seen += 1
+            self._unlabeled += 1
+            return (1 if s > 0.0 else -1, s, None)
+        mode = self._mode
+        if mode:
+            return self._step_averaged(x, y) if mode == 1 else self._step_pocket(x, y)
+        # plain and margin: dicts, and lists with new positions
+        if type(x) is not dict:
+            if type(x) is list and self._grow_dense(len(x)):
+                return self.step(x, y)  # now len(x) <= _fast
+            x = _as_dict(x)
+        w, m = self._w, self
+        try:
+            s = _dot(w, m, x) + self._b
+        except KeyError:  # new features: rare, so check the label in full before registering them
+            if y is not None and y != 1 and y != -1:
+                raise _bad_label(y) from None
+            self._register(x)
+            s = _dot(w, m, x) + self._b
+        ys = None if y is None else y * s
+        if ys is not None and ys <= self._thr:
+            if y != 1 and y != -1:
+                raise _bad_label(y)
+            _update(w, m, x, y)
+            self._b += y
+            self.updates += 1
+        r = hypot(*x.values())
         if r > self._xmax:
             self._xmax = r
         self.seen += 1
         if y is None:
             self._unlabeled += 1
-            return _new(StepResult, (1 if s > 0.0 else -1, s, None))
-        ys = y * s
-        if ys <= self._thr:  # _thr >= 0: every mistake (ys <= 0) lands here
-            _update(w, m, x, y)
-            self._b += y
-            self.updates += 1
-            if ys <= 0.0:
-                self.mistakes += 1
-                return _new(StepResult, (1 if s > 0.0 else -1, s, True))
-        return _new(StepResult, (y, s, False))
+            return (1 if s > 0.0 else -1, s, None)
+        if ys <= 0.0:
+            self.mistakes += 1
+            return (1 if s > 0.0 else -1, s, True)
+        return (y, s, False)
+
+    # Averaged and pocket check every label before anything changes (a few ns
+    # beside their two dot products; they are not the service's default).
 
     def _step_averaged(self, x: dict | list, y: int | None) -> StepResult:
-        w, u = self._w, self._u
+        if y is not None and y != 1 and y != -1:
+            raise _bad_label(y)
+        w, u, c = self._w, self._u, self._c
+        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
+            # dense lists, inline (no _view/_dot/_count/_update calls): the same floats
+            s = _sum(map(mul, w, x)) + self._b
+            score = s - (_sum(map(mul, u, x)) + self._ub) / c  # averaged weights: w - u/c
+            r = hypot(*x)
+            if r > self._xmax:
+                self._xmax = r
+            self.seen += 1
+            y_pred = 1 if score > 0.0 else -1
+            if y is None:
+                self._unlabeled += 1
+                return (y_pred, score, None)
+            mistake = y * score <= 0.0
+            if mistake:
+                self.mistakes += 1
+            if y * s <= 0.0:
+                op, n = add if y == 1 else sub, len(x)
+                if n == len(w):  # new lists: cheaper than slice assignments (see step)
+                    # u + (yc)·x as a comprehension: a nested map (mul, then add) measured 1.5x
+                    # slower, and made averaged cost 2.5x a plain step at d = 100; same floats
+                    yc = float(y * c)
+                    self._w, self._u = list(map(op, w, x)), [ui + yc * xi for ui, xi in zip(u, x)]
+                else:  # u + (yc)·x: x·1 = x and u + (-x) = u - x exactly, so these are _update's floats
+                    w[:n] = map(op, w, x)
+                    u[:n] = map(add, u, map(mul, x, repeat(y * c)))
+                self._b += y
+                self._ub += y * c
+                self.updates += 1
+            self._c = c + 1
+            return (y_pred, score, mistake)
         m, x = self._view(x)
         s = _dot(w, m, x) + self._b
-        result = self._count(y, s - (_dot(u, m, x) + self._ub) / self._c, x)  # averaged weights: w - u/c
+        result = self._count(y, s - (_dot(u, m, x) + self._ub) / c, x)
         if y is not None:
             if y * s <= 0.0:
-                c = self._c
                 _update(w, m, x, y)
                 _update(u, m, x, y * c)
                 self._b += y
@@ -282,10 +416,29 @@ class Perceptron(base.Classifier):
         return result
 
     def _step_pocket(self, x: dict | list, y: int | None) -> StepResult:
+        if y is not None and y != 1 and y != -1:
+            raise _bad_label(y)
         w, p, same = self._w, self._p, self._p_is_w
-        m, x = self._view(x)
-        s = _dot(w, m, x) + self._b
-        result = self._count(y, s if same else _dot(p, m, x) + self._pb, x)
+        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
+            # dense lists, inline (no _view/_dot/_count/_update calls): the same floats
+            s = _sum(map(mul, w, x)) + self._b
+            score = s if same else _sum(map(mul, p, x)) + self._pb
+            r = hypot(*x)
+            if r > self._xmax:
+                self._xmax = r
+            self.seen += 1
+            if y is None:
+                self._unlabeled += 1
+                return (1 if score > 0.0 else -1, score, None)
+            mistake = y * score <= 0.0
+            if mistake:
+                self.mistakes += 1
+            result = (1 if score > 0.0 else -1, score, mistake)
+            m = None
+        else:
+            m, x = self._view(x)
+            s = _dot(w, m, x) + self._b
+            result = self._count(y, s if same else _dot(p, m, x) + self._pb, x)
         if y is not None:
             if y * s <= 0.0:
                 _update(w, m, x, y)
@@ -312,10 +465,10 @@ class Perceptron(base.Classifier):
         y_pred = 1 if score > 0.0 else -1
         if y is None:
             self._unlabeled += 1
-            return _new(StepResult, (y_pred, score, None))
+            return (y_pred, score, None)
         mistake = y * score <= 0.0
         self.mistakes += mistake
-        return _new(StepResult, (y_pred, score, mistake))
+        return (y_pred, score, mistake)
 
     def _view(self, x: dict | list) -> tuple[Perceptron | None, list | dict]:
         """(None, x) for a list that indexes positions directly, else (self, x as a dict)."""
@@ -342,6 +495,8 @@ class Perceptron(base.Classifier):
             arr.append(0.0)
         if k == i and type(k) is int and self._dense == i:
             self._dense += 1
+            if self._mode == 0:
+                self._fast = self._dense
         return i
 
     def _grow_dense(self, n: int) -> bool:
@@ -394,7 +549,7 @@ class Perceptron(base.Classifier):
 
         >>> p = Perceptron.from_weights([1.0, -1.0], bias=1.0)
         >>> p.step([1.0, 3.0], 1), p.weights, p.bias
-        (StepResult(y_pred=-1, score=-1.0, mistake=True), {0: 2.0, 1: 2.0}, 2.0)
+        ((-1, -1.0, True), {0: 2.0, 1: 2.0}, 2.0)
         """
         p = cls(variant, margin)
         items = enumerate(weights) if isinstance(weights, list) else weights.items()
@@ -405,7 +560,12 @@ class Perceptron(base.Classifier):
         return p
 
     def to_state(self) -> dict:
-        """Everything the model holds, as plain JSON types (floats round trip exactly)."""
+        """Everything the model holds, as plain JSON types (floats round trip exactly).
+
+        ``labels`` ("-1/+1" or "bool") is what :meth:`predict_one` answers in;
+        :meth:`from_state` reads a state without it (written before it existed)
+        as "-1/+1", so the format number did not change.
+        """
         for k in self._keys:
             if type(k) not in (str, int):
                 raise ValueError(f"cannot checkpoint feature name {k!r}: names must be str or int")
@@ -418,6 +578,7 @@ class Perceptron(base.Classifier):
             "weights": list(self._w),
             "bias": self._b,
             "max_norm": self._xmax,
+            "labels": _BOOL if self._bool_labels else _SIGNED,  # what predict_one answers in
             "counters": {"seen": self.seen, "labeled": self.labeled, "mistakes": self.mistakes, "updates": self.updates},
         }
         if self.variant == "averaged":
@@ -462,6 +623,10 @@ class Perceptron(base.Classifier):
         if labeled > p.seen or p.mistakes > labeled:
             counters.fail("need mistakes <= labeled <= seen")
         p._unlabeled = p.seen - labeled
+        labels = st.state.get("labels", _SIGNED)  # absent from the states written before it existed
+        if labels not in (_SIGNED, _BOOL):
+            st.fail(f"labels must be {_SIGNED!r} or {_BOOL!r}, got {labels!r}")
+        p._bool_labels = labels == _BOOL
         if variant == "averaged":
             avg = _Reader("perceptron state averaged", st.get("averaged"))
             p._u, p._ub, p._c = avg.floats("sum", n), avg.float("bias_sum"), avg.count("c")

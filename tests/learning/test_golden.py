@@ -38,7 +38,7 @@ def test_seed003_online_perceptron_cycling_over_d():
     p = Perceptron()
     mistakes_per_pass = []
     for _ in range(3):
-        mistakes_per_pass.append(sum(p.step(x, y).mistake for x, y in zip(D3_X, D3_Y)))
+        mistakes_per_pass.append(sum(mistake for _, _, mistake in (p.step(x, y) for x, y in zip(D3_X, D3_Y))))
     assert mistakes_per_pass == [2, 0, 0]
     assert (p.bias, p.weights, p.updates) == (0.0, {0: -1.0, 1: 1.0}, 2)
 
@@ -48,7 +48,8 @@ def test_seed003_trace():
     p = Perceptron()
     trace = []
     for x, y in zip(D3_X, D3_Y):
-        if p.step(x, y).mistake:
+        _, _, mistake = p.step(x, y)
+        if mistake:
             trace.append((p.bias, p.weights[0], p.weights[1]))
     assert trace == [(1.0, 1.0, 2.0), (0.0, -1.0, 1.0)]
 
@@ -62,10 +63,29 @@ def test_seed003_report():
     assert r["bound"] == pytest.approx(52.0) and r["updates"] <= r["bound"]
 
 
+@pytest.mark.parametrize("algorithm", ["pla", "pocket"])
+def test_report_when_the_bias_alone_separates(algorithm):
+    """w = 0, b = 1 separates D: no geometric margin (no hyperplane), but γ in the space of
+    x' = (1, x) is 1/||(1, 0)|| = 1, so the bound is R² = 1 (it was dropped with the margin)."""
+    r = train_report([[0.0], [0.0]], [1, 1], algorithm=algorithm)
+    assert (r["weights"], r["bias"], r["updates"], r["training_mistakes"]) == ([0.0], 1.0, 1, 0)
+    assert r["margin"] is None and r["margin_augmented"] == 1.0
+    assert r["radius"] == 1.0 and r["bound"] == 1.0 and r["updates"] <= r["bound"]
+
+
+def test_report_margins_are_computed_separately():
+    """The offset example: b ≠ 0, so the bound uses γ with ||(b, w)||, not the geometric margin."""
+    r = train_report(OFF_X, OFF_Y)
+    assert (r["weights"], r["bias"]) == ([-3.0], 7.0)
+    assert r["margin"] == 1 / 3 and r["margin_augmented"] == 1 / math.sqrt(58)
+    assert r["bound"] == pytest.approx(r["radius"] ** 2 * 58) and r["radius"] == math.sqrt(17)
+
+
 def test_seed002_one_update_from_given_weights():
     p = Perceptron.from_weights(THETA, bias=THETA0)
     r = p.step([1.0, 3.0], 1)
-    assert r.mistake and r.score == -1.0  # y(θ·x + θ0) = -1
+    _, score, mistake = r
+    assert mistake and score == -1.0  # y(θ·x + θ0) = -1
     assert (p.weights, p.bias, p.updates) == ({0: 2.0, 1: 2.0}, 2.0, 1)
 
 
@@ -76,7 +96,8 @@ def test_seed002_from_a_state():
         "counters": {"seen": 0, "labeled": 0, "mistakes": 0, "updates": 0},
     }
     p = learner_from_state(state)
-    assert p.step([1.0, 3.0], 1).mistake
+    _, _, mistake = p.step([1.0, 3.0], 1)
+    assert mistake
     assert (p.weights, p.bias) == ({0: 2.0, 1: 2.0}, 2.0)
 
 

@@ -6,23 +6,23 @@ import json
 import math
 
 import pytest
-from river import base, evaluate, metrics, preprocessing
+from river import base, evaluate, linear_model, metrics, preprocessing
 
-from service.learning import Perceptron, ScaledPerceptron, StepResult, learner_from_state, make_learner
+from service.learning import Perceptron, ScaledPerceptron, learner_from_state, make_learner
 from service.learning.perceptron import VARIANTS
 
 
 def test_starts_at_zero_and_zero_score_is_a_mistake():
     p = Perceptron()
     r = p.step([3.0, -1.0], -1)
-    assert r == StepResult(y_pred=-1, score=0.0, mistake=True)  # sign(0) is not a label
+    assert r == (-1, 0.0, True)  # (y_pred, score, mistake): sign(0) is not a label
     assert (p.weights, p.bias, p.updates, p.mistakes) == ({0: -3.0, 1: 1.0}, -1.0, 1, 1)
 
 
 def test_unlabeled_step_predicts_without_learning():
     p = Perceptron.from_weights([1.0, -1.0], bias=1.0)
     r = p.step([1.0, 3.0], None)
-    assert r == StepResult(-1, -1.0, None)
+    assert r == (-1, -1.0, None)
     assert (p.seen, p.labeled, p.updates, p.weights) == (1, 0, 0, {0: 1.0, 1: -1.0})
 
 
@@ -72,7 +72,8 @@ def test_margin_variant_updates_inside_the_margin():
     p = Perceptron("margin", margin=10.0)
     p.step([1.0], 1)  # mistake → w = (1; 1)
     r = p.step([1.0], 1)  # score 2 > 0: correct, but 2 <= 10 → update
-    assert r.mistake is False and p.updates == 2 and p.mistakes == 1
+    _, _, mistake = r
+    assert mistake is False and p.updates == 2 and p.mistakes == 1
 
 
 def test_averaged_predicts_with_the_average():
@@ -127,11 +128,78 @@ def test_from_state_rejects_corrupt_states(mutate, msg):
 def test_river_protocol():
     p = Perceptron("averaged")
     assert isinstance(p, base.Classifier)
-    assert p.clone().variant == "averaged" and p.clone() is not p
+    p.learn_one({"a": 1.0}, True)
+    clone = p.clone()
+    assert clone.variant == "averaged" and clone is not p
+    assert (clone.seen, clone.weights, clone.predict_one({"a": 1.0})) == (0, {}, -1)  # a fresh model
+    assert p.predict_one({"a": 1.0}) is True
+    # separable on a: a > 3; river's Perceptron in the same pipeline makes the same mistakes.
+    # The first label is True: before any learning ours answers -1 (the label kind is not
+    # known yet) where river's answers False, a miss either way only when the label is True.
+    stream = [({"a": float(i % 7), "b": float(i % 3)}, i % 7 > 3) for i in range(4, 204)]
     model = preprocessing.StandardScaler() | Perceptron()
-    stream = [({"a": float(i % 7), "b": float(i % 3)}, i % 7 > 3) for i in range(200)]
-    evaluate.progressive_val_score(stream, model, metrics.Accuracy())
-    assert model["Perceptron"].seen == 200
+    acc = evaluate.progressive_val_score(stream, model, metrics.Accuracy())
+    river_acc = evaluate.progressive_val_score(stream, preprocessing.StandardScaler() | linear_model.Perceptron(),
+                                               metrics.Accuracy())
+    assert acc.get() == river_acc.get() > 0.9
+    assert (model["Perceptron"].seen, model["Perceptron"].labeled) == (200, 200)
+    # every miss of the metric is a mistake; mistakes also count a score of 0 on a False label
+    assert model["Perceptron"].mistakes >= round((1 - acc.get()) * 200) > 0
+
+
+@pytest.mark.parametrize("y,answer", [(True, True), (False, False), (1, 1), (-1, -1), (0, -1)])
+def test_predict_one_answers_in_the_kind_of_label_learned(y, answer):
+    p = Perceptron()
+    p.learn_one({"a": 1.0}, y)  # score 0: a mistake, so the bias moves to ±1
+    assert p.predict_one({"a": 1.0}) == answer and type(p.predict_one({"a": 1.0})) is type(answer)
+    y_pred, _, _ = p.step([1.0], None)
+    assert y_pred in (-1, 1)  # step stays -1/+1 whatever learn_one saw
+
+
+def test_label_kind_follows_the_last_learn_one_and_survives_a_checkpoint():
+    p = Perceptron()
+    p.learn_one({"a": 1.0}, True)
+    back = learner_from_state(json.loads(json.dumps(p.to_state())))
+    assert p.to_state()["labels"] == "bool" and back.predict_one({"a": 1.0}) is True
+    p.learn_one({"a": 1.0}, 1)
+    assert p.to_state()["labels"] == "-1/+1" and p.predict_one({"a": 1.0}) == 1
+    m = make_learner(standardize=True)
+    m.learn_one({"a": 1.0}, False)
+    m.learn_one({"a": 3.0}, True)
+    back = learner_from_state(json.loads(json.dumps(m.to_state())))
+    assert back.to_state() == m.to_state() and back.predict_one({"a": 3.0}) is m.predict_one({"a": 3.0}) is True
+
+
+def test_a_state_without_the_label_kind_still_loads():
+    """Checkpoints written before the key existed: -1/+1, as they were."""
+    p = Perceptron()
+    p.learn_one({"a": 1.0}, True)
+    state = p.to_state()
+    del state["labels"]
+    back = learner_from_state(state)
+    assert back.predict_one({"a": 1.0}) == 1 and type(back.predict_one({"a": 1.0})) is int
+    assert back.to_state()["labels"] == "-1/+1"
+
+
+@pytest.mark.parametrize("y", [0, False, 2, -2, 0.5])
+def test_step_rejects_a_label_that_would_update(y):
+    """Checked where it is free (the update path, before anything changes) and on new
+    feature names; averaged and pocket check every label.  0/False always update."""
+    for variant in VARIANTS:
+        p = Perceptron(variant, 0.5 if variant == "margin" else 0.0)
+        p.step([1.0, 2.0], 1)  # w = (1, 2), b = 1
+        for x in ([-3.0, 1.0], {0: -3.0, 1: 1.0}, {"a": 5.0}):  # score 0 (list, dict), a new name
+            before = p.to_state()
+            with pytest.raises(ValueError, match=r"y = -1, \+1 or None"):
+                p.step(x, y)
+            assert p.to_state() == before, (variant, x)
+
+
+def test_step_takes_the_labels_it_documents():
+    p = Perceptron()
+    for y in (True, 1, 1.0, -1, None):
+        p.step([1.0, 1.0], y)
+    assert (p.seen, p.labeled, p.updates, p.bias) == (5, 4, 2, 0.0)
 
 
 def test_scaled_predict_learn_is_rivers_pipeline():

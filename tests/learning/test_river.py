@@ -27,10 +27,10 @@ def _run_both(stream):
     ours, theirs = Perceptron(), linear_model.Perceptron()
     for x, y in stream:
         expected = theirs._raw_dot_one(x)
-        r = ours.step(x, y)
-        assert r.score == expected  # bit for bit
+        _, score, mistake = ours.step(x, y)
+        assert score == expected  # bit for bit
         theirs.learn_one(x, y == 1)
-        assert r.mistake == (y * expected <= 0)
+        assert mistake == (y * expected <= 0)
     return ours, theirs
 
 
@@ -68,12 +68,53 @@ def test_same_as_river_on_phishing():
 
 
 def test_same_predictions_as_river_predict_one():
-    """river predicts via sigmoid(score) > 0.5: the same as score > 0 unless |score| < ~1e-16."""
+    """river predicts via sigmoid(score) > 0.5: the same as score > 0 unless |score| < ~1e-16.
+
+    Having learned from bool labels, ours answers bools too, as river's does.
+    """
     ours, theirs = Perceptron(), linear_model.Perceptron()
+    assert ours.predict_one({"a": 1.0}) == -1  # before any learning: -1/+1
+    answers = []
     for x, y in itertools.islice(datasets.Phishing(), 500):
-        assert ours.predict_one(x) == (1 if theirs.predict_one(x) else -1)
+        if ours.seen:
+            answers.append(ours.predict_one(x))
+            assert answers[-1] is theirs.predict_one(x)
         ours.learn_one(x, y)
         theirs.learn_one(x, y)
+    assert {True, False} <= set(answers)
+
+
+def test_progressive_val_score_on_phishing_with_bool_labels():
+    """river's own loop on river's data set as it is (bool labels): the same accuracy as
+    river's Perceptron, event for event the same mistakes, not ~37% from -1 vs False."""
+    from river import evaluate, metrics, preprocessing
+
+    ours = preprocessing.StandardScaler() | Perceptron()
+    theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
+    acc_ours = evaluate.progressive_val_score(datasets.Phishing(), ours, metrics.Accuracy())
+    acc_theirs = evaluate.progressive_val_score(datasets.Phishing(), theirs, metrics.Accuracy())
+    assert acc_ours.get() == acc_theirs.get() > 0.8
+    _same_weights(ours["Perceptron"], theirs["Perceptron"])
+    hits_ours, hits_theirs = [], []
+    ours, theirs = ours.clone(), theirs.clone()
+    for x, y in datasets.Phishing():
+        hits_ours.append(ours.predict_one(x) == y)
+        hits_theirs.append(theirs.predict_one(x) == y)
+        ours.learn_one(x, y)
+        theirs.learn_one(x, y)
+    assert hits_ours == hits_theirs
+
+
+def test_scaled_perceptron_in_progressive_val_score_with_bool_labels():
+    """ScaledPerceptron (the service's standardised model) is river's pipeline there too."""
+    from river import evaluate, metrics, preprocessing
+
+    from service.learning import ScaledPerceptron
+
+    acc_ours = evaluate.progressive_val_score(datasets.Phishing(), ScaledPerceptron(), metrics.Accuracy())
+    theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
+    acc_theirs = evaluate.progressive_val_score(datasets.Phishing(), theirs, metrics.Accuracy())
+    assert acc_ours.get() == acc_theirs.get() > 0.8
 
 
 @settings(max_examples=40, deadline=None)
@@ -81,7 +122,7 @@ def test_same_predictions_as_river_predict_one():
 def test_dense_lists_same_as_river_dicts(events):
     ours, theirs = Perceptron(), linear_model.Perceptron()
     for x, y in events:
-        assert ours.step(x, y).score == theirs._raw_dot_one(dict(enumerate(x)))
+        assert ours.step(x, y)[1] == theirs._raw_dot_one(dict(enumerate(x)))
         theirs.learn_one(dict(enumerate(x)), y == 1)
     _same_weights(ours, theirs)
 
@@ -110,8 +151,8 @@ def test_scaled_step_is_rivers_pipeline_learning_during_predict():
     with compose.learn_during_predict():
         for x, y in datasets.Phishing():
             y_pred = 1 if theirs.predict_one(x) else -1
-            r = ours.step(x, 1 if y else -1)
-            assert r.y_pred == y_pred or abs(r.score) < 1e-12
+            ours_pred, score, _ = ours.step(x, 1 if y else -1)
+            assert ours_pred == y_pred or abs(score) < 1e-12
             theirs.learn_one(x, y)
     _same_weights(ours.perceptron, theirs["Perceptron"])
 
