@@ -124,24 +124,54 @@ def read_file(path: Path) -> Iterator[bytes]:
     JSONL lines are passed on as they are (a bad line is the consumer's to
     reject); CSV rows become ``{"id", "features", "y"}`` events.
     """
+    for _, message in _numbered_messages(path):
+        yield message
+
+
+def _numbered_messages(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number in the file, message) for each message of :func:`read_file`."""
     path = Path(path)
     if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         with path.open("rb") as f:
-            for line in f:
+            for lineno, line in enumerate(f, start=1):
                 line = line.strip()
                 if line:
-                    yield line
+                    yield lineno, line
         return
-    for row in _csv_rows(path):
-        yield json.dumps(row).encode()
+    for lineno, row in _csv_rows(path):
+        yield lineno, json.dumps(row).encode()
 
 
-def _csv_rows(path: Path) -> Iterator[dict]:
+#: The CSV label spellings, as the wire format maps them (0 and false → -1).
+CSV_LABELS = {"1": 1, "+1": 1, "-1": -1, "0": -1, "true": 1, "false": -1}
+
+
+def csv_label(text: str) -> int:
+    """A CSV label cell to -1/+1: only the exact spellings of :data:`CSV_LABELS`
+    (true/false in any case, surrounding spaces ignored); anything else is a
+    ValueError, never rounded (0.5 is not a label).
+
+    >>> [csv_label(v) for v in ("1", "+1", "-1", "0", "True", " false ")]
+    [1, 1, -1, -1, 1, -1]
+    >>> csv_label("0.5")
+    Traceback (most recent call last):
+    ...
+    ValueError: label '0.5' is not one of -1, 1, +1, 0, true, false
+    """
+    label = CSV_LABELS.get(text.strip().lower())
+    if label is None:
+        raise ValueError(f"label {text!r} is not one of -1, 1, +1, 0, true, false")
+    return label
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, event) for each row of a CSV file with a header."""
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         if reader.fieldnames is None:
             raise ValueError(f"{path} is empty; a CSV needs a header row")
-        for lineno, row in enumerate(reader, start=2):
+        for row in reader:
+            lineno = reader.line_num  # the row's last line (a quoted cell may span lines)
             event: dict = {}
             if "id" in row:
                 event["id"] = row.pop("id")
@@ -149,27 +179,44 @@ def _csv_rows(path: Path) -> Iterator[dict]:
             try:
                 event["features"] = {k: float(v) for k, v in row.items()}
                 if label not in (None, ""):
-                    event["y"] = int(float(label))
-            except ValueError as exc:
+                    event["y"] = csv_label(label)
+            except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
-            yield event
+            yield lineno, event
 
 
 def load_dataset(path: Path) -> tuple[list[list[float]], list[int], list[str]]:
     """A labeled file as (X, y, feature names) for the batch algorithms.
 
-    Every event must carry a label; named features are ordered as first seen
-    (a name missing from an event counts as 0).
+    Every event must carry a label.  All events must have the same form: every
+    one dense (``x``, all of the same length) or every one named
+    (``features``; names ordered as first seen, a name missing from an event
+    counts as 0).  A file mixing the forms is rejected, naming the first line
+    that breaks the rule: a dense x[i] and a named feature are not the same
+    feature, so lining them up by position would train on garbage.  Errors
+    are ValueErrors naming the file and line (``train`` exits with code 2).
     """
+    path = Path(path)
     rows: list[tuple[list[float] | dict[str, float], int]] = []
     names: dict[str, None] = {}
-    for lineno, raw in enumerate(read_file(path), start=1):
+    first: tuple[int, str, int] | None = None  # (line, form, dense length) of the first event
+    for lineno, raw in _numbered_messages(path):
+        where = f"{path}:{lineno}"
         try:
             event = InputEvent.model_validate_json(raw)
         except ValueError as exc:
-            raise ValueError(f"{path}: event {lineno} is invalid: {exc.errors(include_url=False)[0]['msg'] if hasattr(exc, 'errors') else exc}") from None
+            raise ValueError(f"{where}: invalid event: {exc.errors(include_url=False)[0]['msg'] if hasattr(exc, 'errors') else exc}") from None
         if event.y is None:
-            raise ValueError(f"{path}: event {lineno} has no label; train needs labeled data")
+            raise ValueError(f"{where}: the event has no label; train needs labeled data")
+        form = "features" if event.features is not None else "x"
+        size = len(event.x) if event.x is not None else 0
+        if first is None:
+            first = (lineno, form, size)
+        elif form != first[1]:
+            raise ValueError(f"{where}: the event has {form!r} but the first event (line {first[0]}) has {first[1]!r}; "
+                             "a file must hold dense (x) events only or named (features) events only")
+        elif form == "x" and size != first[2]:
+            raise ValueError(f"{where}: x has {size} values but the first event (line {first[0]}) has {first[2]}")
         if event.features is not None:
             names.update(dict.fromkeys(event.features))
             rows.append((event.features, event.y))
@@ -179,10 +226,8 @@ def load_dataset(path: Path) -> tuple[list[list[float]], list[int], list[str]]:
         raise ValueError(f"{path} holds no events")
     if names:
         order = list(names)
-        X = [[r.get(n, 0.0) for n in order] if isinstance(r, dict) else list(r) for r, _ in rows]
+        X = [[r.get(n, 0.0) for n in order] for r, _ in rows]
     else:
         order = [f"x{i}" for i in range(len(rows[0][0]))]
         X = [list(r) for r, _ in rows]
-    if len({len(x) for x in X}) != 1:
-        raise ValueError(f"{path}: events have different numbers of features")
     return X, [y for _, y in rows], order

@@ -1,6 +1,7 @@
 """The command line: train over files, produce into the embedded broker, broker in the foreground."""
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -13,14 +14,46 @@ from tests.conftest import ROOT, consume, wait_until
 SEED_003 = "x1,x2,y\n1,2,1\n2,4,1\n3,4,1\n2,1,-1\n4,2,-1\n"
 
 
+def _augmented_margin(report, X, Y):
+    """γ as the report defines it: min_i y_i (w·x_i + b) / ||(b, w)||, computed here from scratch."""
+    w, b = report["weights"], report["bias"]
+    return min(y * (sum(wi * xi for wi, xi in zip(w, x)) + b) for x, y in zip(X, Y)) / math.sqrt(b * b + sum(v * v for v in w))
+
+
 def test_train_reproduces_seed_003_from_csv(tmp_path, capsys):
     data = tmp_path / "d.csv"
     data.write_text(SEED_003)
     assert main(["train", "--data", str(data)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["weights"], report["bias"], report["updates"], report["converged"]) == ([-1.0, 1.0], 0.0, 2, True)
-    assert report["training_mistakes"] == 0 and report["margin"] > 0
-    assert report["bound"] == pytest.approx((report["radius"] / report["margin"]) ** 2)
+    assert report["passes"] == 2  # the second pass makes no mistake
+    assert report["radius"] == math.sqrt(26)  # ||(1, 3, 4)||
+    assert report["training_mistakes"] == 0 and report["margin"] == pytest.approx(1 / math.sqrt(2))
+    X, Y = [[1, 2], [2, 4], [3, 4], [2, 1], [4, 2]], [1, 1, 1, -1, -1]
+    assert report["bound"] == pytest.approx((math.sqrt(26) / _augmented_margin(report, X, Y)) ** 2) == 52.0
+
+
+def test_train_bound_uses_the_margin_with_the_bias(tmp_path, capsys):
+    """Seed 002's offset example: b = 7 ≠ 0, so (R/margin)² would be wrong (153 vs 986)."""
+    data = tmp_path / "d.jsonl"
+    X, Y = [[1.0], [2.0], [3.0], [4.0]], [1, 1, -1, -1]
+    data.write_text("".join(json.dumps({"x": x, "y": y}) + "\n" for x, y in zip(X, Y)))
+    assert main(["train", "--data", str(data)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["weights"], report["bias"], report["converged"], report["training_mistakes"]) == ([-3.0], 7.0, True, 0)
+    assert report["radius"] == math.sqrt(17) and report["margin"] == pytest.approx(1 / 3)
+    assert report["updates"] == 25 and report["passes"] == 11  # cyclic PLA: the 11th pass is clean
+    assert report["bound"] == pytest.approx((report["radius"] / _augmented_margin(report, X, Y)) ** 2) == 17 * 58
+    assert report["updates"] <= report["bound"]
+
+
+def test_train_bound_when_the_bias_alone_separates(tmp_path, capsys):
+    data = tmp_path / "d.csv"
+    data.write_text("x1,y\n0,1\n0,1\n")
+    assert main(["train", "--data", str(data)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["weights"], report["bias"], report["training_mistakes"], report["passes"]) == ([0.0], 1.0, 0, 2)
+    assert report["margin"] is None and report["radius"] == 1.0 and report["bound"] == 1.0
 
 
 def test_train_reads_the_wire_format_and_pocket_on_non_separable_data(tmp_path, capsys):
@@ -33,6 +66,8 @@ def test_train_reads_the_wire_format_and_pocket_on_non_separable_data(tmp_path, 
     assert report["converged"] is False and report["bound"] is None
     assert report["training_mistakes"] == 1  # the best a line can do here
     assert report["margin"] < 0
+    assert report["passes"] == 50  # pocket never stops early on non-separable data
+    assert report["radius"] == math.sqrt(17)  # ||(1, 4)||
 
 
 def test_train_names_a_bad_data_file(tmp_path, capsys):
@@ -41,6 +76,44 @@ def test_train_names_a_bad_data_file(tmp_path, capsys):
     assert main(["train", "--data", str(data)]) == 2
     err = capsys.readouterr().err
     assert "invalid setting data (--data)" in err and "has no label" in err
+
+
+@pytest.mark.parametrize("second", ['{"features": {"x0": 1.0}, "y": 1}', '{"x": [1.0, 2.0], "y": 1}'])
+def test_train_rejects_a_jsonl_file_mixing_forms(tmp_path, capsys, second):
+    """x and features events (or x of other lengths) would be lined up by position: refused,
+    naming the first offending line (line numbers count blank lines too)."""
+    data = tmp_path / "mixed.jsonl"
+    data.write_text('{"x": [1.0], "y": 1}\n\n{"x": [2.0], "y": -1}\n' + second + '\n{"x": [3.0], "y": 1}\n')
+    assert main(["train", "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:4:" in err and "(line 1)" in err
+
+
+def test_train_rejects_features_then_x(tmp_path, capsys):
+    data = tmp_path / "mixed.jsonl"
+    data.write_text('{"features": {"a": 1.0}, "y": 1}\n{"x": [2.0], "y": -1}\n')
+    assert main(["train", "--data", str(data)]) == 2
+    assert f"{data}:2: the event has 'x' but the first event (line 1) has 'features'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("label", ["0.5", "1.9", "-0.5", "2", "1.0", "yes", "nan"])
+def test_train_rejects_a_csv_label_that_is_not_one(tmp_path, capsys, label):
+    """int(float(label)) made 0.5 a -1 and 1.9 a +1: only the wire format's spellings pass."""
+    data = tmp_path / "d.csv"
+    data.write_text(f"x1,y\n1,1\n2,{label}\n3,-1\n")
+    assert main(["train", "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:3:" in err and repr(label) in err
+
+
+def test_train_takes_the_wire_label_spellings_in_csv(tmp_path):
+    from service.streams import load_dataset
+
+    data = tmp_path / "d.csv"
+    data.write_text("x1,y\n1,1\n2,+1\n3,true\n4,TRUE\n5,-1\n6,0\n7,false\n8, False \n")
+    X, y, names = load_dataset(data)
+    assert (X, y, names) == ([[float(i)] for i in range(1, 9)], [1, 1, 1, 1, -1, -1, -1, -1], ["x1"])
+    assert main(["train", "--data", str(data)]) == 0
 
 
 @pytest.mark.integration
