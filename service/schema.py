@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from math import hypot
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -229,10 +230,12 @@ class Decoder:
             return Rejection("invalid_event", f"{'x' if dense else 'features'} is empty; send at least one feature")
         if n > self.max_features:
             return Rejection("too_many_features", f"the event has {n} features, more than the limit of {self.max_features}")
-        largest = max(map(abs, x if dense else x.values()))
-        if largest > self.max_feature_value:
+        values, limit = (x if dense else x.values()), self.max_feature_value
+        # every |x_i| <= ||x||: the norm (in C doubles, no overflow) settles the common case
+        # at a quarter of the cost of max/min, whose comparisons are generic object ones
+        if hypot(*values) > limit and (largest := max(map(abs, values))) > limit:
             return Rejection("out_of_range", f"{'x' if dense else 'features'} has a value of magnitude {largest:.3g}, more than "
-                                             f"the limit of {self.max_feature_value:.3g}; rescale the feature")
+                                             f"the limit of {limit:.3g}; rescale the feature")
         if dense:
             if self.dimension is None:
                 self.dimension = n

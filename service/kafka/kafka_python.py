@@ -225,10 +225,13 @@ class KafkaIO:
 
     # consuming -----------------------------------------------------------
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        """The next batch: kafka-python's ConsumerRecords, which have :class:`Record`'s attributes."""
         batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        if len(batches) == 1:
+            return next(iter(batches.values()))
         records = []
         for messages in batches.values():
-            records.extend(Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp) for m in messages)
+            records.extend(messages)
         return records
 
     def assignment(self) -> list[tuple[str, int]]:
