@@ -212,6 +212,8 @@ def check_message(decoder: Decoder, raw: bytes | None):
     assert type(result) in (Event, Rejection), result
     if type(result) is Event:
         check_event(result, raw, before)
+        values = result.x if isinstance(result.x, list) else list(result.x.values())
+        assert max(map(abs, values)) <= decoder.max_feature_value  # else out_of_range: the score could overflow
     else:
         check_rejection(result, raw)
         assert decoder.dimension == before  # a rejected event does not fix the dimension
