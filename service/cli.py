@@ -108,13 +108,17 @@ def run_broker(settings: BrokerSettings) -> int:
 
 
 def run_produce(settings: ProduceSettings) -> int:
-    from service.produce import produce
+    from service.produce import ProduceError, produce
 
     _logging("WARNING")
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-    sent = produce(settings, should_stop=lambda: bool(stopping))
+    try:
+        sent = produce(settings, should_stop=lambda: bool(stopping))
+    except ProduceError as exc:
+        print(f"{PROG} produce: {exc}", file=sys.stderr)
+        return exc.status
     print(f"wrote {sent} messages to {settings.topic}", file=sys.stderr)
     return 0
 

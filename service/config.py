@@ -182,17 +182,22 @@ class ProduceSettings(KafkaSettings):
 
     topic: str = Field("points", min_length=1, description="Topic to write to.")
     stream: Literal["separable", "noisy", "drift", "credit"] = Field("separable", description="Synthetic stream to generate (ignored with --file).")
-    file: Path | None = Field(None, description="Replay a CSV or JSONL file instead of generating.")
-    count: int = Field(10_000, ge=0, description="Events to write (0: forever; with --file: the whole file).")
-    rate: float = Field(0.0, ge=0.0, description="Events per second (0: as fast as possible).")
+    file: Path | None = Field(None, description="Replay a CSV or JSONL file instead of generating (JSONL lines are sent as they are).")
+    count: int = Field(
+        10_000, ge=0, description="Events to write (0: forever). With --file the whole file is sent unless --count is given.")
+    rate: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="Events per second (0: as fast as possible).")
     dimensions: int = Field(10, gt=0, le=10_000, description="Features of the separable/noisy/drift streams.")
-    margin: float = Field(0.1, ge=0.0, description="Margin γ of the separable stream (in units of ‖x‖ ≤ 1).")
-    noise: float = Field(0.05, ge=0.0, le=1.0, description="Fraction of flipped labels (noisy, drift, credit).")
-    drift_every: int = Field(5_000, gt=0, description="Events between turns of the separator (drift, credit).")
-    unlabeled: float = Field(0.0, ge=0.0, le=1.0, description="Fraction of events sent without a label.")
-    seed: int = Field(42, description="Random seed: the same seed writes the same stream.")
+    margin: float = Field(
+        0.1, ge=0.0, le=0.99, allow_inf_nan=False,
+        description="Margin γ of the separable/noisy/drift streams: every point is γ or more from the hidden separator. "
+        "Points have ‖x‖ ≤ 1, so γ must stay below 1 (at most 0.99: room for the bias and for x's 6 decimals).")
+    noise: float = Field(0.05, ge=0.0, le=1.0, allow_inf_nan=False, description="Fraction of flipped labels (noisy, drift, credit).")
+    drift_every: int = Field(
+        5_000, gt=0, description="drift: events between quarter turns of the separator; credit: events before the bank's policy changes.")
+    unlabeled: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Fraction of events sent without a label.")
+    seed: int = Field(42, description="Random seed: the same seed writes the same stream, byte for byte.")
     partitions: int = Field(1, gt=0, description="Partitions if the topic is created.")
-    progress: bool = Field(True, description="Show a progress bar.")
+    progress: bool = Field(True, description="Show a progress bar on stderr (a terminal only).")
 
 
 class BrokerSettings(CommandSettings):

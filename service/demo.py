@@ -28,7 +28,7 @@ from rich.table import Table
 from service.app import Application, StartupError
 from service.broker import EmbeddedBroker
 from service.config import DemoSettings, ProduceSettings, ServeSettings, load
-from service.produce import produce
+from service.produce import ProduceError, produce
 from service.state.checkpoint import CheckpointError
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -118,6 +118,14 @@ class _ServiceThread(threading.Thread):
             self.error = exc
 
 
+def _produce(settings: ProduceSettings, should_stop) -> None:
+    """The demo's producer thread: a failure is one line, not a thread's traceback."""
+    try:
+        produce(settings, should_stop)
+    except ProduceError as exc:
+        print(f"perceptron-stream demo: the producer stopped: {exc}", file=sys.stderr, flush=True)
+
+
 def run_demo(settings: DemoSettings) -> int:
     """Run the demo until Ctrl-C or ``--duration``; 1 when the service fails (the message says why), else 0."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
@@ -139,7 +147,7 @@ def run_demo(settings: DemoSettings) -> int:
         service.start()
         while app.http is None and service.is_alive():
             time.sleep(0.05)
-        producer = threading.Thread(target=produce, args=(producer_settings, stop.is_set), name="producer", daemon=True)
+        producer = threading.Thread(target=_produce, args=(producer_settings, stop.is_set), name="producer", daemon=True)
         view = None
         try:
             if service.is_alive():

@@ -2,11 +2,14 @@
 
 Synthetic streams are seeded, so the same settings write the same events:
 
-- ``separable``: a hidden separator with margin γ (points with ‖x‖ ≤ 1);
+- ``separable``: a hidden separator w·x + b with margin γ, points with ‖x‖ ≤ 1;
 - ``noisy``: the same with a share of labels flipped;
 - ``drift``: the separator turns a quarter turn every ``drift_every`` events;
 - ``credit``: the credit-approval story of the seeds: age, salary, years in
   job and debt, with a bank policy that changes at ``drift_every``.
+
+Tests check these promises against the truth the generators expose
+(:func:`separator`, :data:`POLICIES`).
 
 >>> events = separable(dimensions=2, margin=0.2, seed=1)
 >>> first = next(events)
@@ -25,10 +28,15 @@ import csv
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from service.schema import InputEvent
+
+#: The largest margin the separable streams take. With ‖x‖ ≤ 1 no hyperplane
+#: keeps both classes 1 or more away; the rest of the gap leaves room for the
+#: bias and for writing x with 6 decimals.
+MAX_MARGIN = 0.99
 
 
 def _unit(rng: random.Random, d: int) -> list[float]:
@@ -42,31 +50,84 @@ def _in_ball(rng: random.Random, d: int) -> list[float]:
     return [radius * a for a in _unit(rng, d)]
 
 
+def _rounding(d: int) -> float:
+    """More than x's 6-decimal rounding can move ‖x‖ or w·x (0.5e-6 per coordinate)."""
+    return 1e-6 * math.sqrt(d)
+
+
+def _draw_separator(rng: random.Random, d: int, margin: float, drift_every: int | None) -> Callable[[int], tuple[list[float], float]]:
+    """Event index → (unit normal, bias): drawn first from ``rng``, so tests can rebuild the truth from the seed."""
+    if not 0.0 <= margin <= MAX_MARGIN:
+        raise ValueError(f"margin must be in [0, {MAX_MARGIN}] (points have ‖x‖ ≤ 1), got {margin}")
+    first, other = _unit(rng, d), _unit(rng, d)
+    # w·x spreads about ±1/√(d + 2): a bias on that scale keeps both classes common in any dimension,
+    # and the factor (1 − γ) leaves both room at distance ≥ γ within the ball
+    bias = rng.uniform(-0.5, 0.5) * (1.0 - margin) / math.sqrt(d + 2)
+    if not drift_every:
+        return lambda i: (first, bias)
+    # the turns happen in the plane of two orthonormal directions (in 1-d, a turn flips the line)
+    dot = sum(a * b for a, b in zip(first, other))
+    second = [b - dot * a for a, b in zip(first, other)]
+    norm = math.sqrt(sum(a * a for a in second))
+    step = math.pi / 2 if norm > 1e-9 else math.pi
+    second = [a / norm for a in second] if norm > 1e-9 else first
+    cache: dict[int, list[float]] = {}
+
+    def at(i: int) -> tuple[list[float], float]:
+        k = i // drift_every
+        if k not in cache:
+            c, s = round(math.cos(k * step), 12), round(math.sin(k * step), 12)  # exact quarter turns
+            cache.clear()
+            cache[k] = [c * a + s * b for a, b in zip(first, second)]
+        return cache[k], bias
+
+    return at
+
+
+def separator(dimensions: int = 10, margin: float = 0.1, seed: int = 42,
+              drift_every: int | None = None) -> Callable[[int], tuple[list[float], float]]:
+    """The hidden separator of :func:`separable` with these settings: event i → (unit w, b).
+
+    >>> w, b = separator(dimensions=3, seed=1)(0)
+    >>> round(sum(a * a for a in w), 9), abs(b) < 0.5
+    (1.0, True)
+    """
+    return _draw_separator(random.Random(seed), dimensions, margin, drift_every)
+
+
 def separable(dimensions: int = 10, margin: float = 0.1, noise: float = 0.0, seed: int = 42,
               drift_every: int | None = None, unlabeled: float = 0.0) -> Iterator[dict]:
-    """Points in the unit ball labeled by a hidden hyperplane w·x + b.
+    """Points in the unit ball labeled by a hidden hyperplane w·x + b (see :func:`separator`).
 
-    Points closer than ``margin`` to the hyperplane are not drawn, so the
-    clean stream has margin ≥ γ; with ``drift_every`` the normal turns from
-    one random direction to another, a quarter turn per ``drift_every``.
+    Each point is drawn uniformly in the ball, then its signed distance s to
+    the hyperplane is squeezed from [0, 1 + b] onto [γ, 1 + b] (and likewise
+    on the negative side), moving it straight away from the hyperplane; its
+    other components shrink if they must to stay in the ball. Every point is
+    thus γ or more from the separator with no rejection sampling, which never
+    ended for a margin near 1 or in high dimensions (w·x concentrates near 0).
+    With ``drift_every`` the normal turns a quarter turn every ``drift_every``
+    events; ``noise`` flips that share of labels, ``unlabeled`` drops that share.
     """
     rng = random.Random(seed)
-    start, turn_to = _unit(rng, dimensions), _unit(rng, dimensions)
-    bias = rng.uniform(-0.2, 0.2)
+    truth = _draw_separator(rng, dimensions, margin, drift_every)
+    slack = _rounding(dimensions)
+    radius, gamma = 1.0 - slack, margin + slack  # the promises hold for x as written, to 6 decimals
     i = 0
     while True:
-        if drift_every:
-            phi = (math.pi / 2) * i / drift_every
-            w = [math.cos(phi) * a + math.sin(phi) * b for a, b in zip(start, turn_to)]
-            norm = math.sqrt(sum(a * a for a in w))
-            w = [a / norm for a in w]
+        w, bias = truth(i)
+        x = [radius * a for a in _in_ball(rng, dimensions)]
+        along = sum(a * b for a, b in zip(w, x))
+        s = along + bias
+        if s >= 0:
+            s = gamma + s * (radius + bias - gamma) / (radius + bias)
         else:
-            w = start
-        x = _in_ball(rng, dimensions)
-        distance = sum(a * b for a, b in zip(w, x)) + bias
-        if abs(distance) < margin:
-            continue
-        y = 1 if distance > 0 else -1
+            s = -gamma + s * (radius - bias - gamma) / (radius - bias)
+        new_along = s - bias
+        rest = [a - along * b for a, b in zip(x, w)]
+        room, size = math.sqrt(max(0.0, radius * radius - new_along * new_along)), math.sqrt(sum(a * a for a in rest))
+        shrink = room / size if size > room else 1.0
+        x = [new_along * b + shrink * a for a, b in zip(rest, w)]
+        y = 1 if s > 0 else -1
         if noise and rng.random() < noise:
             y = -y
         event = {"id": f"p-{i}", "x": [round(a, 6) for a in x], "y": y}
@@ -76,12 +137,29 @@ def separable(dimensions: int = 10, margin: float = 0.1, noise: float = 0.0, see
         i += 1
 
 
-def credit(noise: float = 0.05, seed: int = 42, drift_every: int = 5000, unlabeled: float = 0.0) -> Iterator[dict]:
-    """Credit applications; approve (+1) when the bank's linear score is positive.
+#: The bank's policies, before and after the change: weights of standardised
+#: features (value − centre) / scale; approve (+1) when the sum is positive.
+#: The second policy weighs years in job more and debt twice as hard.
+POLICIES = (
+    {"salary": 0.5, "debt": -0.6, "years_in_job": 0.1, "age": 0.05},
+    {"salary": 0.3, "debt": -1.2, "years_in_job": 0.5, "age": 0.05},
+)
+_SCALES = {"salary": (45_000, 20_000), "debt": (12_000, 15_000), "years_in_job": (5, 5), "age": (40, 15)}
 
-    Before ``drift_every`` events the bank weighs salary against debt; after
-    it, a new policy weighs years in job more and debt twice as hard, so the
-    mistake rate climbs and then recovers as the perceptron adapts.
+
+def bank_score(features: dict, policy: dict) -> float:
+    """The bank's linear score of an application under ``policy`` (one of :data:`POLICIES`)."""
+    return sum(weight * (features[name] - _SCALES[name][0]) / _SCALES[name][1] for name, weight in policy.items())
+
+
+def credit(noise: float = 0.05, seed: int = 42, drift_every: int = 5000, unlabeled: float = 0.0) -> Iterator[dict]:
+    """Credit applications, labeled by the bank's policy (:data:`POLICIES`).
+
+    Ages 18-75, salaries log-normal around 45 000, years in job at most
+    age − 18, debts log-normal around 12 000. The policy changes once, at
+    event ``drift_every``: the mistake rate climbs, then recovers as the
+    perceptron adapts. (river's Agrawal generator has no debt or years in
+    job and labels by rules, not by a linear score: the story is this one.)
     """
     rng = random.Random(seed)
     i = 0
@@ -90,15 +168,11 @@ def credit(noise: float = 0.05, seed: int = 42, drift_every: int = 5000, unlabel
         salary = round(rng.lognormvariate(math.log(45_000), 0.45), -2)
         years_in_job = round(min(age - 18, rng.expovariate(1 / 6)), 1)
         debt = round(rng.lognormvariate(math.log(12_000), 0.9), -2)
-        if i < drift_every:
-            score = 0.5 * (salary - 45_000) / 20_000 - 0.6 * (debt - 12_000) / 15_000 + 0.1 * (years_in_job - 5) / 5
-        else:
-            score = 0.3 * (salary - 45_000) / 20_000 - 1.2 * (debt - 12_000) / 15_000 + 0.5 * (years_in_job - 5) / 5
-        score += 0.05 * (age - 40) / 15
-        y = 1 if score > 0 else -1
+        features = {"age": age, "salary": salary, "years_in_job": years_in_job, "debt": debt}
+        y = 1 if bank_score(features, POLICIES[i >= drift_every]) > 0 else -1
         if noise and rng.random() < noise:
             y = -y
-        event = {"id": f"app-{i}", "features": {"age": age, "salary": salary, "years_in_job": years_in_job, "debt": debt}, "y": y}
+        event = {"id": f"app-{i}", "features": features, "y": y}
         if unlabeled and rng.random() < unlabeled:
             del event["y"]
         yield event

@@ -116,11 +116,21 @@ def test_train_takes_the_wire_label_spellings_in_csv(tmp_path):
     assert main(["train", "--data", str(data)]) == 0
 
 
+@pytest.fixture
+def signal_handlers():
+    """`produce` installs SIGINT/SIGTERM handlers (stop cleanly); give pytest its own back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 @pytest.mark.integration
-def test_produce_writes_a_seeded_stream_and_replays_files(broker, topics, tmp_path):
+def test_produce_writes_a_seeded_stream_and_replays_files(broker, topics, tmp_path, capsys, signal_handlers):
     topic = topics["input_topic"]
     args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--no-progress"]
     assert main(["produce", *args, "--stream", "credit", "--count", "300", "--seed", "7"]) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"wrote 300 messages to {topic}"  # acknowledged ones
     data = tmp_path / "d.csv"
     data.write_text(SEED_003)
     assert main(["produce", *args, "--file", str(data)]) == 0
@@ -132,6 +142,50 @@ def test_produce_writes_a_seeded_stream_and_replays_files(broker, topics, tmp_pa
     assert events[300:] == [{"features": {"x1": 1.0, "x2": 2.0}, "y": 1}, {"features": {"x1": 2.0, "x2": 4.0}, "y": 1},
                             {"features": {"x1": 3.0, "x2": 4.0}, "y": 1}, {"features": {"x1": 2.0, "x2": 1.0}, "y": -1},
                             {"features": {"x1": 4.0, "x2": 2.0}, "y": -1}]
+
+
+@pytest.mark.parametrize("value", ["1.0", "1.2", "-0.1", "nan"])
+def test_produce_refuses_a_margin_the_unit_ball_cannot_hold(capsys, value):
+    """--margin 1.2 made the separable stream loop forever: refused before anything connects."""
+    assert main(["produce", "--margin", value]) == 2
+    assert "invalid setting margin (--margin, PERCEPTRON_STREAM_MARGIN)" in capsys.readouterr().err
+
+
+def test_produce_without_a_broker_names_bootstrap_servers(monkeypatch, capsys, signal_handlers):
+    from service import produce
+    from service.broker import free_port
+
+    monkeypatch.setattr(produce, "CONNECT_TIMEOUT_S", 0.0)  # one attempt, not the 15 s a starting broker gets
+    assert main(["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--no-progress"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("perceptron-stream produce: cannot use the brokers at 127.0.0.1:")
+    assert "(--bootstrap-servers)" in last and "nothing was written" in last
+
+
+@pytest.mark.integration
+def test_produce_exits_1_when_messages_are_not_acknowledged(broker, topics, tmp_path, capsys, signal_handlers):
+    """A line over the client's 4 MiB request limit is refused; the others still go, and the run fails saying so."""
+    topic = topics["input_topic"]
+    data = tmp_path / "d.jsonl"
+    good = [b'{"x": [1.0], "y": 1}', b'{"x": [2.0], "y": -1}', b'{"x": [3.0]}']
+    data.write_bytes(b"\n".join([good[0], b'{"x": [' + b"1.0," * 1_500_000 + b'1.0]}', *good[1:]]) + b"\n")
+    assert main(["produce", "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--file", str(data), "--no-progress"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "3 of 4 messages acknowledged" in last and "MessageSizeTooLargeError" in last, last
+    assert [r.value for r in consume(broker.bootstrap_servers, topic, 3)] == good
+
+
+@pytest.mark.integration
+def test_produce_command_through_pipes(broker, topics):
+    """Not a terminal: no progress bar, no control codes, exit 0 and the acknowledged count last."""
+    topic = topics["input_topic"]
+    process = subprocess.run([sys.executable, "-m", "service.cli", "produce", "--bootstrap-servers", broker.bootstrap_servers,
+                              "--topic", topic, "--stream", "noisy", "--count", "200", "--rate", "1000"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert process.returncode == 0, process.stderr
+    assert process.stderr.strip().splitlines()[-1] == f"wrote 200 messages to {topic}"
+    assert "\x1b[" not in process.stdout + process.stderr and process.stdout == ""
+    assert len(consume(broker.bootstrap_servers, topic, 200)) == 200
 
 
 def test_broker_command_serves_until_sigterm(tmp_path):
