@@ -40,6 +40,7 @@ from service.kafka import (
     BEGINNING,
     END,
     FATAL_ERRORS,
+    GROUP_TIMINGS,
     CompactedTopic,
     DeliveryError,
     Refused,
@@ -59,6 +60,10 @@ log = logging.getLogger("perceptron_stream")
 
 LAG_EVERY_S = 5.0
 RETRY_MAX_S = 5.0
+#: A crashed member leaves the group when its session times out, and the
+#: broker needs a few seconds more to notice (DESIGN.md): how much longer a
+#: newcomer waits for it before it calls it another live instance.
+OTHERS_LEAVE_GRACE_S = 6.0
 #: Broker round trips the loop makes on its own (the lag probe, commits) give
 #: up after this long, so an outage shows on /readyz within seconds and the
 #: loop keeps turning.
@@ -120,6 +125,8 @@ class Application:
         self._to_commit: dict[tuple[str, int], int] | None = None  # positions acknowledged and not yet committed
         self._group_checked = False  # this instance passed the one-member check of its group
         self._assignment_to_check = False
+        self._others_gone_by: float | None = None  # waiting for other members to leave until then (monotonic)
+        self._next_group_check = 0.0
         self._stopping = False
         self._next_lag_at = 0.0
         self._polled_since_lag = False  # records came in since the last lag refresh
@@ -236,8 +243,11 @@ class Application:
                 self.health.broker_ok = False
                 time.sleep(0.5)
                 continue
-            if self._assignment_to_check:
+            if self._assignment_to_check or (self._others_gone_by is not None and time.monotonic() >= self._next_group_check):
                 self._check_group()  # before the first record of a new assignment is processed
+            if records and not self._group_checked and self.store is not None:
+                self._put_back(records)  # other members are still in the group: process nothing yet
+                records = []
             if records:
                 self._polled_since_lag = True
                 try:
@@ -249,11 +259,15 @@ class Application:
         return 0
 
     def _check_group(self) -> None:
-        """A newcomer stops when its group has other live members: one model, one instance.
+        """A newcomer processes nothing while its group has other members: one model, one instance.
 
-        Done once, on this instance's first assignment, from the poll loop (a
-        rebalance callback may not block on the consumer). A crashed member
-        is gone by then: the group completes a join only after evicting it.
+        From the poll loop (a rebalance callback may not block on the
+        consumer), on this instance's first assignment and then every second
+        while others are there. A member that crashed (SIGKILL, an OOM kill,
+        a lost node) stays in the group until its session times out: a
+        restart within that time is not a second instance, so the newcomer
+        pauses its partitions and waits that long for the others to leave
+        before it concludes that another instance runs and stops.
         """
         self._assignment_to_check = False
         if self._group_checked:
@@ -266,12 +280,36 @@ class Application:
         members = self._until_it_works(self.io.group_members, f"check that consumer group {s.group_id} has no other member")
         if members is None:  # stopped meanwhile
             return
-        if len(members) > 1:
+        now = time.monotonic()
+        if len(members) <= 1:
+            if self._others_gone_by is not None:
+                log.info("the other member(s) of consumer group %s left: going on", s.group_id)
+                self.io.resume()
+            self._group_checked, self._others_gone_by = True, None
+            self.health.assigned = bool(self.io.assignment())
+            return
+        self.io.pause()  # after every assignment: a rebalance unpauses
+        self.health.assigned = False
+        if self._others_gone_by is None:
+            wait = GROUP_TIMINGS["session_timeout_ms"] / 1000 + OTHERS_LEAVE_GRACE_S
+            self._others_gone_by = now + wait
+            log.warning("consumer group %s has %d other member(s): processing nothing until they leave (a crashed "
+                        "instance's session expires within %.0f s)", s.group_id, len(members) - 1, wait)
+        elif now >= self._others_gone_by:
             raise StartupError(
-                f"consumer group {s.group_id} already has {len(members) - 1} other active member(s): another instance "
-                f"runs this model (its checkpoints are in the {s.state_store} store); one instance runs per model: "
+                f"consumer group {s.group_id} still has {len(members) - 1} other active member(s) after "
+                f"{GROUP_TIMINGS['session_timeout_ms'] / 1000 + OTHERS_LEAVE_GRACE_S:.0f} s: another instance runs this "
+                f"model (its checkpoints are in the {s.state_store} store); one instance runs per model: "
                 "stop the other one, or give this one another --group-id and state")
-        self._group_checked = True
+        self._next_group_check = now + 1.0
+
+    def _put_back(self, records) -> None:
+        """Seek each partition back to the first of ``records``: they are read again once processing may start."""
+        first: dict[tuple[str, int], int] = {}
+        for r in records:
+            first.setdefault((r.topic, r.partition), r.offset)
+        for (topic, partition), offset in first.items():
+            self.io.seek(topic, partition, offset)
 
     def _process(self, records) -> None:
         started = time.perf_counter()
@@ -479,7 +517,7 @@ class Application:
                 # that could not be used: start where a new model would.
                 self.io.seek(tp[0], tp[1], BEGINNING if self.settings.auto_offset_reset == "earliest" else END)
         log.info("assigned %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
-        self.health.assigned = bool(partitions)
+        self.health.assigned = bool(partitions) and (self._group_checked or self.store is None)
         self.metrics.set_assigned(len(partitions))
         self._assignment_to_check = True
         self._next_lag_at = 0.0

@@ -237,6 +237,13 @@ class KafkaIO:
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
 
+    def pause(self) -> None:
+        """Fetch nothing from the assigned partitions until :meth:`resume` (or the next assignment)."""
+        self.consumer.pause(*self.consumer.assignment())
+
+    def resume(self) -> None:
+        self.consumer.resume(*self.consumer.paused())
+
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Next read of the partition at ``offset``, or at its BEGINNING or END."""
         tp = TopicPartition(topic, partition)

@@ -215,7 +215,8 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(br
             state_dir = load(ServeSettings, args).state_dir
             assert f"state directory {state_dir} is in use by pid {first.pid}" in log, log[-3000:]
         else:
-            assert f"consumer group {topics['group_id']} already has 1 other active member(s)" in log, log[-3000:]
+            assert f"consumer group {topics['group_id']} has 1 other member(s): processing nothing until they leave" in log
+            assert f"consumer group {topics['group_id']} still has 1 other active member(s) after 12 s" in log, log[-3000:]
         assert "Traceback" not in log
 
         produce(broker.bootstrap_servers, topics["input_topic"], events[first_part:])
