@@ -66,9 +66,11 @@ class EmbeddedBroker:
     (True, True)
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None, advertised_port: int | None = None):
         self.host = host
         self.port = port or free_port(host)
+        #: the port clients are told to come back to (metadata), when a proxy sits in front (tests: TLS)
+        self.advertised_port = advertised_port or self.port
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self._log_file = None
@@ -78,14 +80,14 @@ class EmbeddedBroker:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
-        url = f"tcp://{self.host}:{self.port}"
+        url, advertised = f"tcp://{self.host}:{self.port}", f"tcp://{self.host}:{self.advertised_port}"
         if self.log_path is None:
             self._log_file = tempfile.TemporaryFile()
         else:
             self._log_file = open(self.log_path, "ab")
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         self.process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
             stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it in order
