@@ -3,6 +3,7 @@
     python3 bench/e2e.py                              # the table of bench/README.md (about 5 min)
     python3 bench/e2e.py --memory-events 1000000      # also resident memory from 100k to 1M events
     python3 bench/e2e.py --client confluent           # also the confluent-kafka ceiling
+    python3 bench/e2e.py --client service-confluent   # also the service on confluent-kafka (--kafka-client confluent)
     python3 bench/e2e.py --service-tree new=../other  # also the service of another source tree, side by side
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
 
@@ -23,7 +24,8 @@ round), each in a child process of its own, with a fresh group and output topic:
   per-event work (decode, predict and learn, the prediction's JSON, metrics);
 - service: ``python -m service.cli serve`` with its defaults (local checkpoint
   store with fsync, metrics endpoint); ``--service-tree NAME=DIR`` adds the
-  service of another source tree (a proposed change), measured the same way.
+  service of another source tree (a proposed change), measured the same way;
+  ``--client service-confluent`` adds the service with ``--kafka-client confluent``.
 
 Throughput, the same for all, from the data: N / (CreateTime of the last
 output − CreateTime of the first), read back from the output topic once every
@@ -413,7 +415,9 @@ def start(c: Contender, kafka: Kafka, input_topic: str, output_topic: str, group
         kafka.create(name, partitions)
     if c.kind == "ceiling":
         return Ceiling(c.client, kafka.bootstrap, input_topic, output_topic, group, events, batch, log_path)
-    return Service(c.tree, kafka.bootstrap, input_topic, output_topic, group, partitions, log_path, ["--batch-size", str(batch)])
+    client = ["--kafka-client", c.client] if c.client != "kafka-python" else []  # the default: also for older trees
+    return Service(c.tree, kafka.bootstrap, input_topic, output_topic, group, partitions, log_path,
+                   ["--batch-size", str(batch), *client])
 
 
 def wait_done(kafka: Kafka, worker, group: str, target: int, timeout: float, interval: float = 0.2, on_progress=None) -> None:
@@ -599,9 +603,10 @@ def main() -> int:
     parser.add_argument("--partitions", default="1,4", help="partition counts, comma-separated (default 1,4)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per partition count; medians are reported")
     parser.add_argument("--batch-size", type=int, default=1000, help="records per poll, ceiling and service alike")
-    parser.add_argument("--client", choices=["confluent", "confluent+service-path"], action="append", default=[],
-                        help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
-                             "service's per-event work too (what the service could do on that client)")
+    parser.add_argument("--client", choices=["confluent", "confluent+service-path", "service-confluent"], action="append",
+                        default=[], help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
+                                         "service's per-event work too (what the service could do on that client); "
+                                         "service-confluent: the service itself on confluent-kafka")
     parser.add_argument("--service-tree", action="append", default=[], metavar="NAME=DIR",
                         help="also the service from another source tree (e.g. a proposed change), side by side")
     parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)")
@@ -629,8 +634,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the broker and the children on the way out
     console = Console(width=max(120, Console().width))
     contenders = [Contender("ceiling kafka-python", "ceiling", "kafka-python", ROOT)]
-    contenders += [Contender(f"ceiling {c}", "ceiling", c, ROOT) for c in dict.fromkeys(args.client)]
+    contenders += [Contender(f"ceiling {c}", "ceiling", c, ROOT) for c in dict.fromkeys(args.client) if c in CEILINGS]
     services = [Contender("service", "service", "kafka-python", ROOT)]
+    if "service-confluent" in args.client:
+        services.append(Contender("service confluent", "service", "confluent", ROOT))
     for spec in args.service_tree:
         name, _, tree = spec.partition("=")
         if not tree or not (Path(tree) / "service" / "cli.py").is_file():

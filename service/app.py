@@ -501,9 +501,10 @@ class Application:
                 "the checkpoints, or start a new model on the retained history with a new --group-id, or reset "
                 "the group's offsets (kafka-consumer-groups --reset-offsets)")
 
-    # The rebalance callbacks run on the consumer's network thread: they may
-    # not block on the consumer (a commit there raises), so they only seek,
-    # checkpoint and leave the rest to the poll loop.
+    # The rebalance callbacks run inside the stream's poll (kafka-python: on its
+    # network thread; confluent-kafka: on the loop's thread, inside poll or
+    # commit): they may not block on the consumer (a commit there raises), so
+    # they only seek, checkpoint and leave the rest to the poll loop.
     def _on_assigned(self, partitions: list[tuple[str, int]]) -> None:
         # The learner in memory is the newest state (revocation checkpoints
         # first); seek every partition it has learned from to where it stands,

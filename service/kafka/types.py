@@ -54,6 +54,7 @@ def _errors(*names: str) -> tuple[type, ...]:
 FATAL_ERRORS = _errors(
     "AuthorizationError", "SaslAuthenticationFailedError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",
     "InvalidReplicationFactorError", "InvalidPartitionsError", "InvalidTopicError", "PolicyViolationError",
+    "KafkaConfigurationError",  # e.g. librdkafka refusing an unreadable PEM file
 )
 
 #: Errors of one message that sending it again cannot cure: the brokers

@@ -1,0 +1,407 @@
+"""The confluent-kafka client (librdkafka) behind :mod:`service.kafka`'s interface: the ``confluent`` extra.
+
+Same interface and guarantees as :class:`service.kafka.kafka_python.KafkaIO`,
+with the client's work (fetching, batching, checksums) in librdkafka's C
+threads instead of the poll loop's, which is what makes it several times
+faster (bench/README.md). Errors leave this module as kafka-python's
+exceptions (:func:`kafka_error`), so :mod:`service.app` catches one family
+whichever client runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import kafka.errors as kerrors
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError as CKafkaError
+
+from service.config import KafkaSettings
+from service.kafka.kafka_python import LINGER_UNTIL_FLUSH_MS, group_members
+from service.kafka.types import BEGINNING, END, FATAL_ERRORS, GROUP_TIMINGS, REFUSED_ERRORS, DeliveryError, Record, Refused
+
+log = logging.getLogger(__name__)
+
+#: The producer, as :func:`service.kafka.kafka_python.make_producer` and KafkaIO's:
+#: - acks=all; idempotence keeps each partition in order and free of duplicates
+#:   when librdkafka retries with requests in flight (Tansu grants producer ids);
+#: - records wait for the flush at the end of the batch (one request per
+#:   partition and batch); librdkafka's flush() sends at once whatever the linger;
+#: - only failures are reported back to Python: per-message callbacks would
+#:   cost the poll loop about a microsecond an event for nothing.
+PRODUCER = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": LINGER_UNTIL_FLUSH_MS,
+    "message.max.bytes": 4 * 1024 * 1024,
+    "delivery.report.only.error": True,
+}
+#: How long a send waits for room in librdkafka's full local queue before the
+#: message is held for the flush instead (kafka-python's max_block_ms).
+MAX_BLOCK_S = 10.0
+#: librdkafka's consumer close waits for a commit in flight, and a commit waits
+#: for the group coordinator for as long as the brokers are away: bounded here.
+CLOSE_TIMEOUT_S = 10.0
+#: lag(ask_broker=True) without a timeout: KafkaIO's request timeout.
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+_LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
+
+#: librdkafka's own (negative) error codes that the application tells apart;
+#: the brokers' (positive) codes are Kafka's, which kafka-python's for_code knows.
+_LOCAL_ERRORS = {
+    CKafkaError._TIMED_OUT: kerrors.KafkaTimeoutError,
+    CKafkaError._MSG_TIMED_OUT: kerrors.KafkaTimeoutError,
+    CKafkaError._TIMED_OUT_QUEUE: kerrors.KafkaTimeoutError,
+    CKafkaError._TRANSPORT: kerrors.KafkaConnectionError,
+    CKafkaError._ALL_BROKERS_DOWN: kerrors.KafkaConnectionError,
+    CKafkaError._RESOLVE: kerrors.KafkaConnectionError,
+    CKafkaError._WAIT_COORD: kerrors.CoordinatorNotAvailableError,
+    CKafkaError._UNKNOWN_TOPIC: kerrors.UnknownTopicOrPartitionError,
+    CKafkaError._UNKNOWN_PARTITION: kerrors.UnknownTopicOrPartitionError,
+    CKafkaError._INVALID_ARG: kerrors.KafkaConfigurationError,
+    CKafkaError._STATE: kerrors.IllegalStateError,
+}
+
+
+def kafka_error(err: CKafkaError | None) -> kerrors.KafkaError:
+    """kafka-python's exception for a confluent-kafka error: the one mapping of this module."""
+    if not isinstance(err, CKafkaError):
+        return kerrors.KafkaError(str(err))
+    code = err.code()
+    cls = kerrors.for_code(code) if code > 0 else _LOCAL_ERRORS.get(code, kerrors.KafkaError)
+    return cls(f"{err.str()} ({err.name()})")
+
+
+def _translated(method: Callable) -> Callable:
+    """Raise what a method's confluent-kafka call raised as kafka-python's exception."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except KafkaException as exc:
+            raise kafka_error(exc.args[0] if exc.args else None) from exc
+
+    return wrapper
+
+
+def client_config(settings: KafkaSettings) -> dict:
+    """Bootstrap servers and the security settings, in librdkafka's names.
+
+    No ``broker.address.family``: the embedded broker listens on and advertises
+    127.0.0.1, a numeric address, so there is no IPv6 name to try first.
+    """
+    config = {"bootstrap.servers": settings.bootstrap_servers, "security.protocol": settings.security_protocol.lower()}
+    if settings.sasl_mechanism:
+        config["sasl.mechanism"] = settings.sasl_mechanism
+        if settings.sasl_username is not None:
+            config["sasl.username"] = settings.sasl_username
+        if settings.sasl_password is not None:
+            config["sasl.password"] = settings.sasl_password.get_secret_value()
+    for name, key in (("ssl_cafile", "ssl.ca.location"), ("ssl_certfile", "ssl.certificate.location"),
+                      ("ssl_keyfile", "ssl.key.location")):
+        if getattr(settings, name) is not None:
+            config[key] = str(getattr(settings, name))
+    if settings.ssl_password is not None:
+        config["ssl.key.password"] = settings.ssl_password.get_secret_value()
+    return config
+
+
+class ConfluentIO:
+    """One consumer in a group on one input topic, and one producer (see KafkaIO).
+
+    Rebalance callbacks run on the calling thread, from ``consume()``: inside
+    :meth:`poll`, or inside :meth:`commit` while it waits for the broker's
+    answer; the application calls both between batches.
+    """
+
+    @_translated
+    def __init__(self, settings: KafkaSettings, *, group_id: str, input_topic: str, auto_offset_reset: str,
+                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
+                 client_id: str = "perceptron-stream"):
+        self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
+        self.settings, self.group_id, self.input_topic = settings, group_id, input_topic
+        self.on_assigned, self.on_revoked, self.auto_offset_reset = on_assigned, on_revoked, auto_offset_reset
+        common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": _client_error}
+        self.consumer = Consumer({
+            **common, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": auto_offset_reset,
+            "fetch.wait.max.ms": fetch_max_wait_ms, "on_commit": self._committed,
+            # kafka-python's default: librdkafka's read_committed would wait for transactions nobody writes here
+            "isolation.level": "read_uncommitted",
+            **{name.replace("_", "."): value for name, value in GROUP_TIMINGS.items()},
+        })
+        self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
+        self.producer = Producer(self._producer_config)
+        self._seeks: dict | None = None  # inside on_assigned: where the application wants each partition to start
+        self._failed: list = []  # (topic, key, value, error) not delivered, in the order of the reports
+        self._held: list = []  # (topic, key, value) sent after the producer refused one: kept, in order, for the flush
+        self._refused: list[Refused] = []  # refused for good (REFUSED_ERRORS): returned by the flush
+        self._poll_error = None  # an error that came with records: raised by the next poll
+        self._stash: list = []  # messages consume() returned while commit() waited: the next polls' records
+        self._commits_waiting = 0  # asynchronous commits whose answer has not been served yet
+        self._commit_result: tuple = (None, [])
+        self._closing = False
+        self.consumer.subscribe([input_topic], on_assign=self._assigned, on_revoke=self._revoked)
+
+    # consuming -----------------------------------------------------------
+    @_translated
+    def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        """The records of one consume() call (or those commit() kept); an error is raised after its batch.
+
+        Raising with records in hand would lose them: their positions are
+        past, and the next commit would skip them.
+        """
+        if self._poll_error is not None:
+            error, self._poll_error = self._poll_error, None
+            raise KafkaException(error)
+        if self._stash:
+            messages = self._stash[:max_records]
+            del self._stash[:max_records]
+        else:  # like kafka-python's poll: wait for the first record only, then take what has come
+            messages = self.consumer.consume(1, timeout_ms / 1000)
+            if messages and max_records > 1:
+                messages += self.consumer.consume(max_records - 1, 0)
+        topic, new = self.input_topic, tuple.__new__  # the topic is the one subscribed: no str built per record
+        records = [new(Record, (topic, m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1]))
+                   for m in messages if m.error() is None]
+        error = None
+        if len(records) < len(messages):
+            error = next((m.error() for m in messages
+                          if m.error() is not None and m.error().code() != CKafkaError._PARTITION_EOF), None)
+        if error is not None:
+            if not records:
+                raise KafkaException(error)
+            self._poll_error = error
+        return records
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # librdkafka cannot seek a partition before it is assigned: the seeks
+        # on_assigned makes are collected and become the assignment's offsets
+        # (the others start at the committed offset, or auto_offset_reset).
+        self._seeks, self._stash = {}, []  # stashed messages are from before: fetched again from the new start
+        _notify(self.on_assigned, partitions)
+        seeks, self._seeks = self._seeks, None
+        consumer.assign([TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset))
+                         for tp in partitions])
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # confluent-kafka unassigns after this returns. Not on close: kafka-python
+        # calls no listener then, and the application has finished.
+        self._stash = []
+        if not self._closing:
+            _notify(self.on_revoked, partitions)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
+
+    @_translated
+    def pause(self) -> None:
+        """Fetch nothing from the assigned partitions until :meth:`resume` (or the next assignment)."""
+        self._stash = []  # what commit() kept is fetched again once resumed
+        self.consumer.pause(self.consumer.assignment())
+
+    @_translated
+    def resume(self) -> None:
+        self.consumer.resume(self.consumer.assignment())
+
+    @_translated
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Next read of the partition at ``offset``, or at its BEGINNING or END."""
+        offset = _LOGICAL_OFFSETS.get(offset, offset)
+        if self._seeks is not None:
+            self._seeks[(topic, partition)] = offset
+        else:
+            self._stash = [m for m in self._stash if (m.topic(), m.partition()) != (topic, partition)]
+            self.consumer.seek(TopicPartition(topic, partition, offset))
+
+    @_translated
+    def commit(self, positions: dict[tuple[str, int], int], timeout_s: float | None = None) -> None:
+        """Commit next-offsets of the partitions still owned; raises KafkaError (e.g. during a
+        rebalance, or KafkaTimeoutError after ``timeout_s``) for the caller to retry later.
+
+        librdkafka's synchronous commit has no timeout (it waits for the group
+        coordinator as long as the brokers are away), and confluent-kafka
+        serializes the calls on a consumer, so a commit in another thread would
+        block poll too. So: an asynchronous commit, whose answer comes through
+        consume(); what that returns meanwhile is kept for the next polls.
+        librdkafka sends commits in order: a late one never lands after a newer one.
+        """
+        owned = set(self.assignment())
+        offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if (t, p) in owned]
+        if not offsets:
+            return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.consumer.commit(offsets=offsets, asynchronous=True)
+        self._commits_waiting += 1
+        while self._commits_waiting:  # the answers come in order: the last one is this commit's
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise kerrors.KafkaTimeoutError(f"commit not acknowledged within {timeout_s:.1f} s")
+            # consume() serves the answer but returns only when its count is
+            # reached or its time is up: short turns, and a bounded stash
+            room = self.max_poll_records - len(self._stash)
+            messages = self.consumer.consume(max(1, room), min(left, 0.005) if room > 0 else 0)
+            self._stash.extend(messages)  # after the call: a rebalance served in it empties the stash
+            if room <= 0:  # a full batch in hand already: keep serving, slowly
+                time.sleep(min(left, 0.001))
+        err, partitions = self._commit_result
+        if err is not None:
+            raise KafkaException(err)
+        for tp in partitions or ():
+            if tp.error is not None:
+                raise kafka_error(tp.error)
+
+    def _committed(self, err: CKafkaError | None, partitions: list[TopicPartition]) -> None:
+        self._commits_waiting = max(0, self._commits_waiting - 1)
+        self._commit_result = (err, partitions)
+
+    @_translated
+    def lag(self, timeout_s: float | None = None, ask_broker: bool = True) -> dict[tuple[str, int], int]:
+        """Messages between the consumer's position and the end of each assigned partition.
+
+        ``ask_broker`` False: from the high watermarks of the last fetch
+        responses, no request (a partition with none yet is left out). True:
+        asked of the brokers (KafkaTimeoutError when they do not answer within
+        ``timeout_s``). A partition read from nowhere yet starts at its
+        committed offset, else where ``auto_offset_reset`` says.
+        """
+        tps = self.consumer.assignment()
+        if not tps:
+            return {}
+        deadline = time.monotonic() + (DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s)
+
+        def left() -> float:
+            return max(0.001, deadline - time.monotonic())
+
+        positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(tps)}
+        unknown = [tp for tp in tps if positions[(tp.topic, tp.partition)] < 0]
+        if unknown and ask_broker:
+            positions.update({(tp.topic, tp.partition): tp.offset for tp in self.consumer.committed(unknown, timeout=left())})
+        out = {}
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            if ask_broker:
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=left(), cached=False)
+            else:
+                low, high = self.consumer.get_watermark_offsets(tp, cached=True)
+            position = positions[key]
+            if position < 0 and ask_broker:
+                position = low if self.auto_offset_reset == "earliest" else high
+            if high >= 0 and position >= 0:
+                out[key] = max(0, high - position)
+        return out
+
+    def group_members(self) -> list[str]:
+        """Member ids of the live members of this consumer's group, this one included (kafka-python's admin)."""
+        return group_members(self.settings, self.group_id)
+
+    # producing -----------------------------------------------------------
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+        if not self._held:
+            try:
+                try:
+                    self.producer.produce(topic, value, key)
+                    return
+                except BufferError:  # librdkafka's local queue is full: let it drain
+                    if self._send_when_room(topic, key, value):
+                        return
+            except KafkaException as exc:
+                error = kafka_error(exc.args[0] if exc.args else None)
+                if isinstance(error, REFUSED_ERRORS):  # e.g. larger than message.max.bytes: never sendable
+                    self._refused.append(Refused(topic, key, value, error))
+                    return
+                log.warning("the producer refused a message (%r); it is sent again at the flush", error)
+        self._held.append((topic, key, value))
+
+    def _send_when_room(self, topic: str, key: bytes | None, value: bytes) -> bool:
+        deadline = time.monotonic() + MAX_BLOCK_S
+        while time.monotonic() < deadline:
+            self.producer.flush(0.1)  # sends now whatever the linger, serves the reports
+            try:
+                self.producer.produce(topic, value, key)
+                return True
+            except BufferError:
+                continue
+        log.warning("the producer's queue stayed full for %.0f s; the rest of the batch waits for the flush", MAX_BLOCK_S)
+        return False
+
+    def _undelivered(self, err: CKafkaError, msg) -> None:
+        error = kafka_error(err)
+        if isinstance(error, REFUSED_ERRORS):
+            self._refused.append(Refused(msg.topic(), msg.key(), msg.value(), error))
+        else:
+            self._failed.append((msg.topic(), msg.key(), msg.value(), error))
+
+    def flush(self, timeout_s: float) -> list[Refused]:
+        """Wait until the broker acknowledged every message sent since the last flush.
+
+        Failed messages are sent again, in order, until they are acknowledged or
+        ``timeout_s`` passes (then DeliveryError: the caller must not commit).
+        Messages refused for good (REFUSED_ERRORS: sending again cannot help)
+        are returned for the caller to replace; a FATAL_ERRORS error is raised.
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = 0.2
+        while True:
+            waiting = self.producer.flush(max(0.0, deadline - time.monotonic()))
+            for *_, error in self._failed:
+                if isinstance(error, FATAL_ERRORS):
+                    raise error
+            failed = len(self._failed) + len(self._held)
+            if not waiting and not failed:
+                refused, self._refused = self._refused, []
+                return refused
+            if waiting or time.monotonic() >= deadline:
+                raise DeliveryError(f"{waiting + failed} message(s) not acknowledged by the brokers within {timeout_s:.0f} s")
+            log.warning("%d message(s) not acknowledged; sending them again in %.1f s", failed, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            # Every report is in (nothing waiting): the failures came before the held
+            # ones. A fresh producer, as KafkaIO does: after failures an idempotent
+            # one may be fenced, or stuck on a sequence gap the brokers will not fill.
+            again = [(t, k, v) for t, k, v, _ in self._failed] + self._held
+            self._failed, self._held = [], []
+            self.producer = Producer(self._producer_config)
+            for t, k, v in again:
+                self.send(t, k, v)
+
+    def close(self) -> None:
+        """Flush for at most 5 s, then leave the group; never hangs, never raises a client error."""
+        try:
+            waiting = self.producer.flush(5.0)
+            if waiting or self._failed or self._held:
+                log.warning("closed the producer with %d message(s) not acknowledged",
+                            waiting + len(self._failed) + len(self._held))
+                self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+        except Exception as exc:  # a broken producer: nothing it held was committed
+            log.warning("closing the producer failed (%s)", exc.__class__.__name__)
+        finally:
+            self._closing = True
+            closer = threading.Thread(target=self.consumer.close, name="confluent-close", daemon=True)
+            closer.start()
+            closer.join(CLOSE_TIMEOUT_S)
+            if closer.is_alive():
+                log.warning("the consumer did not leave its group within %.0f s; the group notices at the session "
+                            "timeout", CLOSE_TIMEOUT_S)
+
+
+def _notify(callback: Callable, partitions: list[TopicPartition]) -> None:
+    """A rebalance callback of the application, with sorted (topic, partition) pairs.
+
+    A failure is logged, as kafka-python does: raising into librdkafka's
+    rebalance would leave the assignment half done.
+    """
+    try:
+        callback(sorted((tp.topic, tp.partition) for tp in partitions))
+    except Exception:
+        log.exception("the rebalance callback %s failed", getattr(callback, "__name__", callback))
+
+
+def _client_error(err: CKafkaError) -> None:
+    # librdkafka reports connection trouble here and recovers by itself; the
+    # loop learns of an outage from its flushes, commits and lag probes.
+    log.log(logging.ERROR if err.fatal() else logging.WARNING, "kafka client: %s", err.str())

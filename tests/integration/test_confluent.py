@@ -1,0 +1,302 @@
+"""The confluent-kafka client (service.kafka.confluent) against the embedded broker, over TCP.
+
+First the stream object alone (KafkaIO's contract: poll, seeks made in
+on_assigned, send/flush with retries, commit, lag, never hanging on frozen
+brokers), then the service's own end-to-end tests run again on this client.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import KafkaError as CKafkaError
+from confluent_kafka import KafkaException
+from kafka import errors as kerrors
+
+from service.broker import EmbeddedBroker
+from service.config import KafkaSettings
+from service.kafka import BEGINNING, DeliveryError, committed_offsets
+from service.kafka import confluent
+from service.kafka.confluent import ConfluentIO, client_config, kafka_error
+from tests.conftest import consume, create_topic, produce, wait_until
+from tests.integration import test_limits, test_service
+
+pytestmark = pytest.mark.integration
+
+
+def _io(bootstrap: str, topics: dict, on_assigned=None, on_revoked=None, auto_offset_reset="earliest") -> ConfluentIO:
+    return ConfluentIO(KafkaSettings(bootstrap_servers=bootstrap), group_id=topics["group_id"],
+                       input_topic=topics["input_topic"], auto_offset_reset=auto_offset_reset,
+                       on_assigned=on_assigned or (lambda partitions: None), on_revoked=on_revoked or (lambda partitions: None),
+                       max_poll_records=1000, fetch_max_wait_ms=20)
+
+
+def _poll_until(io: ConfluentIO, count: int, max_records: int = 1000, timeout: float = 30.0) -> list:
+    records: list = []
+    deadline = time.monotonic() + timeout
+    while len(records) < count and time.monotonic() < deadline:
+        records += io.poll(100, min(max_records, count - len(records)))
+    assert len(records) == count, f"polled {len(records)} of {count} records"
+    return records
+
+
+def _first_occurrences(values: list) -> list:
+    return list(dict.fromkeys(values))  # at-least-once: a value sent again may be stored twice
+
+
+# the stream object ----------------------------------------------------------
+def test_poll_send_flush_commit_and_lag(broker, topics):
+    bootstrap, topic = broker.bootstrap_servers, topics["input_topic"]
+    produce(bootstrap, topic, [b"v%d" % i for i in range(300)], keys=[b"k%d" % i for i in range(300)])
+    create_topic(bootstrap, topics["output_topic"])
+    assigned = []
+    io = _io(bootstrap, topics, on_assigned=assigned.append)
+    try:
+        records = _poll_until(io, 100, max_records=40)
+        assert assigned == [[(topic, 0)]] and io.assignment() == [(topic, 0)]
+        assert [(r.topic, r.partition, r.offset, r.key, r.value) for r in records] == [
+            (topic, 0, i, b"k%d" % i, b"v%d" % i) for i in range(100)]
+        assert all(r[5] > 1_600_000_000_000 for r in records)  # CreateTime, ms
+        assert io.lag(ask_broker=False) == {(topic, 0): 200}  # the fetch responses' high watermark
+        # Tansu's ListOffsets reads short (the start of the last batch + 1, see DESIGN.md)
+        assert 0 <= io.lag(timeout_s=5, ask_broker=True)[(topic, 0)] <= 200
+
+        for r in records:
+            io.send(topics["output_topic"], r.key, r.value)
+        assert io.flush(timeout_s=10) == []
+        out = consume(bootstrap, topics["output_topic"], 100)
+        assert [(m.key, m.value) for m in out] == [(r.key, r.value) for r in records]
+
+        io.commit({(topic, 0): 100, (topic, 7): 5}, timeout_s=10)  # partition 7 is not ours: left out
+        assert committed_offsets(KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"], topic) == {0: 100}
+        # what consume() returned while the commit waited for its answer comes next, once
+        assert [r.offset for r in _poll_until(io, 200, max_records=150)] == list(range(100, 300))
+        assert io.poll(200, 100) == []
+    finally:
+        io.close()
+
+
+def test_paused_partitions_give_nothing_until_resumed_and_records_put_back_come_again(broker, topics):
+    """What the service does while a crashed member is still in its group (service.app._check_group)."""
+    bootstrap, topic = broker.bootstrap_servers, topics["input_topic"]
+    produce(bootstrap, topic, [b"v%d" % i for i in range(50)])
+    io = _io(bootstrap, topics)
+    try:
+        first = _poll_until(io, 50)
+        io.pause()
+        io.seek(topic, 0, first[0].offset)  # put back what was polled
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            assert io.poll(100, 1000) == []
+        io.resume()
+        assert [r.value for r in _poll_until(io, 50)] == [b"v%d" % i for i in range(50)]
+    finally:
+        io.close()
+
+
+def test_seeks_made_in_on_assigned_start_the_assignment_there(broker, topics):
+    bootstrap, topic = broker.bootstrap_servers, topics["input_topic"]
+    create_topic(bootstrap, topic, partitions=3)
+    for p in range(3):
+        produce(bootstrap, topic, [b"p%d-%d" % (p, i) for i in range(30)], partition=p)
+    first = _io(bootstrap, topics)
+    try:
+        wait_until(lambda: first.poll(100, 1) is not None and first.assignment(), 30, what="the first assignment")
+        first.commit({(topic, 0): 20, (topic, 1): 20, (topic, 2): 20}, timeout_s=10)
+    finally:
+        first.close()
+
+    io = None
+
+    def on_assigned(partitions):  # p0 from its committed offset, p1 from 5, p2 from its start (not 'latest')
+        assert partitions == [(topic, 0), (topic, 1), (topic, 2)]
+        io.seek(topic, 1, 5)
+        io.seek(topic, 2, BEGINNING)
+
+    io = _io(bootstrap, topics, on_assigned=on_assigned, auto_offset_reset="latest")
+    try:
+        records = _poll_until(io, 10 + 25 + 30)
+        starts = {p: min(r.offset for r in records if r.partition == p) for p in range(3)}
+        assert starts == {0: 20, 1: 5, 2: 0}
+        assert sorted((r.partition, r.offset) for r in records) == sorted({(r.partition, r.offset) for r in records})
+        assert io.lag(ask_broker=False) == {(topic, 0): 0, (topic, 1): 0, (topic, 2): 0}
+
+        io.seek(topic, 1, 25)  # outside the callback: a plain seek
+        again = _poll_until(io, 5)
+        assert [(r.partition, r.offset) for r in again] == [(1, o) for o in range(25, 30)]
+    finally:
+        io.close()
+
+
+def test_a_full_local_queue_is_waited_out_and_a_message_too_large_is_returned(broker, topics, monkeypatch):
+    monkeypatch.setattr(confluent, "PRODUCER", {**confluent.PRODUCER, "queue.buffering.max.messages": 10})
+    create_topic(broker.bootstrap_servers, topics["output_topic"])
+    io = _io(broker.bootstrap_servers, topics)
+    try:
+        for i in range(100):
+            io.send(topics["output_topic"], None, b"%d" % i)
+        io.send(topics["output_topic"], b"big", b"x" * (5 * 1024 * 1024))  # above message.max.bytes
+        io.send(topics["output_topic"], None, b"100")
+        (refused,) = io.flush(timeout_s=30)
+        assert refused.key == b"big" and isinstance(refused.error, kerrors.MessageSizeTooLargeError)
+        values = [m.value for m in consume(broker.bootstrap_servers, topics["output_topic"], 101)]
+        assert values == [b"%d" % i for i in range(101)]
+    finally:
+        io.close()
+
+
+def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_lost(tmp_path, topics, monkeypatch):
+    """SIGSTOP/SIGCONT of a broker of this test's own (the session's broker is shared).
+
+    Each pause stays under the session timeout (6 s), so the group survives it.
+    """
+    monkeypatch.setattr(confluent, "PRODUCER", {**confluent.PRODUCER, "message.timeout.ms": 1000, "linger.ms": 100})
+    monkeypatch.setattr(confluent, "CLOSE_TIMEOUT_S", 1.0)
+    with EmbeddedBroker(log_path=tmp_path / "tansu.log") as own:
+        topic, tp = topics["input_topic"], (topics["input_topic"], 0)
+        produce(own.bootstrap_servers, topic, [b"in"] * 20)
+        create_topic(own.bootstrap_servers, topics["output_topic"])
+        io = _io(own.bootstrap_servers, topics)
+        closed = False
+        try:
+            _poll_until(io, 20)
+            for i in range(5):
+                io.send(topics["output_topic"], None, b"%d" % i)
+            assert io.flush(timeout_s=10) == []
+
+            own.pause()
+            try:
+                for i in range(5, 10):
+                    io.send(topics["output_topic"], None, b"%d" % i)
+                started = time.monotonic()
+                with pytest.raises(DeliveryError):
+                    io.flush(timeout_s=2.0)  # failed after 1 s, sent again on a new producer, still waiting
+                with pytest.raises(kerrors.KafkaTimeoutError):
+                    io.commit({tp: 20}, timeout_s=0.5)
+                with pytest.raises(kerrors.KafkaTimeoutError):  # queued behind the first one: librdkafka keeps them in order
+                    io.commit({tp: 20}, timeout_s=0.5)
+                with pytest.raises(kerrors.KafkaError):
+                    io.lag(timeout_s=0.5, ask_broker=True)
+                assert time.monotonic() - started < 4.5
+            finally:
+                own.resume()
+            assert io.flush(timeout_s=30) == []
+            values = [m.value for m in consume(own.bootstrap_servers, topics["output_topic"], 10)]
+            assert _first_occurrences(values) == [b"%d" % i for i in range(10)]
+
+            def committed() -> bool:
+                try:
+                    io.commit({tp: 20}, timeout_s=2)
+                    return True
+                except kerrors.KafkaError:
+                    return False
+
+            wait_until(committed, 30, what="a commit once the broker is back")
+
+            own.pause()  # close with a commit stuck in flight: librdkafka's close would wait for it
+            try:
+                with pytest.raises(kerrors.KafkaTimeoutError):
+                    io.commit({tp: 20}, timeout_s=0.2)
+                started = time.monotonic()
+                io.close()
+                closed = True
+                assert time.monotonic() - started < 4
+            finally:
+                own.resume()
+        finally:
+            if not closed:
+                io.close()
+
+
+def test_confluent_errors_become_kafka_python_exceptions():
+    assert isinstance(kafka_error(CKafkaError(27)), kerrors.RebalanceInProgressError)
+    assert isinstance(kafka_error(CKafkaError(CKafkaError._TIMED_OUT)), kerrors.KafkaTimeoutError)
+    assert isinstance(kafka_error(CKafkaError(CKafkaError._TRANSPORT)), kerrors.KafkaConnectionError)
+    assert isinstance(kafka_error(CKafkaError(10)), kerrors.MessageSizeTooLargeError)
+    assert type(kafka_error(CKafkaError(CKafkaError._FENCED))) is kerrors.KafkaError
+    assert isinstance(kafka_error(CKafkaError(29)), kerrors.TopicAuthorizationFailedError)
+
+    @confluent._translated
+    def failing():
+        raise KafkaException(CKafkaError(CKafkaError._STATE))
+
+    with pytest.raises(kerrors.IllegalStateError) as info:
+        failing()
+    assert isinstance(info.value.__cause__, KafkaException)
+
+
+def test_security_settings_in_librdkafka_names(tmp_path):
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("-")
+    settings = KafkaSettings(bootstrap_servers="h1:9093,h2:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                             sasl_username="user", sasl_password="secret", ssl_cafile=tmp_path / "ca.pem",
+                             ssl_certfile=tmp_path / "cert.pem", ssl_keyfile=tmp_path / "key.pem", ssl_password="kp")
+    assert client_config(settings) == {
+        "bootstrap.servers": "h1:9093,h2:9093", "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "user", "sasl.password": "secret", "ssl.ca.location": str(tmp_path / "ca.pem"),
+        "ssl.certificate.location": str(tmp_path / "cert.pem"), "ssl.key.location": str(tmp_path / "key.pem"),
+        "ssl.key.password": "kp"}
+    from confluent_kafka import Producer
+
+    plain = KafkaSettings(bootstrap_servers="127.0.0.1:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                          sasl_username="user", sasl_password="secret")
+    Producer(client_config(plain))  # librdkafka knows every name (it refuses unknown ones here)
+
+
+# the service on this client ---------------------------------------------------
+@pytest.mark.parametrize("service_test", [
+    test_service.test_every_event_is_predicted_as_the_offline_learner_would,
+    test_service.test_keys_pass_through_and_partitions_follow_the_processing_order,
+    test_service.test_malformed_messages_become_dead_letters_and_good_ones_flow,
+    test_service.test_restart_resumes_where_it_stopped_and_skips_nothing,
+    test_limits.test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on,
+], ids=lambda f: f.__name__.removeprefix("test_"))
+def test_the_service_on_confluent_kafka(service_test, broker, topics, tmp_path, service_thread, monkeypatch):
+    import service.app
+
+    monkeypatch.setenv("PERCEPTRON_STREAM_KAFKA_CLIENT", "confluent")
+    opened = []
+
+    def spy(*args, **kwargs):
+        opened.append(open_stream(*args, **kwargs))
+        return opened[-1]
+
+    open_stream = service.app.open_stream
+    monkeypatch.setattr(service.app, "open_stream", spy)
+    service_test(broker, topics, tmp_path, service_thread)
+    assert opened and all(type(io) is ConfluentIO for io in opened)
+
+
+def test_a_restart_right_after_a_kill_waits_for_the_dead_member_then_goes_on(broker, topics, tmp_path):
+    """A restart while the killed run is still in the group goes on once it is gone, and ends exactly where an
+    uninterrupted run does (kafka-python: test_crash, where the newcomer waits with its partitions paused)."""
+    from tests.conftest import produce, settings_args, start_service_process, wait_until
+    from tests.integration.test_crash import OutputWatcher, check_outputs, final_checkpoint, make_events, offline, stop_process, tail
+
+    events = make_events(3000, seed=31)
+    expected, model = offline(events)
+    produce(broker.bootstrap_servers, topics["input_topic"], events[:1500])
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500, kafka_client="confluent")
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        first = start_service_process(args, tmp_path / "serve-1.log")
+        wait_until(lambda: watcher.distinct() >= 1000 or first.poll() is not None, 60, what="1000 predictions")
+        first.kill()
+        first.wait()
+        produce(broker.bootstrap_servers, topics["input_topic"], events[1500:])  # work for the next run alone
+        second = start_service_process(args, tmp_path / "serve-2.log")
+        try:
+            wait_until(lambda: watcher.distinct() >= len(events) or second.poll() is not None, 90, what="every offset predicted")
+            assert second.poll() is None, tail(tmp_path / "serve-2.log")
+        finally:
+            assert stop_process(second, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    log = (tmp_path / "serve-2.log").read_text()
+    # librdkafka's join itself may wait out the dead member (its first assignment then comes after the eviction),
+    # or the newcomer finds it in the group and waits with its partitions paused; never an exit as a second instance
+    assert "other active member" not in log, log[-3000:]
+    check_outputs(by_source, expected)
+    assert final_checkpoint(args, "local").model == model
