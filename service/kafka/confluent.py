@@ -337,13 +337,8 @@ class ConfluentIO:
             self._failed.append((msg.topic(), msg.key(), msg.value(), error))
 
     def flush(self, timeout_s: float) -> list[Refused]:
-        """Wait until the broker acknowledged every message sent since the last flush.
-
-        Failed messages are sent again, in order, until they are acknowledged or
-        ``timeout_s`` passes (then DeliveryError: the caller must not commit).
-        Messages refused for good (REFUSED_ERRORS: sending again cannot help)
-        are returned for the caller to replace; a FATAL_ERRORS error is raised.
-        """
+        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>`: every message acknowledged, failures
+        sent again in order until ``timeout_s`` (then DeliveryError), the refused ones returned, fatal ones raised."""
         deadline = time.monotonic() + timeout_s
         delay = 0.2
         while True:

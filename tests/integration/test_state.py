@@ -120,16 +120,18 @@ def test_damaged_newest_checkpoints_fall_back_to_an_older_one_and_end_exact(brok
     assert checkpoint.model == model
 
 
-def test_every_checkpoint_damaged_stops_the_service_naming_the_state_dir(broker, topics, tmp_path):
-    events = make_events(3000, seed=22)
-    produce(broker.bootstrap_servers, topics["input_topic"], events)
+def _restart_refused(broker, topics, tmp_path, count: int, seed: int, damage) -> tuple[str, object]:
+    """Run to the end, ``damage(store)`` the local state, start again: exit 1, no traceback, nothing published.
+
+    The restart's log and the state directory.
+    """
+    produce(broker.bootstrap_servers, topics["input_topic"], make_events(count, seed=seed))
     args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500)
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")
+        _run_to_the_end(args, watcher, count, tmp_path / "serve-1.log")  # checkpoints, then commits them
         state_dir = load(ServeSettings, args).state_dir
-        for path in LocalStore(state_dir).files():
-            path.write_bytes(b"\x00" * 100)  # e.g. a disk that lost the data blocks
+        damage(LocalStore(state_dir))
         before = watcher.settle()
         records_before = watcher.records
 
@@ -139,10 +141,19 @@ def test_every_checkpoint_damaged_stops_the_service_naming_the_state_dir(broker,
         watcher.stop()
     log = (tmp_path / "serve-2.log").read_text()
     assert code == 1, log[-3000:]
+    assert "Traceback" not in log
+    assert (watcher.distinct(), watcher.records) == (before, records_before)  # nothing published from zero weights
+    return log, state_dir
+
+
+def test_every_checkpoint_damaged_stops_the_service_naming_the_state_dir(broker, topics, tmp_path):
+    def lose_the_data_blocks(store):
+        for path in store.files():
+            path.write_bytes(b"\x00" * 100)
+
+    log, state_dir = _restart_refused(broker, topics, tmp_path, 3000, 22, lose_the_data_blocks)
     assert f"no usable checkpoint in {state_dir}" in log, log[-3000:]
     assert "move them away to start from zero weights" in log
-    assert "Traceback" not in log
-    assert (watcher.distinct(), watcher.records) == (before, records_before)  # nothing learned from zero weights
 
 
 def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_path):
@@ -236,28 +247,13 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(br
 # lost state -----------------------------------------------------------------
 def test_committed_offsets_without_a_checkpoint_are_refused_not_a_silent_reset(broker, topics, tmp_path):
     """An emptied state directory (a new volume, say): going on would learn from mid-stream with zero weights."""
-    events = make_events(2000, seed=26)
-    produce(broker.bootstrap_servers, topics["input_topic"], events)
-    args = settings_args(broker, topics, tmp_path, checkpoint_interval_events=500)
-    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
-    try:
-        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")  # checkpoints, then commits them
-        state_dir = load(ServeSettings, args).state_dir
-        for path in LocalStore(state_dir).files():
+    def empty(store):
+        for path in store.files():
             path.unlink()
-        before = watcher.settle()
-        records_before = watcher.records
 
-        code = _exit_code(args, tmp_path / "serve-2.log")
-        time.sleep(1.0)
-    finally:
-        watcher.stop()
-    log = (tmp_path / "serve-2.log").read_text()
-    assert code == 1, log[-3000:]
+    log, state_dir = _restart_refused(broker, topics, tmp_path, 2000, 26, empty)
     assert (f"consumer group {topics['group_id']} has committed offsets on {topics['input_topic']} (partition 0 at 2000) "
             f"but the state store (local, {state_dir}) has no checkpoint") in log, log[-3000:]
-    assert "Traceback" not in log
-    assert (watcher.distinct(), watcher.records) == (before, records_before)  # nothing published from zero weights
 
 
 def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_start(broker, topics, tmp_path):
