@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -122,6 +123,50 @@ def make_producer(settings: KafkaSettings, **overrides) -> KafkaProducer:
     options = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024,
                "retries": 5, "max_block_ms": 10_000, **overrides}
     return KafkaProducer(**client_options(settings), **options)
+
+
+class _CloseRaceFilter(logging.Filter):
+    """Turns kafka-python's ERRORs of a closing client into one DEBUG line each.
+
+    kafka-python 3.0.12 races with itself closing a connection: its network
+    thread may still read a socket that ``close()`` has just set to None, and
+    logs that as an ERROR with a traceback ("Error receiving network data
+    closing socket ... 'NoneType' object has no attribute 'recv'"), now and
+    then at a clean shutdown. Nothing is lost (every output was acknowledged
+    and committed before the close), but an operator reading ERROR and a
+    traceback at every other stop would be misled. Active only while this
+    module closes its clients; what the clients log otherwise is untouched.
+
+    >>> record = logging.LogRecord("kafka.net.transport", logging.ERROR, __file__, 1, "Error receiving", None, None)
+    >>> _CloseRaceFilter().filter(record)
+    False
+    >>> _CloseRaceFilter().filter(logging.LogRecord("kafka.net.transport", logging.INFO, __file__, 1, "Closing", None, None))
+    True
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        log.debug("while closing, %s logged: %s%s", record.name, record.getMessage(), f" ({error!r})" if error else "")
+        return False
+
+
+#: kafka-python's loggers of the connections (kafka/net/transport.py, selector.py).
+_CONNECTION_LOGGERS = ("kafka.net.transport", "kafka.net.selector")
+
+
+@contextmanager
+def _closing() -> Iterator[None]:
+    """While closing clients: kafka-python's connection ERRORs become DEBUG lines (see _CloseRaceFilter)."""
+    quiet, loggers = _CloseRaceFilter(), [logging.getLogger(name) for name in _CONNECTION_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
@@ -359,10 +404,11 @@ class KafkaIO:
         self.producer, self._refused = producer, False
 
     def close(self) -> None:
-        try:
-            close_producer(self.producer, 5.0)
-        finally:
-            self.consumer.close(autocommit=False)
+        with _closing():
+            try:
+                close_producer(self.producer, 5.0)
+            finally:
+                self.consumer.close(autocommit=False)
 
 
 class CompactedTopic:
@@ -402,7 +448,9 @@ class CompactedTopic:
                     return out
             raise KafkaError(f"reading {self.topic} did not finish within {timeout_s:.0f} s")
         finally:
-            consumer.close()
+            with _closing():
+                consumer.close()
 
     def close(self) -> None:
-        close_producer(self.producer, 5.0)
+        with _closing():
+            close_producer(self.producer, 5.0)
