@@ -28,7 +28,7 @@ for name in list(os.environ):
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    """A Tansu broker on a free port for the whole session."""
+    """A Tansu broker on a free port for the whole session (one per pytest-xdist worker)."""
     log_path = tmp_path_factory.mktemp("broker") / "tansu.log"
     with EmbeddedBroker(log_path=log_path) as b:
         yield b

@@ -17,4 +17,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     $SUDO systemctl stop prometheus 2>/dev/null || true
 fi
 
-exec python3 -m pytest "$@"
+# One worker per core, each with its own embedded broker; idle workers take
+# queued tests from busy ones (worksteal), so the long crash and fuzz tests
+# do not end up on one worker. `-n 0` runs everything in this process.
+exec python3 -m pytest -n auto --dist worksteal "$@"
