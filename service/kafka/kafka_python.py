@@ -133,9 +133,9 @@ class _CloseRaceFilter(logging.Filter):
     logs that as an ERROR with a traceback ("Error receiving network data
     closing socket ... 'NoneType' object has no attribute 'recv'"), now and
     then at a clean shutdown. Nothing is lost (every output was acknowledged
-    and committed before the close), but an operator reading ERROR and a
-    traceback at every other stop would be misled. Active only while this
-    module closes its clients; what the clients log otherwise is untouched.
+    and committed before the close), but an ERROR with a traceback at a clean
+    stop sends an operator looking for a fault. Active only while this module
+    closes its clients; what the clients log otherwise is untouched.
 
     >>> record = logging.LogRecord("kafka.net.transport", logging.ERROR, __file__, 1, "Error receiving", None, None)
     >>> _CloseRaceFilter().filter(record)
