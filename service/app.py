@@ -89,6 +89,12 @@ class StartupError(RuntimeError):
     """The service cannot start, or go on, as configured; the message says why (exit 1)."""
 
 
+def fatal(exc: Exception, what: str) -> StartupError:
+    """The StartupError for a FATAL_ERRORS error met while trying to ``what``: waiting cannot cure it."""
+    return StartupError(f"could not {what}: {exc.__class__.__name__}: {exc}; retrying cannot help: "
+                        "check the Kafka settings (security, credentials, ACLs, replication factor)")
+
+
 def publishable(event: Event | Rejection) -> Event | Rejection:
     """The decoded event, or a rejection when its prediction could not be written."""
     if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
@@ -198,8 +204,7 @@ class Application:
             try:
                 return action()
             except FATAL_ERRORS as exc:
-                raise StartupError(f"could not {what}: {exc.__class__.__name__}: {exc}; retrying cannot help: "
-                                   "check the Kafka settings (security, credentials, ACLs, replication factor)") from None
+                raise fatal(exc, what) from None
             except KafkaError as exc:
                 self.health.broker_ok = False
                 if self._stopping:
@@ -238,6 +243,8 @@ class Application:
             self.health.beat()
             try:
                 records = self.io.poll(s.poll_timeout_ms, s.batch_size)
+            except FATAL_ERRORS as exc:  # e.g. no read permission on the topic or the group
+                raise fatal(exc, f"read {s.input_topic} in group {s.group_id}") from None
             except KafkaError as exc:
                 log.warning("poll failed: %s", exc)
                 self.health.broker_ok = False
@@ -405,10 +412,13 @@ class Application:
             self._checkpoint()
 
     def _commit(self) -> None:
-        if self._to_commit is None:
+        to_commit = self._to_commit
+        if to_commit is None:
             return
         try:
-            self.io.commit(self._to_commit, timeout_s=COMMIT_TIMEOUT_S)
+            self.io.commit(to_commit, timeout_s=COMMIT_TIMEOUT_S)
+        except FATAL_ERRORS as exc:
+            raise fatal(exc, f"commit offsets of group {self.settings.group_id}") from None
         except KafkaError as exc:
             # e.g. RebalanceInProgressError: keep polling; the next batch
             # commits, or the redelivered events are processed again
@@ -416,7 +426,8 @@ class Application:
                 self.health.broker_ok = False
             log.warning("commit failed (%s); will commit with the next batch", exc.__class__.__name__)
             return
-        self._to_commit = None
+        if self._to_commit is to_commit:  # a revocation during the commit (confluent) may have checkpointed newer positions
+            self._to_commit = None
         self.health.broker_ok = True
 
     def _checkpoint(self) -> bool:
@@ -428,6 +439,8 @@ class Application:
                         dimension=self.decoder.dimension, meta=self._model_meta(), created=time.time())
         try:
             self.store.save(cp)
+        except FATAL_ERRORS as exc:
+            raise fatal(exc, f"write checkpoint {cp.seq}") from None
         except (KafkaError, OSError) as exc:
             # the model goes on in memory; a crash before the next good
             # checkpoint replays more events, it does not learn any twice
@@ -546,6 +559,8 @@ class Application:
             self.metrics.set_lag(self.io.lag(timeout_s=PROBE_TIMEOUT_S, ask_broker=not flowing))
             if not flowing:
                 self.health.broker_ok = True
+        except FATAL_ERRORS as exc:
+            raise fatal(exc, "read the end offsets for the lag") from None
         except KafkaError as exc:
             self.health.broker_ok = False
             log.warning("could not read the end offsets for the lag: %s", exc.__class__.__name__)

@@ -1,7 +1,7 @@
 """The checkpoint document and both stores, without a broker.
 
 The Kafka store is exercised over an in-memory stand-in for its compacted
-topic (put / read_all / close); the real topic is covered by the integration
+topic (put / read_latest / close); the real topic is covered by the integration
 tests (tests/integration/test_state.py, test_crash.py).
 """
 
@@ -122,7 +122,7 @@ def test_local_falls_back_to_the_newest_good_checkpoint(tmp_path, caplog):
     middle.unlink()
     middle.mkdir()  # unreadable: an OSError, not a crash
     assert store.load().seq == 1
-    assert "restored the older checkpoint checkpoint-000000000001.json" in caplog.text
+    assert "restored checkpoint checkpoint-000000000001.json" in caplog.text
 
 
 def test_local_refuses_to_start_from_zero_when_every_checkpoint_is_damaged(tmp_path):

@@ -351,7 +351,7 @@ class ConfluentIO:
                 refused, self._refused = self._refused, []
                 return refused
             if waiting or time.monotonic() >= deadline:
-                raise DeliveryError(f"{waiting + failed} message(s) not acknowledged by the brokers within {timeout_s:.0f} s")
+                raise DeliveryError(f"{waiting + failed} message(s) not acknowledged by the brokers within {timeout_s:g} s")
             log.warning("%d message(s) not acknowledged; sending them again in %.1f s", failed, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)

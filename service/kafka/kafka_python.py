@@ -261,8 +261,16 @@ class KafkaIO:
             **GROUP_TIMINGS,
         )
         self.consumer.subscribe([input_topic], listener=_Listener(on_assigned, on_revoked))
-        self.producer = self._new_producer()
+        try:
+            self.producer = self._new_producer()
+        except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind
+            with _closing():
+                self.consumer.close(autocommit=False)
+            raise
         self._pending: list = []
+        #: Outputs refused for good that a resend took out of _pending, until a flush returns them
+        #: (a flush that ends in DeliveryError must not drop them).
+        self._refused_kept: list[Refused] = []
         self._refused = False  # the producer refused a send: the rest wait for flush to send them again
 
     def _new_producer(self) -> KafkaProducer:
@@ -361,12 +369,12 @@ class KafkaIO:
         """
         deadline = time.monotonic() + timeout_s
         delay = 0.2
-        refused: list[Refused] = []
         while self._pending:
             try:
                 self.producer.flush(timeout=max(0.1, deadline - time.monotonic()))
             except KafkaError:
                 pass
+            refused: list[Refused] = []
             failed = []
             for t, k, v, future in self._pending:
                 if future.succeeded():
@@ -379,10 +387,11 @@ class KafkaIO:
                 else:
                     failed.append((t, k, v))
             if not failed:
+                self._refused_kept += refused
                 self._pending.clear()
-                return refused
-            if time.monotonic() >= deadline:
-                raise DeliveryError(f"{len(failed)} message(s) not acknowledged by the brokers within {timeout_s:.0f} s")
+                break
+            if time.monotonic() >= deadline:  # _pending still holds this pass's refused: found again next time
+                raise DeliveryError(f"{len(failed)} message(s) not acknowledged by the brokers within {timeout_s:g} s")
             log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(failed), delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -391,9 +400,12 @@ class KafkaIO:
             except KafkaError as exc:  # no broker to start a producer with yet (a long outage): next round
                 log.warning("could not start a new producer (%s); trying again", exc.__class__.__name__)
                 continue
+            self._refused_kept += refused  # no longer in _pending: kept until a flush returns them
             self._pending = []
             for t, k, v in failed:
                 self.send(t, k, v)
+        out, self._refused_kept = self._refused_kept, []
+        return out
 
     def _renew_producer(self) -> None:
         # After an outage an idempotent kafka-python producer has been seen to
@@ -429,8 +441,9 @@ class CompactedTopic:
         try:
             partitions = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-            if not tps:
-                return []
+            if not tps:  # the service made sure it exists: not "no checkpoint", which would start a new model
+                raise KafkaError(f"the checkpoint topic {self.topic} shows no partitions (metadata not there yet, "
+                                 "or the topic is not visible to this client: check its ACLs)")
             consumer.assign(tps)
             consumer.seek_to_beginning(*tps)
             ends = consumer.end_offsets(tps)

@@ -103,7 +103,7 @@ def newest_usable(candidates: Iterable[tuple[str, Checkpoint | CheckpointError]]
             problems.append(f"{name}: {cp}")
             continue
         if problems:
-            log.warning("restored the older checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems))
+            log.warning("restored checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems))
         return cp
     if problems:
         raise CheckpointError(f"no usable checkpoint in {where}: " + "; ".join(problems))

@@ -153,7 +153,7 @@ def test_predict_one_answers_in_the_kind_of_label_learned(y, answer):
     p.learn_one({"a": 1.0}, y)  # score 0: a mistake, so the bias moves to ±1
     assert p.predict_one({"a": 1.0}) == answer and type(p.predict_one({"a": 1.0})) is type(answer)
     y_pred, _, _ = p.step([1.0], None)
-    assert y_pred in (-1, 1)  # step stays -1/+1 whatever learn_one saw
+    assert type(y_pred) is int and y_pred in (-1, 1)  # step stays -1/+1 whatever learn_one saw (True == 1: check the type)
 
 
 def test_label_kind_follows_the_last_learn_one_and_survives_a_checkpoint():
