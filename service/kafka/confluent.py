@@ -189,8 +189,9 @@ class ConfluentIO:
                          for tp in partitions])
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # confluent-kafka unassigns after this returns. Not on close: kafka-python
-        # calls no listener then, and the application has finished.
+        # confluent-kafka unassigns after this returns. Not on close: the
+        # application has taken its final checkpoint already (kafka-python does
+        # call its listener at close, where the application finds nothing new).
         self._stash = []
         if not self._closing:
             _notify(self.on_revoked, partitions)
@@ -201,8 +202,15 @@ class ConfluentIO:
     @_translated
     def pause(self) -> None:
         """Fetch nothing from the assigned partitions until :meth:`resume` (or the next assignment)."""
-        self._stash = []  # what commit() kept is fetched again once resumed
+        # librdkafka resumes after the last message consume() handed over: what
+        # commit() kept in the stash is read again only if we seek back to it
+        first: dict[tuple[str, int], int] = {}
+        for m in self._stash:
+            first.setdefault((m.topic(), m.partition()), m.offset())
+        self._stash = []
         self.consumer.pause(self.consumer.assignment())
+        for (topic, partition), offset in first.items():
+            self.consumer.seek(TopicPartition(topic, partition, offset))
 
     @_translated
     def resume(self) -> None:
