@@ -1,12 +1,19 @@
-"""KafkaIO.flush's book-keeping of resends and refusals, over a stand-in producer (pure logic, no broker)."""
+"""KafkaIO.flush's book-keeping of resends and refusals, over a stand-in producer (pure logic, no broker).
+
+A real outage long enough to matter takes minutes; what flush decides in it
+(send again, renew the producer, raise DeliveryError, hand back what the
+brokers refused for good) is played here with a producer whose brokers are
+away, refuse, or are back.
+"""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
-from service.kafka.kafka_python import KafkaIO
-from service.kafka.types import DeliveryError
+from service.kafka import DeliveryError, KafkaIO
 
 
 class Future:
@@ -18,28 +25,37 @@ class Future:
 
 
 class Producer:
-    """Fails every send of a value in ``failing``; refuses ``b"big"`` for good."""
+    """Brokers ``away`` (sends never acknowledged, as a real producer fails them past its delivery timeout),
+    ``refuses`` (no metadata: send itself raises) or ``works``; ``b"big"`` is refused for good, and values in
+    ``failing`` are not acknowledged even when it works."""
 
-    def __init__(self, failing: set[bytes]):
-        self.failing, self.sent = failing, []
+    def __init__(self, mode: str = "works", delivered: list | None = None, failing: set[bytes] = frozenset()):
+        self.mode, self.failing, self.closed = mode, set(failing), False
+        self.delivered = [] if delivered is None else delivered
+        self.sent: list[bytes] = []
 
     def send(self, topic, key=None, value=None):
+        if self.mode == "refuses":
+            raise KafkaTimeoutError("Failed to update metadata after 10.0 secs.")
         self.sent.append(value)
         if value == b"big":
             return Future(MessageSizeTooLargeError("too large"))
-        return Future(KafkaTimeoutError("no ack") if value in self.failing else None)
+        if self.mode == "away" or value in self.failing:
+            return Future(KafkaTimeoutError("Expiring 1 record(s): 120000 ms has passed since batch creation"))
+        self.delivered.append(value)
+        return Future(None)
 
     def flush(self, timeout=None):
         pass
 
     def close(self, timeout=None):
-        pass
+        self.closed = True
 
 
-def stream(producer: Producer) -> KafkaIO:
-    io = object.__new__(KafkaIO)  # no consumer: flush only touches the producer
+def stream(producer: Producer, new_producer=None) -> KafkaIO:
+    io = KafkaIO.__new__(KafkaIO)  # no consumer: flush only touches the producer
     io.producer, io._pending, io._refused_kept, io._refused = producer, [], [], False
-    io._new_producer = lambda: producer
+    io._new_producer = new_producer or (lambda: producer)
     return io
 
 
@@ -59,9 +75,40 @@ def test_a_refused_output_survives_a_flush_that_times_out(first_timeout_s):
 
 
 def test_a_flush_that_succeeds_returns_its_refusals_at_once():
-    producer = Producer(failing=set())
-    io = stream(producer)
+    io = stream(Producer())
     io.send("out", b"k", b"big")
     io.send("out", b"k", b"ok")
     assert [r.key for r in io.flush(timeout_s=1.0)] == [b"k"]
     assert io._pending == []
+
+
+def test_an_outage_longer_than_the_producers_delivery_timeout_is_waited_out(monkeypatch):
+    """Past its delivery timeout (2 min) a real producer fails its messages, and while the brokers
+    are away a new one can neither bootstrap nor get metadata: flush keeps raising DeliveryError,
+    never anything else, and delivers every message, in order, once the brokers are back."""
+    delivered: list = []
+    makes = iter(["no bootstrap", "refuses", "no bootstrap", "works"])
+
+    def new_producer():
+        mode = next(makes)
+        if mode == "no bootstrap":
+            raise KafkaTimeoutError("Unable to bootstrap from ['127.0.0.1:9092']")
+        return Producer(mode, delivered)
+
+    io = stream(Producer("away", delivered), new_producer)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    for i in range(5):
+        io.send("out", None, b"%d" % i)
+    rounds = 0
+    while True:
+        try:
+            io.flush(timeout_s=0.05)
+            break
+        except DeliveryError:
+            rounds += 1
+            assert rounds < 1000, "never delivered"
+    assert delivered == [b"0", b"1", b"2", b"3", b"4"]
+    assert io.producer.mode == "works" and io._pending == []
+    io.send("out", None, b"5")  # and the service goes on with the new producer
+    io.flush(timeout_s=0.05)
+    assert delivered[-1] == b"5"
