@@ -47,6 +47,7 @@ from service.kafka import (
     TopicSpec,
     committed_offsets,
     ensure_topics,
+    first_offsets,
     open_stream,
 )
 from service.learning import learner_from_state, make_learner
@@ -61,9 +62,10 @@ log = logging.getLogger("perceptron_stream")
 LAG_EVERY_S = 5.0
 RETRY_MAX_S = 5.0
 #: A crashed member leaves the group when its session times out, and the
-#: broker needs a few seconds more to notice (DESIGN.md): how much longer a
-#: newcomer waits for it before it calls it another live instance.
+#: broker needs a few seconds more to notice (DESIGN.md): how long a newcomer
+#: waits for the others to leave before it calls them another live instance.
 OTHERS_LEAVE_GRACE_S = 6.0
+OTHERS_LEAVE_WAIT_S = GROUP_TIMINGS["session_timeout_ms"] / 1000 + OTHERS_LEAVE_GRACE_S
 #: Broker round trips the loop makes on its own (the lag probe, commits) give
 #: up after this long, so an outage shows on /readyz within seconds and the
 #: loop keeps turning.
@@ -298,24 +300,20 @@ class Application:
         self.io.pause()  # after every assignment: a rebalance unpauses
         self.health.assigned = False
         if self._others_gone_by is None:
-            wait = GROUP_TIMINGS["session_timeout_ms"] / 1000 + OTHERS_LEAVE_GRACE_S
-            self._others_gone_by = now + wait
+            self._others_gone_by = now + OTHERS_LEAVE_WAIT_S
             log.warning("consumer group %s has %d other member(s): processing nothing until they leave (a crashed "
-                        "instance's session expires within %.0f s)", s.group_id, len(members) - 1, wait)
+                        "instance's session expires within %.0f s)", s.group_id, len(members) - 1, OTHERS_LEAVE_WAIT_S)
         elif now >= self._others_gone_by:
             raise StartupError(
                 f"consumer group {s.group_id} still has {len(members) - 1} other active member(s) after "
-                f"{GROUP_TIMINGS['session_timeout_ms'] / 1000 + OTHERS_LEAVE_GRACE_S:.0f} s: another instance runs this "
+                f"{OTHERS_LEAVE_WAIT_S:.0f} s: another instance runs this "
                 f"model (its checkpoints are in the {s.state_store} store); one instance runs per model: "
                 "stop the other one, or give this one another --group-id and state")
         self._next_group_check = now + 1.0
 
     def _put_back(self, records) -> None:
         """Seek each partition back to the first of ``records``: they are read again once processing may start."""
-        first: dict[tuple[str, int], int] = {}
-        for r in records:
-            first.setdefault((r.topic, r.partition), r.offset)
-        for (topic, partition), offset in first.items():
+        for (topic, partition), offset in first_offsets((r.topic, r.partition, r.offset) for r in records).items():
             self.io.seek(topic, partition, offset)
 
     def _process(self, records) -> None:

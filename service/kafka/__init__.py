@@ -42,6 +42,7 @@ from service.kafka.types import (
     Record,
     Refused,
     TopicSpec,
+    first_offsets,
 )
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "client_options",
     "close_producer",
     "ensure_topics",
+    "first_offsets",
     "group_members",
     "make_producer",
     "open_stream",

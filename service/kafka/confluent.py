@@ -22,7 +22,17 @@ from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
 from service.kafka.kafka_python import LINGER_UNTIL_FLUSH_MS, group_members
-from service.kafka.types import BEGINNING, END, FATAL_ERRORS, GROUP_TIMINGS, REFUSED_ERRORS, DeliveryError, Record, Refused
+from service.kafka.types import (
+    BEGINNING,
+    END,
+    FATAL_ERRORS,
+    GROUP_TIMINGS,
+    REFUSED_ERRORS,
+    DeliveryError,
+    Record,
+    Refused,
+    first_offsets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +214,7 @@ class ConfluentIO:
         """Fetch nothing from the assigned partitions until :meth:`resume` (or the next assignment)."""
         # librdkafka resumes after the last message consume() handed over: what
         # commit() kept in the stash is read again only if we seek back to it
-        first: dict[tuple[str, int], int] = {}
-        for m in self._stash:
-            first.setdefault((m.topic(), m.partition()), m.offset())
+        first = first_offsets((m.topic(), m.partition(), m.offset()) for m in self._stash)
         self._stash = []
         self.consumer.pause(self.consumer.assignment())
         for (topic, partition), offset in first.items():

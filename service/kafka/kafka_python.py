@@ -178,7 +178,8 @@ def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
     were never acknowledged, so nothing was committed or checkpointed for them.
     """
     try:
-        producer.close(timeout=timeout_s)
+        with _closing():
+            producer.close(timeout=timeout_s)
     except Exception as exc:  # KafkaTimeoutError, or anything a broken producer raises
         log.warning("closed the producer with messages not acknowledged (%s)", exc.__class__.__name__)
         sender = getattr(producer, "_sender", None)
@@ -188,6 +189,12 @@ def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
             except Exception:  # pragma: no cover - best effort on a broken client
                 log.debug("forcing the producer's sender down failed", exc_info=True)
         producer._closed = True  # what close() would have set: no second attempt at garbage collection
+
+
+def close_consumer(consumer: KafkaConsumer, **options) -> None:
+    """``consumer.close(**options)``, its connections' close race quieted (see _CloseRaceFilter)."""
+    with _closing():
+        consumer.close(**options)
 
 
 class _AdminClient(KafkaAdminClient):
@@ -264,8 +271,7 @@ class KafkaIO:
         try:
             self.producer = self._new_producer()
         except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind
-            with _closing():
-                self.consumer.close(autocommit=False)
+            close_consumer(self.consumer, autocommit=False)
             raise
         self._pending: list = []
         #: Outputs refused for good that a resend took out of _pending, until a flush returns them
@@ -416,11 +422,10 @@ class KafkaIO:
         self.producer, self._refused = producer, False
 
     def close(self) -> None:
-        with _closing():
-            try:
-                close_producer(self.producer, 5.0)
-            finally:
-                self.consumer.close(autocommit=False)
+        try:
+            close_producer(self.producer, 5.0)
+        finally:
+            close_consumer(self.consumer, autocommit=False)
 
 
 class CompactedTopic:
@@ -461,9 +466,7 @@ class CompactedTopic:
                     return out
             raise KafkaError(f"reading {self.topic} did not finish within {timeout_s:.0f} s")
         finally:
-            with _closing():
-                consumer.close()
+            close_consumer(consumer)
 
     def close(self) -> None:
-        with _closing():
-            close_producer(self.producer, 5.0)
+        close_producer(self.producer, 5.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 #: Group timings that let a consumer join the embedded broker's group in
@@ -26,6 +27,19 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     timestamp: int  # ms since the epoch
+
+
+def first_offsets(positions: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
+    """The first offset of each partition among ``(topic, partition, offset)`` in read order:
+    where to seek back so that records in hand are read again.
+
+    >>> first_offsets([("t", 0, 5), ("t", 1, 9), ("t", 0, 6)])
+    {('t', 0): 5, ('t', 1): 9}
+    """
+    first: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in positions:
+        first.setdefault((topic, partition), offset)
+    return first
 
 
 class TopicSpec(NamedTuple):
