@@ -45,16 +45,18 @@ from service.kafka import (
     DeliveryError,
     Refused,
     TopicSpec,
+    cluster_identity,
     committed_offsets,
     ensure_topics,
     first_offsets,
+    log_ranges,
     open_stream,
 )
 from service.learning import learner_from_state, make_learner
 from service.metrics import Health, HttpEndpoints, ServiceMetrics
 from service.schema import Decoder, Event, Rejection, dead_letter
-from service.state.checkpoint import Checkpoint, CheckpointError
-from service.state.kafka_store import KafkaStore
+from service.state.checkpoint import GROUP_TASK, Checkpoint, CheckpointError, ForeignStateError, Owner
+from service.state.kafka_store import CheckpointTooLargeError, KafkaStore
 from service.state.local import LocalStore
 
 log = logging.getLogger("perceptron_stream")
@@ -124,6 +126,8 @@ class Application:
         self.http: HttpEndpoints | None = None
         self.io = None  # the stream of service.kafka.open_stream
         self.store = None
+        self.owner: Owner | None = None  # whose checkpoints this service writes and reads (set at start-up)
+        self._started_over = False  # --start-over set foreign state aside: a new model, committed offsets ignored
         self.positions: dict[tuple[str, int], int] = {}
         self.checkpoint_seq = 0
         self._events_since_checkpoint = 0
@@ -169,8 +173,13 @@ class Application:
         self._until_it_works(lambda: ensure_topics(s, topics, s.create_topics), "reach the brokers and check the topics")
         if self._stopping:
             return
+        if s.state_store != "none":
+            ids = self._until_it_works(lambda: cluster_identity(s, s.input_topic), "read the cluster's and the input topic's ids")
+            if self._stopping:
+                return
+            self.owner = Owner(s.group_id, s.input_topic, GROUP_TASK, *ids)
         if s.state_store == "local":
-            self.store = LocalStore(s.state_dir)
+            self.store = LocalStore(s.state_dir, s.group_id)
         elif s.state_store == "kafka":
             self.store = self._until_it_works(lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id),
                                               "connect to the checkpoint topic")
@@ -179,7 +188,8 @@ class Application:
         if self.store is None:
             self.health.restored = True  # nothing to restore: a storeless model starts from zero
         else:
-            self.store.lock()
+            self.store.key = s.checkpoint_key.get_secret_value().encode() if s.checkpoint_key else None
+            self.store.lock(GROUP_TASK)
             # fail fast on a bad checkpoint, or on lost state, before joining the group
             if not self._until_it_works(self._restore, "read the checkpoints") and not self._stopping:
                 self._until_it_works(self._refuse_lost_state, "read the group's committed offsets")
@@ -434,12 +444,12 @@ class Application:
             self._events_since_checkpoint = 0
             return True
         cp = Checkpoint(seq=self.checkpoint_seq + 1, positions=dict(self.positions), model=self.learner.to_state(),
-                        dimension=self.decoder.dimension, meta=self._model_meta(), created=time.time())
+                        dimension=self.decoder.dimension, meta=self._model_meta(), created=time.time(), owner=self.owner)
         try:
             self.store.save(cp)
         except FATAL_ERRORS as exc:
             raise fatal(exc, f"write checkpoint {cp.seq}") from None
-        except (KafkaError, OSError) as exc:
+        except (KafkaError, OSError, CheckpointTooLargeError) as exc:
             # the model goes on in memory; a crash before the next good
             # checkpoint replays more events, it does not learn any twice
             retry_in = min(self.settings.checkpoint_interval_seconds, RETRY_MAX_S)
@@ -462,25 +472,44 @@ class Application:
 
     # state ---------------------------------------------------------------
     def _restore(self) -> bool:
-        """Load the newest usable checkpoint into the learner and decoder; False when there is none."""
+        """Load the newest usable checkpoint of this model into the learner and decoder; False when there is none.
+
+        Whose it is comes first (:class:`Owner`: group, input topic and its id,
+        cluster), then whether this version can use it (settings, model), then
+        whether its positions lie inside the partitions' logs. Another model's
+        state is never used silently: the service stops, or with --start-over
+        starts a new model.
+        """
         expected = self._model_meta()
-        models = {}
+        models, other_settings = {}, []
 
         def accept(cp: Checkpoint) -> None:
             different = {k: (cp.meta.get(k), v) for k, v in expected.items() if cp.meta.get(k) != v}
-            if different:  # the operator's settings changed, not the checkpoint: no falling back
+            if different:  # the operator's settings changed, or this one is not the service's: an older one may fit
                 what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
-                raise StartupError(f"the checkpoint was taken with other model settings ({what}); "
-                                   "use the same settings, or another state store to start a new model")
+                other_settings.append(what)
+                raise CheckpointError(f"it was taken with other model settings ({what})")
             try:
                 models[cp.seq] = learner_from_state(cp.model)
             except ValueError as exc:
                 raise CheckpointError(f"it holds a model this version cannot read: {exc}") from None
 
-        cp = self.store.load(accept)
+        try:
+            cp = self.store.load(GROUP_TASK, self.owner, accept, legacy=True)
+        except ForeignStateError as exc:
+            return self._foreign_state(str(exc), exc.highest_seq)
+        except CheckpointError:
+            if other_settings:
+                raise StartupError(f"the checkpoint was taken with other model settings ({other_settings[0]}); "
+                                   "use the same settings, or another state store to start a new model") from None
+            raise
         if cp is None:
             log.info("no checkpoint yet: a new model, starting from zero weights")
             self.health.restored = True
+            return False
+        if cp.owner is None and not self._vouch_for_legacy(cp):
+            return False
+        if not self._positions_in_logs(cp):
             return False
         self.learner = models[cp.seq]
         self.decoder.dimension = cp.dimension
@@ -493,6 +522,62 @@ class Application:
                  cp.seq, self.learner.seen, self.learner.updates, cp.positions)
         return True
 
+    def _foreign_state(self, problem: str, highest_seq: int) -> bool:
+        """Stop naming ``problem``, or with --start-over, start a new model whose checkpoints supersede the store's."""
+        s = self.settings
+        if not s.start_over:
+            raise StartupError(
+                f"{problem}. Nothing was restored and nothing learned. To keep that model, point --state-dir or "
+                f"--checkpoint-topic at this model's own state, or connect to the cluster it belongs to; to start a new "
+                f"model on {s.input_topic} from --auto-offset-reset {s.auto_offset_reset} deliberately, run with --start-over")
+        log.warning("--start-over: %s; starting a new model from --auto-offset-reset %s", problem, s.auto_offset_reset)
+        self.checkpoint_seq = max(self.checkpoint_seq, highest_seq)
+        self._started_over = True
+        self.health.restored = True
+        return False
+
+    def _vouch_for_legacy(self, cp: Checkpoint) -> bool:
+        """A version 0.1 checkpoint records no owner: adopt it only when this group's committed offsets are its positions.
+
+        That version committed nothing but checkpointed positions, so equal
+        offsets say this group wrote it on this cluster; a fresh cluster or
+        another group has other offsets (or none).
+        """
+        s = self.settings
+        offsets = self._until_it_works(lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets")
+        mine = {p: o for (t, p), o in cp.positions.items() if t == s.input_topic}
+        if offsets == mine:
+            self.store.adopt_legacy(GROUP_TASK)
+            return True
+        return self._foreign_state(
+            f"checkpoint {cp.seq} was written by version 0.1, which did not record its consumer group or cluster, and the "
+            f"offsets consumer group {s.group_id} committed on {s.input_topic} ({offsets or 'none'}) are not its positions "
+            f"({mine}): it belongs to another group or cluster", cp.seq)
+
+    def _positions_in_logs(self, cp: Checkpoint) -> bool:
+        """Every position of ``cp`` inside its partition's log (first offset ≤ position ≤ end), else refuse.
+
+        Before the start: records the model never learned were deleted
+        (retention). After the end: the topic was emptied or created again, or
+        the checkpoint is not this cluster's. Either way, seeking there would
+        skip or lose events silently.
+        """
+        s = self.settings
+        ranges = self._until_it_works(lambda: log_ranges(s, s.input_topic), f"read the logs' ranges of {s.input_topic}")
+        outside = []
+        for (topic, partition), position in sorted(cp.positions.items()):
+            if topic != s.input_topic:
+                continue
+            if partition not in ranges:
+                outside.append(f"partition {partition} at offset {position}, but {topic} has no partition {partition}")
+            elif not ranges[partition][0] <= position <= ranges[partition][1]:
+                first, end = ranges[partition]
+                outside.append(f"partition {partition} at offset {position}, outside its log ({first} to {end})")
+        if not outside:
+            return True
+        return self._foreign_state(f"checkpoint {cp.seq} holds positions outside {s.input_topic}'s logs: "
+                                   + "; ".join(outside), cp.seq)
+
     def _refuse_lost_state(self) -> None:
         """With no checkpoint, committed offsets mean the state that learned up to them is lost.
 
@@ -502,15 +587,21 @@ class Application:
         middle of the stream with zero weights, silently.
         """
         s = self.settings
+        if self._started_over:
+            return
         offsets = committed_offsets(s, s.group_id, s.input_topic)
         if offsets:
             at = ", ".join(f"partition {p} at {o}" for p, o in sorted(offsets.items()))
-            where = s.state_dir if s.state_store == "local" else f"topic {s.checkpoint_topic}"
+            where = self.store.task_dir(GROUP_TASK) if s.state_store == "local" else f"topic {s.checkpoint_topic}"
+            message = (f"consumer group {s.group_id} has committed offsets on {s.input_topic} ({at}) but the state store "
+                       f"({s.state_store}, {where}) has no checkpoint: the model that learned those events is lost")
+            if s.start_over:
+                log.warning("--start-over: %s; starting a new model from --auto-offset-reset %s", message, s.auto_offset_reset)
+                self._started_over = True
+                return
             raise StartupError(
-                f"consumer group {s.group_id} has committed offsets on {s.input_topic} ({at}) but the state store "
-                f"({s.state_store}, {where}) has no checkpoint: the model that learned those events is lost. Restore "
-                "the checkpoints, or start a new model on the retained history with a new --group-id, or reset "
-                "the group's offsets (kafka-consumer-groups --reset-offsets)")
+                f"{message}. Restore the checkpoints, or start a new model on the retained history with a new --group-id "
+                "or --start-over, or reset the group's offsets (kafka-consumer-groups --reset-offsets)")
 
     # The rebalance callbacks run inside the stream's poll (kafka-python: on its
     # network thread; confluent-kafka: on the loop's thread, inside poll or

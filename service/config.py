@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import importlib.util
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -39,6 +40,18 @@ ENV_PREFIX = "PERCEPTRON_STREAM_"
 # variable because pydantic-settings asks the class, not the instance, for its
 # sources.
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
+
+
+def default_state_dir() -> Path:
+    """The per-user state directory of the XDG Base Directory spec: never ``./state`` of wherever the command runs.
+
+    >>> import os; os.environ["XDG_STATE_HOME"] = "/srv/state"; str(default_state_dir())
+    '/srv/state/perceptron-stream'
+    >>> del os.environ["XDG_STATE_HOME"]; default_state_dir() == Path.home() / ".local/state/perceptron-stream"
+    True
+    """
+    base = os.environ.get("XDG_STATE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "perceptron-stream"
 
 
 class ConfigError(Exception):
@@ -151,7 +164,19 @@ class ServeSettings(KafkaSettings):
     mistake_rate_window: int = Field(1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate.")
     healthz_timeout_seconds: float = Field(30.0, gt=0, description="/healthz fails when the poll loop has not turned for this long.")
     state_store: Literal["local", "kafka", "none"] = Field("local", description="Where checkpoints go: a local directory, a compacted Kafka topic, or nowhere.")
-    state_dir: Path = Field(Path("state"), description="Directory of the local checkpoint store.")
+    state_dir: Path = Field(
+        default_state_dir(),
+        description="Directory of the local checkpoint store; each consumer group keeps its checkpoints in a "
+        "directory of its own inside it. Default: $XDG_STATE_HOME/perceptron-stream, else ~/.local/state/perceptron-stream.")
+    checkpoint_key: SecretStr | None = Field(
+        None, min_length=16,
+        description="Secret that signs checkpoints (HMAC-SHA256); unsigned or badly signed ones are refused as damaged. "
+        "Give it in the environment or with --checkpoint-key-file, not on a command line others can read (never logged).")
+    checkpoint_key_file: Path | None = Field(None, description="File holding --checkpoint-key (its content, surrounding whitespace removed).")
+    start_over: bool = Field(
+        False, description="When the state store holds only checkpoints of another cluster, topic or log (positions outside "
+        "the partitions' logs), or the group has committed offsets and no checkpoint, start a new model from "
+        "--auto-offset-reset instead of stopping. This model's own usable checkpoints are still restored.")
     checkpoint_topic: str = Field("perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka checkpoint store.")
     checkpoint_interval_events: int = Field(10_000, gt=0, description="Checkpoint after this many events.")
     checkpoint_interval_seconds: float = Field(30.0, gt=0, description="Checkpoint at least this often while events flow.")
@@ -169,6 +194,16 @@ class ServeSettings(KafkaSettings):
 
     @model_validator(mode="after")
     def _consistent(self):
+        if self.checkpoint_key_file is not None:
+            if self.checkpoint_key is not None:
+                raise ValueError("give checkpoint_key or checkpoint_key_file, not both")
+            try:
+                text = self.checkpoint_key_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"checkpoint_key_file {self.checkpoint_key_file} cannot be read: {exc}") from None
+            if len(text) < 16:
+                raise ValueError(f"checkpoint_key_file {self.checkpoint_key_file} must hold a key of at least 16 characters")
+            self.checkpoint_key = SecretStr(text)
         if len({self.input_topic, self.output_topic, self.dlq_topic}) < 3:
             raise ValueError("input_topic, output_topic and dlq_topic must be three different topics")
         if self.margin > 0 and self.variant != "margin":
@@ -243,6 +278,7 @@ class DemoSettings(CommandSettings):
 Settings = TypeVar("Settings", bound=CommandSettings)
 
 
+
 def flag(name: str) -> str:
     """The command-line spelling of a setting: ``batch_size`` → ``--batch-size``."""
     return "--" + name.replace("_", "-")
@@ -254,8 +290,6 @@ def env_var(name: str) -> str:
 
 
 def _config_file_arg(args: list[str]) -> Path | None:
-    import os
-
     for i, arg in enumerate(args):
         if arg == "--config-file" and i + 1 < len(args):
             return Path(args[i + 1])
@@ -286,6 +320,6 @@ def _describe(error: dict) -> str:
     name = loc[0]
     got = error.get("input")
     shown = "" if got is None or isinstance(got, dict) else f", got {got!r}"
-    if "password" in name:
+    if "password" in name or name.startswith("checkpoint_key"):
         shown = ""
     return f"invalid setting {name} ({flag(name)}, {env_var(name)}): {message}{shown}"

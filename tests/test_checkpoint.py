@@ -20,12 +20,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.learning import learner_from_state, make_learner
-from service.state.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint
-from service.state.kafka_store import KafkaStore
+from service.state.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ForeignStateError,
+    Owner,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from service.state.kafka_store import CheckpointTooLargeError, KafkaStore
 from service.state.local import LocalStore, StateLockedError
 from service.streams import separable
 
 ROOT = Path(__file__).resolve().parent.parent
+OWNER = Owner("g", "points", cluster_id="cluster-1", topic_id="topic-1")
 
 
 def _checkpoint(seq: int = 1, variant: str = "plain", standardize: bool = False, events: int = 200) -> Checkpoint:
@@ -33,7 +41,8 @@ def _checkpoint(seq: int = 1, variant: str = "plain", standardize: bool = False,
     for e, _ in zip(separable(dimensions=4, noise=0.1, seed=seq), range(events)):
         learner.step(e["x"], e["y"])
     return Checkpoint(seq=seq, positions={("points", 0): 100 * seq, ("points", 1): 7 * seq}, model=learner.to_state(),
-                      dimension=4, meta={"variant": variant, "standardize": standardize}, created=1_700_000_000.5 + seq)
+                      dimension=4, meta={"variant": variant, "standardize": standardize}, created=1_700_000_000.5 + seq,
+                      owner=OWNER)
 
 
 # the document ---------------------------------------------------------------
@@ -50,7 +59,7 @@ def test_round_trip_is_exact_for_every_model(variant, standardize):
        st.integers(0, 2**62), st.one_of(st.none(), st.integers(1, 10_000)),
        st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=20))
 def test_round_trip_of_any_positions_and_floats(positions, seq, dimension, weights):
-    cp = Checkpoint(seq=seq, positions=positions, model={"weights": weights}, dimension=dimension, meta={"v": "plain"})
+    cp = Checkpoint(seq=seq, positions=positions, model={"weights": weights}, dimension=dimension, meta={"v": "plain"}, owner=OWNER)
     assert decode_checkpoint(encode_checkpoint(cp)) == cp
 
 
@@ -83,63 +92,240 @@ def test_a_damaged_byte_is_refused_or_changes_nothing(data):
     (b'{"kind": "something else"}', "not a perceptron-stream checkpoint"),
     (b'{"kind": "perceptron-stream.checkpoint", "format": 99}', "format 99 is not supported"),
     (b'{"kind": "perceptron-stream.checkpoint", "format": 1}', "checksum does not match"),
+    (b'{"kind": "perceptron-stream.checkpoint", "format": 2}', "checksum does not match"),
 ])
 def test_what_is_not_a_checkpoint_is_refused_with_a_reason(data, message):
     with pytest.raises(CheckpointError, match=message):
         decode_checkpoint(data)
 
 
+def _resealed(body: dict, key: bytes | None = None) -> bytes:
+    """``body`` with a valid checksum (and signature): what a forger who can write the store produces."""
+    import hashlib
+    import hmac
+
+    import orjson
+
+    body = {k: v for k, v in body.items() if k not in ("sha256", "hmac")}
+    canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    body["sha256"] = hashlib.sha256(canonical).hexdigest()
+    if key is not None:
+        body["hmac"] = hmac.new(key, canonical, hashlib.sha256).hexdigest()
+    return orjson.dumps(body)
+
+
 def test_a_checksummed_document_with_a_missing_field_is_refused():
     body = json.loads(encode_checkpoint(_checkpoint()))
-    del body["sha256"], body["positions"]
-    from service.state.checkpoint import _digest
-
-    body["sha256"] = _digest(body)
+    del body["positions"]
     with pytest.raises(CheckpointError, match="missing or has a malformed field"):
-        decode_checkpoint(json.dumps(body).encode())
+        decode_checkpoint(_resealed(body))
+
+
+# hostile documents ----------------------------------------------------------
+GARBAGE = [
+    b"[" * 100_000,  # deeper than any parser should recurse
+    b"{" * 100_000,
+    b'{"a":' * 50_000,
+    b"\x00" * 1000,
+    b"1e400",
+    b'"' + b"\\" * 10_000,
+]
+
+
+@pytest.mark.parametrize("data", GARBAGE, ids=range(len(GARBAGE)))
+def test_garbage_is_damage_never_a_crash(data):
+    with pytest.raises(CheckpointError):
+        decode_checkpoint(data)
+
+
+def _valid_body() -> dict:
+    return json.loads(encode_checkpoint(_checkpoint(events=5)))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("positions", [["points", "Infinity", 3]]),
+    ("positions", [["points", 1e300, 3]]),
+    ("positions", [["points", 0, -1]]),
+    ("positions", [["points", 0, 2**63]]),
+    ("positions", [["points", 0, 1], ["points", 0, 2]]),
+    ("positions", {"points": 1}),
+    ("meta", ["variant", "plain"]),
+    ("model", "perceptron"),
+    ("seq", -1),
+    ("seq", 1.5),
+    ("seq", True),
+    ("created", None),
+    ("dimension", 0),
+    ("owner", ["g"]),
+    ("owner", {"group_id": "g", "input_topic": "points", "task": 3}),
+    ("owner", {"group_id": "", "input_topic": "points", "task": "model"}),
+])
+def test_a_well_sealed_document_with_a_field_of_the_wrong_shape_is_damage(field, value):
+    body = _valid_body()
+    body[field] = value
+    with pytest.raises(CheckpointError, match="malformed field"):
+        decode_checkpoint(_resealed(body))
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=20)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["seq", "created", "owner", "positions", "dimension", "meta", "model", "kind", "format"]), JSON)
+def test_fuzz_any_value_in_any_field_of_a_sealed_checkpoint(field, value):
+    """What a forger who can write the store (but has no key) can send: damage, or a checkpoint of sane types."""
+    body = _valid_body()
+    body[field] = value
+    try:
+        cp = decode_checkpoint(_resealed(body))
+    except CheckpointError:
+        return
+    assert type(cp.seq) is int and cp.seq >= 0 and isinstance(cp.meta, dict) and isinstance(cp.model, dict)
+    assert all(type(t) is str and type(p) is int and type(o) is int and p >= 0 and o >= 0 for (t, p), o in cp.positions.items())
+    assert cp.owner is not None and all(isinstance(v, str) for v in (cp.owner.group_id, cp.owner.input_topic, cp.owner.task))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=300) | JSON.map(lambda v: json.dumps(v).encode()))
+def test_fuzz_any_bytes_are_damage_or_a_checkpoint(data):
+    try:
+        decode_checkpoint(data)
+    except CheckpointError:
+        pass
+
+
+# whose it is ------------------------------------------------------------------
+KEY = b"a-secret-of-32-bytes-for-tests!!"
+
+
+def test_with_a_key_only_checkpoints_signed_with_it_are_read():
+    cp = _checkpoint()
+    assert decode_checkpoint(encode_checkpoint(cp, KEY), KEY) == cp
+    assert decode_checkpoint(encode_checkpoint(cp, KEY)) == cp  # without a key, the signature is not checked
+    with pytest.raises(CheckpointError, match="not signed"):
+        decode_checkpoint(encode_checkpoint(cp), KEY)
+    with pytest.raises(CheckpointError, match="signature does not match"):
+        decode_checkpoint(encode_checkpoint(cp, b"another key, also long enough"), KEY)
+    forged = _valid_body()
+    forged["model"]["weights"] = [-1000.0] * len(forged["model"]["weights"])
+    with pytest.raises(CheckpointError, match="signature does not match"):  # resealed with a checksum, not the key
+        decode_checkpoint(_resealed(forged, b"the forger's own key, guessed"), KEY)
+
+
+@pytest.mark.parametrize("other, phrase", [
+    (Owner("g2", "points", cluster_id="cluster-1", topic_id="topic-1"), "consumer group 'g2', not 'g'"),
+    (Owner("g", "events", cluster_id="cluster-1", topic_id="topic-1"), "input topic 'events', not 'points'"),
+    (Owner("g", "points", cluster_id="cluster-2", topic_id="topic-1"), "cluster's id is cluster-2, this one's is cluster-1"),
+    (Owner("g", "points", cluster_id="cluster-1", topic_id="topic-0"), "had id topic-0 and now has id topic-1"),
+])
+def test_another_models_checkpoints_are_never_used(tmp_path, other, phrase):
+    store = LocalStore(tmp_path, "g")
+    store.save(Checkpoint(seq=7, positions={("points", 0): 5}, model={}, owner=other))
+    with pytest.raises(ForeignStateError, match=phrase) as info:
+        store.load("model", OWNER)
+    assert info.value.highest_seq == 7
+    store.save(_checkpoint(1))  # an older one of this model: used, the other one skipped
+    assert store.load("model", OWNER).seq == 1
 
 
 # the local store --------------------------------------------------------------
 def test_local_round_trip_and_keep_the_last_three(tmp_path):
-    store = LocalStore(tmp_path / "state")
-    assert store.load() is None  # nothing yet: a new model
+    store = LocalStore(tmp_path / "state", "g")
+    assert store.load("model", OWNER) is None  # nothing yet: a new model
     saved = [_checkpoint(seq) for seq in range(1, 7)]
     for cp in saved:
         store.save(cp)
-        assert store.load() == cp
-    assert [p.name for p in store.files()] == [f"checkpoint-{n:012d}.json" for n in (6, 5, 4)]
-    assert not list((tmp_path / "state").glob("*.tmp"))
+        assert store.load("model", OWNER) == cp
+    assert [p.name for p in store.files("model")] == [f"checkpoint-{n:012d}.json" for n in (6, 5, 4)]
+    assert store.files("model")[0].parent == tmp_path / "state" / "g" / "model"
+    assert not list((tmp_path / "state").rglob("*.tmp"))
+
+
+def test_groups_sharing_a_state_dir_never_read_each_other(tmp_path):
+    a, b = LocalStore(tmp_path, "a"), LocalStore(tmp_path, "a/../b")
+    a.save(_checkpoint(1))
+    assert b.load("model", Owner("a/../b", "points")) is None
+    assert b.directory.parent == tmp_path and b.directory.name == "a%2F..%2Fb"
 
 
 def test_local_falls_back_to_the_newest_good_checkpoint(tmp_path, caplog):
-    store = LocalStore(tmp_path)
+    store = LocalStore(tmp_path, "g")
     for seq in (1, 2, 3):
         store.save(_checkpoint(seq))
-    newest, middle, oldest = store.files()
+    newest, middle, oldest = store.files("model")
     newest.write_bytes(newest.read_bytes()[:100])  # cut short
-    assert store.load().seq == 2
+    assert store.load("model", OWNER).seq == 2
     assert f"checkpoint {newest.name} in {newest.parent} is unusable" in caplog.text and "truncated or corrupt" in caplog.text
     middle.unlink()
     middle.mkdir()  # unreadable: an OSError, not a crash
-    assert store.load().seq == 1
+    assert store.load("model", OWNER).seq == 1
     assert "restored checkpoint checkpoint-000000000001.json" in caplog.text
 
 
+def test_symlinks_and_fifos_are_refused_without_being_opened(tmp_path, caplog):
+    store = LocalStore(tmp_path, "g")
+    store.save(_checkpoint(1))
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(encode_checkpoint(_checkpoint(3)))
+    (store.task_dir("model") / "checkpoint-000000000003.json").symlink_to(elsewhere)
+    os.mkfifo(store.task_dir("model") / "checkpoint-000000000002.json")  # opened blocking, this would hang forever
+    loaded = []
+    import threading
+
+    reader = threading.Thread(target=lambda: loaded.append(store.load("model", OWNER)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "reading the state directory hung on a FIFO"
+    assert loaded[0].seq == 1
+    assert "symbolic link, refused" in caplog.text and "not a regular file" in caplog.text
+    # a write never goes through a planted symlink either: the link is replaced, its target untouched
+    target = tmp_path / "target"
+    target.write_text("keep me")
+    (store.task_dir("model") / "checkpoint-000000000004.tmp").symlink_to(target)
+    store.save(_checkpoint(4))
+    assert target.read_text() == "keep me" and store.load("model", OWNER).seq == 4
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path):
+    store = LocalStore(tmp_path, "g")
+    store.task_dir("model").mkdir(parents=True)
+    os.mkfifo(store.task_dir("model") / "LOCK")
+    with pytest.raises(StateLockedError, match="must be a regular file"):
+        store.lock("model")
+
+
+def test_version_0_1_checkpoints_are_found_and_moved_under_their_group(tmp_path):
+    legacy = Checkpoint(seq=4, positions={("points", 0): 40}, model={}, meta={"variant": "plain"}, created=1.0)
+    body = {"kind": "perceptron-stream.checkpoint", "format": 1, "seq": 4, "created": 1.0, "positions": [["points", 0, 40]],
+            "dimension": None, "meta": {"variant": "plain"}, "model": {}}
+    import hashlib
+
+    body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    (tmp_path / "checkpoint-000000000004.json").write_text(json.dumps(body))
+    store = LocalStore(tmp_path, "g")
+    assert store.load("model", OWNER) is None  # not without asking for them
+    assert store.load("model", OWNER, legacy=True) == legacy  # owner None: the caller must vouch for it
+    store.adopt_legacy("model")
+    assert [p.name for p in store.files("model")] == ["checkpoint-000000000004.json"] and not store.legacy_files()
+
+
 def test_local_refuses_to_start_from_zero_when_every_checkpoint_is_damaged(tmp_path):
-    store = LocalStore(tmp_path)
+    store = LocalStore(tmp_path, "g")
     for seq in (1, 2):
         store.save(_checkpoint(seq))
-    for path in store.files():
+    for path in store.files("model"):
         path.write_bytes(b"")
     with pytest.raises(CheckpointError) as info:
-        store.load()
+        store.load("model", OWNER)
     message = str(info.value)
-    assert f"no usable checkpoint in {tmp_path}" in message and "move them away to start from zero weights" in message
+    assert f"no usable checkpoint in {store.task_dir('model')}" in message and "move them away to start from zero weights" in message
     assert "checkpoint-000000000002.json" in message and "checkpoint-000000000001.json" in message
 
 
 def test_a_write_cut_short_leaves_the_previous_checkpoints_whole(tmp_path, monkeypatch):
-    store = LocalStore(tmp_path)
+    store = LocalStore(tmp_path, "g")
     store.save(_checkpoint(1))
 
     def fail(fd):
@@ -149,35 +335,38 @@ def test_a_write_cut_short_leaves_the_previous_checkpoints_whole(tmp_path, monke
     with pytest.raises(OSError):
         store.save(_checkpoint(2))
     monkeypatch.undo()
-    assert [p.name for p in store.files()] == ["checkpoint-000000000001.json"]  # the temp file is never read
-    assert store.load() == _checkpoint(1)
+    assert [p.name for p in store.files("model")] == ["checkpoint-000000000001.json"]  # the temp file is never read
+    assert store.load("model", OWNER) == _checkpoint(1)
     store.save(_checkpoint(2))  # the leftover temp file is simply replaced
-    assert store.load() == _checkpoint(2)
+    assert store.load("model", OWNER) == _checkpoint(2)
 
 
 def test_the_lock_keeps_a_second_instance_out_and_dies_with_its_holder(tmp_path):
-    first = LocalStore(tmp_path)
-    first.lock()
-    with pytest.raises(StateLockedError, match=f"state directory {tmp_path} is in use by pid {os.getpid()}"):
-        LocalStore(tmp_path).lock()
+    first = LocalStore(tmp_path, "g")
+    first.lock("model")
+    directory = first.task_dir("model")
+    with pytest.raises(StateLockedError, match=f"state directory {directory} is in use by pid {os.getpid()}"):
+        LocalStore(tmp_path, "g").lock("model")
+    LocalStore(tmp_path, "other-group").lock("model")  # another model's lock is another lock
     first.close()
-    again = LocalStore(tmp_path)
-    again.lock()  # released on close
+    again = LocalStore(tmp_path, "g")
+    again.lock("model")  # released on close
     again.close()
 
     # a holder killed with SIGKILL leaves its LOCK file behind, but no lock
-    code = f"from service.state.local import LocalStore; LocalStore({str(tmp_path)!r}).lock(); print('locked', flush=True); import time; time.sleep(60)"
+    code = (f"from service.state.local import LocalStore; LocalStore({str(tmp_path)!r}, 'g').lock('model'); "
+            "print('locked', flush=True); import time; time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == b"locked"
         with pytest.raises(StateLockedError, match=f"in use by pid {holder.pid}"):
-            LocalStore(tmp_path).lock()
+            LocalStore(tmp_path, "g").lock("model")
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    after_crash = LocalStore(tmp_path)
-    after_crash.lock()
-    assert (tmp_path / "LOCK").read_text() == str(os.getpid())
+    after_crash = LocalStore(tmp_path, "g")
+    after_crash.lock("model")
+    assert (directory / "LOCK").read_text() == str(os.getpid())
     after_crash.close()
 
 
@@ -190,12 +379,14 @@ class MemoryTopic:
     def __init__(self):
         self.records: list[tuple[bytes | None, bytes | None]] = []
         self.closed = False
+        self.asked: list[set] = []
 
     def put(self, key: bytes, value: bytes, timeout_s: float = 10.0) -> None:
         self.records.append((key, value))
 
-    def read_latest(self, wanted, timeout_s: float = 30.0):
-        return {k: v for k, v in self.records if k is not None and wanted(k)}
+    def read_latest(self, wanted: set, timeout_s: float = 30.0):
+        self.asked.append(set(wanted))
+        return {k: v for k, v in self.records if k in wanted}
 
     def close(self) -> None:
         self.closed = True
@@ -204,33 +395,56 @@ class MemoryTopic:
 def test_kafka_store_round_trip_in_slots(tmp_path):
     topic = MemoryTopic()
     store = KafkaStore(topic, "g")
-    assert store.load() is None
+    assert store.load("model", OWNER) is None
     for seq in range(1, 8):
         cp = _checkpoint(seq)
         store.save(cp)
-        assert store.load() == cp
+        assert store.load("model", OWNER) == cp
     assert {k for k, _ in topic.records} == {b"g/0", b"g/1", b"g/2"}  # compaction keeps the last three
+    assert topic.asked[-1] == {b"g/0", b"g/1", b"g/2"}  # only the slots it writes are read
+    assert store.slot_keys("partition-3") == [b"g/partition-3/0", b"g/partition-3/1", b"g/partition-3/2"]
     store.close()
     assert topic.closed
 
 
-def test_kafka_store_falls_back_and_ignores_other_groups(caplog):
+def test_kafka_store_falls_back_and_reads_only_its_slots(caplog):
     topic = MemoryTopic()
-    mine, other, nested = KafkaStore(topic, "g"), KafkaStore(topic, "g2"), KafkaStore(topic, "g/1")
+    mine, other = KafkaStore(topic, "g"), KafkaStore(topic, "g2")
     for seq in (1, 2, 3):
         mine.save(_checkpoint(seq))
     other.save(_checkpoint(50))
-    nested.save(_checkpoint(60))  # key "g/1/0": not one of group g's slots
-    assert mine.load().seq == 3
+    topic.put(b"g/7", encode_checkpoint(_checkpoint(99)))  # a slot the service never writes: compaction never drops it
+    assert mine.load("model", OWNER).seq == 3
     topic.put(b"g/0", encode_checkpoint(_checkpoint(3))[:-20])  # the newest (seq 3, slot 0), damaged
-    assert mine.load().seq == 2
+    assert mine.load("model", OWNER).seq == 2
     assert "checkpoint g/0 in topic checkpoints is unusable" in caplog.text
     topic.put(b"g/2", None)  # a tombstone over seq 2
-    assert mine.load().seq == 1
+    assert mine.load("model", OWNER).seq == 1
     topic.put(b"g/1", b"garbage")
     with pytest.raises(CheckpointError, match="no usable checkpoint in topic checkpoints"):
-        mine.load()
-    assert other.load().seq == 50 and nested.load().seq == 60
+        mine.load("model", OWNER)
+    assert other.load("model", OWNER).seq == 50  # under g2's keys, but its owner is group g: read by g2's store
+
+
+def test_kafka_store_with_a_key_refuses_a_forged_newest_and_falls_back():
+    topic = MemoryTopic()
+    store = KafkaStore(topic, "g")
+    store.key = KEY
+    store.save(_checkpoint(1))
+    forged = _valid_body()
+    forged["seq"] = 10**9
+    topic.put(b"g/2", _resealed(forged))
+    assert store.load("model", OWNER).seq == 1
+
+
+def test_a_checkpoint_too_large_for_a_record_names_the_cause():
+    topic = MemoryTopic()
+    store = KafkaStore(topic, "g")
+    names = [f"feature-number-{i:08d}" for i in range(600_000)]
+    model = {"kind": "perceptron", "features": names, "weights": [0.123456789] * len(names)}
+    with pytest.raises(CheckpointTooLargeError, match="600,000 features.*--max-model-features"):
+        store.save(Checkpoint(seq=1, positions={}, model=model, owner=OWNER))
+    assert not topic.records
 
 
 # no code from data ---------------------------------------------------------
@@ -256,9 +470,9 @@ def test_no_module_of_the_service_can_unpickle():
 
 
 def test_checkpoints_are_plain_json_data(tmp_path):
-    store = LocalStore(tmp_path)
+    store = LocalStore(tmp_path, "g")
     store.save(_checkpoint(1, "pocket", True))
-    body = json.loads(store.files()[0].read_bytes())
+    body = json.loads(store.files("model")[0].read_bytes())
 
     def plain(value):
         if isinstance(value, dict):

@@ -326,6 +326,7 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
         got[letter["source"]["offset"]] = ("dead letter", letter["reason"])
     assert len(outputs) + len(letters) == len(stream)  # one answer per input, none twice
     assert [got.get(offset) for offset in range(len(stream))] == expected
-    final = LocalStore(load(ServeSettings, args).state_dir).load()
+    settings = load(ServeSettings, args)
+    final = LocalStore(settings.state_dir, settings.group_id).load("model")
     assert json.dumps(final.model, sort_keys=True) == json.dumps(learner.to_state(), sort_keys=True)  # NaN-safe
     assert final.positions == {(topics["input_topic"], 0): len(stream)}

@@ -26,9 +26,11 @@ from service.kafka.kafka_python import (
     KafkaIO,
     client_options,
     close_producer,
+    cluster_identity,
     committed_offsets,
     ensure_topics,
     group_members,
+    log_ranges,
     make_producer,
 )
 from service.kafka.types import (
@@ -61,9 +63,11 @@ __all__ = [
     "TopicSpec",
     "client_options",
     "close_producer",
+    "cluster_identity",
     "ensure_topics",
     "first_offsets",
     "group_members",
+    "log_ranges",
     "make_producer",
     "open_stream",
 ]

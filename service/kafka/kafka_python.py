@@ -238,6 +238,54 @@ def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
     return [m["member_id"] for m in group.get("members") or []]
 
 
+#: Topic ids that mean "none": brokers before Kafka 2.8 answer the zero UUID.
+_NO_TOPIC_ID = {None, "", "00000000-0000-0000-0000-000000000000", "AAAAAAAAAAAAAAAAAAAAAA"}
+
+
+def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, str | None]:
+    """(the cluster's id, ``topic``'s id) as the brokers report them; None where they report none.
+
+    A checkpoint records both: a topic deleted and created again, or another
+    cluster behind the same address, has other ids.
+    """
+    admin = _AdminClient(**client_options(settings), request_timeout_ms=10_000)
+    try:
+        cluster_id = admin.describe_cluster().get("cluster_id") or None
+        described = [t for t in admin.describe_topics([topic]) if t.get("name") == topic]
+    finally:
+        admin.close()
+    topic_id = described[0].get("topic_id") if described else None
+    return cluster_id, None if topic_id in _NO_TOPIC_ID else str(topic_id)
+
+
+def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> dict[int, tuple[int, int]]:
+    """Partition → (first offset, end offset) of ``topic``'s logs: where a restored position may lie.
+
+    The end is the larger of ListOffsets' answer and the high watermark of a
+    fetch at it: the embedded broker answers ListOffsets with the start of the
+    last batch + 1 (DESIGN.md), a fetch tells the true end.
+    """
+    consumer = KafkaConsumer(**client_options(settings), enable_auto_commit=False, group_id=None,
+                             max_poll_records=1, fetch_max_bytes=64 * 1024, max_partition_fetch_bytes=64 * 1024,
+                             request_timeout_ms=int(timeout_s * 1000))
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise KafkaError(f"topic {topic} shows no partitions")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        starts = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        for tp in tps:
+            consumer.seek(tp, max(starts[tp], ends[tp] - 1))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(consumer.highwater(tp) is None for tp in tps):
+            consumer.poll(timeout_ms=100)
+        return {tp.partition: (starts[tp], max(ends[tp], consumer.highwater(tp) or 0)) for tp in tps}
+    finally:
+        close_consumer(consumer)
+
+
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_assigned: Callable, on_revoked: Callable):
         self.on_assigned, self.on_revoked = on_assigned, on_revoked
@@ -439,10 +487,15 @@ class CompactedTopic:
         """Write and wait for the broker's acknowledgement."""
         self.producer.send(self.topic, key=key, value=value).get(timeout=timeout_s)
 
-    def read_latest(self, wanted: Callable[[bytes], bool], timeout_s: float = 30.0) -> dict[bytes, bytes | None]:
-        """The last value of each ``wanted`` key, reading every partition from its beginning (as compaction would keep)."""
+    def read_latest(self, wanted: set[bytes], timeout_s: float = 30.0) -> dict[bytes, bytes | None]:
+        """The last value of each key in ``wanted``, reading every partition from its beginning (as compaction would keep).
+
+        Memory stays at about one value per wanted key: fetches are capped at
+        1 MiB (a larger record still comes, alone), few records are handed over
+        per poll, and the values of other keys are dropped as they come.
+        """
         consumer = KafkaConsumer(**client_options(self.settings), enable_auto_commit=False, group_id=None,
-                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=32 * 1024 * 1024)
+                                 fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=16)
         try:
             partitions = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
@@ -458,10 +511,14 @@ class CompactedTopic:
             # until past it AND one poll came back empty.
             while time.monotonic() < deadline:
                 batches = consumer.poll(timeout_ms=200)
+                empty = not batches
                 for messages in batches.values():
-                    out.update((m.key, m.value) for m in messages if m.key is not None and wanted(m.key))
+                    for m in messages:
+                        if m.key in wanted:
+                            out[m.key] = m.value
+                batches = messages = None  # the values of other keys go now, not at the next poll
                 done = all(consumer.position(tp) >= ends[tp] for tp in tps)
-                quiet_polls = quiet_polls + 1 if not batches else 0
+                quiet_polls = quiet_polls + 1 if empty else 0
                 if done and quiet_polls >= 1:
                     return out
             raise KafkaError(f"reading {self.topic} did not finish within {timeout_s:.0f} s")

@@ -1,30 +1,115 @@
-"""The checkpoint document and its integrity check.
+"""The checkpoint document: whose it is, what it holds, and the checks before it is trusted.
 
->>> cp = Checkpoint(seq=3, positions={("points", 0): 17}, model={"kind": "perceptron"}, dimension=2, meta={"variant": "plain"})
+A checkpoint is one JSON document (never pickle: a store that unpickles what
+it reads lets anyone who can write to it run code). It records its *owner*
+(the consumer group, the input topic and its id, the Kafka cluster's id and
+the task: the whole model, or one partition's replica), the positions the
+model reflects, and the model. Everything read back is input: any exception
+while decoding or checking it makes the checkpoint *damaged* (an older one is
+tried), never a traceback.
+
+Integrity: a SHA-256 of the canonical body catches damage. Authenticity: with
+a key (``--checkpoint-key``) an HMAC-SHA256 of the same bytes is added, and a
+reader with the key refuses an unsigned or badly signed checkpoint as damaged.
+Without a key, whoever can write the store can write a checkpoint: protect the
+state directory and the checkpoint topic (README "Security").
+
+>>> owner = Owner(group_id="g", input_topic="points")
+>>> cp = Checkpoint(seq=3, positions={("points", 0): 17}, model={"kind": "perceptron"}, dimension=2,
+...                 meta={"variant": "plain"}, owner=owner)
 >>> decode_checkpoint(encode_checkpoint(cp)) == cp
 True
 >>> decode_checkpoint(encode_checkpoint(cp)[:-9])
 Traceback (most recent call last):
 ...
 service.state.checkpoint.CheckpointError: the checkpoint is not valid JSON (truncated or corrupt): ...
+>>> signed = encode_checkpoint(cp, key=b"k" * 32)
+>>> decode_checkpoint(signed, key=b"k" * 32) == cp
+True
+>>> decode_checkpoint(encode_checkpoint(cp), key=b"k" * 32)
+Traceback (most recent call last):
+...
+service.state.checkpoint.CheckpointError: the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import orjson
+
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+#: Version 0.1's checkpoints: no owner, SHA-256 over Python's json with sorted keys.
+LEGACY_FORMAT = 1
 KIND = "perceptron-stream.checkpoint"
+#: The largest checkpoint a store reads; a bigger file is refused without reading it.
+MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
+#: The task of the one model of ``--model-scope group``.
+GROUP_TASK = "model"
+
+_INT64 = 1 << 63
+_PARTITION_LIMIT = 1 << 31
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: corrupt, truncated or from an incompatible setup."""
+    """A checkpoint that cannot be used: corrupt, truncated, unsigned, or of an incompatible setup."""
+
+
+class ForeignStateError(RuntimeError):
+    """The store holds checkpoints of another model (group, topic, cluster) and none of this one.
+
+    Never used silently: the service stops naming what differs, unless told
+    to start over (``--start-over``); ``highest_seq`` lets a new model's
+    checkpoints supersede them.
+    """
+
+    def __init__(self, message: str, highest_seq: int = 0):
+        super().__init__(message)
+        self.highest_seq = highest_seq
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose a checkpoint is. ``cluster_id`` and ``topic_id`` are None where the brokers report none.
+
+    >>> a = Owner("g", "points", cluster_id="c1", topic_id="t1")
+    >>> a.differences(Owner("g", "points", cluster_id="c2", topic_id="t1"))
+    ["the Kafka cluster's id is c2, this one's is c1"]
+    """
+
+    group_id: str
+    input_topic: str
+    task: str = GROUP_TASK
+    cluster_id: str | None = None
+    topic_id: str | None = None
+
+    def differences(self, other: Owner) -> list[str]:
+        """What differs in ``other`` (a checkpoint's owner) from this expected owner, as phrases."""
+        out = []
+        if other.group_id != self.group_id:
+            out.append(f"it belongs to consumer group {other.group_id!r}, not {self.group_id!r}")
+        if other.input_topic != self.input_topic:
+            out.append(f"it was learned from input topic {other.input_topic!r}, not {self.input_topic!r}")
+        if other.task != self.task:
+            out.append(f"it is the state of {other.task!r}, not of {self.task!r}")
+        if self.cluster_id and other.cluster_id != self.cluster_id:
+            out.append(f"the Kafka cluster's id is {other.cluster_id}, this one's is {self.cluster_id}")
+        if self.topic_id and other.topic_id != self.topic_id:
+            out.append(f"topic {self.input_topic} had id {other.topic_id} and now has id {self.topic_id} "
+                       "(deleted and created again, or another cluster)")
+        return out
+
+    def to_json(self) -> dict:
+        return {"group_id": self.group_id, "input_topic": self.input_topic, "task": self.task,
+                "cluster_id": self.cluster_id, "topic_id": self.topic_id}
 
 
 @dataclass(frozen=True)
@@ -35,76 +120,180 @@ class Checkpoint:
     dimension: int | None = None  # the dense dimension the decoder fixed
     meta: dict = field(default_factory=dict)  # settings the model depends on (variant, standardize...)
     created: float = 0.0
+    owner: Owner | None = None  # None: a version 0.1 checkpoint, which did not record it
 
 
-def _digest(body: dict) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def _canonical(body: dict) -> bytes:
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 
-def encode_checkpoint(cp: Checkpoint) -> bytes:
+def _legacy_canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode_checkpoint(cp: Checkpoint, key: bytes | None = None) -> bytes:
+    """The checkpoint as JSON bytes with its SHA-256, and its HMAC-SHA256 when ``key`` is given."""
+    if cp.owner is None:
+        raise ValueError("a checkpoint needs its owner to be written")
     body = {
         "kind": KIND,
         "format": FORMAT,
         "seq": cp.seq,
         "created": cp.created,
+        "owner": cp.owner.to_json(),
         "positions": [[t, p, o] for (t, p), o in sorted(cp.positions.items())],
         "dimension": cp.dimension,
         "meta": cp.meta,
         "model": cp.model,
     }
-    body["sha256"] = _digest(body)
-    return json.dumps(body, separators=(",", ":")).encode()
+    canonical = _canonical(body)
+    body["sha256"] = hashlib.sha256(canonical).hexdigest()
+    if key is not None:
+        body["hmac"] = hmac.new(key, canonical, hashlib.sha256).hexdigest()
+    return orjson.dumps(body)
 
 
-def decode_checkpoint(data: bytes) -> Checkpoint:
+def decode_checkpoint(data: bytes, key: bytes | None = None) -> Checkpoint:
+    """The checkpoint in ``data``, checked; CheckpointError for anything else, whatever the bytes.
+
+    orjson parses (it refuses nesting deeper than 1024 and non-finite numbers
+    instead of recursing or overflowing); every field is then checked for type
+    and range before anything uses it.
+    """
     try:
-        body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return _decode(data, key)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # whatever a hostile document provokes is damage, not a crash
+        raise CheckpointError(f"the checkpoint cannot be read: {exc.__class__.__name__}: {str(exc)[:200]}") from None
+
+
+def _decode(data: bytes, key: bytes | None) -> Checkpoint:
+    if len(data) > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(f"the checkpoint is {len(data)} bytes, more than the {MAX_CHECKPOINT_BYTES} a checkpoint may have")
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
         raise CheckpointError(f"the checkpoint is not valid JSON (truncated or corrupt): {exc}") from None
     if not isinstance(body, dict) or body.get("kind") != KIND:
         raise CheckpointError("the data is not a perceptron-stream checkpoint")
-    if body.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint format {body.get('format')!r} is not supported (this version reads format {FORMAT})")
-    digest = body.pop("sha256", None)
-    if digest != _digest(body):
+    fmt = body.get("format")
+    if fmt not in (FORMAT, LEGACY_FORMAT) or type(fmt) is not int:
+        raise CheckpointError(f"checkpoint format {_short(fmt)} is not supported (this version reads formats 1 and {FORMAT})")
+    digest, signature = body.pop("sha256", None), body.pop("hmac", None)
+    canonical = _canonical(body) if fmt == FORMAT else _legacy_canonical(body)
+    if type(digest) is not str or not hmac.compare_digest(digest, hashlib.sha256(canonical).hexdigest()):
         raise CheckpointError("the checkpoint's checksum does not match its content (corrupt)")
-    try:
-        return Checkpoint(
-            seq=int(body["seq"]),
-            positions={(str(t), int(p)): int(o) for t, p, o in body["positions"]},
-            model=body["model"],
-            dimension=body["dimension"],
-            meta=body["meta"],
-            created=float(body["created"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"the checkpoint is missing or has a malformed field: {exc}") from None
+    if key is not None:
+        if signature is None:
+            raise CheckpointError("the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged")
+        if type(signature) is not str or not hmac.compare_digest(signature, hmac.new(key, canonical, hashlib.sha256).hexdigest()):
+            raise CheckpointError("the checkpoint's signature does not match: written with another --checkpoint-key, or forged")
+    return Checkpoint(
+        seq=_int(body, "seq", 0, _INT64),
+        positions=_positions(body.get("positions")),
+        model=_dict(body, "model"),
+        dimension=None if body.get("dimension") is None else _int(body, "dimension", 1, _INT64),
+        meta=_dict(body, "meta"),
+        created=_finite(body, "created"),
+        owner=_owner(body.get("owner")) if fmt == FORMAT else None,
+    )
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _malformed(name: str, value, wanted: str) -> CheckpointError:
+    return CheckpointError(f"the checkpoint is missing or has a malformed field: {name} must be {wanted}, got {_short(value)}")
+
+
+def _int(body: dict, name: str, low: int, high: int) -> int:
+    value = body.get(name)
+    if type(value) is not int or not low <= value < high:
+        raise _malformed(name, value, f"an integer in [{low}, {high})")
+    return value
+
+
+def _finite(body: dict, name: str) -> float:
+    value = body.get(name)
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _malformed(name, value, "a finite number")
+    return float(value)
+
+
+def _dict(body: dict, name: str) -> dict:
+    value = body.get(name)
+    if type(value) is not dict:
+        raise _malformed(name, value, "an object")
+    return value
+
+
+def _positions(value) -> dict[tuple[str, int], int]:
+    if type(value) is not list:
+        raise _malformed("positions", value, "a list of [topic, partition, offset]")
+    out = {}
+    for item in value:
+        ok = (type(item) is list and len(item) == 3 and type(item[0]) is str and type(item[1]) is int
+              and type(item[2]) is int and 0 <= item[1] < _PARTITION_LIMIT and 0 <= item[2] < _INT64)
+        if not ok or (item[0], item[1]) in out:
+            raise _malformed("positions", item, "unique [topic, partition >= 0, offset >= 0] triples")
+        out[(item[0], item[1])] = item[2]
+    return out
+
+
+def _owner(value) -> Owner:
+    if type(value) is not dict:
+        raise _malformed("owner", value, "an object")
+    names = ("group_id", "input_topic", "task", "cluster_id", "topic_id")
+    texts = {n: value.get(n) for n in names}
+    for n in names[:3]:
+        if type(texts[n]) is not str or not texts[n]:
+            raise _malformed(f"owner.{n}", texts[n], "a non-empty string")
+    for n in names[3:]:
+        if texts[n] is not None and type(texts[n]) is not str:
+            raise _malformed(f"owner.{n}", texts[n], "a string or null")
+    return Owner(**texts)
 
 
 def newest_usable(candidates: Iterable[tuple[str, Checkpoint | CheckpointError]], accept: Callable[[Checkpoint], None] | None,
-                  where: str) -> Checkpoint | None:
-    """The first checkpoint of ``candidates`` (newest first, each decoded or the error it gave) that ``accept`` takes.
+                  where: str, expected: Owner | None = None) -> Checkpoint | None:
+    """The first checkpoint of ``candidates`` (newest first, each decoded or the error it gave) that is
+    ``expected``'s and that ``accept`` takes.
 
     ``accept`` raises CheckpointError for one this version cannot use (a model
-    it cannot read): the next older one is tried. None when there are no
-    candidates at all; CheckpointError when there are some and none is
+    it cannot read, other settings): the next older one is tried. A checkpoint
+    of another owner is skipped with an error in the log. None when there are
+    no candidates at all; ForeignStateError when there are only other owners'
+    ones; CheckpointError when there are some of this owner and none is
     usable: starting over from zero weights must be an operator's decision,
-    not an accident.
+    not an accident. A version 0.1 checkpoint (no owner) is returned for the
+    caller to vouch for (see ``Application``).
     """
-    problems = []
+    problems, foreign, highest = [], [], 0
     for name, cp in candidates:
-        if not isinstance(cp, CheckpointError) and accept is not None:
-            try:
-                accept(cp)
-            except CheckpointError as exc:
-                cp = exc
+        if isinstance(cp, Checkpoint):
+            highest = max(highest, cp.seq)
+            differs = expected.differences(cp.owner) if expected is not None and cp.owner is not None else []
+            if differs:
+                log.error("checkpoint %s in %s is not this model's: %s", name, where, "; ".join(differs))
+                foreign.append(f"{name}: {'; '.join(differs)}")
+                continue
+            if accept is not None:
+                try:
+                    accept(cp)
+                except CheckpointError as exc:
+                    cp = exc
         if isinstance(cp, CheckpointError):
             log.error("checkpoint %s in %s is unusable: %s; trying an older one", name, where, cp)
             problems.append(f"{name}: {cp}")
             continue
-        if problems:
-            log.warning("restored checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems))
+        if problems or foreign:
+            log.warning("restored checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems) + len(foreign))
         return cp
+    if foreign and not problems:
+        raise ForeignStateError(f"the checkpoints in {where} are not this model's: " + " | ".join(foreign), highest)
     if problems:
-        raise CheckpointError(f"no usable checkpoint in {where}: " + "; ".join(problems))
+        raise CheckpointError(f"no usable checkpoint in {where}: " + "; ".join(problems + foreign))
     return None

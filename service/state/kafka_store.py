@@ -1,42 +1,81 @@
 """Checkpoints in a compacted Kafka topic, for pods without a disk.
 
-Each checkpoint is one record keyed ``<group>/<slot>`` with ``slot = seq mod
-keep``: compaction keeps the newest record of each key, so the last ``keep``
-checkpoints survive it and a damaged newest one has older ones to fall back to.
+Each checkpoint is one record keyed by its task's slot ``seq mod keep``:
+``<group>/<slot>`` for the one model of a group, ``<group>/<task>/<slot>``
+for a partition's replica. Compaction keeps the newest record of each key, so
+the last ``keep`` checkpoints survive it and a damaged newest one has older
+ones to fall back to. Only those slot keys are read (a record under any other
+key is not the service's), and only the last value of each is held in memory
+while the topic is read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from service.kafka import CompactedTopic
-from service.state.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint, newest_usable
+from service.state.checkpoint import (
+    GROUP_TASK,
+    Checkpoint,
+    CheckpointError,
+    Owner,
+    decode_checkpoint,
+    encode_checkpoint,
+    newest_usable,
+)
+
+#: The largest record the checkpoint producer sends and the service's checkpoint topic takes.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+#: Room for the record's key and headers within MAX_RECORD_BYTES.
+_RECORD_OVERHEAD = 64 * 1024
+
+
+class CheckpointTooLargeError(RuntimeError):
+    """A checkpoint larger than the Kafka store can write: the model, not the brokers, must change."""
 
 
 class KafkaStore:
-    def __init__(self, topic: CompactedTopic, group_id: str, keep: int = 3):
-        self.topic, self.prefix, self.keep = topic, f"{group_id}/".encode(), keep
+    def __init__(self, topic, group_id: str, keep: int = 3):
+        self.topic, self.group_id, self.keep = topic, group_id, keep
+        self.key: bytes | None = None  # --checkpoint-key: sign what is written, refuse what is not signed with it
 
-    def lock(self) -> None:
+    def slot_keys(self, task: str) -> list[bytes]:
+        """The record keys of ``task``'s slots (the group's model keeps version 0.1's ``<group>/<slot>``)."""
+        prefix = f"{self.group_id}/" if task == GROUP_TASK else f"{self.group_id}/{task}/"
+        return [f"{prefix}{slot}".encode() for slot in range(self.keep)]
+
+    def lock(self, task: str) -> None:
         """Nothing to lock in a topic; the service checks the consumer group instead."""
 
-    def save(self, cp: Checkpoint) -> None:
-        self.topic.put(self.prefix + str(cp.seq % self.keep).encode(), encode_checkpoint(cp))
+    def unlock(self, task: str | None = None) -> None:
+        """Nothing to unlock."""
 
-    def load(self, accept: Callable[[Checkpoint], None] | None = None) -> Checkpoint | None:
-        """The newest checkpoint of this group that decodes and that ``accept`` takes (see :func:`newest_usable`)."""
-        prefix = self.prefix
-        # "<group>/<slot>" exactly: group "a" must not read group "a/1"'s "a/1/0"
-        latest = self.topic.read_latest(lambda key: key.startswith(prefix) and key[len(prefix):].isdigit())
+    def save(self, cp: Checkpoint) -> None:
+        value = encode_checkpoint(cp, self.key)
+        if len(value) > MAX_RECORD_BYTES - _RECORD_OVERHEAD:
+            features = len(cp.model.get("features", cp.model.get("perceptron", {}).get("features", [])))
+            raise CheckpointTooLargeError(
+                f"checkpoint {cp.seq} is {len(value):,} bytes, more than the {MAX_RECORD_BYTES - _RECORD_OVERHEAD:,} a "
+                f"record of the Kafka state store may have (the model holds {features:,} features): lower "
+                "--max-model-features, hash the features (--hash-features), or use --state-store local")
+        self.topic.put(self.slot_keys(cp.owner.task)[cp.seq % self.keep], value)
+
+    def load(self, task: str, expected: Owner | None = None, accept: Callable[[Checkpoint], None] | None = None,
+             legacy: bool = False) -> Checkpoint | None:
+        """The newest checkpoint of ``task`` that is ``expected``'s, decodes and that ``accept`` takes
+        (see :func:`newest_usable`). ``legacy`` changes nothing: version 0.1 used the same keys."""
+        latest = self.topic.read_latest(set(self.slot_keys(task)))
         decoded = []
         for key, value in latest.items():
             try:
-                decoded.append((key.decode(), decode_checkpoint(value or b"")))
+                decoded.append((key.decode(), decode_checkpoint(value or b"", self.key)))
             except CheckpointError as exc:
                 decoded.append((key.decode(), exc))
         # the damaged ones first (reported: any may have been the newest), then newest first
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
-        return newest_usable(decoded, accept, f"topic {self.topic.topic}")
+        return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected)
+
+    def adopt_legacy(self, task: str) -> None:
+        """Nothing to move: version 0.1's records are under the same keys."""
 
     def close(self) -> None:
         self.topic.close()

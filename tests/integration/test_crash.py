@@ -162,10 +162,10 @@ def check_outputs(by_source: dict[int, list[bytes]], expected: list[dict], *, in
 def final_checkpoint(args: list[str], store: str):
     settings = load(ServeSettings, args)
     if store == "local":
-        return LocalStore(settings.state_dir).load()
+        return LocalStore(settings.state_dir, settings.group_id).load("model")
     kafka_store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
     try:
-        return kafka_store.load()
+        return kafka_store.load("model")
     finally:
         kafka_store.close()
 
@@ -402,13 +402,15 @@ def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(t
     events = make_events(count, seed=13)
     expected, model = offline(events)
     with EmbeddedBroker(log_path=tmp_path / "tansu.log") as own_broker:
-        produce(own_broker.bootstrap_servers, topics["input_topic"], events)
+        produce(own_broker.bootstrap_servers, topics["input_topic"], events[: count // 4])
         args = settings_args(own_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000)
         watcher = OutputWatcher(own_broker.bootstrap_servers, topics["output_topic"]).start()
         try:
             process = start_service_process(args, tmp_path / "serve-1.log")
             try:
                 wait_until(lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream")
+                # the rest arrives and the broker freezes at once: the service is mid-stream, whatever its speed
+                produce(own_broker.bootstrap_servers, topics["input_topic"], events[count // 4:])
                 own_broker.pause()
                 try:
                     time.sleep(1.0)  # the batch in hand waits for its acknowledgements
@@ -424,6 +426,7 @@ def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(t
             saved = final_checkpoint(args, "local")
             process = start_service_process(args, tmp_path / "serve-2.log")
             try:
+                wait_assigned(process, tmp_path / "serve-2.log", topics["input_topic"])  # SIGTERM handled from here on
                 wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
             finally:
                 assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")

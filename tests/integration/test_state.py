@@ -61,13 +61,14 @@ def _exit_code(args, log_path, timeout=60.0) -> int:
 # damaged checkpoints ------------------------------------------------------
 def _damage_local(args) -> list[str]:
     """Truncate the newest checkpoint file and break the checksum of the next; their names."""
-    store = LocalStore(load(ServeSettings, args).state_dir)
-    newest, second, oldest = store.files()[:3]
+    settings = load(ServeSettings, args)
+    store = LocalStore(settings.state_dir, settings.group_id)
+    newest, second, oldest = store.files("model")[:3]
     newest.write_bytes(newest.read_bytes()[: len(newest.read_bytes()) // 2])  # a write cut short
     body = json.loads(second.read_bytes())
     body["model"]["bias"] += 1.0  # valid JSON, wrong content: only the checksum can tell
     second.write_text(json.dumps(body))
-    assert store.load().seq == int(oldest.stem.split("-")[1])
+    assert store.load("model").seq == int(oldest.stem.split("-")[1])
     return [newest.name, second.name]
 
 
@@ -77,7 +78,7 @@ def _damage_kafka(args) -> list[str]:
     topic = CompactedTopic(settings, settings.checkpoint_topic)
     store = KafkaStore(topic, settings.group_id)
     try:
-        newest = store.load()
+        newest = store.load("model")
         keys = [f"{settings.group_id}/{(newest.seq - age) % store.keep}" for age in (0, 1)]
         good = encode_checkpoint(newest)
         topic.put(keys[0].encode(), good[: len(good) // 2])
@@ -85,7 +86,7 @@ def _damage_kafka(args) -> list[str]:
         body["seq"] -= 1
         body["model"]["bias"] += 1.0
         topic.put(keys[1].encode(), json.dumps(body).encode())
-        assert store.load().seq == newest.seq - 2
+        assert store.load("model").seq == newest.seq - 2
     finally:
         store.close()
     return keys
@@ -130,8 +131,10 @@ def _restart_refused(broker, topics, tmp_path, count: int, seed: int, damage) ->
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
         _run_to_the_end(args, watcher, count, tmp_path / "serve-1.log")  # checkpoints, then commits them
-        state_dir = load(ServeSettings, args).state_dir
-        damage(LocalStore(state_dir))
+        settings = load(ServeSettings, args)
+        store = LocalStore(settings.state_dir, settings.group_id)
+        state_dir = store.task_dir("model")
+        damage(store)
         before = watcher.settle()
         records_before = watcher.records
 
@@ -148,7 +151,7 @@ def _restart_refused(broker, topics, tmp_path, count: int, seed: int, damage) ->
 
 def test_every_checkpoint_damaged_stops_the_service_naming_the_state_dir(broker, topics, tmp_path):
     def lose_the_data_blocks(store):
-        for path in store.files():
+        for path in store.files("model"):
             path.write_bytes(b"\x00" * 100)
 
     log, state_dir = _restart_refused(broker, topics, tmp_path, 3000, 22, lose_the_data_blocks)
@@ -165,14 +168,14 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
         _run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")
     finally:
         watcher.stop()
-    saved = LocalStore(load(ServeSettings, args).state_dir).load()
+    saved = final_checkpoint(args, "local")
 
     code = _exit_code(args + ["--variant", "averaged"], tmp_path / "serve-2.log")
     log = (tmp_path / "serve-2.log").read_text()
     assert code == 1, log[-3000:]
     assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[-3000:]
     assert "Traceback" not in log
-    assert LocalStore(load(ServeSettings, args).state_dir).load() == saved  # left as it was
+    assert final_checkpoint(args, "local") == saved  # left as it was
 
 
 # no checkpoint yet ----------------------------------------------------------
@@ -223,7 +226,8 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(br
         log = (tmp_path / "serve-2.log").read_text()
         assert code == 1, log[-3000:]
         if store == "local":
-            state_dir = load(ServeSettings, args).state_dir
+            settings = load(ServeSettings, args)
+            state_dir = LocalStore(settings.state_dir, settings.group_id).task_dir("model")
             assert f"state directory {state_dir} is in use by pid {first.pid}" in log, log[-3000:]
         else:
             assert f"consumer group {topics['group_id']} has 1 other member(s): processing nothing until they leave" in log
@@ -248,7 +252,7 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(br
 def test_committed_offsets_without_a_checkpoint_are_refused_not_a_silent_reset(broker, topics, tmp_path):
     """An emptied state directory (a new volume, say): going on would learn from mid-stream with zero weights."""
     def empty(store):
-        for path in store.files():
+        for path in store.files("model"):
             path.unlink()
 
     log, state_dir = _restart_refused(broker, topics, tmp_path, 2000, 26, empty)
@@ -283,7 +287,8 @@ def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_s
         consume(broker.bootstrap_servers, topics["output_topic"], 2000, timeout=120)
     finally:
         assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
-    newest = LocalStore(load(ServeSettings, args).state_dir).files()[0]
+    settings = load(ServeSettings, args)
+    newest = LocalStore(settings.state_dir, settings.group_id).files("model")[0]
     assert json.loads(newest.read_bytes())["positions"] == [[topics["input_topic"], 0, 1000], [topics["input_topic"], 1, 1000]]
     newest.write_bytes(newest.read_bytes()[:100])  # lost: the restart falls back to the older one
 

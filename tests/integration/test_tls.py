@@ -336,7 +336,7 @@ def test_service_over_tls_publishes_the_offline_learners_predictions(pki, tls_br
     settings = load(ServeSettings, args)
     store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
     try:
-        checkpoint = store.load()
+        checkpoint = store.load("model")
     finally:
         store.close()
     assert checkpoint.model == model and checkpoint.positions == {(topics["input_topic"], 0): len(events)}

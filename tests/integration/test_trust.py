@@ -1,0 +1,258 @@
+"""State read back is input: checkpoints bound to their model, on real service processes and brokers.
+
+Each case is one a new user or an attacker met (the trust issue): another
+group on the same state directory, the same group against a fresh cluster or
+a topic created again, a forged or garbage record on the checkpoint topic, a
+FIFO where a checkpoint belongs, and version 0.1's flat state directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from service.broker import EmbeddedBroker
+from service.config import ServeSettings, load
+from service.kafka import CompactedTopic
+from service.state.checkpoint import encode_checkpoint
+from service.state.kafka_store import KafkaStore
+from service.state.local import LocalStore
+from tests.conftest import ROOT, produce, settings_args
+from tests.integration.test_crash import (
+    OutputWatcher,
+    check_outputs,
+    final_checkpoint,
+    has_traceback,
+    make_events,
+    offline,
+    store_args,
+)
+from tests.integration.test_state import _exit_code, _run_to_the_end
+
+pytestmark = pytest.mark.integration
+
+
+def _first_run(broker, topics, tmp_path, count=1000, seed=41, **extra) -> list[str]:
+    """Serve ``count`` events to the end (checkpointed, committed); the args of that run."""
+    produce(broker.bootstrap_servers, topics["input_topic"], make_events(count, seed=seed))
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200, **extra)
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        _run_to_the_end(args, watcher, count, tmp_path / "serve-1.log")
+    finally:
+        watcher.stop()
+    return args
+
+
+def _refused(args, log_path) -> str:
+    code = _exit_code(args, log_path)
+    log = log_path.read_text()
+    assert code == 1, log[-3000:]
+    assert not has_traceback(log), log[-3000:]
+    return log
+
+
+def test_another_group_on_the_same_state_dir_starts_its_own_model(broker, topics, tmp_path):
+    """Group B shares group A's --state-dir: B learns every event itself, never from A's checkpoint."""
+    events = make_events(1000, seed=41)
+    _first_run(broker, topics, tmp_path)
+    other = {**topics, "group_id": topics["group_id"] + "-b", "output_topic": topics["output_topic"] + "-b"}
+    args = settings_args(broker, other, tmp_path, batch_size=100, checkpoint_interval_events=200)
+    watcher = OutputWatcher(broker.bootstrap_servers, other["output_topic"]).start()
+    try:
+        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-b.log")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    expected, model = offline(events)
+    check_outputs(by_source, expected)  # 1,000 of 1,000 predicted, from zero weights
+    assert final_checkpoint(args, "local").model == model
+    assert final_checkpoint(settings_args(broker, topics, tmp_path), "local").positions == {(topics["input_topic"], 0): 1000}
+
+
+@pytest.mark.parametrize("how", ["fresh cluster", "topic created again"])
+def test_the_same_group_on_a_new_log_refuses_then_starts_over_when_told(tmp_path, topics, how):
+    """Measured on 0.1: 0 of 1,000 events predicted, ready and healthy. Now: exit 1 naming the topic's
+    new id; with --start-over, every event predicted by a new model."""
+    events = make_events(1000, seed=42)
+    with EmbeddedBroker(log_path=tmp_path / "tansu-1.log") as first:
+        _first_run(first, topics, tmp_path, seed=42)
+        if how == "topic created again":
+            from kafka import KafkaAdminClient
+
+            admin = KafkaAdminClient(bootstrap_servers=first.bootstrap_servers)
+            admin.delete_topics([topics["input_topic"]])
+            admin.close()
+            time.sleep(1.0)
+            produce(first.bootstrap_servers, topics["input_topic"], events)
+            _check_refused_then_start_over(first, topics, tmp_path, events)
+            return
+    with EmbeddedBroker(log_path=tmp_path / "tansu-2.log") as second:
+        produce(second.bootstrap_servers, topics["input_topic"], events)
+        _check_refused_then_start_over(second, topics, tmp_path, events)
+
+
+def _check_refused_then_start_over(broker, topics, tmp_path, events):
+    topics = {**topics, "output_topic": topics["output_topic"] + "-again"}  # the first run's predictions stay apart
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200)
+    log = _refused(args, tmp_path / "serve-2.log")
+    assert f"topic {topics['input_topic']} had id" in log and "--start-over" in log, log[-3000:]
+    assert "Nothing was restored and nothing learned" in log
+
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        _run_to_the_end(args + ["--start-over"], watcher, len(events), tmp_path / "serve-3.log")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    expected, model = offline(events)
+    check_outputs(by_source, expected)
+    assert final_checkpoint(args, "local").model == model
+
+
+def test_a_checkpoint_record_with_positions_past_the_log_end_is_refused(broker, topics, tmp_path):
+    """Measured on 0.1: such a record made the service skip offsets silently."""
+    args = _first_run(broker, topics, tmp_path, count=600, seed=43, **store_args("kafka", topics))
+    settings = load(ServeSettings, args)
+    store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
+    try:
+        newest = store.load("model")
+        from dataclasses import replace
+
+        forged = replace(newest, seq=newest.seq + 1, positions={(topics["input_topic"], 0): 1_000_000})
+        store.save(forged)
+    finally:
+        store.close()
+    log = _refused(args, tmp_path / "serve-2.log")
+    assert (f"checkpoint {newest.seq + 1} holds positions outside {topics['input_topic']}'s logs: partition 0 at offset "
+            "1000000, outside its log (0 to 600)") in log, log[-3000:]
+
+
+def test_with_a_key_forged_unsigned_and_garbage_records_fall_back_to_the_signed_checkpoint(broker, topics, tmp_path):
+    key = {"PERCEPTRON_STREAM_CHECKPOINT_KEY": "0123456789abcdef0123456789abcdef"}
+    events = make_events(1200, seed=44)
+    produce(broker.bootstrap_servers, topics["input_topic"], events[:600])
+    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200, **store_args("kafka", topics))
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    os.environ.update(key)  # the child processes inherit it, never as a flag
+    try:
+        _run_to_the_end(args, watcher, 600, tmp_path / "serve-1.log")
+        settings = load(ServeSettings, args)
+        topic = CompactedTopic(settings, settings.checkpoint_topic)
+        store = KafkaStore(topic, settings.group_id)
+        store.key = key["PERCEPTRON_STREAM_CHECKPOINT_KEY"].encode()
+        try:
+            newest = store.load("model")
+            slots = store.slot_keys("model")
+            forged = json.loads(encode_checkpoint(newest))  # well formed, checksummed, unsigned
+            from tests.test_checkpoint import _resealed
+
+            forged["seq"] = newest.seq + 1
+            forged["model"]["weights"] = [-100.0] * len(forged["model"]["weights"])
+            topic.put(slots[(newest.seq + 1) % 3], _resealed(forged))
+            topic.put(slots[(newest.seq + 2) % 3], b"[" * 100_000)
+        finally:
+            store.close()
+        produce(broker.bootstrap_servers, topics["input_topic"], events[600:])
+        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-2.log")
+        watcher.settle()
+    finally:
+        for name in key:
+            os.environ.pop(name, None)
+        by_source = watcher.stop()
+    log = (tmp_path / "serve-2.log").read_text()
+    assert "the checkpoint is not signed, and --checkpoint-key is set" in log and "not valid JSON" in log, log[-3000:]
+    assert key["PERCEPTRON_STREAM_CHECKPOINT_KEY"] not in log + (tmp_path / "serve-1.log").read_text()
+    expected, model = offline(events)
+    check_outputs(by_source, expected)  # the forged weights predicted nothing
+    assert final_checkpoint(args, "kafka").model == model
+
+
+def test_reading_the_checkpoint_topic_holds_one_record_per_slot(broker, topics, tmp_path):
+    """Measured on 0.1: six 8 MiB records took the start-up to 351 MB."""
+    settings = load(ServeSettings, settings_args(broker, topics, tmp_path))
+    name = topics["input_topic"] + "-checkpoints"
+    from service.app import CHECKPOINT_TOPIC_CONFIG
+    from service.kafka import TopicSpec, ensure_topics
+
+    ensure_topics(settings, [TopicSpec(name, 1, 1, CHECKPOINT_TOPIC_CONFIG)], True)
+    topic = CompactedTopic(settings, name)
+    try:
+        for i in range(6):
+            topic.put(f"{settings.group_id}/{7 + i}".encode(), bytes([65 + i]) * (8 * 1024 * 1024))  # slots it never writes
+        topic.put(f"{settings.group_id}/0".encode(), b"{}")
+    finally:
+        topic.close()
+    code = textwrap.dedent(f"""
+        import resource
+        from service.config import ServeSettings, load
+        from service.kafka import CompactedTopic
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        topic = CompactedTopic(load(ServeSettings, ["--bootstrap-servers", {broker.bootstrap_servers!r}]), {name!r})
+        latest = topic.read_latest({{b"{settings.group_id}/0", b"{settings.group_id}/1"}})
+        topic.close()
+        print(sorted(latest), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    keys, grown_mib = out.stdout.strip().rsplit(" ", 1)
+    assert keys == f"[b'{settings.group_id}/0']", out.stderr[-2000:]
+    assert int(grown_mib) < 40, f"reading grew the process by {grown_mib} MiB"
+
+
+def test_a_fifo_where_a_checkpoint_belongs_neither_hangs_nor_stops_the_service(broker, topics, tmp_path):
+    """Measured on 0.1: a FIFO in the state directory hung the start-up, SIGTERM ignored."""
+    events = make_events(800, seed=45)
+    args = _first_run(broker, topics, tmp_path, count=400, seed=45)
+    settings = load(ServeSettings, args)
+    store = LocalStore(settings.state_dir, settings.group_id)
+    newest = store.files("model")[0]
+    os.mkfifo(newest.with_name("checkpoint-999999999999.json"))
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(newest.read_bytes())
+    os.symlink(elsewhere, newest.with_name("checkpoint-999999999998.json"))
+    produce(broker.bootstrap_servers, topics["input_topic"], events[400:])
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        _run_to_the_end(args, watcher, 800, tmp_path / "serve-2.log")
+    finally:
+        watcher.stop()
+    log = (tmp_path / "serve-2.log").read_text()
+    assert "not a regular file" in log and "symbolic link, refused" in log, log[-3000:]
+    assert final_checkpoint(args, "local").positions == {(topics["input_topic"], 0): 800}
+
+
+def test_version_0_1s_flat_state_dir_is_adopted_by_its_group_and_refused_by_another(broker, topics, tmp_path):
+    args = _first_run(broker, topics, tmp_path, count=500, seed=46)
+    settings = load(ServeSettings, args)
+    store = LocalStore(settings.state_dir, settings.group_id)
+    newest = final_checkpoint(args, "local")
+    import hashlib
+
+    for path in store.files("model"):  # rewrite as version 0.1 wrote them: no owner, flat in the state dir
+        body = json.loads(path.read_bytes())
+        for k in ("sha256", "hmac", "owner"):
+            body.pop(k, None)
+        body["format"] = 1
+        body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        (settings.state_dir / path.name).write_text(json.dumps(body))
+        path.unlink()
+
+    other = {**topics, "group_id": topics["group_id"] + "-b"}
+    log = _refused(settings_args(broker, other, tmp_path), tmp_path / "serve-b.log")
+    assert "was written by version 0.1, which did not record its consumer group or cluster" in log, log[-3000:]
+
+    produce(broker.bootstrap_servers, topics["input_topic"], make_events(100, seed=47))
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        _run_to_the_end(args, watcher, 600, tmp_path / "serve-2.log")
+    finally:
+        watcher.stop()
+    assert not store.legacy_files() and store.files("model")
+    after = final_checkpoint(args, "local")
+    assert after.positions == {(topics["input_topic"], 0): 600} and after.model["counters"]["seen"] == newest.model["counters"]["seen"] + 100
