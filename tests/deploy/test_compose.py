@@ -598,8 +598,25 @@ def test_the_copied_files_build_the_package(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         assert "service/cli.py" in names
+        [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert re.search(r"^perceptron-stream\s*=\s*service\.cli:main", entry_points, re.M)
+    # PEP 639: the SPDX expression, not the deprecated License: text
+    assert "License-Expression: MIT" in headers
+    assert not any(line.startswith("License:") for line in headers)
+
+
+def test_the_license_is_an_spdx_expression_and_setuptools_reads_it():
+    """``license = "MIT"`` (PEP 639); setuptools reads that form from version 77 on, and older ones reject it."""
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "MIT"
+    assert not any(c.startswith("License ::") for c in pyproject["project"].get("classifiers", []))  # PEP 639 forbids both
+    [setuptools] = [r for r in pyproject["build-system"]["requires"] if re.match(r"setuptools\b", r)]
+    lower = re.fullmatch(r"setuptools\s*>=\s*(\d+)(?:\.\d+)*", setuptools)
+    assert lower and int(lower.group(1)) >= 77, f"PEP 639 license expressions need setuptools>=77, got {setuptools!r}"
 
 
 def test_dockerignore_matcher_itself():
