@@ -142,6 +142,18 @@ def host_path_of(service: dict, container_path: str) -> Path:
     raise AssertionError(f"{container_path} is not inside any bind mount of {service.get('image')}")
 
 
+def project_image(compose: dict) -> str:
+    """The image of the one service that builds it (from deploy/Dockerfile)."""
+    [image] = [service["image"] for service in compose["services"].values() if "build" in service]
+    return image
+
+
+def _image_name(image: str) -> str:
+    """The repository part of name[:tag] (a registry's host:port kept)."""
+    name, colon, tag = image.rpartition(":")
+    return name if colon and "/" not in tag else image
+
+
 def published_ports(service: dict) -> dict[int, int]:
     """container port -> host port."""
     out = {}
@@ -192,7 +204,7 @@ def test_the_stack_has_its_services(compose):
 
 def test_third_party_images_are_pinned(compose):
     for name, service in compose["services"].items():
-        if "build" in service:
+        if service["image"] == project_image(compose):
             continue
         image = service["image"]
         repo, _, tag = image.rpartition(":")
@@ -320,6 +332,35 @@ def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, mon
     assert _one(instructions, "EXPOSE").split() == [str(port)]
 
 
+# --------------------------------------------------------------------------- compose: the project's image
+
+
+def test_one_service_builds_the_project_image_and_the_others_run_it(compose):
+    """Compose hands builds to `buildx bake`, which builds every service with `build:` at
+    once; two exporting one tag fail on a clean machine (docker/buildx#3576). So one
+    service builds the image, and every other service of the project runs that very image."""
+    builders = [name for name, service in compose["services"].items() if "build" in service]
+    assert builders == [SERVICE]
+    image = project_image(compose)
+    users = {name: service for name, service in compose["services"].items() if _image_name(service["image"]) == _image_name(image)}
+    assert set(users) == {SERVICE, "producer"}
+    for name, service in users.items():
+        assert service["image"] == image, f"{name} runs {service['image']}, the build makes {image}"
+        if name == SERVICE:
+            continue
+        # not on any registry: Compose would try to pull it (before building anything) and fail
+        assert service.get("pull_policy") == "never", name
+        # `docker compose up <name>` then builds the image too
+        assert SERVICE in service["depends_on"], name
+
+
+def test_image_name_reader():
+    assert _image_name("perceptron-stream:0.1.0") == "perceptron-stream"
+    assert _image_name("registry.example:5000/team/perceptron-stream:0.1.0") == "registry.example:5000/team/perceptron-stream"
+    assert _image_name("registry.example:5000/perceptron-stream") == "registry.example:5000/perceptron-stream"
+    assert _image_name("perceptron-stream") == "perceptron-stream"
+
+
 # --------------------------------------------------------------------------- compose: producer
 
 
@@ -336,9 +377,9 @@ def test_producer_flags_load_as_produce_settings(compose, monkeypatch):
     serve = serve_settings(monkeypatch, container_env(compose, SERVICE))
     assert produce.topic == serve.input_topic
     assert produce.bootstrap_servers == serve.bootstrap_servers
-    # same image as the service; it serves no /healthz, so the image's check is off
-    assert producer["image"] == compose["services"][SERVICE]["image"]
-    assert producer["build"] == compose["services"][SERVICE]["build"]
+    # same image as the service, which builds it; it serves no /healthz, so the image's check is off
+    assert producer["image"] == compose["services"][SERVICE]["image"] == project_image(compose)
+    assert "build" not in producer
     assert producer["healthcheck"] == {"disable": True}
     assert producer["depends_on"]["topics"]["condition"] == "service_completed_successfully"
 
