@@ -282,6 +282,37 @@ def test_topics_service_creates_every_topic_the_service_uses(compose, monkeypatc
     assert str(topics.get("restart", "no")) == "no"
 
 
+def test_demo_topics_keep_an_hour_not_a_week(compose, monkeypatch):
+    """The producer writes forever: with Kafka's default retention (7 days) the demo fills the disk."""
+    settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    created = _created_topics(compose)
+    retentions = set()
+    for topic in (settings.input_topic, settings.output_topic, settings.dlq_topic):
+        configs = _topic_configs(created[topic])
+        assert configs.get("cleanup.policy", "delete") == "delete", topic
+        retention_ms = int(configs["retention.ms"])
+        retentions.add(retention_ms)
+        assert 0 < retention_ms <= 24 * 3600 * 1000, f"{topic}: retention.ms={retention_ms}"
+        # a restarted service seeks to its last checkpoint's positions: they must still be in the log
+        assert retention_ms >= 10 * settings.checkpoint_interval_seconds * 1000, topic
+        # only whole segments are deleted: the segments must roll well within the retention
+        # (the default segment.ms is 7 days, and a 1 GiB segment holds a day or more of this producer)
+        assert 0 < int(configs["segment.ms"]) <= retention_ms // 2, topic
+        if "retention.bytes" in configs:
+            assert int(configs["retention.bytes"]) > 0, topic
+    # the compacted checkpoint topic keeps its records: no retention of any kind on it
+    assert not {"retention.ms", "retention.bytes"} & set(_topic_configs(created[settings.checkpoint_topic]))
+    assert "retention.ms" not in CHECKPOINT_TOPIC_CONFIG
+    # and the README and the compose file's header say so (line breaks aside)
+    header = " ".join(line.lstrip("#") for line in COMPOSE_FILE.read_text().split("\nservices:", 1)[0].splitlines())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for text in (" ".join(header.split()), " ".join(readme.split())):
+        assert "points, predictions" in text.replace("`", "") and "retention.ms" in text
+        assert "one hour of events" in text and "no retention" in text
+    for retention_ms in retentions:
+        assert f"`retention.ms={retention_ms}`" in readme
+
+
 # --------------------------------------------------------------------------- compose: the service
 
 
