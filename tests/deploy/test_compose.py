@@ -415,6 +415,29 @@ def test_producer_flags_load_as_produce_settings(compose, monkeypatch):
     assert producer["depends_on"]["topics"]["condition"] == "service_completed_successfully"
 
 
+def test_suggested_host_produce_command_fits_the_running_model(compose, monkeypatch):
+    """README and the compose header suggest a `produce` from the host: it must write the demo's
+    own kind of events (the credit stream) into the service's input, explicitly, and unlabeled
+    as the text says, not another stream's dense `x` into the credit model and its checkpoint."""
+    header = COMPOSE_FILE.read_text().split("\nservices:", 1)[0]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pattern = r"perceptron-stream produce --bootstrap-servers localhost:[^`\n]*"
+    commands = {"README.md": re.findall(pattern, readme), "the compose header": re.findall(pattern, header)}
+    serve = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    demo = load(ProduceSettings, [str(arg) for arg in compose["services"]["producer"]["command"][1:]])
+    advertised = _environment(compose["services"]["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    for where, found in commands.items():
+        assert found, f"no host produce command in {where}"
+        for command in found:
+            args = shlex.split(command)[2:]
+            produce = load(ProduceSettings, args)
+            assert f"//{produce.bootstrap_servers}" in advertised, (where, command)  # the host listener
+            assert int(produce.bootstrap_servers.rpartition(":")[2]) in published_ports(compose["services"]["kafka"]).values()
+            assert "--topic" in args and produce.topic == serve.input_topic, (where, command)
+            assert produce.stream == demo.stream == "credit", (where, command)
+            assert produce.unlabeled == 1.0 and produce.count > 0, (where, command)
+
+
 # --------------------------------------------------------------------------- compose: Prometheus and Grafana
 
 
