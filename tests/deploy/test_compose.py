@@ -142,6 +142,18 @@ def host_path_of(service: dict, container_path: str) -> Path:
     raise AssertionError(f"{container_path} is not inside any bind mount of {service.get('image')}")
 
 
+def project_image(compose: dict) -> str:
+    """The image of the one service that builds it (from deploy/Dockerfile)."""
+    [image] = [service["image"] for service in compose["services"].values() if "build" in service]
+    return image
+
+
+def _image_name(image: str) -> str:
+    """The repository part of name[:tag] (a registry's host:port kept)."""
+    name, colon, tag = image.rpartition(":")
+    return name if colon and "/" not in tag else image
+
+
 def published_ports(service: dict) -> dict[int, int]:
     """container port -> host port."""
     out = {}
@@ -192,7 +204,7 @@ def test_the_stack_has_its_services(compose):
 
 def test_third_party_images_are_pinned(compose):
     for name, service in compose["services"].items():
-        if "build" in service:
+        if service["image"] == project_image(compose):
             continue
         image = service["image"]
         repo, _, tag = image.rpartition(":")
@@ -270,6 +282,37 @@ def test_topics_service_creates_every_topic_the_service_uses(compose, monkeypatc
     assert str(topics.get("restart", "no")) == "no"
 
 
+def test_demo_topics_keep_an_hour_not_a_week(compose, monkeypatch):
+    """The producer writes forever: with Kafka's default retention (7 days) the demo fills the disk."""
+    settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    created = _created_topics(compose)
+    retentions = set()
+    for topic in (settings.input_topic, settings.output_topic, settings.dlq_topic):
+        configs = _topic_configs(created[topic])
+        assert configs.get("cleanup.policy", "delete") == "delete", topic
+        retention_ms = int(configs["retention.ms"])
+        retentions.add(retention_ms)
+        assert 0 < retention_ms <= 24 * 3600 * 1000, f"{topic}: retention.ms={retention_ms}"
+        # a restarted service seeks to its last checkpoint's positions: they must still be in the log
+        assert retention_ms >= 10 * settings.checkpoint_interval_seconds * 1000, topic
+        # only whole segments are deleted: the segments must roll well within the retention
+        # (the default segment.ms is 7 days, and a 1 GiB segment holds a day or more of this producer)
+        assert 0 < int(configs["segment.ms"]) <= retention_ms // 2, topic
+        if "retention.bytes" in configs:
+            assert int(configs["retention.bytes"]) > 0, topic
+    # the compacted checkpoint topic keeps its records: no retention of any kind on it
+    assert not {"retention.ms", "retention.bytes"} & set(_topic_configs(created[settings.checkpoint_topic]))
+    assert "retention.ms" not in CHECKPOINT_TOPIC_CONFIG
+    # and the README and the compose file's header say so (line breaks aside)
+    header = " ".join(line.lstrip("#") for line in COMPOSE_FILE.read_text().split("\nservices:", 1)[0].splitlines())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for text in (" ".join(header.split()), " ".join(readme.split())):
+        assert "points, predictions" in text.replace("`", "") and "retention.ms" in text
+        assert "one hour of events" in text and "no retention" in text
+    for retention_ms in retentions:
+        assert f"`retention.ms={retention_ms}`" in readme
+
+
 # --------------------------------------------------------------------------- compose: the service
 
 
@@ -320,6 +363,35 @@ def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, mon
     assert _one(instructions, "EXPOSE").split() == [str(port)]
 
 
+# --------------------------------------------------------------------------- compose: the project's image
+
+
+def test_one_service_builds_the_project_image_and_the_others_run_it(compose):
+    """Compose hands builds to `buildx bake`, which builds every service with `build:` at
+    once; two exporting one tag fail on a clean machine (docker/buildx#3576). So one
+    service builds the image, and every other service of the project runs that very image."""
+    builders = [name for name, service in compose["services"].items() if "build" in service]
+    assert builders == [SERVICE]
+    image = project_image(compose)
+    users = {name: service for name, service in compose["services"].items() if _image_name(service["image"]) == _image_name(image)}
+    assert set(users) == {SERVICE, "producer"}
+    for name, service in users.items():
+        assert service["image"] == image, f"{name} runs {service['image']}, the build makes {image}"
+        if name == SERVICE:
+            continue
+        # not on any registry: Compose would try to pull it (before building anything) and fail
+        assert service.get("pull_policy") == "never", name
+        # `docker compose up <name>` then builds the image too
+        assert SERVICE in service["depends_on"], name
+
+
+def test_image_name_reader():
+    assert _image_name("perceptron-stream:0.1.0") == "perceptron-stream"
+    assert _image_name("registry.example:5000/team/perceptron-stream:0.1.0") == "registry.example:5000/team/perceptron-stream"
+    assert _image_name("registry.example:5000/perceptron-stream") == "registry.example:5000/perceptron-stream"
+    assert _image_name("perceptron-stream") == "perceptron-stream"
+
+
 # --------------------------------------------------------------------------- compose: producer
 
 
@@ -336,11 +408,34 @@ def test_producer_flags_load_as_produce_settings(compose, monkeypatch):
     serve = serve_settings(monkeypatch, container_env(compose, SERVICE))
     assert produce.topic == serve.input_topic
     assert produce.bootstrap_servers == serve.bootstrap_servers
-    # same image as the service; it serves no /healthz, so the image's check is off
-    assert producer["image"] == compose["services"][SERVICE]["image"]
-    assert producer["build"] == compose["services"][SERVICE]["build"]
+    # same image as the service, which builds it; it serves no /healthz, so the image's check is off
+    assert producer["image"] == compose["services"][SERVICE]["image"] == project_image(compose)
+    assert "build" not in producer
     assert producer["healthcheck"] == {"disable": True}
     assert producer["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+
+
+def test_suggested_host_produce_command_fits_the_running_model(compose, monkeypatch):
+    """README and the compose header suggest a `produce` from the host: it must write the demo's
+    own kind of events (the credit stream) into the service's input, explicitly, and unlabeled
+    as the text says, not another stream's dense `x` into the credit model and its checkpoint."""
+    header = COMPOSE_FILE.read_text().split("\nservices:", 1)[0]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pattern = r"perceptron-stream produce --bootstrap-servers localhost:[^`\n]*"
+    commands = {"README.md": re.findall(pattern, readme), "the compose header": re.findall(pattern, header)}
+    serve = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    demo = load(ProduceSettings, [str(arg) for arg in compose["services"]["producer"]["command"][1:]])
+    advertised = _environment(compose["services"]["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    for where, found in commands.items():
+        assert found, f"no host produce command in {where}"
+        for command in found:
+            args = shlex.split(command)[2:]
+            produce = load(ProduceSettings, args)
+            assert f"//{produce.bootstrap_servers}" in advertised, (where, command)  # the host listener
+            assert int(produce.bootstrap_servers.rpartition(":")[2]) in published_ports(compose["services"]["kafka"]).values()
+            assert "--topic" in args and produce.topic == serve.input_topic, (where, command)
+            assert produce.stream == demo.stream == "credit", (where, command)
+            assert produce.unlabeled == 1.0 and produce.count > 0, (where, command)
 
 
 # --------------------------------------------------------------------------- compose: Prometheus and Grafana
@@ -598,8 +693,25 @@ def test_the_copied_files_build_the_package(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         assert "service/cli.py" in names
+        [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert re.search(r"^perceptron-stream\s*=\s*service\.cli:main", entry_points, re.M)
+    # PEP 639: the SPDX expression, not the deprecated License: text
+    assert "License-Expression: MIT" in headers
+    assert not any(line.startswith("License:") for line in headers)
+
+
+def test_the_license_is_an_spdx_expression_and_setuptools_reads_it():
+    """``license = "MIT"`` (PEP 639); setuptools reads that form from version 77 on, and older ones reject it."""
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "MIT"
+    assert not any(c.startswith("License ::") for c in pyproject["project"].get("classifiers", []))  # PEP 639 forbids both
+    [setuptools] = [r for r in pyproject["build-system"]["requires"] if re.match(r"setuptools\b", r)]
+    lower = re.fullmatch(r"setuptools\s*>=\s*(\d+)(?:\.\d+)*", setuptools)
+    assert lower and int(lower.group(1)) >= 77, f"PEP 639 license expressions need setuptools>=77, got {setuptools!r}"
 
 
 def test_dockerignore_matcher_itself():

@@ -179,6 +179,25 @@ def test_the_panels_the_service_needs(dashboard: dict[str, Any]) -> None:
     assert any(e.startswith("perceptron_data_radius{") for e in norm)
 
 
+#: How Grafana shows the value 1.0 in a unit: percentunit reads values as
+#: fractions (1.0 is 100%), the plain units show the number as it is.
+ONE_IN_UNIT = {"percentunit": "100%", "none": "1", "short": "1"}
+
+
+def test_cpu_panel_description_matches_its_unit(dashboard: dict[str, Any]) -> None:
+    """rate(process_cpu_seconds_total) is 1.0 for one busy core: the description must say one core
+    is what the unit shows for 1.0 (1 with a plain unit, 100% with percentunit), and not the other."""
+    [panel] = [p for p in iter_panels(dashboard["panels"]) if p["title"] == "CPU"]
+    [expr] = [t["expr"] for t in panel["targets"]]
+    assert re.fullmatch(r"rate\(process_cpu_seconds_total\{[^}]*\}\[\$__rate_interval\]\)", expr), expr  # cores
+    unit = panel["fieldConfig"]["defaults"].get("unit", "none")
+    assert unit in ONE_IN_UNIT, f"CPU panel unit {unit!r}: say in ONE_IN_UNIT how it shows one core"
+    description = panel["description"]
+    assert f"{ONE_IN_UNIT[unit]} = one core" in description, (unit, description)
+    for other in set(ONE_IN_UNIT.values()) - {ONE_IN_UNIT[unit]}:
+        assert not re.search(rf"(?<![\d.]){re.escape(other)} = one core", description), (unit, description)
+
+
 def test_no_query_falls_back_to_a_constant(dashboard: dict[str, Any]) -> None:
     """`... or vector(0)` returns data for a service that exports nothing: the end-to-end
     check that every panel returns data would then prove nothing. The service creates

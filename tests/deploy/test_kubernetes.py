@@ -361,6 +361,54 @@ def test_kustomization_lists_the_manifests(objects):
     assert {i["name"] for i in kustomization.get("images", [])} <= {image.split(":")[0]}
 
 
+def kustomized_image(image: str, entries: list[dict]) -> str:
+    """What kustomize's `images:` makes of a container's image (newName, newTag; no digests here)."""
+    name, colon, tag = image.rpartition(":")
+    if not colon or "/" in tag:
+        name, tag = image, "latest"
+    for entry in entries:
+        if entry["name"] == name:
+            assert "digest" not in entry
+            return f"{entry.get('newName', name)}:{entry.get('newTag', tag)}"
+    return f"{name}:{tag}"
+
+
+def test_kustomized_image_reader():
+    entries = [{"name": "perceptron-stream", "newName": "registry.example/ps", "newTag": "1.2.3"}]
+    assert kustomized_image("perceptron-stream:0.1.0", entries) == "registry.example/ps:1.2.3"
+    assert kustomized_image("perceptron-stream", [{"name": "perceptron-stream", "newTag": "2"}]) == "perceptron-stream:2"
+    assert kustomized_image("other:1", entries) == "other:1"
+    assert kustomized_image("perceptron-stream", []) == "perceptron-stream:latest"
+
+
+def test_one_image_name_and_tag_in_readme_compose_and_manifests(objects, container):
+    """A user who builds the README's image, or lets Compose build it, and loads it into kind or
+    minikube gets the image the Deployment asks for (IfNotPresent: a missing one is ImagePullBackOff)."""
+    import tomllib
+
+    deployed = kustomized_image(container["image"], objects["Kustomization"].get("images", []))
+    assert container["imagePullPolicy"] in ("IfNotPresent", "Never"), "a loaded image must be used as it is"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    [built] = [service["image"] for service in compose["services"].values() if "build" in service]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = {
+        "README docker build": re.findall(r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", readme),
+        "Dockerfile docker build": re.findall(r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", DOCKERFILE.read_text()),
+        "README docker run": re.findall(r"docker run ([^\s`]+)", readme),
+        "README kind load": re.findall(r"kind load docker-image ([^\s`]+)", readme),
+        "README minikube image load": re.findall(r"minikube image load ([^\s`]+)", readme),
+    }
+    for what, images in commands.items():
+        assert images, f"no {what} command"
+        for image in images:
+            assert image == deployed, f"{what} uses {image}, the Deployment runs {deployed}"
+    assert built == deployed, f"compose builds {built}, the Deployment runs {deployed}"
+    assert f"`{deployed}`" in readme  # named where the Kubernetes section says what it runs
+    # the tag is the project's version: bump them together
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert deployed.rpartition(":")[2] == version
+
+
 # --------------------------------------------------------------------------- settings
 
 
