@@ -1,0 +1,188 @@
+"""The pending table of delayed labels: points predicted and published, waiting for their label.
+
+One table per input partition, in SQLite (standard library; transactional;
+on the local disk; indexed by id and by time): it holds millions of points in
+bounded memory, and a checkpoint never rewrites it. Why SQLite and not a
+dict: the table must survive a crash in step with the model, and must not
+live only in memory (a million pending points of d = 10 are ~1 GB of Python
+objects).
+
+Restored together with the model: every change is made in the *epoch* of the
+next checkpoint (``epoch = last checkpoint's seq + 1``) and logged with the
+value it replaced (an undo log). Restoring checkpoint N undoes the changes of
+every epoch after N, in reverse order, so the table is exactly what it was
+when checkpoint N was taken, whichever checkpoint the store falls back to.
+Undo entries older than the oldest checkpoint a store keeps are purged.
+
+States of an id: ``pending`` (waiting), ``labeled`` (its label came: kept
+until the TTL so a second label is a ``duplicate``), gone (expired, evicted,
+never seen: a label for it is ``unknown_id``).
+
+>>> table = PendingTable(":memory:", ttl_seconds=60, max_pending=2)
+>>> table.add("a", {"x": [1.0], "y_pred": 1, "score": 0.5, "version": 3, "offset": 7}, now=100.0)
+0
+>>> table.take("a", now=101.0)["score"], table.take("a", now=102.0), table.take("zz", now=102.0)
+(0.5, 'duplicate', None)
+>>> table.checkpoint(1)
+>>> [table.add(i, {"x": [float(i)]}, now=103.0 + i) for i in range(3)]   # the third evicts the oldest
+[0, 0, 1]
+>>> table.pending_count(), table.take(0, now=110.0), table.rollback_to(1), table.pending_count()
+(2, None, None, 0)
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import orjson
+
+#: How many checkpoints back a restore may go (the stores keep the last 3).
+KEEP_EPOCHS = 3
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pending (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,          -- 'pending' | 'labeled'
+    at REAL NOT NULL,             -- when it came (pending) or was labeled (labeled): the TTL runs from here
+    point BLOB                    -- JSON of what the join needs (features, published y_pred, score, version...)
+);
+CREATE INDEX IF NOT EXISTS pending_by_time ON pending (state, at);
+CREATE TABLE IF NOT EXISTS undo (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    epoch INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    old TEXT                       -- JSON [state, at, point] the change replaced; NULL: the id was absent
+);
+CREATE INDEX IF NOT EXISTS undo_by_epoch ON undo (epoch);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def _key(point_id: str | int) -> str:
+    """Ids are strings or integers on the wire: ``7`` and ``"7"`` are different points."""
+    return f"i:{point_id}" if type(point_id) is int else f"s:{point_id}"
+
+
+class PendingTable:
+    """A partition's pending points (see the module docstring); ``path`` a file, or ``":memory:"``."""
+
+    def __init__(self, path: str | Path, *, ttl_seconds: float, max_pending: int):
+        self.path = str(path)
+        self.ttl_seconds, self.max_pending = ttl_seconds, max_pending
+        # isolation_level None: transactions are begun and committed here, explicitly
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL" if self.path != ":memory:" else "PRAGMA journal_mode=MEMORY")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_SCHEMA)
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
+        self.epoch = int(row[0]) if row else 1
+        self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
+        self._in_tx = False
+
+    # changes (each inside the open transaction, logged for undo) -----------
+    def _begin(self) -> None:
+        if not self._in_tx:
+            self.db.execute("BEGIN")
+            self._in_tx = True
+
+    def _log(self, key: str) -> None:
+        old = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
+        self.db.execute("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)",
+                        (self.epoch, key, None if old is None else orjson.dumps([old[0], old[1], old[2].decode() if old[2] else None])))
+
+    def add(self, point_id: str | int, point: dict, now: float) -> int:
+        """Keep ``point`` until its label comes; the number of older points evicted to stay within max_pending.
+
+        A second point with the same id replaces the first: the label that
+        comes is for the decision published last.
+        """
+        self._begin()
+        key = _key(point_id)
+        self._log(key)
+        replaced = self.db.execute("SELECT state FROM pending WHERE id = ?", (key,)).fetchone()
+        self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point) VALUES (?, 'pending', ?, ?)",
+                        (key, now, orjson.dumps(point)))
+        if replaced is None or replaced[0] != "pending":
+            self._count += 1
+        return self._evict()
+
+    def take(self, point_id: str | int, now: float) -> dict | str | None:
+        """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
+        already, None when unknown (never seen, expired, evicted)."""
+        key = _key(point_id)
+        row = self.db.execute("SELECT state, point FROM pending WHERE id = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        if row[0] == "labeled":
+            return "duplicate"
+        self._begin()
+        self._log(key)
+        self.db.execute("UPDATE pending SET state = 'labeled', at = ?, point = NULL WHERE id = ?", (now, key))
+        self._count -= 1
+        return orjson.loads(row[1])
+
+    def expire(self, now: float) -> int:
+        """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
+        cutoff = now - self.ttl_seconds
+        old = self.db.execute("SELECT id, state FROM pending WHERE at < ? ORDER BY at LIMIT 10000", (cutoff,)).fetchall()
+        if not old:
+            return 0
+        self._begin()
+        expired = 0
+        for key, state in old:
+            self._log(key)
+            self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
+            expired += state == "pending"
+        self._count -= expired
+        return expired
+
+    def _evict(self) -> int:
+        over = self._count - self.max_pending
+        if over <= 0:
+            return 0
+        keys = [k for (k,) in self.db.execute("SELECT id FROM pending WHERE state = 'pending' ORDER BY at LIMIT ?", (over,))]
+        for key in keys:
+            self._log(key)
+            self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
+        self._count -= len(keys)
+        return len(keys)
+
+    # checkpoints ----------------------------------------------------------
+    def commit(self) -> None:
+        """Make the changes so far durable (they still belong to the open epoch: a restore may undo them)."""
+        if self._in_tx:
+            self.db.execute("COMMIT")
+            self._in_tx = False
+
+    def checkpoint(self, seq: int) -> None:
+        """Checkpoint ``seq`` was taken: later changes belong to epoch seq + 1; undo older than KEEP_EPOCHS goes."""
+        self._begin()
+        self.epoch = seq + 1
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
+        self.db.execute("DELETE FROM undo WHERE epoch <= ?", (seq - KEEP_EPOCHS,))
+        self.commit()
+
+    def rollback_to(self, seq: int) -> None:
+        """Undo every change made after checkpoint ``seq`` (0: since the table was created)."""
+        self.commit()
+        self._begin()
+        for key, old in self.db.execute("SELECT id, old FROM undo WHERE epoch > ? ORDER BY seq DESC", (seq,)).fetchall():
+            if old is None:
+                self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
+            else:
+                state, at, point = orjson.loads(old)
+                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point) VALUES (?, ?, ?, ?)",
+                                (key, state, at, None if point is None else point.encode()))
+        self.db.execute("DELETE FROM undo WHERE epoch > ?", (seq,))
+        self.epoch = seq + 1
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
+        self.commit()
+        self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
+
+    def pending_count(self) -> int:
+        return self._count
+
+    def close(self) -> None:
+        self.commit()
+        self.db.close()

@@ -1,0 +1,98 @@
+"""The pending table of delayed labels, against a plain-dict model of what it must hold."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from service.state.pending import KEEP_EPOCHS, PendingTable
+
+IDS = st.one_of(st.integers(0, 6), st.sampled_from(["0", "1", "a", "b"]))  # 1 and "1" are different ids
+OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "expire", "checkpoint", "commit"]), IDS, st.integers(0, 5)),
+               max_size=60)
+
+
+def _snapshot(table: PendingTable) -> dict:
+    return {k: (s, a, p) for k, s, a, p in table.db.execute("SELECT id, state, at, point FROM pending")}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS, st.integers(1, 4), st.data())
+def test_a_restore_brings_back_the_table_of_that_checkpoint(ops, max_pending, data):
+    table = PendingTable(":memory:", ttl_seconds=3.0, max_pending=max_pending)
+    model: dict = {}  # key -> (state, at): the truth, kept by hand
+    snapshots = {0: _snapshot(table)}
+    seq, now = 0, 0.0
+    for op, point_id, step in ops:
+        now += step
+        key = f"i:{point_id}" if type(point_id) is int else f"s:{point_id}"
+        if op == "add":
+            table.add(point_id, {"v": point_id}, now)
+            model[key] = ("pending", now)
+            live = sorted((a, k) for k, (s, a) in model.items() if s == "pending")
+            for _, k in live[: max(0, len(live) - max_pending)]:
+                del model[k]
+        elif op == "take":
+            got = table.take(point_id, now)
+            want = model.get(key)
+            if want is None:
+                assert got is None
+            elif want[0] == "labeled":
+                assert got == "duplicate"
+            else:
+                assert got == {"v": point_id}
+                model[key] = ("labeled", now)
+        elif op == "expire":
+            expired = table.expire(now)
+            old = [k for k, (s, a) in model.items() if a < now - 3.0]
+            assert expired == sum(model[k][0] == "pending" for k in old)
+            for k in old:
+                del model[k]
+        elif op == "checkpoint":
+            seq += 1
+            table.checkpoint(seq)
+            snapshots[seq] = _snapshot(table)
+        else:
+            table.commit()
+        assert table.pending_count() == sum(s == "pending" for s, _ in model.values())
+        assert {k: (s, a) for k, (s, a, _) in _snapshot(table).items()} == model
+    # fall back to any checkpoint a store still keeps: exactly its table
+    back = data.draw(st.sampled_from(sorted(k for k in snapshots if k >= seq - KEEP_EPOCHS + 1 or k == seq)))
+    table.rollback_to(back)
+    assert _snapshot(table) == snapshots[back]
+    assert table.pending_count() == sum(s == "pending" for s, _, _ in snapshots[back].values())
+
+
+def test_the_table_survives_a_reopen_and_undoes_what_came_after_the_checkpoint(tmp_path):
+    path = tmp_path / "pending.sqlite"
+    table = PendingTable(path, ttl_seconds=60, max_pending=100)
+    table.add("kept", {"x": [1.0]}, now=1.0)
+    table.checkpoint(5)
+    table.add("after", {"x": [2.0]}, now=2.0)
+    assert table.take("kept", now=3.0) == {"x": [1.0]}
+    table.commit()  # written, as a crash would leave it
+    table.db.close()
+
+    again = PendingTable(path, ttl_seconds=60, max_pending=100)
+    assert again.epoch == 6 and again.pending_count() == 1
+    again.rollback_to(5)  # the service restores checkpoint 5
+    assert again.pending_count() == 1 and again.take("after", now=4.0) is None
+    assert again.take("kept", now=4.0) == {"x": [1.0]}
+
+
+def test_ids_of_both_kinds_and_any_text_are_kept_apart():
+    table = PendingTable(":memory:", ttl_seconds=60, max_pending=10)
+    for point_id in (1, "1", "i:1", "", "é' OR 1=1 --"):
+        table.add(point_id, {"id": point_id}, now=1.0)
+    assert table.pending_count() == 5
+    for point_id in (1, "1", "i:1", "", "é' OR 1=1 --"):
+        assert table.take(point_id, now=2.0) == {"id": point_id}
+
+
+@pytest.mark.parametrize("count", [20_000])
+def test_eviction_keeps_the_newest(count):
+    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000)
+    evicted = sum(table.add(i, {"i": i}, now=float(i)) for i in range(count))
+    assert evicted == count - 1000 and table.pending_count() == 1000
+    assert table.take(count - 1000, now=0.0) == {"i": count - 1000} and table.take(count - 1001, now=0.0) is None
