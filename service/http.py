@@ -227,20 +227,37 @@ class HttpEndpoints:
 
     # accepting -----------------------------------------------------------
     def _accept(self) -> None:
+        """The listener is readable: take in what waits, a burst at a time."""
         for _ in range(ACCEPTS_PER_TURN):
+            sock = self._accept_one()
+            if sock is None:
+                return
+            self._admit(sock)
+            if self._reserve is None:
+                # At the limit. Linux fails accept with EMFILE before it looks at the
+                # queue, so a further EMFILE now would not mean a connection waits:
+                # accept again when select says one does.
+                return
+
+    def _accept_one(self) -> socket.socket | None:
+        freed = False
+        while True:
             try:
                 sock, _ = self._listener.accept()
-            except BlockingIOError:
-                return
+            except BlockingIOError:  # nothing waits (any more)
+                if self._reserve is None:
+                    self._take_reserve()
+                return None
             except OSError as exc:
                 if exc.errno == errno.ECONNABORTED:  # the client gave up while queued
                     continue
-                if exc.errno in _OUT_OF_DESCRIPTORS and self._free_a_descriptor():
+                if exc.errno in _OUT_OF_DESCRIPTORS and not freed and self._free_a_descriptor():
+                    freed = True
                     continue
                 self._pause_accepting(exc)
-                return
+                return None
             self._backoff = 0.0
-            self._admit(sock)
+            return sock
 
     def _free_a_descriptor(self) -> bool:
         """Out of descriptors: close the reserve (the next accept takes its place) or the oldest idle connection."""
@@ -251,7 +268,7 @@ class HttpEndpoints:
         oldest_idle = next((c for c in self._connections.values() if c.idle), None)
         if oldest_idle is None:
             return False
-        self._close(oldest_idle)
+        self._close(oldest_idle, take_reserve=False)  # the descriptor is for the accept that follows
         return True
 
     def _pause_accepting(self, exc: OSError) -> None:
@@ -285,14 +302,14 @@ class HttpEndpoints:
         except OSError:
             self._reserve = None  # taken again when a connection closes
 
-    def _close(self, conn: _Connection) -> None:
+    def _close(self, conn: _Connection, take_reserve: bool = True) -> None:
         if conn.sock is None:
             return
         self._selector.unregister(conn.sock)
         conn.sock.close()
         conn.sock = None
         del self._connections[id(conn)]
-        if self._reserve is None:
+        if take_reserve and self._reserve is None:
             self._take_reserve()
 
     # one request, one response ---------------------------------------------
