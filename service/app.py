@@ -36,6 +36,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 
 from service import __version__
 from service.config import ServeSettings
+from service.http import HttpEndpoints
 from service.kafka import (
     BEGINNING,
     END,
@@ -53,7 +54,7 @@ from service.kafka import (
     open_stream,
 )
 from service.learning import learner_from_state, make_learner
-from service.metrics import Health, HttpEndpoints, ServiceMetrics
+from service.metrics import Health, ServiceMetrics
 from service.schema import Decoder, Event, Rejection, dead_letter
 from service.state.checkpoint import GROUP_TASK, Checkpoint, CheckpointError, ForeignStateError, Owner
 from service.state.kafka_store import CheckpointTooLargeError, KafkaStore

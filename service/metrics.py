@@ -1,21 +1,17 @@
-"""Prometheus metrics and the HTTP endpoints /metrics, /healthz and /readyz.
+"""Prometheus metrics, and the Health that /healthz and /readyz report.
 
-The only module that knows about prometheus-client and HTTP. Each service
-instance gets its own registry, so several can live in one test process.
+The only module that defines metrics; service/http.py serves them. Each
+service instance gets its own registry, so several can live in one test
+process.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-import threading
 import time
 from bisect import bisect_left
 from collections import deque
 from itertools import islice
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,12 +22,9 @@ from prometheus_client import (
     Info,
     PlatformCollector,
     ProcessCollector,
-    make_wsgi_app,
 )
 
 from service.schema import REASONS
-
-log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -193,50 +186,3 @@ class Health:
     def ready(self) -> tuple[bool, dict]:
         detail = {"partitions_assigned": self.assigned, "state_restored": self.restored, "broker_reachable": self.broker_ok}
         return all(detail.values()), detail
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # scrapes every second would flood the log
-        log.debug("http: " + format, *args)
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class HttpEndpoints:
-    """/metrics, /healthz and /readyz on ``host:port`` in a background thread.
-
-    /metrics then also reports ``health``'s poll-loop beat (see
-    :meth:`ServiceMetrics.track_poll_loop`).
-    """
-
-    def __init__(self, metrics: ServiceMetrics, health: Health, host: str, port: int):
-        self._metrics_app = make_wsgi_app(metrics.registry)
-        self.health = health
-        metrics.track_poll_loop(health)
-        self.server = make_server(host, port, self._app, server_class=_ThreadingServer, handler_class=_QuietHandler)
-        self.port = self.server.server_port
-        self._thread = threading.Thread(target=self.server.serve_forever, name="http-endpoints", daemon=True)
-
-    def start(self) -> HttpEndpoints:
-        self._thread.start()
-        return self
-
-    def _app(self, environ, start_response):
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            return self._metrics_app(environ, start_response)
-        checks = {"/healthz": self.health.live, "/readyz": self.health.ready}
-        if path not in checks:
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"try /metrics, /healthz or /readyz\n"]
-        ok, detail = checks[path]()
-        body = json.dumps({"ok": ok, **detail}).encode()
-        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
-        return [body]
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()

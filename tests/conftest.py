@@ -174,10 +174,14 @@ def service_thread():
         s.stop()  # also re-raises an error the service died of, so a test never hides it behind a timeout
 
 
-def start_service_process(args: list[str], log_path: Path) -> subprocess.Popen:
-    """`perceptron-stream serve` as a real child process (signals, crashes)."""
+def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> subprocess.Popen:
+    """`perceptron-stream serve` as a real child process (signals, crashes).
+
+    ``preexec_fn`` runs in the child before the service starts (e.g. to lower
+    its open-files limit)."""
     log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    return subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            preexec_fn=preexec_fn)
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:

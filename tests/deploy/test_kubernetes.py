@@ -478,7 +478,8 @@ def _served_status(path: str) -> int:
     import urllib.error
     import urllib.request
 
-    from service.metrics import Health, HttpEndpoints, ServiceMetrics
+    from service.http import HttpEndpoints
+    from service.metrics import Health, ServiceMetrics
 
     endpoints = HttpEndpoints(ServiceMetrics(window=10, version="test", variant="plain"), Health(30.0), "127.0.0.1", 0).start()
     try:
