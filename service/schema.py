@@ -19,6 +19,10 @@ model accepts, with the same values (orjson and pydantic's parser read every
 number to the same double, and both refuse non-finite ones), so an event
 decodes to the same :class:`Event` either way (tests/test_schema.py checks it).
 
+Decoding costs at most a parse or two of the message and its first error,
+whatever the message holds: the model stops at the first bad element of
+``x`` or ``features`` (:class:`FirstErrorOnly`).
+
 >>> decoder = Decoder(max_message_bytes=1000, max_features=10)
 >>> decoder.decode(b'{"id": "c-1", "x": [0.5, -1.0], "y": 1}')
 Event(id='c-1', x=[0.5, -1.0], y=1)
@@ -41,6 +45,43 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class FirstErrorOnly:
+    """Validation of the list or dict it annotates stops at its first bad element.
+
+    pydantic-core's ``fail_fast`` (pydantic exposes it for lists only, as
+    ``FailFast``; pydantic-core has it for dicts too since 2.28, pydantic
+    2.11). Without it the model reports every bad element: a 100 KB
+    ``{"x": [[], [], ...]}`` made 33,000 errors, about 0.5 ms per KB, when
+    the decoder only ever tells the first.
+    """
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        schema = handler(source)
+        if schema.get("type") not in ("list", "dict"):
+            raise TypeError(f"FirstErrorOnly annotates a list or a dict, not {schema.get('type')}")
+        schema["fail_fast"] = True
+        return schema
+
+
+class OneError:
+    """A union that fails reports one error, not one per member (pydantic-core's ``custom_error_type``).
+
+    Each error carries the input, which pydantic turns into Python objects: an
+    ``id`` holding 1 MB of ``[[], [], ...]`` cost 180 ms as two errors (str, int).
+    """
+
+    def __init__(self, error_type: str, message: str):
+        self.error_type, self.message = error_type, message
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        schema = handler(source)
+        if schema.get("type") != "union":
+            raise TypeError(f"OneError annotates a union, not {schema.get('type')}")
+        schema["custom_error_type"], schema["custom_error_message"] = self.error_type, self.message
+        return schema
+
 
 #: Raw bytes kept in a dead letter. A rejected message may be as large as the
 #: input limit; the dead letter keeps its head and its source position, which
@@ -72,9 +113,11 @@ class InputEvent(BaseModel):
 
     model_config = ConfigDict(extra="ignore", title="InputEvent")
 
-    id: str | int | None = Field(None, description="The producer's id of the point, copied to the prediction.")
-    x: list[FiniteNumber] | None = Field(None, description="Dense features; the first dense event fixes their number.")
-    features: dict[str, FiniteNumber] | None = Field(None, description="Named features, name → number.")
+    id: Annotated[str | int, OneError("id_type", "id must be a string or an integer")] | None = Field(
+        None, description="The producer's id of the point, copied to the prediction.")
+    x: Annotated[list[FiniteNumber], FirstErrorOnly()] | None = Field(
+        None, description="Dense features; the first dense event fixes their number.")
+    features: Annotated[dict[str, FiniteNumber], FirstErrorOnly()] | None = Field(None, description="Named features, name → number.")
     y: Literal[-1, 1] | None = Field(
         None,
         description="Label −1 or +1; 0/1 and false/true are accepted and mapped (0 and false → −1). "
