@@ -19,9 +19,12 @@ model accepts, with the same values (orjson and pydantic's parser read every
 number to the same double, and both refuse non-finite ones), so an event
 decodes to the same :class:`Event` either way (tests/test_schema.py checks it).
 
-Decoding costs at most a parse or two of the message and its first error,
-whatever the message holds: the model stops at the first bad element of
-``x`` or ``features`` (:class:`FirstErrorOnly`).
+Decoding costs a parse or two of the message and its first error, whatever
+the message holds: the model stops at the first bad element of ``x`` or
+``features`` (:class:`FirstErrorOnly`), and a message of ``MODEL_FIRST_BYTES``
+or more goes to the model alone, whose parser builds no Python object per
+element (orjson's did, for a hostile message, before the model parsed it
+again). bench/decoder.py measures the worst shapes (bench/README.md).
 
 >>> decoder = Decoder(max_message_bytes=1000, max_features=10)
 >>> decoder.decode(b'{"id": "c-1", "x": [0.5, -1.0], "y": 1}')
@@ -198,6 +201,14 @@ _NUMBERS = frozenset((float, int)).issuperset  # bool is not int here: type(True
 _LABELS = {1: 1, -1: -1, 0: -1}  # True == 1 and False == 0 hash alike: the booleans map too
 _new = tuple.__new__
 
+#: Messages at least this long skip the orjson fast path. Its gain is a fixed
+#: cost per event (about 1-2 µs, the model's instance and validators); from a
+#: few KiB the model decodes a valid event about as fast per byte (dense x the
+#: same, features up to 20% slower, integers twice as fast), and a hostile one
+#: 2-4 times faster: no Python object per element before the model parses the
+#: message again (bench/decoder.py, bench/README.md "Decoder worst case").
+MODEL_FIRST_BYTES = 4096
+
 
 class Decoder:
     """Turns message values into events or rejections.
@@ -211,11 +222,12 @@ class Decoder:
     """
 
     def __init__(self, max_message_bytes: int, max_features: int, dimension: int | None = None,
-                 max_feature_value: float = 1e15):
+                 max_feature_value: float = 1e15, model_first_bytes: int = MODEL_FIRST_BYTES):
         self.max_message_bytes = max_message_bytes
         self.max_features = max_features
         self.dimension = dimension
         self.max_feature_value = max_feature_value
+        self.model_first_bytes = model_first_bytes
 
     def decode(self, raw: bytes | None, key: bytes | None = None) -> Event | Rejection:
         """The event in ``raw``, or why it is rejected; the Kafka ``key`` counts toward the size limit
@@ -226,6 +238,8 @@ class Decoder:
         if size > self.max_message_bytes:
             what = "" if key is None else f" (key {len(key)} + value {len(raw)})"
             return Rejection("too_large", f"the message is {size} bytes{what}, more than the limit of {self.max_message_bytes}")
+        if len(raw) >= self.model_first_bytes:
+            return self._decode_model(raw)
         # The fast path: each test below that fails hands the message to the model.
         try:
             doc = orjson.loads(raw)
@@ -246,14 +260,16 @@ class Decoder:
             if not _ONLY_FLOATS(map(type, x)):
                 if not _NUMBERS(map(type, x)):
                     return self._decode_model(raw)
-                x = [float(v) for v in x]
+                if len(x) <= self.max_features:  # else rejected below, unconverted
+                    x = list(map(float, x))
             return self._checked(id_, x, True, y)
         if x is None and type(features) is dict:
             values = features.values()
             if not _ONLY_FLOATS(map(type, values)):
                 if not _NUMBERS(map(type, values)):
                     return self._decode_model(raw)
-                features = {k: float(v) for k, v in features.items()}
+                if len(features) <= self.max_features:
+                    features = dict(zip(features, map(float, values)))
             return self._checked(id_, features, False, y)
         return self._decode_model(raw)
 

@@ -8,11 +8,12 @@ Python objects) for the decoder to tell only the first.
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
 import service.schema as schema
-from service.schema import Decoder, InputEvent, Rejection
+from service.schema import MODEL_FIRST_BYTES, Decoder, InputEvent, Rejection
 
 #: name → a message with ``n`` bad elements (or one bad value holding ``n`` elements)
 HOSTILE = {
@@ -78,4 +79,27 @@ def test_the_decoder_explains_one_error_whatever_the_count(monkeypatch, shape, n
     got = Decoder(1_000_000, 10_000).decode(HOSTILE[shape](n))
     assert type(got) is Rejection
     assert counts == [1]
+
+
+def test_a_large_message_is_parsed_once(monkeypatch):
+    """From MODEL_FIRST_BYTES the model's parser alone reads the message: orjson would first build a Python
+    object per element of a hostile one, to hand it to the model that parses it again."""
+    calls = []
+    loads = orjson.loads
+    monkeypatch.setattr(schema.orjson, "loads", lambda raw: calls.append(len(raw)) or loads(raw))
+    small, large = HOSTILE["x of lists"](10), HOSTILE["x of lists"](MODEL_FIRST_BYTES)
+    assert len(small) < MODEL_FIRST_BYTES <= len(large)
+    decoder = Decoder(1_000_000, 10_000)
+    assert decoder.decode(large) == decoder.decode(small) == Rejection("invalid_event", "x[0] must be a number, got a list [...]")
+    assert calls == [len(small)]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"id": "c-1", "x": [' + b",".join(b"0.%017d" % i for i in range(400)) + b'], "y": 1}',
+    b'{"features": {' + b",".join(b'"f%d": %d' % (i, i % 2) for i in range(800)) + b'}, "y": 0}',
+    b'{"x": [' + b",".join([b"1", b"0"] * 1200) + b'], "source": "sensor-7"}',
+], ids=["dense", "features of 0 and 1", "0 and 1, a key of the producer's"])
+def test_a_large_valid_event_decodes_as_on_the_fast_path(raw):
+    assert len(raw) >= MODEL_FIRST_BYTES
+    assert repr(Decoder(1_000_000, 10_000).decode(raw)) == repr(Decoder(1_000_000, 10_000, model_first_bytes=len(raw) + 1).decode(raw))
 

@@ -230,6 +230,13 @@ def test_the_decoder_answers_every_hostile_message(raw, dimension):
     check_message(Decoder(MAX_BYTES, MAX_FEATURES, dimension), raw)
 
 
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(raw=hostile_messages, dimension=st.sampled_from([None, 2, 3]))
+def test_the_model_alone_answers_every_hostile_message(raw, dimension):
+    """Messages of MODEL_FIRST_BYTES or more skip the fast path: the model alone holds to the same checks."""
+    check_message(Decoder(MAX_BYTES, MAX_FEATURES, dimension, model_first_bytes=0), raw)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(stream=st.lists(hostile_messages, min_size=1, max_size=30))
 def test_one_decoder_through_a_hostile_stream(stream):
