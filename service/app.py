@@ -82,8 +82,8 @@ CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 *
 #: (and most consumers) cannot write it, and the event would stop the service.
 ID_MIN, ID_MAX = -(1 << 63), (1 << 64) - 1
 #: The longest error sentence a dead letter carries: the decoder may quote a
-#: hostile feature name, and a dead letter must stay far below the brokers'
-#: message size limit (the raw head it carries is bounded by the decoder).
+#: hostile feature name. With its raw head (cut to fit) and key, a dead letter
+#: stays within --max-message-bytes (dead_letter_value).
 DEAD_LETTER_ERROR_LIMIT = 1000
 
 
@@ -104,12 +104,76 @@ def publishable(event: Event | Rejection) -> Event | Rejection:
     return event
 
 
-def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int) -> bytes:
-    """The dead-letter message the service publishes for a rejected input (JSON bytes)."""
+def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int, *,
+                      max_bytes: int | None = None, key_bytes: int = 0, key_dropped: bool = False) -> bytes:
+    """The dead-letter message the service publishes for a rejected input (JSON bytes).
+
+    With ``max_bytes``, the letter and the ``key_bytes`` of its record's key
+    fit in it, as an input must (Decoder.decode): JSON escaping makes a raw
+    head of control characters six times longer, and the key adds its own
+    length. The raw head is cut first (``raw_truncated``); when even no raw
+    leaves room, a keyed letter is returned with no raw, too long (its caller,
+    :func:`dead_letter_record`, drops the key), and a letter without key has
+    its error sentence cut. From 1 KiB (the setting's least) every letter fits.
+    """
     letter = dead_letter(rejection, raw, topic, partition, offset)
     if len(letter["error"]) > DEAD_LETTER_ERROR_LIMIT:
         letter["error"] = letter["error"][: DEAD_LETTER_ERROR_LIMIT - 3] + "..."
+    if key_dropped:
+        letter["key_dropped"] = True
+    value = orjson.dumps(letter)
+    if max_bytes is None or key_bytes + len(value) <= max_bytes:
+        return value
+    room = max_bytes - key_bytes
+    head = letter["raw"]
+    letter["raw"] = ""
+    letter["raw_truncated"] = letter["raw_truncated"] or bool(head)
+    value = orjson.dumps(letter)
+    if len(value) <= room:
+        letter["raw"] = _longest_head(head, letter["raw_encoding"], room - len(value))
+        return orjson.dumps(letter)
+    if key_bytes:
+        return value
+    error = letter["error"]
+    cut = _longest(len(error), lambda n: len(orjson.dumps({**letter, "error": error[:n] + "..."})) <= room)
+    letter["error"] = error[:cut] + "..." if cut is not None else ""
     return orjson.dumps(letter)
+
+
+def dead_letter_record(rejection: Rejection, raw: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+                       max_bytes: int) -> tuple[bytes | None, bytes]:
+    """Key and value of the dead letter for a rejected input: together at most ``max_bytes``.
+
+    The input's key is kept unless even a letter with no raw leaves it no room
+    (a key near the limit): then it is left off and the letter says so
+    (``key_dropped``), keeping the raw head that fits without it.
+    """
+    value = dead_letter_value(rejection, raw, topic, partition, offset, max_bytes=max_bytes, key_bytes=len(key or b""))
+    if key is None or len(key) + len(value) <= max_bytes:
+        return key, value
+    return None, dead_letter_value(rejection, raw, topic, partition, offset, max_bytes=max_bytes, key_dropped=True)
+
+
+def _longest_head(head: str, encoding: str, room: int) -> str:
+    """The longest head of a letter's raw text whose JSON string takes at most ``room`` bytes more than ``""``."""
+    if encoding == "base64":  # 4 characters for every 3 bytes, none escaped: whole groups decode to a head of the original
+        return head[: min(len(head), room // 4 * 4)]
+    n = _longest(len(head), lambda n: len(orjson.dumps(head[:n])) - 2 <= room)
+    return head[:n]
+
+
+def _longest(most: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest n in 0..most with fits(n), for fits true up to some n and false after (None: not even 0)."""
+    if not fits(0):
+        return None
+    low, high = 0, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class Application:
@@ -320,7 +384,7 @@ class Application:
         started = time.perf_counter()
         s, io, step, decode = self.settings, self.io, self.learner.step, self.decoder.decode
         learner, positions, dumps = self.learner, self.positions, orjson.dumps
-        output_topic, dlq_topic = s.output_topic, s.dlq_topic
+        output_topic, dlq_topic, max_bytes = s.output_topic, s.dlq_topic, s.max_message_bytes
         labeled = unlabeled = 0
         flags: list[bool] = []
         updates_before = learner.updates
@@ -330,7 +394,7 @@ class Application:
             if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
                 event = publishable(event)
             if type(event) is Rejection:
-                io.send(dlq_topic, r.key, dead_letter_value(event, r.value, r.topic, r.partition, r.offset))
+                io.send(dlq_topic, *dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, max_bytes))
                 self.metrics.rejected.labels(event.reason).inc()
             else:
                 y_pred, score, mistake = step(event.x, event.y)
@@ -388,7 +452,7 @@ class Application:
                      f"{r.error.__class__.__name__}; the input is at source")
             log.error("%s at %s", error, source)
             self.io.send(s.dlq_topic, None, dead_letter_value(Rejection("output_refused", error), None, source["topic"],
-                                                              source["partition"], source["offset"]))
+                                                              source["partition"], source["offset"], max_bytes=s.max_message_bytes))
             self.metrics.rejected.labels("output_refused").inc()
         again = self.io.flush(timeout_s=10.0)
         if again:

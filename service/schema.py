@@ -178,7 +178,11 @@ class DeadLetter(BaseModel):
     source: Source
     raw: str = Field(description="The original value as text, or base64 when it is not UTF-8.")
     raw_encoding: Literal["utf-8", "base64"]
-    raw_truncated: bool = Field(description=f"True when the original was longer than {DEAD_LETTER_RAW_LIMIT} bytes.")
+    raw_truncated: bool = Field(description=f"True when raw holds only the head of the original: it was longer than "
+                                            f"{DEAD_LETTER_RAW_LIMIT} bytes, or the head was cut so that the dead letter "
+                                            "(key included) fits --max-message-bytes.")
+    key_dropped: bool = Field(False, description="Present and true when the input's Kafka key was left off this dead "
+                                                 "letter: with it even a letter with no raw would exceed --max-message-bytes.")
 
 
 class Event(NamedTuple):
