@@ -32,11 +32,18 @@ import time
 from collections.abc import Callable
 
 import orjson
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import (
+    IllegalSaslStateError,
+    KafkaError,
+    KafkaTimeoutError,
+    SaslAuthenticationFailedError,
+    UnsupportedSaslMechanismError,
+)
 
 from service import __version__
-from service.config import ServeSettings
+from service.config import KafkaSettings, ServeSettings, env_var, flag
 from service.kafka import (
+    AUTHENTICATION_ERRORS,
     BEGINNING,
     END,
     FATAL_ERRORS,
@@ -91,10 +98,24 @@ class StartupError(RuntimeError):
     """The service cannot start, or go on, as configured; the message says why (exit 1)."""
 
 
-def fatal(exc: Exception, what: str) -> StartupError:
+def fatal(exc: Exception, what: str, settings: KafkaSettings | None = None) -> StartupError:
     """The StartupError for a FATAL_ERRORS error met while trying to ``what``: waiting cannot cure it."""
-    return StartupError(f"could not {what}: {exc.__class__.__name__}: {exc}; retrying cannot help: "
-                        "check the Kafka settings (security, credentials, ACLs, replication factor)")
+    return StartupError(f"could not {what}: {exc.__class__.__name__}: {exc}; retrying cannot help: {_to_check(exc, settings)}")
+
+
+def _to_check(exc: Exception, settings: KafkaSettings | None) -> str:
+    """The settings a FATAL_ERRORS error points at, in all their spellings."""
+
+    def named(*names: str) -> str:
+        return " and ".join(f"{name} ({flag(name)}, {env_var(name)})" for name in names)
+
+    mechanism = f"SASL mechanism {settings.sasl_mechanism}" if settings is not None and settings.sasl_mechanism else "the SASL mechanism"
+    if isinstance(exc, (UnsupportedSaslMechanismError, IllegalSaslStateError)):
+        return f"the brokers do not accept {mechanism}: check {named('sasl_mechanism')}"
+    if isinstance(exc, SaslAuthenticationFailedError):
+        return (f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
+                f"and {named('sasl_mechanism')}")
+    return "check the Kafka settings (security, credentials, ACLs, replication factor)"
 
 
 def publishable(event: Event | Rejection) -> Event | Rejection:
@@ -270,7 +291,7 @@ class Application:
             try:
                 return action()
             except FATAL_ERRORS as exc:
-                raise fatal(exc, what) from None
+                raise fatal(exc, what, self.settings) from None
             except KafkaError as exc:
                 self.health.broker_ok = False
                 if self._stopping:
@@ -310,7 +331,7 @@ class Application:
             try:
                 records = self.io.poll(s.poll_timeout_ms, s.batch_size)
             except FATAL_ERRORS as exc:  # e.g. no read permission on the topic or the group
-                raise fatal(exc, f"read {s.input_topic} in group {s.group_id}") from None
+                raise fatal(exc, f"read {s.input_topic} in group {s.group_id}", s) from None
             except KafkaError as exc:
                 log.warning("poll failed: %s", exc)
                 self.health.broker_ok = False
@@ -433,6 +454,8 @@ class Application:
                 if refused:
                     self._replace_refused(refused)
                 return
+            except AUTHENTICATION_ERRORS as exc:
+                raise fatal(exc, "send the outputs", self.settings) from None
             except FATAL_ERRORS as exc:
                 raise StartupError(f"the brokers refuse the service's messages: {exc.__class__.__name__}: {exc}; "
                                    "check the topics' ACLs and the Kafka settings") from None
@@ -480,7 +503,7 @@ class Application:
         try:
             self.io.commit(to_commit, timeout_s=COMMIT_TIMEOUT_S)
         except FATAL_ERRORS as exc:
-            raise fatal(exc, f"commit offsets of group {self.settings.group_id}") from None
+            raise fatal(exc, f"commit offsets of group {self.settings.group_id}", self.settings) from None
         except KafkaError as exc:
             # e.g. RebalanceInProgressError: keep polling; the next batch
             # commits, or the redelivered events are processed again
@@ -502,7 +525,7 @@ class Application:
         try:
             self.store.save(cp)
         except FATAL_ERRORS as exc:
-            raise fatal(exc, f"write checkpoint {cp.seq}") from None
+            raise fatal(exc, f"write checkpoint {cp.seq}", self.settings) from None
         except (KafkaError, OSError) as exc:
             # the model goes on in memory; a crash before the next good
             # checkpoint replays more events, it does not learn any twice
@@ -622,7 +645,7 @@ class Application:
             if not flowing:
                 self.health.broker_ok = True
         except FATAL_ERRORS as exc:
-            raise fatal(exc, "read the end offsets for the lag") from None
+            raise fatal(exc, "read the end offsets for the lag", self.settings) from None
         except KafkaError as exc:
             self.health.broker_ok = False
             log.warning("could not read the end offsets for the lag: %s", exc.__class__.__name__)

@@ -32,6 +32,7 @@ from service.kafka.kafka_python import (
     make_producer,
 )
 from service.kafka.types import (
+    AUTHENTICATION_ERRORS,
     BEGINNING,
     END,
     FATAL_ERRORS,
@@ -46,6 +47,7 @@ from service.kafka.types import (
 )
 
 __all__ = [
+    "AUTHENTICATION_ERRORS",
     "BEGINNING",
     "END",
     "FATAL_ERRORS",
