@@ -21,6 +21,7 @@ import socketserver
 import struct
 import subprocess
 import threading
+import time
 
 import pytest
 from kafka.errors import SaslAuthenticationFailedError, UnsupportedSaslMechanismError
@@ -153,6 +154,29 @@ def test_a_sasl_rejection_stops_serve_with_exit_1_naming_the_setting(peer, names
     assert "Traceback" not in output
     assert peer.mechanisms[:1] == ["SCRAM-SHA-256"]  # it did reach the handshake: the rejection is what stopped it
     assert len(peer.mechanisms) <= 2, peer.requests  # and it was not retried
+
+
+@pytest.mark.skipif(not HAS_CONFLUENT, reason="confluent-kafka is not installed")
+@pytest.mark.parametrize("peer, error, says", [
+    ("mechanism", UnsupportedSaslMechanismError, "broker's supported mechanisms: PLAIN"),
+    ("credentials", SaslAuthenticationFailedError, CREDENTIALS_REJECTED),
+], indirect=["peer"])
+def test_the_confluent_stream_raises_what_librdkafka_only_reports(peer, error, says):
+    """librdkafka reports the rejection to error_cb (code _AUTHENTICATION, neither fatal nor retriable) and tries
+    again forever; the stream raises it from poll. (At start-up the service meets it earlier: topics are set up
+    with kafka-python whichever client runs the loop.)"""
+    from service.kafka.confluent import ConfluentIO
+
+    settings = load(ServeSettings, ["--bootstrap-servers", peer.bootstrap_servers, *SASL, "--kafka-client", "confluent"])
+    io = ConfluentIO(settings, group_id="g", input_topic="points", auto_offset_reset="earliest", on_assigned=lambda _: None,
+                     on_revoked=lambda _: None, max_poll_records=10)
+    try:
+        deadline = time.monotonic() + 20
+        with pytest.raises(error, match=says):
+            while time.monotonic() < deadline:
+                io.poll(200, 10)
+    finally:
+        io.close()
 
 
 @pytest.mark.parametrize("error, names", [
