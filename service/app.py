@@ -146,12 +146,15 @@ def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, parti
     if max_bytes is None or key_bytes + len(value) <= max_bytes:
         return value
     room = max_bytes - key_bytes
-    head = letter["raw"]
+    head, whole = letter["raw"], not letter["raw_truncated"]
     letter["raw"] = ""
-    letter["raw_truncated"] = letter["raw_truncated"] or bool(head)
+    letter["raw_truncated"] = bool(head)
     value = orjson.dumps(letter)
     if len(value) <= room:
-        letter["raw"] = _longest_head(head, letter["raw_encoding"], room - len(value))
+        kept = _longest_head(head, letter["raw_encoding"], room - len(value))
+        if whole and len(kept) == len(head):  # it fits only as "raw_truncated": true, one byte shorter than false
+            kept = head[: len(head) - (4 if letter["raw_encoding"] == "base64" else 1)]
+        letter["raw"] = kept
         return orjson.dumps(letter)
     if key_bytes:
         return value

@@ -51,6 +51,17 @@ def test_a_letter_that_fits_is_as_before():
     assert "key_dropped" not in orjson.loads(value)
 
 
+@pytest.mark.parametrize("raw", [b"abc", b"\xff\xfe\xfd", "é".encode() * 5, b"\x00" * 40])
+@pytest.mark.parametrize("short_by", [1, 2, 5])
+def test_a_letter_a_few_bytes_too_long_loses_raw_and_says_so(raw, short_by):
+    """"raw_truncated": true is a byte shorter than false: the letter must not fit by that alone, with all its raw."""
+    rejection = Rejection("invalid_json", "the message is not valid JSON")
+    limit = len(dead_letter_value(rejection, raw, "points", 0, 1)) - short_by
+    letter = DeadLetter.model_validate_json(value := dead_letter_value(rejection, raw, "points", 0, 1, max_bytes=limit))
+    kept = letter.raw.encode() if letter.raw_encoding == "utf-8" else base64.b64decode(letter.raw)
+    assert len(value) <= limit and raw.startswith(kept) and len(kept) < len(raw) and letter.raw_truncated
+
+
 def test_the_limit_cannot_be_set_below_one_kib():
     """Below it there is no room for a dead letter's error sentence and source."""
     assert load(ServeSettings, ["--max-message-bytes", "1024"]).max_message_bytes == 1024
