@@ -82,7 +82,11 @@ def _letters(draw):
     raw = (pattern * (draw(st.integers(0, 2 * max_bytes)) // len(pattern) + 1))[: draw(st.integers(0, 2 * max_bytes))]
     key = draw(st.none() | st.integers(0, max_bytes).map(lambda n: b"k" * n))
     topic = draw(st.sampled_from(["points", "t" * 249]))
-    return Rejection(draw(st.sampled_from(["invalid_json", "too_large", "not_utf8"])), draw(_errors)), raw, key, topic, max_bytes
+    rejection = Rejection(draw(st.sampled_from(["invalid_json", "too_large", "not_utf8"])), draw(_errors))
+    if draw(st.booleans()):  # a limit just under what the letter and key take unbounded: the edge of every cut
+        unbounded = len(dead_letter_value(rejection, raw, topic, 2, 10**12)) + len(key or b"")
+        max_bytes = max(1024, unbounded - draw(st.integers(0, 8)))
+    return rejection, raw, key, topic, max_bytes
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -105,6 +109,7 @@ def test_every_dead_letter_fits_its_limit_and_keeps_what_it_can(case):
         full = head.decode() if letter.raw_encoding == "utf-8" else base64.b64encode(head).decode()
         more = orjson.loads(value)
         more["raw"] = full[: len(letter.raw) + (1 if letter.raw_encoding == "utf-8" else 4)]
+        more["raw_truncated"] = len(more["raw"]) < len(full) or len(raw) > len(head)  # what it would then say
         assert len(sent_key or b"") + len(orjson.dumps(more)) > max_bytes
     if letter.key_dropped:  # only when even a letter with no raw left the key no room
         no_raw = len(dead_letter_value(rejection, b"", topic, 2, 10**12)) - (1 if raw else 0)  # "raw_truncated": true, not false
