@@ -32,12 +32,19 @@ import time
 from collections.abc import Callable
 
 import orjson
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import (
+    IllegalSaslStateError,
+    KafkaError,
+    KafkaTimeoutError,
+    SaslAuthenticationFailedError,
+    UnsupportedSaslMechanismError,
+)
 
 from service import __version__
-from service.config import ServeSettings
+from service.config import KafkaSettings, ServeSettings, env_var, flag
 from service.http import HttpEndpoints
 from service.kafka import (
+    AUTHENTICATION_ERRORS,
     BEGINNING,
     END,
     FATAL_ERRORS,
@@ -85,8 +92,8 @@ CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 *
 #: (and most consumers) cannot write it, and the event would stop the service.
 ID_MIN, ID_MAX = -(1 << 63), (1 << 64) - 1
 #: The longest error sentence a dead letter carries: the decoder may quote a
-#: hostile feature name, and a dead letter must stay far below the brokers'
-#: message size limit (the raw head it carries is bounded by the decoder).
+#: hostile feature name. With its raw head (cut to fit) and key, a dead letter
+#: stays within --max-message-bytes (dead_letter_value).
 DEAD_LETTER_ERROR_LIMIT = 1000
 
 
@@ -94,10 +101,24 @@ class StartupError(RuntimeError):
     """The service cannot start, or go on, as configured; the message says why (exit 1)."""
 
 
-def fatal(exc: Exception, what: str) -> StartupError:
+def fatal(exc: Exception, what: str, settings: KafkaSettings | None = None) -> StartupError:
     """The StartupError for a FATAL_ERRORS error met while trying to ``what``: waiting cannot cure it."""
-    return StartupError(f"could not {what}: {exc.__class__.__name__}: {exc}; retrying cannot help: "
-                        "check the Kafka settings (security, credentials, ACLs, replication factor)")
+    return StartupError(f"could not {what}: {exc.__class__.__name__}: {exc}; retrying cannot help: {_to_check(exc, settings)}")
+
+
+def _to_check(exc: Exception, settings: KafkaSettings | None) -> str:
+    """The settings a FATAL_ERRORS error points at, in all their spellings."""
+
+    def named(*names: str) -> str:
+        return " and ".join(f"{name} ({flag(name)}, {env_var(name)})" for name in names)
+
+    mechanism = f"SASL mechanism {settings.sasl_mechanism}" if settings is not None and settings.sasl_mechanism else "the SASL mechanism"
+    if isinstance(exc, (UnsupportedSaslMechanismError, IllegalSaslStateError)):
+        return f"the brokers do not accept {mechanism}: check {named('sasl_mechanism')}"
+    if isinstance(exc, SaslAuthenticationFailedError):
+        return (f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
+                f"and {named('sasl_mechanism')}")
+    return "check the Kafka settings (security, credentials, ACLs, replication factor)"
 
 
 def publishable(event: Event | Rejection) -> Event | Rejection:
@@ -107,12 +128,79 @@ def publishable(event: Event | Rejection) -> Event | Rejection:
     return event
 
 
-def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int) -> bytes:
-    """The dead-letter message the service publishes for a rejected input (JSON bytes)."""
+def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int, *,
+                      max_bytes: int | None = None, key_bytes: int = 0, key_dropped: bool = False) -> bytes:
+    """The dead-letter message the service publishes for a rejected input (JSON bytes).
+
+    With ``max_bytes``, the letter and the ``key_bytes`` of its record's key
+    fit in it, as an input must (Decoder.decode): JSON escaping makes a raw
+    head of control characters six times longer, and the key adds its own
+    length. The raw head is cut first (``raw_truncated``); when even no raw
+    leaves room, a keyed letter is returned with no raw, too long (its caller,
+    :func:`dead_letter_record`, drops the key), and a letter without key has
+    its error sentence cut. From 1 KiB (the setting's least) every letter fits.
+    """
     letter = dead_letter(rejection, raw, topic, partition, offset)
     if len(letter["error"]) > DEAD_LETTER_ERROR_LIMIT:
         letter["error"] = letter["error"][: DEAD_LETTER_ERROR_LIMIT - 3] + "..."
+    if key_dropped:
+        letter["key_dropped"] = True
+    value = orjson.dumps(letter)
+    if max_bytes is None or key_bytes + len(value) <= max_bytes:
+        return value
+    room = max_bytes - key_bytes
+    head, whole = letter["raw"], not letter["raw_truncated"]
+    letter["raw"] = ""
+    letter["raw_truncated"] = bool(head)
+    value = orjson.dumps(letter)
+    if len(value) <= room:
+        kept = _longest_head(head, letter["raw_encoding"], room - len(value))
+        if whole and len(kept) == len(head):  # it fits only as "raw_truncated": true, one byte shorter than false
+            kept = head[: len(head) - (4 if letter["raw_encoding"] == "base64" else 1)]
+        letter["raw"] = kept
+        return orjson.dumps(letter)
+    if key_bytes:
+        return value
+    error = letter["error"]
+    cut = _longest(len(error), lambda n: len(orjson.dumps({**letter, "error": error[:n] + "..."})) <= room)
+    letter["error"] = error[:cut] + "..." if cut is not None else ""
     return orjson.dumps(letter)
+
+
+def dead_letter_record(rejection: Rejection, raw: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+                       max_bytes: int) -> tuple[bytes | None, bytes]:
+    """Key and value of the dead letter for a rejected input: together at most ``max_bytes``.
+
+    The input's key is kept unless even a letter with no raw leaves it no room
+    (a key near the limit): then it is left off and the letter says so
+    (``key_dropped``), keeping the raw head that fits without it.
+    """
+    value = dead_letter_value(rejection, raw, topic, partition, offset, max_bytes=max_bytes, key_bytes=len(key or b""))
+    if key is None or len(key) + len(value) <= max_bytes:
+        return key, value
+    return None, dead_letter_value(rejection, raw, topic, partition, offset, max_bytes=max_bytes, key_dropped=True)
+
+
+def _longest_head(head: str, encoding: str, room: int) -> str:
+    """The longest head of a letter's raw text whose JSON string takes at most ``room`` bytes more than ``""``."""
+    if encoding == "base64":  # 4 characters for every 3 bytes, none escaped: whole groups decode to a head of the original
+        return head[: min(len(head), room // 4 * 4)]
+    n = _longest(len(head), lambda n: len(orjson.dumps(head[:n])) - 2 <= room)
+    return head[:n]
+
+
+def _longest(most: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest n in 0..most with fits(n), for fits true up to some n and false after (None: not even 0)."""
+    if not fits(0):
+        return None
+    low, high = 0, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class Application:
@@ -217,7 +305,7 @@ class Application:
             try:
                 return action()
             except FATAL_ERRORS as exc:
-                raise fatal(exc, what) from None
+                raise fatal(exc, what, self.settings) from None
             except KafkaError as exc:
                 self.health.broker_ok = False
                 if self._stopping:
@@ -257,7 +345,7 @@ class Application:
             try:
                 records = self.io.poll(s.poll_timeout_ms, s.batch_size)
             except FATAL_ERRORS as exc:  # e.g. no read permission on the topic or the group
-                raise fatal(exc, f"read {s.input_topic} in group {s.group_id}") from None
+                raise fatal(exc, f"read {s.input_topic} in group {s.group_id}", s) from None
             except KafkaError as exc:
                 log.warning("poll failed: %s", exc)
                 self.health.broker_ok = False
@@ -331,7 +419,7 @@ class Application:
         started = time.perf_counter()
         s, io, step, decode = self.settings, self.io, self.learner.step, self.decoder.decode
         learner, positions, dumps = self.learner, self.positions, orjson.dumps
-        output_topic, dlq_topic = s.output_topic, s.dlq_topic
+        output_topic, dlq_topic, max_bytes = s.output_topic, s.dlq_topic, s.max_message_bytes
         labeled = unlabeled = 0
         flags: list[bool] = []
         updates_before = learner.updates
@@ -341,7 +429,7 @@ class Application:
             if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
                 event = publishable(event)
             if type(event) is Rejection:
-                io.send(dlq_topic, r.key, dead_letter_value(event, r.value, r.topic, r.partition, r.offset))
+                io.send(dlq_topic, *dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, max_bytes))
                 self.metrics.rejected.labels(event.reason).inc()
             else:
                 y_pred, score, mistake = step(event.x, event.y)
@@ -380,6 +468,8 @@ class Application:
                 if refused:
                     self._replace_refused(refused)
                 return
+            except AUTHENTICATION_ERRORS as exc:
+                raise fatal(exc, "send the outputs", self.settings) from None
             except FATAL_ERRORS as exc:
                 raise StartupError(f"the brokers refuse the service's messages: {exc.__class__.__name__}: {exc}; "
                                    "check the topics' ACLs and the Kafka settings") from None
@@ -399,7 +489,7 @@ class Application:
                      f"{r.error.__class__.__name__}; the input is at source")
             log.error("%s at %s", error, source)
             self.io.send(s.dlq_topic, None, dead_letter_value(Rejection("output_refused", error), None, source["topic"],
-                                                              source["partition"], source["offset"]))
+                                                              source["partition"], source["offset"], max_bytes=s.max_message_bytes))
             self.metrics.rejected.labels("output_refused").inc()
         again = self.io.flush(timeout_s=10.0)
         if again:
@@ -427,7 +517,7 @@ class Application:
         try:
             self.io.commit(to_commit, timeout_s=COMMIT_TIMEOUT_S)
         except FATAL_ERRORS as exc:
-            raise fatal(exc, f"commit offsets of group {self.settings.group_id}") from None
+            raise fatal(exc, f"commit offsets of group {self.settings.group_id}", self.settings) from None
         except KafkaError as exc:
             # e.g. RebalanceInProgressError: keep polling; the next batch
             # commits, or the redelivered events are processed again
@@ -449,7 +539,7 @@ class Application:
         try:
             self.store.save(cp)
         except FATAL_ERRORS as exc:
-            raise fatal(exc, f"write checkpoint {cp.seq}") from None
+            raise fatal(exc, f"write checkpoint {cp.seq}", self.settings) from None
         except (KafkaError, OSError, CheckpointTooLargeError) as exc:
             # the model goes on in memory; a crash before the next good
             # checkpoint replays more events, it does not learn any twice
@@ -650,7 +740,7 @@ class Application:
             if not flowing:
                 self.health.broker_ok = True
         except FATAL_ERRORS as exc:
-            raise fatal(exc, "read the end offsets for the lag") from None
+            raise fatal(exc, "read the end offsets for the lag", self.settings) from None
         except KafkaError as exc:
             self.health.broker_ok = False
             log.warning("could not read the end offsets for the lag: %s", exc.__class__.__name__)

@@ -184,9 +184,9 @@ class ServeSettings(KafkaSettings):
     topic_partitions: int = Field(1, gt=0, description="Partitions of topics the service creates.")
     topic_replication_factor: int = Field(1, gt=0, description="Replication factor of topics the service creates.")
     max_message_bytes: int = Field(
-        1_000_000, gt=0,
-        description="Larger input messages (key + value) are dead-lettered. Keep it 1 KiB or more under the brokers' "
-        "message.max.bytes: a prediction carries its input's key and id.")
+        1_000_000, ge=1024,
+        description="Larger input messages (key + value) are dead-lettered; a dead letter (key + value) stays within it too. "
+        "Keep it 1 KiB or more under the brokers' message.max.bytes: a prediction carries its input's key and id.")
     max_features: int = Field(10_000, gt=0, description="Events with more features are dead-lettered.")
     max_feature_value: float = Field(
         1e15, gt=0, le=1e100, description="Events with a feature of larger magnitude are dead-lettered (out_of_range).")

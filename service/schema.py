@@ -19,6 +19,13 @@ model accepts, with the same values (orjson and pydantic's parser read every
 number to the same double, and both refuse non-finite ones), so an event
 decodes to the same :class:`Event` either way (tests/test_schema.py checks it).
 
+Decoding costs a parse or two of the message and its first error, whatever
+the message holds: the model stops at the first bad element of ``x`` or
+``features`` (:class:`FirstErrorOnly`), and a message of ``MODEL_FIRST_BYTES``
+or more goes to the model alone, whose parser builds no Python object per
+element (orjson's did, for a hostile message, before the model parsed it
+again). bench/decoder.py measures the worst shapes (bench/README.md).
+
 >>> decoder = Decoder(max_message_bytes=1000, max_features=10)
 >>> decoder.decode(b'{"id": "c-1", "x": [0.5, -1.0], "y": 1}')
 Event(id='c-1', x=[0.5, -1.0], y=1)
@@ -41,6 +48,43 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class FirstErrorOnly:
+    """Validation of the list or dict it annotates stops at its first bad element.
+
+    pydantic-core's ``fail_fast`` (pydantic exposes it for lists only, as
+    ``FailFast``; pydantic-core has it for dicts too since 2.28, pydantic
+    2.11). Without it the model reports every bad element: a 100 KB
+    ``{"x": [[], [], ...]}`` made 33,000 errors, about 0.5 ms per KB, when
+    the decoder only ever tells the first.
+    """
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        schema = handler(source)
+        if schema.get("type") not in ("list", "dict"):
+            raise TypeError(f"FirstErrorOnly annotates a list or a dict, not {schema.get('type')}")
+        schema["fail_fast"] = True
+        return schema
+
+
+class OneError:
+    """A union that fails reports one error, not one per member (pydantic-core's ``custom_error_type``).
+
+    Each error carries the input, which pydantic turns into Python objects: an
+    ``id`` holding 1 MB of ``[[], [], ...]`` cost 180 ms as two errors (str, int).
+    """
+
+    def __init__(self, error_type: str, message: str):
+        self.error_type, self.message = error_type, message
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        schema = handler(source)
+        if schema.get("type") != "union":
+            raise TypeError(f"OneError annotates a union, not {schema.get('type')}")
+        schema["custom_error_type"], schema["custom_error_message"] = self.error_type, self.message
+        return schema
+
 
 #: Raw bytes kept in a dead letter. A rejected message may be as large as the
 #: input limit; the dead letter keeps its head and its source position, which
@@ -72,9 +116,11 @@ class InputEvent(BaseModel):
 
     model_config = ConfigDict(extra="ignore", title="InputEvent")
 
-    id: str | int | None = Field(None, description="The producer's id of the point, copied to the prediction.")
-    x: list[FiniteNumber] | None = Field(None, description="Dense features; the first dense event fixes their number.")
-    features: dict[str, FiniteNumber] | None = Field(None, description="Named features, name → number.")
+    id: Annotated[str | int, OneError("id_type", "id must be a string or an integer")] | None = Field(
+        None, description="The producer's id of the point, copied to the prediction.")
+    x: Annotated[list[FiniteNumber], FirstErrorOnly()] | None = Field(
+        None, description="Dense features; the first dense event fixes their number.")
+    features: Annotated[dict[str, FiniteNumber], FirstErrorOnly()] | None = Field(None, description="Named features, name → number.")
     y: Literal[-1, 1] | None = Field(
         None,
         description="Label −1 or +1; 0/1 and false/true are accepted and mapped (0 and false → −1). "
@@ -132,7 +178,11 @@ class DeadLetter(BaseModel):
     source: Source
     raw: str = Field(description="The original value as text, or base64 when it is not UTF-8.")
     raw_encoding: Literal["utf-8", "base64"]
-    raw_truncated: bool = Field(description=f"True when the original was longer than {DEAD_LETTER_RAW_LIMIT} bytes.")
+    raw_truncated: bool = Field(description=f"True when raw holds only the head of the original: it was longer than "
+                                            f"{DEAD_LETTER_RAW_LIMIT} bytes, or the head was cut so that the dead letter "
+                                            "(key included) fits --max-message-bytes.")
+    key_dropped: bool = Field(False, description="Present and true when the input's Kafka key was left off this dead "
+                                                 "letter: with it even a letter with no raw would exceed --max-message-bytes.")
 
 
 class Event(NamedTuple):
@@ -155,6 +205,14 @@ _NUMBERS = frozenset((float, int)).issuperset  # bool is not int here: type(True
 _LABELS = {1: 1, -1: -1, 0: -1}  # True == 1 and False == 0 hash alike: the booleans map too
 _new = tuple.__new__
 
+#: Messages at least this long skip the orjson fast path. Its gain is a fixed
+#: cost per event (about 1-2 µs, the model's instance and validators); from a
+#: few KiB the model decodes a valid event about as fast per byte (dense x the
+#: same, features up to 20% slower, integers twice as fast), and a hostile one
+#: 2-4 times faster: no Python object per element before the model parses the
+#: message again (bench/decoder.py, bench/README.md "Decoder worst case").
+MODEL_FIRST_BYTES = 4096
+
 
 class Decoder:
     """Turns message values into events or rejections.
@@ -168,11 +226,12 @@ class Decoder:
     """
 
     def __init__(self, max_message_bytes: int, max_features: int, dimension: int | None = None,
-                 max_feature_value: float = 1e15):
+                 max_feature_value: float = 1e15, model_first_bytes: int = MODEL_FIRST_BYTES):
         self.max_message_bytes = max_message_bytes
         self.max_features = max_features
         self.dimension = dimension
         self.max_feature_value = max_feature_value
+        self.model_first_bytes = model_first_bytes
 
     def decode(self, raw: bytes | None, key: bytes | None = None) -> Event | Rejection:
         """The event in ``raw``, or why it is rejected; the Kafka ``key`` counts toward the size limit
@@ -183,6 +242,8 @@ class Decoder:
         if size > self.max_message_bytes:
             what = "" if key is None else f" (key {len(key)} + value {len(raw)})"
             return Rejection("too_large", f"the message is {size} bytes{what}, more than the limit of {self.max_message_bytes}")
+        if len(raw) >= self.model_first_bytes:
+            return self._decode_model(raw)
         # The fast path: each test below that fails hands the message to the model.
         try:
             doc = orjson.loads(raw)
@@ -203,14 +264,16 @@ class Decoder:
             if not _ONLY_FLOATS(map(type, x)):
                 if not _NUMBERS(map(type, x)):
                     return self._decode_model(raw)
-                x = [float(v) for v in x]
+                if len(x) <= self.max_features:  # else rejected below, unconverted
+                    x = list(map(float, x))
             return self._checked(id_, x, True, y)
         if x is None and type(features) is dict:
             values = features.values()
             if not _ONLY_FLOATS(map(type, values)):
                 if not _NUMBERS(map(type, values)):
                     return self._decode_model(raw)
-                features = {k: float(v) for k, v in features.items()}
+                if len(features) <= self.max_features:
+                    features = dict(zip(features, map(float, values)))
             return self._checked(id_, features, False, y)
         return self._decode_model(raw)
 

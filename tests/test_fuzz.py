@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.app import DEAD_LETTER_ERROR_LIMIT, ID_MAX, ID_MIN, dead_letter_value, publishable
+from service.app import DEAD_LETTER_ERROR_LIMIT, ID_MAX, ID_MIN, dead_letter_record, dead_letter_value, publishable
 from service.learning import make_learner
 from service.schema import DEAD_LETTER_RAW_LIMIT, REASONS, DeadLetter, Decoder, Event, Rejection, dead_letter
 
@@ -204,6 +204,12 @@ def check_rejection(rejection: Rejection, raw: bytes | None) -> None:
     assert len(published["error"]) <= DEAD_LETTER_ERROR_LIMIT
     assert {k: v for k, v in published.items() if k != "error"} == {k: v for k, v in letter.items() if k != "error"}
     assert len(dead_letter_value(rejection, raw, "points", 3, 17)) <= 4 * DEAD_LETTER_RAW_LIMIT // 3 + 4 + DEAD_LETTER_ERROR_LIMIT * 6 + 300
+    # and as the service sends it: key + value within the input limit, the raw head cut to fit
+    key, value = dead_letter_record(rejection, raw, b"key", "points", 3, 17, MAX_BYTES)
+    assert len(key or b"") + len(value) <= MAX_BYTES
+    fitted = DeadLetter.model_validate_json(value)
+    kept = fitted.raw.encode("utf-8") if fitted.raw_encoding == "utf-8" else base64.b64decode(fitted.raw)
+    assert original.startswith(kept) and fitted.raw_truncated == (len(kept) < len(original))
 
 
 def check_message(decoder: Decoder, raw: bytes | None):
@@ -228,6 +234,13 @@ FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthC
 @given(raw=hostile_messages, dimension=st.sampled_from([None, None, 1, 2, 3]))
 def test_the_decoder_answers_every_hostile_message(raw, dimension):
     check_message(Decoder(MAX_BYTES, MAX_FEATURES, dimension), raw)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(raw=hostile_messages, dimension=st.sampled_from([None, 2, 3]))
+def test_the_model_alone_answers_every_hostile_message(raw, dimension):
+    """Messages of MODEL_FIRST_BYTES or more skip the fast path: the model alone holds to the same checks."""
+    check_message(Decoder(MAX_BYTES, MAX_FEATURES, dimension, model_first_bytes=0), raw)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -34,6 +34,7 @@ from service.kafka.kafka_python import (
     make_producer,
 )
 from service.kafka.types import (
+    AUTHENTICATION_ERRORS,
     BEGINNING,
     END,
     FATAL_ERRORS,
@@ -48,6 +49,7 @@ from service.kafka.types import (
 )
 
 __all__ = [
+    "AUTHENTICATION_ERRORS",
     "BEGINNING",
     "END",
     "FATAL_ERRORS",

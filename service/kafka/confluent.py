@@ -136,7 +136,8 @@ class ConfluentIO:
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.input_topic = settings, group_id, input_topic
         self.on_assigned, self.on_revoked, self.auto_offset_reset = on_assigned, on_revoked, auto_offset_reset
-        common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": _client_error}
+        self._rejected: kerrors.KafkaError | None = None  # the brokers rejected the SASL mechanism or credentials
+        common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
         self.consumer = Consumer({
             **common, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": auto_offset_reset,
             "fetch.wait.max.ms": fetch_max_wait_ms, "on_commit": self._committed,
@@ -165,6 +166,7 @@ class ConfluentIO:
         Raising with records in hand would lose them: their positions are
         past, and the next commit would skip them.
         """
+        self._raise_rejection()
         if self._poll_error is not None:
             error, self._poll_error = self._poll_error, None
             raise KafkaException(error)
@@ -186,7 +188,19 @@ class ConfluentIO:
             if not records:
                 raise KafkaException(error)
             self._poll_error = error
+        if not records:
+            self._raise_rejection()
         return records
+
+    def _client_error(self, err: CKafkaError) -> None:
+        _client_error(err)
+        if err.code() == CKafkaError._AUTHENTICATION and self._rejected is None:
+            self._rejected = authentication_error(err)
+
+    def _raise_rejection(self) -> None:
+        """Raise the brokers' SASL rejection, if librdkafka reported one (it retries them forever by itself)."""
+        if self._rejected is not None:
+            raise self._rejected
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # librdkafka cannot seek a partition before it is assigned: the seeks
@@ -246,6 +260,7 @@ class ConfluentIO:
         consume(); what that returns meanwhile is kept for the next polls.
         librdkafka sends commits in order: a late one never lands after a newer one.
         """
+        self._raise_rejection()
         owned = set(self.assignment())
         offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if (t, p) in owned]
         if not offsets:
@@ -285,6 +300,7 @@ class ConfluentIO:
         ``timeout_s``). A partition read from nowhere yet starts at its
         committed offset, else where ``auto_offset_reset`` says.
         """
+        self._raise_rejection()
         tps = self.consumer.assignment()
         if not tps:
             return {}
@@ -359,6 +375,7 @@ class ConfluentIO:
         delay = 0.2
         while True:
             waiting = self.producer.flush(max(0.0, deadline - time.monotonic()))
+            self._raise_rejection()
             for *_, error in self._failed:
                 if isinstance(error, FATAL_ERRORS):
                     raise error
@@ -416,3 +433,18 @@ def _client_error(err: CKafkaError) -> None:
     # librdkafka reports connection trouble here and recovers by itself; the
     # loop learns of an outage from its flushes, commits and lag probes.
     log.log(logging.ERROR if err.fatal() else logging.WARNING, "kafka client: %s", err.str())
+
+
+def authentication_error(err: CKafkaError) -> kerrors.KafkaError:
+    """kafka-python's exception for librdkafka's _AUTHENTICATION report (a FATAL_ERRORS one).
+
+    librdkafka (2.16) reports a rejected SASL mechanism or credentials only to
+    ``error_cb``, as a local, non-fatal error, and tries again forever:
+    "SASL SCRAM-SHA-256 mechanism handshake failed: Broker: Unsupported SASL
+    mechanism: broker's supported mechanisms: PLAIN" (error 33), "SASL
+    authentication error: Authentication failed ..." (58).
+    """
+    text = err.str()
+    if "Unsupported SASL mechanism" in text:
+        return kerrors.UnsupportedSaslMechanismError(text)
+    return kerrors.SaslAuthenticationFailedError(text)

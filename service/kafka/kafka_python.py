@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -16,9 +17,13 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.net.compat import KafkaNetClient
+from kafka.net.manager import KafkaConnectionManager
+from kafka.net.selector import NetworkSelector
 
 from service.config import KafkaSettings
 from service.kafka.types import (
+    AUTHENTICATION_ERRORS,
     BEGINNING,
     END,
     FATAL_ERRORS,
@@ -81,13 +86,62 @@ def client_options(settings: KafkaSettings) -> dict:
     return options
 
 
+class _RejectionsAreFinal(KafkaConnectionManager):
+    """kafka-python's connection manager, for which a SASL rejection is final.
+
+    kafka-python 3.0.12 retries a bootstrap connection that the brokers
+    rejected at the SASL handshake (UnsupportedSaslMechanismError, error 33)
+    or at authentication (SaslAuthenticationFailedError, 58) until
+    ``bootstrap_timeout_ms``, then raises KafkaTimeoutError "Unable to
+    bootstrap", which looks like brokers that are away: callers retry forever.
+    The manager keeps the last authentication failure of each node to "surface
+    it to the user instead of silently retrying forever" (``get_connection``
+    raises it through ``maybe_raise_auth_failure``), but never learns of these:
+    ``KafkaConnection.initialize`` closes the connection with the error instead
+    of raising it. Here each new connection's ``init_future`` reports them, so
+    the next attempt on that node raises the rejection (bootstrap fails with
+    it) until a connection to it succeeds again.
+    """
+
+    def __init__(self, net, **configs):
+        super().__init__(net, **configs)
+        self._rejected: dict = {}  # node id → the AUTHENTICATION_ERRORS error of its last connection
+        self._watched: weakref.WeakSet = weakref.WeakSet()
+
+    def get_connection(self, node_id, *args, **kwargs):
+        conn = super().get_connection(node_id, *args, **kwargs)
+        if conn not in self._watched:
+            self._watched.add(conn)
+            conn.init_future.add_callback(lambda _: self._rejected.pop(node_id, None))
+            conn.init_future.add_errback(lambda error: isinstance(error, AUTHENTICATION_ERRORS)
+                                         and self._rejected.__setitem__(node_id, error))
+        return conn
+
+    def maybe_raise_auth_failure(self, node_id):
+        super().maybe_raise_auth_failure(node_id)
+        error = self._rejected.get(node_id)
+        if error is not None:
+            raise error
+
+
+def _net_client(**configs) -> KafkaNetClient:
+    """kafka-python's network client with :class:`_RejectionsAreFinal` (the clients' ``kafka_client`` option)."""
+    net = NetworkSelector(**configs)
+    return KafkaNetClient(net=net, manager=_RejectionsAreFinal(net, **configs), **configs)
+
+
+def _options(settings: KafkaSettings) -> dict:
+    """:func:`client_options` and the network client every kafka-python client here is built with."""
+    return {**client_options(settings), "kafka_client": _net_client}
+
+
 def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: bool, timeout_s: float = 0.0) -> None:
     """Create the topics that are missing, or fail naming them when ``create`` is off.
 
     Connecting is retried for ``timeout_s`` (0: one attempt, for callers with a retry loop of their own).
     """
     topics = list(topics)
-    admin = _retrying(lambda: KafkaAdminClient(**client_options(settings), request_timeout_ms=10_000), "connect to the brokers", timeout_s)
+    admin = _retrying(lambda: KafkaAdminClient(**_options(settings), request_timeout_ms=10_000), "connect to the brokers", timeout_s)
     try:
         existing = set(admin.list_topics())
         missing = [t for t in topics if t.name not in existing]
@@ -110,6 +164,8 @@ def _retrying(action: Callable, what: str, timeout_s: float):
     while True:
         try:
             return action()
+        except FATAL_ERRORS:
+            raise
         except KafkaError as exc:
             if time.monotonic() + delay > deadline:
                 raise
@@ -122,7 +178,7 @@ def make_producer(settings: KafkaSettings, **overrides) -> KafkaProducer:
     """A producer that waits for all in-sync replicas (acks=all) and batches briefly."""
     options = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024,
                "retries": 5, "max_block_ms": 10_000, **overrides}
-    return KafkaProducer(**client_options(settings), **options)
+    return KafkaProducer(**_options(settings), **options)
 
 
 class _CloseRaceFilter(logging.Filter):
@@ -214,7 +270,7 @@ class _AdminClient(KafkaAdminClient):
 
 def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
     """Partition → committed next offset of consumer group ``group_id`` on ``topic`` (none: {})."""
-    admin = _AdminClient(**client_options(settings), request_timeout_ms=10_000)
+    admin = _AdminClient(**_options(settings), request_timeout_ms=10_000)
     try:
         offsets = admin.list_group_offsets(group_id).get(group_id, {})
     finally:
@@ -228,7 +284,7 @@ def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
     A member that died without leaving is listed until its session times out
     (on Tansu: until the next join evicts it).
     """
-    admin = _AdminClient(**client_options(settings), request_timeout_ms=10_000)
+    admin = _AdminClient(**_options(settings), request_timeout_ms=10_000)
     try:
         group = admin.describe_groups([group_id])[group_id]
     finally:
@@ -248,7 +304,7 @@ def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, s
     A checkpoint records both: a topic deleted and created again, or another
     cluster behind the same address, has other ids.
     """
-    admin = _AdminClient(**client_options(settings), request_timeout_ms=10_000)
+    admin = _AdminClient(**_options(settings), request_timeout_ms=10_000)
     try:
         cluster_id = admin.describe_cluster().get("cluster_id") or None
         described = [t for t in admin.describe_topics([topic]) if t.get("name") == topic]
@@ -265,7 +321,7 @@ def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> 
     fetch at it: the embedded broker answers ListOffsets with the start of the
     last batch + 1 (DESIGN.md), a fetch tells the true end.
     """
-    consumer = KafkaConsumer(**client_options(settings), enable_auto_commit=False, group_id=None,
+    consumer = KafkaConsumer(**_options(settings), enable_auto_commit=False, group_id=None,
                              max_poll_records=1, fetch_max_bytes=64 * 1024, max_partition_fetch_bytes=64 * 1024,
                              request_timeout_ms=int(timeout_s * 1000))
     try:
@@ -310,7 +366,7 @@ class KafkaIO:
         self.settings = settings
         self.group_id = group_id
         self.consumer = KafkaConsumer(
-            **client_options(settings), group_id=group_id, client_id=client_id,
+            **_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
             max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms, request_timeout_ms=10_000,
             **GROUP_TIMINGS,
@@ -494,7 +550,7 @@ class CompactedTopic:
         1 MiB (a larger record still comes, alone), few records are handed over
         per poll, and the values of other keys are dropped as they come.
         """
-        consumer = KafkaConsumer(**client_options(self.settings), enable_auto_commit=False, group_id=None,
+        consumer = KafkaConsumer(**_options(self.settings), enable_auto_commit=False, group_id=None,
                                  fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=16)
         try:
             partitions = consumer.partitions_for_topic(self.topic) or set()

@@ -63,6 +63,10 @@ def _errors(*names: str) -> tuple[type, ...]:
     return tuple(getattr(kafka.errors, name) for name in names if hasattr(kafka.errors, name))
 
 
+#: The brokers rejected the SASL mechanism (error 33), the SASL exchange (34)
+#: or the credentials (58): sasl_mechanism, sasl_username or sasl_password must change.
+AUTHENTICATION_ERRORS = _errors("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError")
+
 #: Errors that retrying cannot cure: a setting or the brokers' permissions
 #: must change. The service stops with the error instead of retrying forever.
 FATAL_ERRORS = _errors(
