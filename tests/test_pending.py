@@ -24,14 +24,17 @@ def test_a_restore_brings_back_the_table_of_that_checkpoint(ops, max_pending, da
     model: dict = {}  # key -> (state, at): the truth, kept by hand
     snapshots = {0: _snapshot(table)}
     seq, now = 0, 0.0
+    arrival: dict = {}  # key -> order of its last add: ties in time are evicted in that order
+    adds = iter(range(10**6))
     for op, point_id, step in ops:
         now += step
         key = f"i:{point_id}" if type(point_id) is int else f"s:{point_id}"
         if op == "add":
             table.add(point_id, {"v": point_id}, now)
             model[key] = ("pending", now)
-            live = sorted((a, k) for k, (s, a) in model.items() if s == "pending")
-            for _, k in live[: max(0, len(live) - max_pending)]:
+            arrival[key] = next(adds)
+            live = sorted((a, arrival[k], k) for k, (s, a) in model.items() if s == "pending")
+            for _, _, k in live[: max(0, len(live) - max_pending)]:
                 del model[k]
         elif op == "take":
             got = table.take(point_id, now)

@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS pending (
     at REAL NOT NULL,             -- when it came (pending) or was labeled (labeled): the TTL runs from here
     point BLOB                    -- JSON of what the join needs (features, published y_pred, score, version...)
 );
-CREATE INDEX IF NOT EXISTS pending_by_time ON pending (state, at);
+CREATE INDEX IF NOT EXISTS pending_by_time ON pending (state, at);  -- ties: rowid, the order of arrival
 CREATE TABLE IF NOT EXISTS undo (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     epoch INTEGER NOT NULL,
@@ -141,7 +141,7 @@ class PendingTable:
         over = self._count - self.max_pending
         if over <= 0:
             return 0
-        keys = [k for (k,) in self.db.execute("SELECT id FROM pending WHERE state = 'pending' ORDER BY at LIMIT ?", (over,))]
+        keys = [k for (k,) in self.db.execute("SELECT id FROM pending WHERE state = 'pending' ORDER BY at, rowid LIMIT ?", (over,))]
         for key in keys:
             self._log(key)
             self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
