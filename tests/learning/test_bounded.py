@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.learning import VARIANTS, Perceptron, ScaledPerceptron, learner_from_state, make_learner
+from service.learning import VARIANTS, HashedPerceptron, Perceptron, ScaledPerceptron, learner_from_state, make_learner
+from tests.conftest import ROOT
 
 MARGIN = {"margin": 0.5}
 
 
-def _learner(variant: str, standardize: bool = False, max_features: int | None = None):
-    return make_learner(variant, MARGIN.get(variant, 0.0), standardize, max_features)
+def _learner(variant: str, standardize: bool = False, max_features: int | None = None, hash_features: int = 0):
+    return make_learner(variant, MARGIN.get(variant, 0.0), standardize, max_features, hash_features)
 
 
 def _features(m) -> list:
@@ -102,8 +106,9 @@ def test_a_bad_label_with_new_features_changes_nothing():
 
 
 @pytest.mark.parametrize("standardize", [False, True])
-def test_cap_and_count_survive_a_checkpoint_and_old_states_still_load(standardize):
-    m = _learner("averaged", standardize, max_features=2)
+@pytest.mark.parametrize("hash_features", [0, 64])
+def test_cap_and_count_survive_a_checkpoint_and_old_states_still_load(standardize, hash_features):
+    m = _learner("averaged", standardize, max_features=2, hash_features=hash_features)
     m.step({"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0, "e": 5.0}, 1)
     assert m.dropped_features > 0
     back = learner_from_state(json.loads(json.dumps(m.to_state())))
@@ -175,3 +180,94 @@ def test_unlabeled_never_grow_the_model_the_cap_holds_and_the_drops_are_exact(va
         assert m.dropped_features == dropped
         assert _scaler_names(m) in (None, after)
     assert learner_from_state(json.loads(json.dumps(m.to_state()))).to_state() == m.to_state()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(st.text(min_size=1, max_size=12), value, min_size=1, max_size=8),
+                          st.sampled_from([-1, 1, None])), max_size=20))
+def test_hashing_holds_at_most_n_buckets_whatever_the_names(events):
+    m = make_learner("plain", hash_features=16)
+    for x, y in events:
+        m.step(x, y)
+    assert all(type(k) is int and 0 <= k < 16 for k in m.weights)
+    assert m.dropped_features == 0
+
+
+# -- hashing -------------------------------------------------------------------
+
+HASH_NAMES = ["user=ann", "page=/checkout?id=42", "ua:Mozilla/5.0", "ünïcode-名前", "0", "17"]
+
+
+def test_hashing_is_the_same_in_another_process():
+    """The buckets must survive a restart: another interpreter, another PYTHONHASHSEED, same buckets."""
+    here = HashedPerceptron(1 << 20).hash({name: float(i + 1) for i, name in enumerate(HASH_NAMES)})
+    code = ("import json, sys; from service.learning import HashedPerceptron; names = json.loads(sys.argv[1]); "
+            "print(json.dumps(sorted(HashedPerceptron(1 << 20).hash({n: float(i + 1) for i, n in enumerate(names)}).items())))")
+    for seed in ("1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(HASH_NAMES)], capture_output=True, text=True,
+                             cwd=ROOT, env=env, timeout=120, check=True).stdout
+        assert [tuple(kv) for kv in json.loads(out)] == sorted(here.items())
+
+
+def _murmur3_32(data: bytes, seed: int) -> int:
+    """MurmurHash3 x86_32 (Austin Appleby's reference algorithm), as a signed 32-bit int."""
+    c1, c2, mask = 0xCC9E2D51, 0x1B873593, 0xFFFFFFFF
+
+    def rotl(v: int, r: int) -> int:
+        return ((v << r) | (v >> (32 - r))) & mask
+
+    h = seed
+    n = len(data) // 4 * 4
+    for i in range(0, n, 4):
+        k = rotl(int.from_bytes(data[i:i + 4], "little") * c1 & mask, 15) * c2 & mask
+        h = (rotl(h ^ k, 13) * 5 + 0xE6546B64) & mask
+    tail = data[n:]
+    if tail:
+        h ^= rotl(int.from_bytes(tail, "little") * c1 & mask, 15) * c2 & mask
+    h ^= len(data)
+    for shift, mult in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        h = (h ^ (h >> shift)) * mult & mask
+    h ^= h >> 16
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def test_hashing_is_murmurhash3_of_the_name_with_a_pinned_seed():
+    """What the buckets are, independently of river: a river that hashes otherwise fails here (and its
+    states fail their probes) before it can read a checkpoint's weights under other features."""
+    n, seed = 1 << 20, 2357136044  # river: the seed drawn by numpy's RandomState(0), frozen by numpy's policy
+    got = HashedPerceptron(n).hash({name: 1.0 for name in HASH_NAMES})
+    expected = {}
+    for name in HASH_NAMES:
+        h = _murmur3_32(name.encode(), seed)
+        expected[h % n] = expected.get(h % n, 0.0) + (-1.0 if h < 0 else 1.0)
+    assert got == expected
+
+
+@pytest.mark.parametrize("standardize", [False, True])
+def test_a_hashed_model_restores_and_goes_on_identically(standardize):
+    m = _learner("pocket", standardize, hash_features=32)
+    events = [({f"tok{i % 11}": 1.0, f"id{i}": 0.5}, 1 if i % 3 else -1) for i in range(40)]
+    for x, y in events[:30]:
+        m.step(x, y)
+    back = learner_from_state(json.loads(json.dumps(m.to_state())))
+    assert type(back) is HashedPerceptron and back.to_state() == m.to_state()
+    for x, y in events[30:]:
+        assert back.step(x, y) == m.step(x, y)
+    assert len(_features(m)) <= 32
+
+
+def test_dense_lists_are_hashed_as_the_features_0_to_d_minus_1():
+    m = HashedPerceptron(64)
+    assert m.step([1.0, 2.0], 1) == HashedPerceptron(64).step({0: 1.0, 1: 2.0}, 1)
+    assert m.hash([1.0, 2.0]) == m.hash({"0": 1.0, "1": 2.0})
+
+
+def test_hashing_refuses_bad_sizes_and_states_of_another_kind():
+    for bad in (0, -3, 1.5, None):
+        with pytest.raises(ValueError, match="n_features"):
+            HashedPerceptron(bad)
+    state = HashedPerceptron(8).to_state()
+    state["hasher"]["n_features"] = 0
+    with pytest.raises(ValueError, match="n_features"):
+        learner_from_state(state)
