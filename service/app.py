@@ -208,7 +208,7 @@ class Application:
 
     def __init__(self, settings: ServeSettings):
         self.settings = s = settings
-        self.learner = make_learner(s.variant, s.margin, s.standardize)
+        self.learner = make_learner(s.variant, s.margin, s.standardize, s.max_model_features or None, s.hash_features)
         self.decoder = Decoder(s.max_message_bytes, s.max_features, max_feature_value=s.max_feature_value)
         self.metrics = ServiceMetrics(window=s.mistake_rate_window, version=__version__, variant=s.variant)
         self.health = Health(s.healthz_timeout_seconds)
@@ -422,7 +422,7 @@ class Application:
         output_topic, dlq_topic, max_bytes = s.output_topic, s.dlq_topic, s.max_message_bytes
         labeled = unlabeled = 0
         flags: list[bool] = []
-        updates_before = learner.updates
+        updates_before, dropped_before = learner.updates, learner.dropped_features
         self._batch_open = True
         for r in records:
             event = decode(r.value, r.key)
@@ -451,7 +451,8 @@ class Application:
             self._to_commit = dict(positions)
         self._events_since_checkpoint += len(records)
         self.metrics.observe_batch(labeled=labeled, unlabeled=unlabeled, mistake_flags=flags,
-                                   updates=learner.updates - updates_before, latency_s=time.perf_counter() - started)
+                                   updates=learner.updates - updates_before, latency_s=time.perf_counter() - started,
+                                   dropped_features=learner.dropped_features - dropped_before)
         self.metrics.set_model(learner.weight_norm, learner.radius)
 
     def _flush(self) -> None:
@@ -559,7 +560,8 @@ class Application:
 
     def _model_meta(self) -> dict:
         s = self.settings
-        return {"variant": s.variant, "margin": s.margin, "standardize": s.standardize, "input_topic": s.input_topic}
+        return {"variant": s.variant, "margin": s.margin, "standardize": s.standardize, "input_topic": s.input_topic,
+                "max_model_features": s.max_model_features, "hash_features": s.hash_features}
 
     # state ---------------------------------------------------------------
     def _restore(self) -> bool:
@@ -575,7 +577,9 @@ class Application:
         models, other_settings = {}, []
 
         def accept(cp: Checkpoint) -> None:
-            different = {k: (cp.meta.get(k), v) for k, v in expected.items() if cp.meta.get(k) != v}
+            # Written before the cap and hashing existed: no hashing, and no cap (the model gets today's cap)
+            meta = {"max_model_features": expected["max_model_features"], "hash_features": 0, **cp.meta}
+            different = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
             if different:  # the operator's settings changed, or this one is not the service's: an older one may fit
                 what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
                 other_settings.append(what)
@@ -603,14 +607,19 @@ class Application:
         if not self._positions_in_logs(cp):
             return False
         self.learner = models[cp.seq]
+        cap = self.settings.max_model_features or None
+        if self.learner.max_features != cap:  # a checkpoint from before the cap existed: it applies from now on
+            self.learner.max_features = cap
+            log.info("the checkpoint predates --max-model-features: the model holds %d features, and at most %s from now on",
+                     len(self.learner.weights), cap)
         self.decoder.dimension = cp.dimension
         self.checkpoint_seq = cp.seq
         self.positions = dict(cp.positions)
         self.health.restored = True
         self.metrics.set_model(self.learner.weight_norm, self.learner.radius)
         self.metrics.last_checkpoint.set(cp.created)
-        log.info("restored checkpoint %d: %d events seen, %d updates, positions %s",
-                 cp.seq, self.learner.seen, self.learner.updates, cp.positions)
+        log.info("restored checkpoint %d: %d events seen, %d updates, %d features dropped, positions %s",
+                 cp.seq, self.learner.seen, self.learner.updates, self.learner.dropped_features, cp.positions)
         return True
 
     def _foreign_state(self, problem: str, highest_seq: int) -> bool:

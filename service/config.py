@@ -150,6 +150,20 @@ class ServeSettings(KafkaSettings):
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
     margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ.")
     standardize: bool = Field(False, description="Standardise features online (river StandardScaler) before the perceptron.")
+    # 50,000: the largest model (averaged or pocket, --standardize: 4 names and 5 numbers a feature) with
+    # 20-30 character names checkpoints to 7.9 MiB, under half the kafka store's 16 MiB record (100,000: 15.8 MiB,
+    # 99%); bench/checkpoint_size.py measures it.
+    max_model_features: int = Field(
+        50_000, ge=0,
+        description="Most features the model holds (0: no cap). Past it, a labeled event's new features are left out "
+        "(it is predicted and learned from on the others) and counted in perceptron_dropped_features_total; unlabeled "
+        "events never add features. At 50,000 with 20-30 character names the largest checkpoint (averaged or pocket, "
+        "--standardize) is 7.9 MiB, under half the kafka store's 16 MiB (bench/checkpoint_size.py).")
+    hash_features: int = Field(
+        0, ge=0, le=1 << 24,
+        description="Hash feature names into this many buckets before the model (river FeatureHasher, MurmurHash3; "
+        "0: off), for open-ended names: the model then holds at most this many weights, names that share a bucket "
+        "share a weight. Dense x is hashed as the features 0..d-1. At most --max-model-features.")
     batch_size: int = Field(1000, gt=0, le=100_000, description="Most records taken per poll.")
     poll_timeout_ms: int = Field(200, gt=0, le=60_000, description="How long one poll waits for records.")
     # At 5 ms kafka-python 3.0.12 stalled against the embedded broker (fetches answered, no records
@@ -208,6 +222,10 @@ class ServeSettings(KafkaSettings):
             raise ValueError("input_topic, output_topic and dlq_topic must be three different topics")
         if self.margin > 0 and self.variant != "margin":
             raise ValueError(f"margin {self.margin} is only used by variant margin (variant is {self.variant})")
+        if self.hash_features and self.max_model_features and self.hash_features > self.max_model_features:
+            raise ValueError(f"hash_features {self.hash_features} is more than max_model_features {self.max_model_features}: "
+                             "the buckets past the cap would never be learned; lower hash_features, or raise "
+                             "max_model_features (mind the checkpoint size: bench/checkpoint_size.py)")
         if self.kafka_client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
             raise ValueError("kafka_client confluent needs confluent-kafka: pip install 'perceptron-stream[confluent]'")
         return self

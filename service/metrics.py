@@ -102,6 +102,10 @@ class ServiceMetrics:
         self.labeled, self.unlabeled = self.events.labels("labeled"), self.events.labels("unlabeled")
         self.mistakes = Counter("perceptron_mistakes", "Published predictions that were wrong (y·score ≤ 0).", registry=registry)
         self.updates = Counter("perceptron_updates", "Weight updates made by the perceptron.", registry=registry)
+        self.dropped_features = Counter(
+            "perceptron_dropped_features",
+            "New features of labeled events left out of learning because the model held --max-model-features features.",
+            registry=registry)
         self.rejected = Counter("perceptron_rejected_events", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=registry)
         for reason in REASONS:  # every series exists from the start, so rate() and dashboards see zeros, not gaps
             self.rejected.labels(reason)
@@ -124,12 +128,15 @@ class ServiceMetrics:
         Info("perceptron_build", "Version and model variant of the running service.", registry=registry).info({"version": version, "variant": variant})
         self.window = SlidingRate(window)
 
-    def observe_batch(self, *, labeled: int, unlabeled: int, mistake_flags: list[bool], updates: int, latency_s: float) -> None:
+    def observe_batch(self, *, labeled: int, unlabeled: int, mistake_flags: list[bool], updates: int, latency_s: float,
+                      dropped_features: int = 0) -> None:
         """Count one processed batch; ``mistake_flags`` in event order, one per labeled event."""
         self.labeled.inc(labeled)
         self.unlabeled.inc(unlabeled)
         self.mistakes.inc(sum(mistake_flags))
         self.updates.inc(updates)
+        if dropped_features:
+            self.dropped_features.inc(dropped_features)
         self.window.add_many(mistake_flags)
         self.mistake_rate.set(self.window.value)
         # Every event of a batch waits for the same acknowledgement, so one

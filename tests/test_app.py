@@ -74,3 +74,62 @@ def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
     with pytest.raises(StartupError, match=f"{what}: TopicAuthorizationFailedError.*retrying cannot help"):
         app._loop()
     assert app.io.calls == 1  # at once, not retried every half second
+
+
+# -- the model's bounds in its checkpoints (issue 12) ----------------------------
+
+
+def _app_on(store_dir, *args):
+    from service.state.local import LocalStore
+
+    app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(store_dir), *args]))
+    app.store = LocalStore(store_dir)
+    return app
+
+
+def _save(app, seq=1):
+    from service.state.checkpoint import Checkpoint
+
+    app.store.save(Checkpoint(seq=seq, positions={("points", 0): 5}, model=app.learner.to_state(),
+                              meta=app._model_meta(), created=1.0))
+
+
+@pytest.mark.parametrize("then, said", [
+    (["--max-model-features", "1000"], "max_model_features was 3, now 1000"),
+    (["--max-model-features", "3", "--hash-features", "2"], "hash_features was 0, now 2"),
+])
+def test_a_checkpoint_of_other_bounds_is_refused(tmp_path, then, said):
+    first = _app_on(tmp_path, "--max-model-features", "3")
+    first.learner.step({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, 1)
+    _save(first)
+    with pytest.raises(StartupError, match=f"other model settings \\({said}\\)"):
+        _app_on(tmp_path, *then)._restore()
+
+
+def test_a_restored_checkpoint_keeps_its_dropped_count_and_cap(tmp_path):
+    first = _app_on(tmp_path, "--max-model-features", "3", "--standardize")
+    first.learner.step({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "e": 1.0}, 1)
+    _save(first)
+    second = _app_on(tmp_path, "--max-model-features", "3", "--standardize")
+    assert second._restore()
+    assert (second.learner.dropped_features, second.learner.max_features) == (2, 3)
+    assert second.learner.to_state() == first.learner.to_state()
+
+
+def test_a_checkpoint_from_before_the_bounds_gets_todays_cap(tmp_path):
+    old = _app_on(tmp_path, "--max-model-features", "0")
+    old.learner.step({"a": 1.0, "b": 1.0, "c": 1.0}, 1)
+    state = old.learner.to_state()
+    del state["max_features"], state["counters"]["dropped_features"]  # as written before the cap existed
+    old.learner = type(old.learner).from_state(state)
+    meta = old._model_meta()
+    del meta["max_model_features"], meta["hash_features"]
+    old._model_meta = lambda: meta
+    _save(old)
+    app = _app_on(tmp_path, "--max-model-features", "2")
+    assert app._restore()
+    assert (app.learner.max_features, sorted(app.learner.weights)) == (2, ["a", "b", "c"])
+    app.learner.step({"a": 1.0, "z": 1.0}, -1)  # over its cap: it keeps its features and adds none
+    assert (sorted(app.learner.weights), app.learner.dropped_features) == (["a", "b", "c"], 1)
+    with pytest.raises(StartupError, match="hash_features was 0, now 2"):
+        _app_on(tmp_path, "--max-model-features", "2", "--hash-features", "2")._restore()

@@ -40,6 +40,9 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
         (["--output-topic", "points"], {}, "three different topics"),
         (["--margin", "0.5"], {}, "margin 0.5 is only used by variant margin"),
         (["--no-such-flag", "1"], {}, "unrecognized arguments: --no-such-flag"),
+        (["--max-model-features", "-1"], {}, "invalid setting max_model_features (--max-model-features, PERCEPTRON_STREAM_MAX_MODEL_FEATURES)"),
+        (["--hash-features", "-1"], {}, "invalid setting hash_features (--hash-features, PERCEPTRON_STREAM_HASH_FEATURES)"),
+        (["--hash-features", "1024"], {"PERCEPTRON_STREAM_MAX_MODEL_FEATURES": "1000"}, "hash_features 1024 is more than max_model_features 1000"),
     ],
 )
 def test_bad_values_name_the_setting(args, env, named, monkeypatch):
@@ -81,6 +84,14 @@ def test_security_settings_reach_the_kafka_client(tmp_path):
         "sasl_plain_username": "svc", "sasl_plain_password": "s3cret", "ssl_cafile": str(ca), "ssl_password": "keyp4ss",
     }
     assert "s3cret" not in repr(s) and "keyp4ss" not in repr(s)
+
+
+def test_model_bound_settings(monkeypatch):
+    s = load(ServeSettings, [])
+    assert (s.max_model_features, s.hash_features) == (50_000, 0)
+    monkeypatch.setenv("PERCEPTRON_STREAM_MAX_MODEL_FEATURES", "0")  # no cap: any number of buckets
+    s = load(ServeSettings, ["--hash-features", "1048576"])
+    assert (s.max_model_features, s.hash_features) == (0, 1 << 20)
 
 
 def test_produce_settings_defaults():

@@ -304,7 +304,8 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
     stream = [good[0]] + [m for pair in zip(hostile, good[1:] * 5) for m in pair]  # a good one first fixes d = 3
 
     # what the service must do with each, decided offline by the same decoder and learner
-    decoder, learner, expected = Decoder(MAX_BYTES, MAX_FEATURES), make_learner("plain"), []
+    cap = ServeSettings.model_fields["max_model_features"].default  # the service's learner, cap included
+    decoder, learner, expected = Decoder(MAX_BYTES, MAX_FEATURES), make_learner("plain", max_features=cap), []
     for raw in stream:
         result = publishable(decoder.decode(raw))
         if type(result) is Event:

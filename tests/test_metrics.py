@@ -51,6 +51,14 @@ def test_observe_batch_counts_every_event():
     assert "perceptron_mistakes_total 2.0" in text and "perceptron_updates_total 2.0" in text
 
 
+def test_observe_batch_counts_the_dropped_features():
+    m = ServiceMetrics(window=4, version="test", variant="plain")
+    m.observe_batch(labeled=2, unlabeled=0, mistake_flags=[True, False], updates=1, latency_s=0.001, dropped_features=7)
+    m.observe_batch(labeled=1, unlabeled=1, mistake_flags=[False], updates=0, latency_s=0.001, dropped_features=0)
+    m.observe_batch(labeled=1, unlabeled=0, mistake_flags=[True], updates=1, latency_s=0.001, dropped_features=5)
+    assert _sample(m, "perceptron_dropped_features_total") == 12
+
+
 # -- the metric list of issue 4, as exported -------------------------------------
 
 #: Every metric family issue 4 (and the alerts) ask for, with its type. Expanded to
@@ -60,6 +68,7 @@ ISSUE_METRICS = {
     "perceptron_events": "counter",  # kind = labeled | unlabeled
     "perceptron_mistakes": "counter",
     "perceptron_updates": "counter",
+    "perceptron_dropped_features": "counter",
     "perceptron_rejected_events": "counter",  # reason
     "perceptron_mistake_rate": "gauge",
     "perceptron_mistake_rate_window_events": "gauge",

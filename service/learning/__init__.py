@@ -7,16 +7,19 @@ reused alone.
 - :class:`Perceptron`: river classifier with the fused ``step`` hot path
   (variants plain, averaged, pocket, margin); JSON state, no pickle.
 - :func:`make_learner` / :func:`learner_from_state`: what the service runs
-  and restores (optionally a StandardScaler in front).
+  and restores (optionally a StandardScaler in front, a cap on the features
+  the model holds, feature hashing: :class:`HashedPerceptron`).
 - :mod:`service.learning.batch`: cyclic/random PLA and pocket over a data
   set, margins, radius and the (R/γ)² bound.
 """
 
+from service.learning.hashing import HashedPerceptron
 from service.learning.perceptron import VARIANTS, Perceptron, StepResult, to_label
 from service.learning.scaled import ScaledPerceptron, learner_from_state, make_learner
 
 __all__ = [
     "VARIANTS",
+    "HashedPerceptron",
     "Perceptron",
     "ScaledPerceptron",
     "StepResult",

@@ -43,6 +43,31 @@ difference from river's Perceptron is the very first prediction, -1 where
 river's says False.  ``step``,
 the service's hot path, takes and answers -1/+1 whatever ``learn_one`` saw.
 
+Which features the model holds (a bounded model):
+
+- only labeled events add features: an unlabeled one (``y`` None) is scored
+  on the features the model knows, the others weighing 0 (what
+  :meth:`Perceptron.predict_one` has always done), and leaves the model's
+  features as they were, for dicts and for dense lists longer than the known
+  positions alike.  A feature that has never been learned from has weight 0
+  anyway: registering it from an unlabeled event only made the model (and
+  its checkpoint) grow, without bound on a stream of open-ended names.
+- ``max_features`` (None: no cap) caps how many features the model holds.
+  Once it holds that many, a labeled event's new features are dropped: the
+  event is predicted and learned from on its known features (plus new ones
+  up to the cap, in the event's order), and ``dropped_features`` counts the
+  features left out, one per (event, feature).  Dropping and counting rather
+  than refusing the event (a dead letter): every event is still predicted
+  and learned from, as far as the model can; on a stream of open-ended names
+  nearly every event carries a new name once the cap is reached, so refusing
+  them would refuse most of the stream, and a dead letter has no way back
+  into the model anyway.  The count tells the operator the cap is binding
+  (raise it, or hash the features: :class:`service.learning.HashedPerceptron`).
+  A model restored with more features than its cap keeps them all and adds
+  none.
+- ``radius`` is measured on what the model takes in (known and admitted
+  features).
+
 >>> p = Perceptron()
 >>> p.step([1.0, 2.0], 1)            # (y_pred, score, mistake): score 0 is a mistake, then learn
 (-1, 0.0, True)
@@ -170,6 +195,11 @@ def to_label(y: Any) -> int:
     raise ValueError(f"y must be -1 or +1 (or True/False, 1/0), got {y!r}")
 
 
+def _check_cap(max_features: Any) -> None:
+    if max_features is not None and (type(max_features) is not int or max_features < 1):
+        raise ValueError(f"max_features must be None (no cap) or an integer >= 1, got {max_features!r}")
+
+
 def _check_params(variant: Any, margin: Any) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
@@ -189,11 +219,14 @@ class Perceptron(base.Classifier):
     classifier predicts the labels it saw).  ``step`` takes and answers -1/+1.
     ``margin`` (γ >= 0) is for ``variant="margin"`` only; a non-zero margin
     with another variant is a ValueError rather than silently ignored.
+    ``max_features``: the most features the model holds (None: no cap); see
+    the module docstring for what happens past it.
 
     Counters: ``seen`` (events through step/learn_one, labeled or not),
     ``labeled``, ``mistakes`` (of the published predictions), ``updates``
-    (the model version).  ``radius`` is R = max ||(1, x)||, ``weight_norm``
-    ||(b, w)|| of the predicting weights.
+    (the model version), ``dropped_features`` (new features of labeled
+    events left out because the model held ``max_features``).  ``radius``
+    is R = max ||(1, x)||, ``weight_norm`` ||(b, w)|| of the predicting weights.
 
     >>> p = Perceptron("margin", margin=1.0)
     >>> p.learn_one({"age": 2.0}, True); p.learn_one({"age": 2.0}, 1)  # 2nd: y·score = 5 > 1
@@ -203,10 +236,12 @@ class Perceptron(base.Classifier):
     True
     """
 
-    def __init__(self, variant: str = "plain", margin: float = 0.0) -> None:
+    def __init__(self, variant: str = "plain", margin: float = 0.0, max_features: int | None = None) -> None:
         _check_params(variant, margin)
+        _check_cap(max_features)
         self.variant = variant
         self.margin = margin
+        self.max_features = max_features  # most features the model holds (None: no cap)
         self._thr = float(margin)  # update when y·score <= _thr (0 for every variant but margin)
         self._keys: list = []  # position -> feature
         self._index: dict = {}  # feature -> position
@@ -229,6 +264,7 @@ class Perceptron(base.Classifier):
         self._unlabeled = 0
         self.mistakes = 0
         self.updates = 0
+        self.dropped_features = 0  # new features of labeled events left out: the model held max_features
 
     # ----------------------------------------------------------------- river API
     def predict_one(self, x: dict, **kwargs: Any) -> int | bool:
@@ -333,18 +369,19 @@ class Perceptron(base.Classifier):
         mode = self._mode
         if mode:
             return self._step_averaged(x, y) if mode == 1 else self._step_pocket(x, y)
-        # plain and margin: dicts, and lists with new positions
+        # plain and margin: dicts, and lists longer than the known positions
         if type(x) is not dict:
-            if type(x) is list and self._grow_dense(len(x)):
-                return self.step(x, y)  # now len(x) <= _fast
-            x = _as_dict(x)
+            if type(x) is list:
+                x = self._fit_list(x, y)
+                if type(x) is list:
+                    return self.step(x, y)  # now len(x) <= _fast
+            else:
+                x = _as_dict(x)
         w, m = self._w, self
         try:
             s = _dot(w, m, x) + self._b
-        except KeyError:  # new features: rare, so check the label in full before registering them
-            if y is not None and y != 1 and y != -1:
-                raise _bad_label(y) from None
-            self._register(x)
+        except KeyError:  # new features: rare, so the label is checked in full before any is registered
+            x = self._admit(x, y)
             s = _dot(w, m, x) + self._b
         ys = None if y is None else y * s
         if ys is not None and ys <= self._thr:
@@ -372,8 +409,10 @@ class Perceptron(base.Classifier):
         if y is not None and y != 1 and y != -1:
             raise _bad_label(y)
         w, u, c = self._w, self._u, self._c
-        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            # dense lists, inline (no _view/_dot/_count/_update calls): the same floats
+        if type(x) is list and len(x) > self._dense:
+            x = self._fit_list(x, y)  # _add_feature appends to w and u in place
+        if type(x) is list:
+            # dense lists, inline (no _known/_dot/_count/_update calls): the same floats
             s = _sum(map(mul, w, x)) + self._b
             score = s - (_sum(map(mul, u, x)) + self._ub) / c  # averaged weights: w - u/c
             r = hypot(*x)
@@ -402,7 +441,7 @@ class Perceptron(base.Classifier):
                 self.updates += 1
             self._c = c + 1
             return (y_pred, score, mistake)
-        m, x = self._view(x)
+        m, x = self, self._known(x, y)
         s = _dot(w, m, x) + self._b
         result = self._count(y, s - (_dot(u, m, x) + self._ub) / c, x)
         if y is not None:
@@ -419,8 +458,10 @@ class Perceptron(base.Classifier):
         if y is not None and y != 1 and y != -1:
             raise _bad_label(y)
         w, p, same = self._w, self._p, self._p_is_w
-        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            # dense lists, inline (no _view/_dot/_count/_update calls): the same floats
+        if type(x) is list and len(x) > self._dense:
+            x = self._fit_list(x, y)  # _add_feature appends to w and p in place
+        if type(x) is list:
+            # dense lists, inline (no _known/_dot/_count/_update calls): the same floats
             s = _sum(map(mul, w, x)) + self._b
             score = s if same else _sum(map(mul, p, x)) + self._pb
             r = hypot(*x)
@@ -436,7 +477,7 @@ class Perceptron(base.Classifier):
             result = (1 if score > 0.0 else -1, score, mistake)
             m = None
         else:
-            m, x = self._view(x)
+            m, x = self, self._known(x, y)
             s = _dot(w, m, x) + self._b
             result = self._count(y, s if same else _dot(p, m, x) + self._pb, x)
         if y is not None:
@@ -470,23 +511,68 @@ class Perceptron(base.Classifier):
         self.mistakes += mistake
         return (y_pred, score, mistake)
 
-    def _view(self, x: dict | list) -> tuple[Perceptron | None, list | dict]:
-        """(None, x) for a list that indexes positions directly, else (self, x as a dict)."""
-        if type(x) is list and (len(x) <= self._dense or self._grow_dense(len(x))):
-            return None, x
+    def _known(self, x: dict | Any, y: int | None) -> dict:
+        """x as a dict of features the model holds (see :meth:`_admit`)."""
         x = _as_dict(x)
-        self._register(x)
-        return self, x
-
-    def _register(self, x: dict) -> None:
-        """Give every new feature of x a position (weight 0)."""
-        idx = self._index
-        if not all(map(idx.__contains__, x)):
-            for k in x:
-                if k not in idx:
-                    self._add_feature(k)
+        if all(map(self._index.__contains__, x)):
+            return x
+        return self._admit(x, y)
 
     # --------------------------------------------------------------- features
+    # Only two places register features, both off the hot path (an event with a
+    # feature the model does not know yet): _admit (dicts) and _fit_list (lists
+    # longer than the known positions).  So the cap costs nothing per event.
+
+    def _admit(self, x: dict, y: int | None) -> dict:
+        """The part of x the model takes, after registering what it may.
+
+        Unlabeled (``y`` None): only the features it knows, nothing registered.
+        Labeled: its new features get a position (weight 0) while the model
+        holds fewer than ``max_features``; the rest are left out and counted in
+        ``dropped_features``.  The label is checked before anything changes.
+        """
+        idx = self._index
+        if y is None:
+            return {k: v for k, v in x.items() if k in idx}
+        if y != 1 and y != -1:
+            raise _bad_label(y)
+        new = [k for k in x if k not in idx]
+        cap = self.max_features
+        room = len(new) if cap is None else max(cap - len(self._keys), 0)
+        for k in new[:room]:
+            self._add_feature(k)
+        if room >= len(new):
+            return x
+        self.dropped_features += len(new) - room
+        return {k: v for k, v in x.items() if k in idx}
+
+    def _fit_list(self, x: list, y: int | None) -> list | dict:
+        """A list longer than the known positions, as the model takes it (as :meth:`_admit` does for dicts).
+
+        A list when the model's features are all positions: cut to the known
+        ones (unlabeled, or past the cap: the rest dropped and counted), after
+        registering new positions (labeled, up to the cap).  Else a dict, for
+        the dict path: names already hold the positions after the known ones.
+        """
+        n, d = len(x), self._dense
+        if n <= d:
+            return x
+        if d != len(self._keys):  # a name sits at position d
+            return _as_dict(x)
+        if y is None:
+            return x[:d]
+        if y != 1 and y != -1:
+            raise _bad_label(y)
+        cap = self.max_features
+        end = n if cap is None else min(n, cap)
+        for k in range(d, end):  # keys are exactly 0..d-1: every position from d on is free
+            self._add_feature(k)
+        d = self._dense
+        if d < n:
+            self.dropped_features += n - d
+            return x[:d]
+        return x
+
     def _add_feature(self, k: Any) -> int:
         i = len(self._keys)
         self._keys.append(k)
@@ -498,14 +584,6 @@ class Perceptron(base.Classifier):
             if self._mode == 0:
                 self._fast = self._dense
         return i
-
-    def _grow_dense(self, n: int) -> bool:
-        """Make room for features 0..n-1 of a list; False when the positions are taken by names."""
-        if self._dense != len(self._keys) or any(k in self._index for k in range(self._dense, n)):
-            return False
-        for k in range(self._dense, n):
-            self._add_feature(k)
-        return True
 
     # ------------------------------------------------------------------ stats
     def _predicting(self) -> tuple[list[float], float]:
@@ -544,14 +622,15 @@ class Perceptron(base.Classifier):
 
     # ------------------------------------------------------------------ state
     @classmethod
-    def from_weights(cls, weights: dict | list, bias: float = 0.0, variant: str = "plain", margin: float = 0.0) -> Perceptron:
+    def from_weights(cls, weights: dict | list, bias: float = 0.0, variant: str = "plain", margin: float = 0.0,
+                     max_features: int | None = None) -> Perceptron:
         """A perceptron that starts from the given weights instead of 0 (seed 002's θ, θ0).
 
         >>> p = Perceptron.from_weights([1.0, -1.0], bias=1.0)
         >>> p.step([1.0, 3.0], 1), p.weights, p.bias
         ((-1, -1.0, True), {0: 2.0, 1: 2.0}, 2.0)
         """
-        p = cls(variant, margin)
+        p = cls(variant, margin, max_features)
         items = enumerate(weights) if isinstance(weights, list) else weights.items()
         for k, v in items:
             i = p._add_feature(k)
@@ -564,7 +643,9 @@ class Perceptron(base.Classifier):
 
         ``labels`` ("-1/+1" or "bool") is what :meth:`predict_one` answers in;
         :meth:`from_state` reads a state without it (written before it existed)
-        as "-1/+1", so the format number did not change.
+        as "-1/+1", so the format number did not change.  Likewise
+        ``max_features`` (absent: None, no cap) and the ``dropped_features``
+        counter (absent: 0).
         """
         for k in self._keys:
             if type(k) not in (str, int):
@@ -574,12 +655,14 @@ class Perceptron(base.Classifier):
             "format": STATE_FORMAT,
             "variant": self.variant,
             "margin": self.margin,
+            "max_features": self.max_features,
             "features": list(self._keys),
             "weights": list(self._w),
             "bias": self._b,
             "max_norm": self._xmax,
             "labels": _BOOL if self._bool_labels else _SIGNED,  # what predict_one answers in
-            "counters": {"seen": self.seen, "labeled": self.labeled, "mistakes": self.mistakes, "updates": self.updates},
+            "counters": {"seen": self.seen, "labeled": self.labeled, "mistakes": self.mistakes, "updates": self.updates,
+                         "dropped_features": self.dropped_features},
         }
         if self.variant == "averaged":
             state["averaged"] = {"sum": list(self._u), "bias_sum": self._ub, "c": self._c}
@@ -605,8 +688,8 @@ class Perceptron(base.Classifier):
         st = _Reader("perceptron state", state)
         st.header(STATE_KIND, STATE_FORMAT)
         variant, margin = st.get("variant"), st.get("margin")
-        try:
-            p = cls(variant, margin)
+        try:  # max_features: absent from the states written before it existed (no cap then)
+            p = cls(variant, margin, st.state.get("max_features"))
         except ValueError as exc:
             st.fail(str(exc))
         keys = st.get("features")
@@ -623,6 +706,8 @@ class Perceptron(base.Classifier):
         if labeled > p.seen or p.mistakes > labeled:
             counters.fail("need mistakes <= labeled <= seen")
         p._unlabeled = p.seen - labeled
+        if "dropped_features" in counters.state:  # absent from the states written before it existed
+            p.dropped_features = counters.count("dropped_features")
         labels = st.state.get("labels", _SIGNED)  # absent from the states written before it existed
         if labels not in (_SIGNED, _BOOL):
             st.fail(f"labels must be {_SIGNED!r} or {_BOOL!r}, got {labels!r}")

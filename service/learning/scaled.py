@@ -15,6 +15,13 @@ with the same scaled x: river's pipeline inside
 ``compose.learn_during_predict()``.  It uses no label, so the published
 prediction is still made before learning from the label.
 
+The scaler holds the perceptron's features, no more: an unlabeled event's
+new features are left out of both (the scaler goes on learning the moments
+of the features it has), and a labeled one's are those the perceptron admits
+(all of them, or up to ``max_features``, the rest counted in
+``dropped_features``).  A scaled feature nobody learned from would weigh 0
+anyway; keeping its statistics only made the checkpoint grow.
+
 >>> m = make_learner(standardize=True)
 >>> [mistake for _, _, mistake in (m.step(x, y) for x, y in [([1.0, 10.0], 1), ([3.0, 30.0], -1), ([1.0, 10.0], 1)])]
 [True, True, False]
@@ -29,6 +36,8 @@ from typing import Any
 
 from river import base
 
+from service.learning.hashing import STATE_KIND as HASHED_KIND
+from service.learning.hashing import HashedPerceptron
 from service.learning.perceptron import Perceptron, StepResult, _Reader, to_label
 
 STATE_KIND = "scaled-perceptron"
@@ -36,12 +45,12 @@ STATE_FORMAT = 1
 
 
 class ScaledPerceptron(base.Classifier):
-    """``preprocessing.StandardScaler() | Perceptron(variant, margin)`` with the perceptron's API."""
+    """``preprocessing.StandardScaler() | Perceptron(variant, margin, max_features)`` with the perceptron's API."""
 
-    def __init__(self, variant: str = "plain", margin: float = 0.0) -> None:
+    def __init__(self, variant: str = "plain", margin: float = 0.0, max_features: int | None = None) -> None:
         self.variant = variant
         self.margin = margin
-        self.perceptron = Perceptron(variant, margin)
+        self.perceptron = Perceptron(variant, margin, max_features)
         # Imported here: river.preprocessing imports most of river (about 1.5 s
         # of start-up), which only a model that standardises needs.
         from river.preprocessing import StandardScaler
@@ -59,16 +68,31 @@ class ScaledPerceptron(base.Classifier):
     def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
         """Like the pipeline's: y as the perceptron's ``learn_one`` takes it (its kind sets
         what ``predict_one`` answers in: True/False after bools, else -1/+1)."""
-        to_label(y)  # a bad label is a ValueError before the scaler learns anything
-        x = _as_dict(x)
+        label = to_label(y)  # a bad label is a ValueError before the scaler learns anything
+        x = self._admitted(x, label)
         self.scaler.learn_one(x)
         self.perceptron.learn_one(self.scaler.transform_one(x), y)
 
     def step(self, x: dict | list, y: int | None) -> StepResult:
-        """The scaler sees x, then the perceptron steps on the scaled x."""
-        x = _as_dict(x)
+        """The scaler sees x (the features the perceptron holds or admits), then the perceptron steps on the scaled x."""
+        x = self._admitted(x, y)
         self.scaler.learn_one(x)
         return self.perceptron.step(self.scaler.transform_one(x), y)
+
+    def _admitted(self, x: dict | list, y: int | None) -> dict:
+        """x as a dict, without the new features the perceptron does not take (unlabeled, or past its cap)."""
+        x = _as_dict(x)
+        if all(map(self.scaler.counts.__contains__, x)):
+            return x
+        return self.perceptron._admit(x, y)
+
+    @property
+    def max_features(self) -> int | None:
+        return self.perceptron.max_features
+
+    @max_features.setter
+    def max_features(self, value: int | None) -> None:
+        self.perceptron.max_features = value
 
     # The perceptron's counters and stats, in the scaled space.
     seen = property(lambda self: self.perceptron.seen)
@@ -79,6 +103,7 @@ class ScaledPerceptron(base.Classifier):
     weight_norm = property(lambda self: self.perceptron.weight_norm)
     weights = property(lambda self: self.perceptron.weights)
     bias = property(lambda self: self.perceptron.bias)
+    dropped_features = property(lambda self: self.perceptron.dropped_features)
 
     def to_state(self) -> dict:
         sc = self.scaler
@@ -101,7 +126,7 @@ class ScaledPerceptron(base.Classifier):
         st = _Reader("scaled-perceptron state", state)
         st.header(STATE_KIND, STATE_FORMAT)
         p = Perceptron.from_state(st.get("perceptron"))
-        m = cls(p.variant, p.margin)
+        m = cls(p.variant, p.margin, p.max_features)
         m.perceptron = p
         sc = _Reader("scaled-perceptron state scaler", st.get("scaler"))
         if sc.get("with_std") is not True:
@@ -135,22 +160,38 @@ def _as_dict(x: dict | list) -> dict:
     return dict(enumerate(x)) if isinstance(x, list) else x
 
 
-def make_learner(variant: str = "plain", margin: float = 0.0, standardize: bool = False) -> Perceptron | ScaledPerceptron:
-    """The model the service runs: a :class:`Perceptron`, with a StandardScaler in front if asked."""
-    return ScaledPerceptron(variant, margin) if standardize else Perceptron(variant, margin)
+def make_learner(variant: str = "plain", margin: float = 0.0, standardize: bool = False, max_features: int | None = None,
+                 hash_features: int = 0) -> Perceptron | ScaledPerceptron | HashedPerceptron:
+    """The model the service runs: a :class:`Perceptron`, with a StandardScaler in front if asked,
+    holding at most ``max_features`` features (None: no cap), and with the features hashed into
+    ``hash_features`` buckets first when it is not 0 (:class:`HashedPerceptron`).
+
+    >>> m = make_learner("averaged", standardize=True, max_features=2)
+    >>> _ = m.step({"a": 1.0, "b": 2.0, "c": 3.0}, 1)
+    >>> sorted(m.weights), m.dropped_features, len(learner_from_state(m.to_state()).to_state()["scaler"]["counts"])
+    (['a', 'b'], 1, 2)
+    >>> type(make_learner(hash_features=1024)).__name__
+    'HashedPerceptron'
+    """
+    model = ScaledPerceptron(variant, margin, max_features) if standardize else Perceptron(variant, margin, max_features)
+    if hash_features:
+        return HashedPerceptron(hash_features, model)
+    return model
 
 
-def learner_from_state(state: dict) -> Perceptron | ScaledPerceptron:
+def learner_from_state(state: dict) -> Perceptron | ScaledPerceptron | HashedPerceptron:
     """Rebuild whichever learner wrote ``state`` (dispatch on its ``kind``).
 
     >>> learner_from_state({"kind": "svm"})
     Traceback (most recent call last):
     ...
-    ValueError: invalid learner state: unknown kind 'svm' (expected 'perceptron' or 'scaled-perceptron')
+    ValueError: invalid learner state: unknown kind 'svm' (expected 'perceptron', 'scaled-perceptron' or 'hashed-perceptron')
     """
     kind = state.get("kind") if isinstance(state, dict) else None
     if kind == "perceptron":
         return Perceptron.from_state(state)
     if kind == STATE_KIND:
         return ScaledPerceptron.from_state(state)
-    raise ValueError(f"invalid learner state: unknown kind {kind!r} (expected 'perceptron' or 'scaled-perceptron')")
+    if kind == HASHED_KIND:
+        return HashedPerceptron.from_state(state)
+    raise ValueError(f"invalid learner state: unknown kind {kind!r} (expected 'perceptron', 'scaled-perceptron' or 'hashed-perceptron')")

@@ -50,6 +50,7 @@ SERVICE_METRICS = {
     "perceptron_events_total",
     "perceptron_mistakes_total",
     "perceptron_updates_total",
+    "perceptron_dropped_features_total",
     "perceptron_rejected_events_total",
     "perceptron_mistake_rate",
     "perceptron_mistake_rate_window_events",

@@ -38,6 +38,7 @@ from service.streams import separable
 from tests.conftest import create_topic, http_get, produce, settings_args, start_service_process, wait_until
 
 pytestmark = pytest.mark.integration
+DEFAULT_MAX_MODEL_FEATURES = ServeSettings.model_fields["max_model_features"].default
 
 
 # helpers (also used by test_state.py) ---------------------------------------
@@ -46,8 +47,8 @@ def make_events(count: int, seed: int, dimensions: int = 10, noise: float = 0.05
 
 
 def offline(events: list[dict], variant: str = "plain") -> tuple[list[dict], dict]:
-    """What an uninterrupted run publishes for each event, and its final model state."""
-    learner = make_learner(variant)
+    """What an uninterrupted run publishes for each event, and its final model state (the service's default cap)."""
+    learner = make_learner(variant, max_features=DEFAULT_MAX_MODEL_FEATURES)
     expected = []
     for e in events:
         y_pred, score, mistake = learner.step(e["x"], e.get("y"))

@@ -195,3 +195,37 @@ def test_topics_are_created_with_the_configured_partitions(broker, topics, tmp_p
     finally:
         consumer.close()
         service.stop()
+
+
+def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broker, topics, tmp_path, service_thread):
+    """Issue 12: 20 events of 10,000 new names each, some unlabeled; the model stays at the cap, every event is
+    predicted (on its known features), and the features left out are counted, in the metric and the checkpoint."""
+    from service.state.local import LocalStore
+
+    cap, rng = 25_000, random.Random(12)
+    events = []
+    for i in range(20):
+        event = {"id": f"e{i}", "features": {f"{i:02d}/token-{j:05d}-{rng.randrange(10**6):06d}": round(rng.uniform(-1, 1), 3)
+                                             for j in range(10_000)}}
+        if i % 4 != 1:  # events 1, 5, 9, 13 and 17 come unlabeled
+            event["y"] = 1 if i % 3 else -1
+        events.append(event)
+    offline = make_learner("averaged", standardize=True, max_features=cap)
+    expected = [tuple(offline.step(e["features"], e.get("y"))) for e in events]
+    assert offline.dropped_features == 15 * 10_000 - cap  # the labeled events' names past the cap
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    service = service_thread(settings_args(broker, topics, tmp_path, variant="averaged", standardize=True, max_model_features=cap))
+
+    predictions = _by_seen(consume(broker.bootstrap_servers, topics["output_topic"], len(events)))
+    wait_until(lambda: f"perceptron_dropped_features_total {offline.dropped_features:.1f}" in http_get(service.metrics_url + "/metrics")[1],
+               30, what="the dropped features counted")
+    service.stop()
+
+    assert [p["id"] for p in predictions] == [e["id"] for e in events]  # every event predicted, none lost
+    assert [(p["y_pred"], p["score"], p["mistake"]) for p in predictions] == expected
+    checkpoint = LocalStore(tmp_path / "state").load()
+    model = checkpoint.model
+    assert len(model["perceptron"]["features"]) == len(model["scaler"]["counts"]) == cap
+    assert model["perceptron"]["counters"]["dropped_features"] == offline.dropped_features
+    assert checkpoint.meta["max_model_features"] == cap
+    assert max(path.stat().st_size for path in LocalStore(tmp_path / "state").files()) < 8 * 1024 * 1024
