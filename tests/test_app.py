@@ -80,10 +80,14 @@ def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
 
 
 def _app_on(store_dir, *args):
+    """An application on a local store, with no broker: its positions are taken to lie in the logs."""
+    from service.state.checkpoint import Owner
     from service.state.local import LocalStore
 
     app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(store_dir), *args]))
-    app.store = LocalStore(store_dir)
+    app.store = LocalStore(store_dir, app.settings.group_id)
+    app.owner = Owner(app.settings.group_id, app.settings.input_topic)
+    app._positions_in_logs = lambda cp: True
     return app
 
 
@@ -91,7 +95,7 @@ def _save(app, seq=1):
     from service.state.checkpoint import Checkpoint
 
     app.store.save(Checkpoint(seq=seq, positions={("points", 0): 5}, model=app.learner.to_state(),
-                              meta=app._model_meta(), created=1.0))
+                              meta=app._model_meta(), created=1.0, owner=app.owner))
 
 
 @pytest.mark.parametrize("then, said", [
