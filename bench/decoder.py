@@ -2,10 +2,10 @@
 
     python3 bench/decoder.py                          # the table of bench/README.md
     python3 bench/decoder.py --sizes 1000,100000 --rounds 3      # a quick look
-    python3 bench/decoder.py --tree /tmp/old          # the service.schema of another source tree
+    python3 bench/decoder.py --tree /tmp/old          # the decoder of another source tree
 
 For each size (bytes of the message value), every shape below is built to
-that size and decoded by ``service.schema.Decoder`` (max_message_bytes
+that size and decoded by ``service.wire.inputs.Decoder`` (max_message_bytes
 1,048,576, max_features ``--max-features``, default 100,000 so that the
 valid dense event of 1 MB is accepted; the service's default is 10,000).
 A shape is one way a producer (or an attacker) can make the decoder work:
@@ -159,12 +159,15 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,10000,100000,1000000", help="message sizes in bytes, comma-separated")
     parser.add_argument("--rounds", type=int, default=7, help="timed batches per message (the best counts)")
     parser.add_argument("--max-features", type=int, default=100_000)
-    parser.add_argument("--tree", type=Path, default=ROOT, help="source tree whose service.schema is measured")
+    parser.add_argument("--tree", type=Path, default=ROOT, help="source tree whose decoder is measured")
     parser.add_argument("--only", default="", help="shapes whose name contains this text (and the reference)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
-    from service.schema import Decoder
+    try:
+        from service.wire.inputs import Decoder
+    except ImportError:  # a tree from before service/wire/ (0.1: service/schema.py)
+        from service.schema import Decoder
 
     sizes = [int(s) for s in args.sizes.split(",")]
     names = [name for name in SHAPES if name == "valid x" or args.only in name]

@@ -153,7 +153,8 @@ def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group
     if work:
         from service.learning import make_learner
         from service.metrics import ServiceMetrics
-        from service.schema import Decoder, Rejection
+        from service.wire.inputs import Decoder
+        from service.wire.messages import Rejection
 
         decode, learner = Decoder(1024 * 1024, 10_000).decode, make_learner("plain", 0.0, False)
         step, dumps, metrics = learner.step, orjson.dumps, ServiceMetrics(window=1000, version="bench", variant="plain")

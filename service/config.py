@@ -146,6 +146,15 @@ class ServeSettings(KafkaSettings):
     kafka_client: Literal["kafka-python", "confluent"] = Field(
         "kafka-python", description="Client of the poll loop: kafka-python, or confluent (librdkafka, the confluent extra; "
         "several times faster).")
+    model_scope: Literal["group", "partition"] = Field(
+        "group", description="group: one model over every partition, one active instance per group. partition: one replica "
+        "per input partition, checkpointed and moved with it; any number of instances share the group (needs the kafka "
+        "store, or a --state-dir every instance shares).")
+    mix_every: int = Field(
+        1000, ge=0, description="Partition scope: every N events a replica learns from, it publishes its state to "
+        "--mix-topic and mixes its weights with every partition's latest, weighted by their mistakes (0: never; "
+        "independent replicas).")
+    mix_topic: str = Field("perceptron-stream.mix", min_length=1, description="Compacted topic of the replicas' states (partition scope).")
     auto_offset_reset: Literal["earliest", "latest"] = Field("earliest", description="Where a new group starts: earliest learns from the whole retained history.")
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
     margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ.")
@@ -226,6 +235,16 @@ class ServeSettings(KafkaSettings):
             raise ValueError(f"hash_features {self.hash_features} is more than max_model_features {self.max_model_features}: "
                              "the buckets past the cap would never be learned; lower hash_features, or raise "
                              "max_model_features (mind the checkpoint size: bench/checkpoint_size.py)")
+        if self.model_scope == "partition":
+            if self.state_store == "none":
+                raise ValueError("model_scope partition needs state every instance can read: --state-store kafka, or "
+                                 "--state-store local with a --state-dir every instance shares (not none)")
+            if self.mix_every and self.variant == "pocket":
+                raise ValueError("variant pocket cannot mix (mix_every > 0): the pocket is the weights with the longest run "
+                                 "of correct predictions on one replica's stream, and a mix of pockets has no run; use "
+                                 "--mix-every 0 (independent replicas) or another variant")
+            if len({self.input_topic, self.output_topic, self.dlq_topic, self.mix_topic}) < 4:
+                raise ValueError("mix_topic must differ from the input, output and dead-letter topics")
         if self.kafka_client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
             raise ValueError("kafka_client confluent needs confluent-kafka: pip install 'perceptron-stream[confluent]'")
         return self

@@ -40,7 +40,8 @@ from urllib.parse import parse_qs, unquote
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from service.metrics import Health, ServiceMetrics
+from service.metrics import ServiceMetrics
+from service.runtime.health import Health
 
 log = logging.getLogger(__name__)
 

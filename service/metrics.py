@@ -1,4 +1,4 @@
-"""Prometheus metrics, and the Health that /healthz and /readyz report.
+"""Prometheus metrics, with prometheus-client's plain API: every metric of the service, named once.
 
 The only module that defines metrics; service/http.py serves them. Each
 service instance gets its own registry, so several can live in one test
@@ -24,7 +24,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from service.schema import REASONS
+from service.wire.messages import REASONS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -94,7 +94,7 @@ def observe_many(histogram: Histogram, value: float, count: int) -> None:
 class ServiceMetrics:
     """The service's metrics, named by Prometheus conventions (``perceptron_`` prefix, base units)."""
 
-    def __init__(self, *, window: int, version: str, variant: str):
+    def __init__(self, *, window: int, version: str, variant: str, scope: str = "group"):
         self.registry = registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
@@ -114,19 +114,36 @@ class ServiceMetrics:
         self.latency = Histogram("perceptron_processing_latency_seconds", "Seconds from polling an event to the broker's acknowledgement of its output.",
                                  buckets=LATENCY_BUCKETS, registry=registry)
         self.lag = Gauge("perceptron_consumer_lag", "Messages between the service's position and the end of each input partition.", ["topic", "partition"], registry=registry)
-        self.weight_norm = Gauge("perceptron_weight_norm", "Euclidean norm of the predicting weights, bias included.", registry=registry)
-        self.radius = Gauge("perceptron_data_radius", "R: the largest ‖x‖ seen, the constant 1 included.", registry=registry)
+        # per replica in partition scope (a partition label), one model's in group scope (no label, as before)
+        self.replica_labels = ["partition"] if scope == "partition" else []
+        self.weight_norm = Gauge("perceptron_weight_norm", "Euclidean norm of the predicting weights, bias included.",
+                                 self.replica_labels, registry=registry)
+        self.radius = Gauge("perceptron_data_radius", "R: the largest ‖x‖ seen, the constant 1 included.", self.replica_labels,
+                            registry=registry)
+        self.mixes = Counter("perceptron_mixes", "Mixes of a replica's weights with the other partitions' (--mix-every).",
+                             ["partition"], registry=registry)
+        self.mix_rejected = Counter("perceptron_mix_records_rejected", "Records of the mix topic not mixed in, by reason.",
+                                    ["reason"], registry=registry)
         self.last_checkpoint = Gauge("perceptron_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint written or restored.", registry=registry)
         # Liveness for alerts: /healthz tells a probe, this tells Prometheus. Computed
         # at scrape time from the Health the loop beats, so a loop hung inside a
         # call still shows its last turn (NaN until a Health is tracked).
-        self._health: Health | None = None
+        self._health = None  # the runtime's Health (service.runtime.health), tracked by the HTTP endpoints
         self.poll_loop_last_turn = Gauge("perceptron_poll_loop_last_turn_timestamp_seconds",
                                          "Unix time at which the poll loop last turned (or waited, alive, for the brokers).", registry=registry)
         self.poll_loop_last_turn.set_function(self._last_turn_unix)
         self.assigned_partitions = Gauge("perceptron_assigned_partitions", "Input partitions assigned to this instance by its consumer group.", registry=registry)
         Info("perceptron_build", "Version and model variant of the running service.", registry=registry).info({"version": version, "variant": variant})
         self.window = SlidingRate(window)
+
+    def observe_tally(self, tally, latency_s: float) -> None:
+        """Count what one batch did (a :class:`~service.pipeline.task.Tally`)."""
+        self.observe_batch(labeled=tally.labeled, unlabeled=tally.unlabeled, mistake_flags=tally.flags, updates=tally.updates,
+                           latency_s=latency_s, dropped_features=tally.dropped)
+        for reason in tally.rejected:
+            self.rejected.labels(reason).inc()
+        for partition in tally.mixes:
+            self.mixes.labels(str(partition)).inc()
 
     def observe_batch(self, *, labeled: int, unlabeled: int, mistake_flags: list[bool], updates: int, latency_s: float,
                       dropped_features: int = 0) -> None:
@@ -143,7 +160,7 @@ class ServiceMetrics:
         # value stands for all of them.
         observe_many(self.latency, latency_s, labeled + unlabeled)
 
-    def track_poll_loop(self, health: Health) -> None:
+    def track_poll_loop(self, health) -> None:
         """Report ``health``'s last beat as perceptron_poll_loop_last_turn_timestamp_seconds (HttpEndpoints calls this)."""
         self._health = health
 
@@ -157,9 +174,22 @@ class ServiceMetrics:
         """The number of input partitions the group gave this instance: call on every assignment and revocation."""
         self.assigned_partitions.set(partitions)
 
-    def set_model(self, weight_norm: float, radius: float) -> None:
-        self.weight_norm.set(weight_norm)
-        self.radius.set(radius)
+    def set_model(self, weight_norm: float, radius: float, partition: int | None = None) -> None:
+        """A model's weight norm and R: the group's model, or (partition scope) ``partition``'s replica."""
+        if self.replica_labels:
+            self.weight_norm.labels(str(partition)).set(weight_norm)
+            self.radius.labels(str(partition)).set(radius)
+        else:
+            self.weight_norm.set(weight_norm)
+            self.radius.set(radius)
+
+    def forget_replica(self, partition: int) -> None:
+        """A revoked partition's replica gauges go (its next owner reports them)."""
+        for gauge in (self.weight_norm, self.radius):
+            try:
+                gauge.remove(str(partition))
+            except KeyError:
+                pass
 
     def set_lag(self, lags: dict[tuple[str, int], int]) -> None:
         for (topic, partition), lag in lags.items():
@@ -171,25 +201,3 @@ class ServiceMetrics:
                 self.lag.remove(topic, str(partition))
             except KeyError:
                 pass
-
-
-class Health:
-    """What /healthz and /readyz report, set by the poll loop."""
-
-    def __init__(self, stall_timeout_s: float):
-        self.stall_timeout_s = stall_timeout_s
-        self.last_beat = time.monotonic()
-        self.assigned = False
-        self.restored = False
-        self.broker_ok = False
-
-    def beat(self) -> None:
-        self.last_beat = time.monotonic()
-
-    def live(self) -> tuple[bool, dict]:
-        idle = time.monotonic() - self.last_beat
-        return idle <= self.stall_timeout_s, {"poll_loop_idle_seconds": round(idle, 3), "limit_seconds": self.stall_timeout_s}
-
-    def ready(self) -> tuple[bool, dict]:
-        detail = {"partitions_assigned": self.assigned, "state_restored": self.restored, "broker_reachable": self.broker_ok}
-        return all(detail.values()), detail

@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from service.config import ProduceSettings
-from service.kafka import REFUSED_ERRORS, TopicSpec, close_producer, ensure_topics, make_producer
+from service.kafka import KafkaFatal, KafkaUnavailable, TopicSpec, close_producer, ensure_topics, make_producer
+from service.kafka.kafka_python import REFUSED_ERRORS
 from service.streams import read_file, synthetic
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda:
     try:
         ensure_topics(settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S)
         producer = make_producer(settings)
-    except (KafkaError, OSError) as exc:
+    except (KafkaFatal, KafkaUnavailable, OSError) as exc:
         raise _fail(f"cannot use {servers}: {_describe(exc)}; nothing was written") from None
     deliveries, limiter, attempted, stopped, file_error = Deliveries(), RateLimiter(settings.rate), 0, "", None
     progress = _progress_bar(settings, console or Console(stderr=True))

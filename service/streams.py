@@ -31,7 +31,7 @@ import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from service.schema import InputEvent
+from service.wire.messages import InputEvent
 
 #: The largest margin the separable streams take. With ‖x‖ ≤ 1 no hyperplane
 #: keeps both classes 1 or more away; the rest of the gap leaves room for the

@@ -1,12 +1,14 @@
-"""The application's retry policy, as pure code: what is retried and what stops the service."""
+"""The application's retry policy and state checks, as pure code: what is retried and what stops the service."""
 
 from __future__ import annotations
 
 import pytest
-from kafka.errors import KafkaConnectionError, SaslAuthenticationFailedError, TopicAuthorizationFailedError
 
 from service.app import Application, StartupError
 from service.config import ServeSettings, load
+from service.kafka import KafkaFatal, KafkaUnavailable
+from service.kafka.kafka_python import service_error
+from service.runtime.retry import Retry
 
 
 @pytest.fixture
@@ -14,21 +16,33 @@ def app():
     return Application(load(ServeSettings, ["--metrics-port", "0"]))
 
 
-@pytest.mark.parametrize("error", [TopicAuthorizationFailedError, SaslAuthenticationFailedError])
+@pytest.mark.parametrize("error", ["TopicAuthorizationFailedError", "SaslAuthenticationFailedError"])
 def test_errors_no_retry_can_cure_stop_the_service_naming_them(app, error):
+    import kafka.errors
+
     calls = []
 
     def denied():
         calls.append(1)
-        raise error("denied")
+        raise service_error(getattr(kafka.errors, error)("denied"))  # as the clients translate it
 
-    with pytest.raises(StartupError, match=f"could not check the topics: {error.__name__}.*retrying cannot help"):
-        app._until_it_works(denied, "check the topics")
+    with pytest.raises(StartupError, match=f"could not check the topics: {error}.*retrying cannot help"):
+        app.retry.until_it_works(denied, "check the topics")
     assert len(calls) == 1
 
 
+def test_the_clients_errors_are_classified_once():
+    import kafka.errors
+
+    assert isinstance(service_error(kafka.errors.TopicAuthorizationFailedError("no")), KafkaFatal)
+    assert isinstance(service_error(kafka.errors.KafkaConnectionError("away")), KafkaUnavailable)
+    timeout = service_error(kafka.errors.KafkaTimeoutError("slow"))
+    assert isinstance(timeout, KafkaUnavailable) and timeout.timed_out
+    assert not service_error(kafka.errors.RebalanceInProgressError("busy")).timed_out
+
+
 def test_a_broker_away_is_retried_until_it_answers(app):
-    answers = iter([KafkaConnectionError("away"), KafkaConnectionError("away"), "ok"])
+    answers = iter([KafkaUnavailable("away"), KafkaUnavailable("away"), "ok"])
 
     def flaky():
         answer = next(answers)
@@ -37,20 +51,31 @@ def test_a_broker_away_is_retried_until_it_answers(app):
         return answer
 
     app.health.broker_ok = True  # reachable before: the outage must show on /readyz
-    assert app._until_it_works(flaky, "reach the brokers") == "ok"
+    assert app.retry.until_it_works(flaky, "reach the brokers") == "ok"
     assert app.health.broker_ok is False  # the outage showed on /readyz meanwhile
+
+
+def test_once_marks_an_outage_only_when_the_call_timed_out_or_probed(app):
+    retry = Retry(app.health, lambda: False)
+
+    def busy():
+        raise KafkaUnavailable("RebalanceInProgressError: busy")
+
+    app.health.broker_ok = True
+    assert retry.once(busy, "commit") == (False, None) and app.health.broker_ok
+    assert retry.once(busy, "probe", probe=True) == (False, None) and not app.health.broker_ok
 
 
 class DeniedStream:
     """The stream of a client whose permissions were taken away after start-up."""
 
-    def __init__(self, where: str, error: type[Exception]):
-        self.where, self.error, self.calls = where, error, 0
+    def __init__(self, where: str):
+        self.where, self.calls = where, 0
 
     def _maybe_deny(self, name: str):
         if name == self.where:
             self.calls += 1
-            raise self.error("denied")
+            raise KafkaFatal("TopicAuthorizationFailedError: denied")
 
     def poll(self, timeout_ms, max_records):
         self._maybe_deny("poll")
@@ -63,17 +88,20 @@ class DeniedStream:
         self._maybe_deny("lag")
         return {}
 
+    def assignment(self):
+        return [("points", 0)]
+
 
 @pytest.mark.parametrize("where,what", [("poll", "could not read points in group perceptron-stream"),
                                         ("commit", "could not commit offsets of group perceptron-stream"),
                                         ("lag", "could not read the end offsets for the lag")])
 def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
-    app.io = DeniedStream(where, TopicAuthorizationFailedError)
-    app._to_commit = {("points", 0): 5}
-    app._group_checked = True
+    app.stream = app.assignments.stream = DeniedStream(where)
+    app.checkpointer._to_commit = {("points", 0): 5}
+    app.assignments.guard.passed = True
     with pytest.raises(StartupError, match=f"{what}: TopicAuthorizationFailedError.*retrying cannot help"):
         app._loop()
-    assert app.io.calls == 1  # at once, not retried every half second
+    assert app.stream.calls == 1  # at once, not retried every half second
 
 
 # -- the model's bounds in its checkpoints (issue 12) ----------------------------
@@ -81,13 +109,14 @@ def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
 
 def _app_on(store_dir, *args):
     """An application on a local store, with no broker: its positions are taken to lie in the logs."""
-    from service.state.checkpoint import Owner
+    from service.runtime.restore import Restorer
     from service.state.local import LocalStore
 
     app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(store_dir), *args]))
     app.store = LocalStore(store_dir, app.settings.group_id)
-    app.owner = Owner(app.settings.group_id, app.settings.input_topic)
-    app._positions_in_logs = lambda cp: True
+    app.restorer = Restorer(app.settings, app.store, app.retry)
+    app.restorer._positions_in_logs = lambda task, cp: True
+    app._restore = lambda: app.restorer.restore(app.tasks.group)
     return app
 
 
@@ -95,7 +124,7 @@ def _save(app, seq=1):
     from service.state.checkpoint import Checkpoint
 
     app.store.save(Checkpoint(seq=seq, positions={("points", 0): 5}, model=app.learner.to_state(),
-                              meta=app._model_meta(), created=1.0, owner=app.owner))
+                              meta=app.tasks.group.meta, created=1.0, owner=app.tasks.group.owner))
 
 
 @pytest.mark.parametrize("then, said", [
@@ -125,10 +154,10 @@ def test_a_checkpoint_from_before_the_bounds_gets_todays_cap(tmp_path):
     old.learner.step({"a": 1.0, "b": 1.0, "c": 1.0}, 1)
     state = old.learner.to_state()
     del state["max_features"], state["counters"]["dropped_features"]  # as written before the cap existed
-    old.learner = type(old.learner).from_state(state)
-    meta = old._model_meta()
+    old.tasks.group.learner = type(old.learner).from_state(state)
+    meta = dict(old.tasks.group.meta)
     del meta["max_model_features"], meta["hash_features"]
-    old._model_meta = lambda: meta
+    old.tasks.group.meta = meta
     _save(old)
     app = _app_on(tmp_path, "--max-model-features", "2")
     assert app._restore()

@@ -12,8 +12,9 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-import service.schema as schema
-from service.schema import MODEL_FIRST_BYTES, Decoder, InputEvent, Rejection
+import service.wire.inputs as schema
+from service.wire.inputs import MODEL_FIRST_BYTES, Decoder
+from service.wire.messages import InputEvent, Rejection
 
 #: name → a message with ``n`` bad elements (or one bad value holding ``n`` elements)
 HOSTILE = {

@@ -25,9 +25,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.app import DEAD_LETTER_ERROR_LIMIT, ID_MAX, ID_MIN, dead_letter_record, dead_letter_value, publishable
+from service.wire.outputs import DEAD_LETTER_ERROR_LIMIT, ID_MAX, ID_MIN, dead_letter_record, dead_letter_value, publishable
 from service.learning import make_learner
-from service.schema import DEAD_LETTER_RAW_LIMIT, REASONS, DeadLetter, Decoder, Event, Rejection, dead_letter
+from service.wire.inputs import Decoder
+from service.wire.messages import DEAD_LETTER_RAW_LIMIT, REASONS, DeadLetter, Event, Rejection
+from service.wire.outputs import dead_letter
 
 MAX_BYTES, MAX_FEATURES = 4096, 20
 

@@ -21,7 +21,8 @@ import pytest
 
 from service import http
 from service.http import MAX_HEAD_BYTES, HttpEndpoints
-from service.metrics import Health, ServiceMetrics
+from service.metrics import ServiceMetrics
+from service.runtime.health import Health
 from tests.conftest import ROOT, http_get, wait_until
 
 
@@ -175,7 +176,8 @@ def test_accept_failing_for_good_pauses_instead_of_spinning(serve, monkeypatch):
 CHILD = r"""
 import os, resource, sys, time
 from service.http import HttpEndpoints
-from service.metrics import Health, ServiceMetrics
+from service.metrics import ServiceMetrics
+from service.runtime.health import Health
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 endpoints = HttpEndpoints(ServiceMetrics(window=10, version="t", variant="plain"), Health(30.0), "127.0.0.1", 0,

@@ -1,4 +1,5 @@
-"""KafkaIO.flush's book-keeping of resends and refusals, over a stand-in producer (pure logic, no broker).
+"""The delivery ledger's book-keeping of resends and refusals, through KafkaIO over a stand-in producer
+(pure logic, no broker; confluent's stream settles through the same Ledger).
 
 A real outage long enough to matter takes minutes; what flush decides in it
 (send again, renew the producer, raise DeliveryError, hand back what the
@@ -14,9 +15,12 @@ import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from service.kafka import DeliveryError, KafkaIO
+from service.kafka.ledger import Ledger
 
 
 class Future:
+    is_done = True  # the stand-in producer settles every send at once
+
     def __init__(self, error: Exception | None):
         self.exception = error
 
@@ -54,7 +58,7 @@ class Producer:
 
 def stream(producer: Producer, new_producer=None) -> KafkaIO:
     io = KafkaIO.__new__(KafkaIO)  # no consumer: flush only touches the producer
-    io.producer, io._pending, io._refused_kept, io._refused = producer, [], [], False
+    io.producer, io._pending, io._refused, io.ledger, io.settings = producer, [], False, Ledger(), None
     io._new_producer = new_producer or (lambda: producer)
     return io
 

@@ -80,6 +80,8 @@ ISSUE_METRICS = {
     "perceptron_poll_loop_last_turn_timestamp_seconds": "gauge",
     "perceptron_assigned_partitions": "gauge",
     "perceptron_build_info": "gauge",  # version, variant: an Info is a gauge of 1 in the text format
+    "perceptron_mixes": "counter",  # partition
+    "perceptron_mix_records_rejected": "counter",  # reason
 }
 SAMPLE_SUFFIXES = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
 
@@ -101,6 +103,8 @@ def _check_metrics(text: bytes):
 def _exported() -> bytes:
     m = ServiceMetrics(window=50, version="1.2.3", variant="plain")
     m.set_lag({("points", 0): 5})  # labelled families get a series, so their samples show too
+    m.mixes.labels("0").inc()
+    m.mix_rejected.labels("damaged").inc()
     return generate_latest(m.registry)
 
 
@@ -145,7 +149,7 @@ def test_poll_loop_gauge_follows_the_tracked_health():
     import math
     import time
 
-    from service.metrics import Health
+    from service.runtime.health import Health
 
     m = ServiceMetrics(window=4, version="test", variant="plain")
     assert math.isnan(_sample(m, "perceptron_poll_loop_last_turn_timestamp_seconds"))  # no Health tracked: unknown

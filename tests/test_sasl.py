@@ -17,6 +17,7 @@ credentials with error 58 and a broker's message.
 from __future__ import annotations
 
 import importlib.util
+import re
 import socketserver
 import struct
 import subprocess
@@ -27,6 +28,7 @@ import pytest
 from kafka.errors import SaslAuthenticationFailedError, UnsupportedSaslMechanismError
 
 from service.config import ServeSettings, load
+from service.kafka import KafkaFatal
 from tests.conftest import start_service_process
 
 SASL = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-256", "--sasl-username", "u", "--sasl-password", "p"]
@@ -168,11 +170,11 @@ def test_the_confluent_stream_raises_what_librdkafka_only_reports(peer, error, s
     from service.kafka.confluent import ConfluentIO
 
     settings = load(ServeSettings, ["--bootstrap-servers", peer.bootstrap_servers, *SASL, "--kafka-client", "confluent"])
-    io = ConfluentIO(settings, group_id="g", input_topic="points", auto_offset_reset="earliest", on_assigned=lambda _: None,
+    io = ConfluentIO(settings, group_id="g", topics=["points"], auto_offset_reset="earliest", on_assigned=lambda _: None,
                      on_revoked=lambda _: None, max_poll_records=10)
     try:
         deadline = time.monotonic() + 20
-        with pytest.raises(error, match=says):
+        with pytest.raises(KafkaFatal, match=f"{error.__name__}: .*{re.escape(says)}"):  # translated: the service's own error
             while time.monotonic() < deadline:
                 io.poll(200, 10)
     finally:
@@ -184,7 +186,8 @@ def test_the_confluent_stream_raises_what_librdkafka_only_reports(peer, error, s
     (SaslAuthenticationFailedError("bad password"), ["sasl_username (--sasl-username", "sasl_password (--sasl-password"]),
 ])
 def test_the_message_names_the_settings_to_check(error, names):
-    from service.app import fatal
+    from service.kafka.kafka_python import service_error
+    from service.runtime.retry import fatal
 
-    message = str(fatal(error, "reach the brokers", load(ServeSettings, SASL)))
+    message = str(fatal(service_error(error, load(ServeSettings, SASL)), "reach the brokers"))
     assert message.startswith(f"could not reach the brokers: {error.__class__.__name__}") and all(n in message for n in names)

@@ -1,19 +1,20 @@
-"""Everything that talks to Kafka, behind one small interface.
+"""Everything that talks to Kafka, behind one small interface (:mod:`service.kafka.contract`).
 
-The application sees :class:`Record` tuples, a stream object with ``poll`` /
-``send`` / ``flush`` (returns the messages refused for good) / ``commit`` /
-``seek`` (to an offset, BEGINNING or END) / ``lag`` / ``group_members`` /
-``close``, and plain exceptions (kafka-python's ``KafkaError`` family, which
-every client here raises). Two clients stand behind it, chosen by the
-``kafka_client`` setting:
+The application sees :class:`Record` tuples, a :class:`Stream` (the poll
+loop's consumer and producer), a few admin calls, and the service's own
+errors: :class:`KafkaUnavailable` (wait and retry) and :class:`KafkaFatal`
+(stop, naming what to fix). Two clients stand behind the stream, chosen by
+the ``kafka_client`` setting, and share one delivery book-keeping
+(:mod:`service.kafka.ledger`):
 
 - ``kafka-python`` (:mod:`service.kafka.kafka_python`, the default, pure Python);
 - ``confluent`` (:mod:`service.kafka.confluent`, librdkafka through
   confluent-kafka, the ``confluent`` extra): the client's work in C, several
   times the throughput (bench/README.md).
 
-Topic set-up, group membership and the checkpoint topic use kafka-python
-whichever client runs the poll loop: they are not on the hot path.
+Topic set-up, group membership, log ranges and the compacted topics
+(checkpoints, mixes) use kafka-python whichever client runs the poll loop:
+they are not on the hot path.
 """
 
 from __future__ import annotations
@@ -21,9 +22,24 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from service.config import KafkaSettings
+from service.kafka.contract import (
+    BEGINNING,
+    END,
+    GROUP_TIMINGS,
+    DeliveryError,
+    KafkaFatal,
+    KafkaUnavailable,
+    MissingTopicError,
+    Record,
+    Refused,
+    Stream,
+    TopicSpec,
+    first_offsets,
+)
 from service.kafka.kafka_python import (
     CompactedTopic,
     KafkaIO,
+    TopicTail,
     client_options,
     close_producer,
     cluster_identity,
@@ -32,57 +48,46 @@ from service.kafka.kafka_python import (
     group_members,
     log_ranges,
     make_producer,
-)
-from service.kafka.types import (
-    AUTHENTICATION_ERRORS,
-    BEGINNING,
-    END,
-    FATAL_ERRORS,
-    GROUP_TIMINGS,
-    REFUSED_ERRORS,
-    DeliveryError,
-    MissingTopicError,
-    Record,
-    Refused,
-    TopicSpec,
-    first_offsets,
+    partition_counts,
 )
 
 __all__ = [
-    "AUTHENTICATION_ERRORS",
     "BEGINNING",
     "END",
-    "FATAL_ERRORS",
     "GROUP_TIMINGS",
-    "REFUSED_ERRORS",
-    "Refused",
-    "committed_offsets",
     "CompactedTopic",
     "DeliveryError",
+    "KafkaFatal",
     "KafkaIO",
+    "KafkaUnavailable",
     "MissingTopicError",
     "Record",
+    "Refused",
+    "Stream",
     "TopicSpec",
+    "TopicTail",
     "client_options",
     "close_producer",
     "cluster_identity",
+    "committed_offsets",
     "ensure_topics",
     "first_offsets",
     "group_members",
     "log_ranges",
     "make_producer",
     "open_stream",
+    "partition_counts",
 ]
 
 
-def open_stream(settings: KafkaSettings, client: str, *, group_id: str, input_topic: str, auto_offset_reset: str,
-                on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int):
+def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: list[str], auto_offset_reset: str,
+                on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
     ``on_assigned``/``on_revoked`` get sorted ``(topic, partition)`` lists and
     run inside ``poll``, between batches.
     """
-    options = dict(group_id=group_id, input_topic=input_topic, auto_offset_reset=auto_offset_reset, on_assigned=on_assigned,
+    options = dict(group_id=group_id, topics=topics, auto_offset_reset=auto_offset_reset, on_assigned=on_assigned,
                    on_revoked=on_revoked, max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms)
     if client == "confluent":
         from service.kafka.confluent import ConfluentIO  # the optional extra: imported only when chosen

@@ -3,9 +3,9 @@
 Same interface and guarantees as :class:`service.kafka.kafka_python.KafkaIO`,
 with the client's work (fetching, batching, checksums) in librdkafka's C
 threads instead of the poll loop's, which is what makes it several times
-faster (bench/README.md). Errors leave this module as kafka-python's
-exceptions (:func:`kafka_error`), so :mod:`service.app` catches one family
-whichever client runs.
+faster (bench/README.md). librdkafka's errors are mapped to kafka-python's
+classes once (:func:`kafka_error`) and leave this module as the service's own
+(:func:`service.kafka.kafka_python.service_error`), whichever client runs.
 """
 
 from __future__ import annotations
@@ -21,18 +21,9 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaExcepti
 from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
-from service.kafka.kafka_python import LINGER_UNTIL_FLUSH_MS, group_members
-from service.kafka.types import (
-    BEGINNING,
-    END,
-    FATAL_ERRORS,
-    GROUP_TIMINGS,
-    REFUSED_ERRORS,
-    DeliveryError,
-    Record,
-    Refused,
-    first_offsets,
-)
+from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
+from service.kafka.kafka_python import FATAL_ERRORS, LINGER_UNTIL_FLUSH_MS, REFUSED_ERRORS, group_members, service_error
+from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +78,16 @@ def kafka_error(err: CKafkaError | None) -> kerrors.KafkaError:
 
 
 def _translated(method: Callable) -> Callable:
-    """Raise what a method's confluent-kafka call raised as kafka-python's exception."""
+    """Raise what a method's confluent-kafka call (or its own check) raised as the service's error."""
 
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):
+    def wrapper(self, *args, **kwargs):
         try:
-            return method(*args, **kwargs)
+            return method(self, *args, **kwargs)
         except KafkaException as exc:
-            raise kafka_error(exc.args[0] if exc.args else None) from exc
+            raise service_error(kafka_error(exc.args[0] if exc.args else None), getattr(self, "settings", None)) from exc
+        except kerrors.KafkaError as exc:
+            raise service_error(exc, getattr(self, "settings", None)) from exc
 
     return wrapper
 
@@ -130,11 +123,11 @@ class ConfluentIO:
     """
 
     @_translated
-    def __init__(self, settings: KafkaSettings, *, group_id: str, input_topic: str, auto_offset_reset: str,
+    def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
                  client_id: str = "perceptron-stream"):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
-        self.settings, self.group_id, self.input_topic = settings, group_id, input_topic
+        self.settings, self.group_id, self.topics = settings, group_id, topics
         self.on_assigned, self.on_revoked, self.auto_offset_reset = on_assigned, on_revoked, auto_offset_reset
         self._rejected: kerrors.KafkaError | None = None  # the brokers rejected the SASL mechanism or credentials
         common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
@@ -143,25 +136,28 @@ class ConfluentIO:
             "fetch.wait.max.ms": fetch_max_wait_ms, "on_commit": self._committed,
             # kafka-python's default: librdkafka's read_committed would wait for transactions nobody writes here
             "isolation.level": "read_uncommitted",
+            # partition p of every topic to one member (the join of labels to points needs it)
+            "partition.assignment.strategy": "range",
             **{name.replace("_", "."): value for name, value in GROUP_TIMINGS.items()},
         })
         self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
         self.producer = Producer(self._producer_config)
         self._seeks: dict | None = None  # inside on_assigned: where the application wants each partition to start
-        self._failed: list = []  # (topic, key, value, error) not delivered, in the order of the reports
+        self._pauses: list = []  # inside on_assigned: partitions to pause once assigned
+        self.ledger = Ledger()  # failures reported by _undelivered, until a flush settles them
         self._held: list = []  # (topic, key, value) sent after the producer refused one: kept, in order, for the flush
-        self._refused: list[Refused] = []  # refused for good (REFUSED_ERRORS): returned by the flush
         self._poll_error = None  # an error that came with records: raised by the next poll
         self._stash: list = []  # messages consume() returned while commit() waited: the next polls' records
         self._commits_waiting = 0  # asynchronous commits whose answer has not been served yet
         self._commit_result: tuple = (None, [])
         self._closing = False
-        self.consumer.subscribe([input_topic], on_assign=self._assigned, on_revoke=self._revoked)
+        self.consumer.subscribe(list(topics), on_assign=self._assigned, on_revoke=self._revoked)
 
     # consuming -----------------------------------------------------------
     @_translated
-    def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        """The records of one consume() call (or those commit() kept); an error is raised after its batch.
+    def poll(self, timeout_ms: int, max_records: int) -> list[list[Record]]:
+        """The records of one consume() call (or those commit() kept), one list per partition; an error is
+        raised after its batch.
 
         Raising with records in hand would lose them: their positions are
         past, and the next commit would skip them.
@@ -177,20 +173,26 @@ class ConfluentIO:
             messages = self.consumer.consume(1, timeout_ms / 1000)
             if messages and max_records > 1:
                 messages += self.consumer.consume(max_records - 1, 0)
-        topic, new = self.input_topic, tuple.__new__  # the topic is the one subscribed: no str built per record
-        records = [new(Record, (topic, m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1]))
-                   for m in messages if m.error() is None]
+        new = tuple.__new__
+        by_partition: dict[tuple[str, int], list[Record]] = {}
+        for m in messages:
+            if m.error() is None:
+                topic, partition = m.topic(), m.partition()
+                batch = by_partition.get((topic, partition))
+                if batch is None:
+                    batch = by_partition[(topic, partition)] = []
+                batch.append(new(Record, (topic, partition, m.offset(), m.key(), m.value(), m.timestamp()[1])))
         error = None
-        if len(records) < len(messages):
+        if sum(map(len, by_partition.values())) < len(messages):
             error = next((m.error() for m in messages
                           if m.error() is not None and m.error().code() != CKafkaError._PARTITION_EOF), None)
         if error is not None:
-            if not records:
+            if not by_partition:
                 raise KafkaException(error)
             self._poll_error = error
-        if not records:
+        if not by_partition:
             self._raise_rejection()
-        return records
+        return list(by_partition.values())
 
     def _client_error(self, err: CKafkaError) -> None:
         _client_error(err)
@@ -206,11 +208,13 @@ class ConfluentIO:
         # librdkafka cannot seek a partition before it is assigned: the seeks
         # on_assigned makes are collected and become the assignment's offsets
         # (the others start at the committed offset, or auto_offset_reset).
-        self._seeks, self._stash = {}, []  # stashed messages are from before: fetched again from the new start
+        self._seeks, self._stash, self._pauses = {}, [], []  # stashed messages are from before: fetched again from the new start
         _notify(self.on_assigned, partitions)
         seeks, self._seeks = self._seeks, None
         consumer.assign([TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset))
                          for tp in partitions])
+        if self._pauses:  # paused inside on_assigned: only an assigned partition can be
+            consumer.pause(self._pauses)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # confluent-kafka unassigns after this returns. Not on close: the
@@ -224,19 +228,26 @@ class ConfluentIO:
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
 
     @_translated
-    def pause(self) -> None:
-        """Fetch nothing from the assigned partitions until :meth:`resume` (or the next assignment)."""
+    def pause(self, partitions=None) -> None:
+        """Fetch nothing from ``partitions`` (all assigned ones by default) until :meth:`resume` or the next assignment."""
+        tps = self.consumer.assignment() if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+        if self._seeks is not None:  # inside on_assigned, before the assignment: paused right after it
+            self._pauses += tps
+            return
+        chosen = {(tp.topic, tp.partition) for tp in tps}
         # librdkafka resumes after the last message consume() handed over: what
         # commit() kept in the stash is read again only if we seek back to it
-        first = first_offsets((m.topic(), m.partition(), m.offset()) for m in self._stash)
-        self._stash = []
-        self.consumer.pause(self.consumer.assignment())
+        kept = [m for m in self._stash if (m.topic(), m.partition()) in chosen]
+        first = first_offsets((m.topic(), m.partition(), m.offset()) for m in kept)
+        self._stash = [m for m in self._stash if (m.topic(), m.partition()) not in chosen]
+        self.consumer.pause(tps)
         for (topic, partition), offset in first.items():
             self.consumer.seek(TopicPartition(topic, partition, offset))
 
     @_translated
-    def resume(self) -> None:
-        self.consumer.resume(self.consumer.assignment())
+    def resume(self, partitions=None) -> None:
+        tps = self.consumer.assignment() if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+        self.consumer.resume(tps)
 
     @_translated
     def seek(self, topic: str, partition: int, offset: int) -> None:
@@ -271,7 +282,7 @@ class ConfluentIO:
         while self._commits_waiting:  # the answers come in order: the last one is this commit's
             left = 1.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
-                raise kerrors.KafkaTimeoutError(f"commit not acknowledged within {timeout_s:.1f} s")
+                raise kerrors.KafkaTimeoutError(f"commit not acknowledged within {timeout_s:.1f} s")  # translated on the way out
             # consume() serves the answer but returns only when its count is
             # reached or its time is up: short turns, and a bounded stash
             room = self.max_poll_records - len(self._stash)
@@ -344,7 +355,7 @@ class ConfluentIO:
             except KafkaException as exc:
                 error = kafka_error(exc.args[0] if exc.args else None)
                 if isinstance(error, REFUSED_ERRORS):  # e.g. larger than message.max.bytes: never sendable
-                    self._refused.append(Refused(topic, key, value, error))
+                    self.ledger.failed((topic, key, value), REFUSED, error)
                     return
                 log.warning("the producer refused a message (%r); it is sent again at the flush", error)
         self._held.append((topic, key, value))
@@ -363,47 +374,39 @@ class ConfluentIO:
 
     def _undelivered(self, err: CKafkaError, msg) -> None:
         error = kafka_error(err)
-        if isinstance(error, REFUSED_ERRORS):
-            self._refused.append(Refused(msg.topic(), msg.key(), msg.value(), error))
-        else:
-            self._failed.append((msg.topic(), msg.key(), msg.value(), error))
+        kind = FATAL if isinstance(error, FATAL_ERRORS) else REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
+        self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
 
     def flush(self, timeout_s: float) -> list[Refused]:
-        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>`: every message acknowledged, failures
-        sent again in order until ``timeout_s`` (then DeliveryError), the refused ones returned, fatal ones raised."""
-        deadline = time.monotonic() + timeout_s
-        delay = 0.2
-        while True:
-            waiting = self.producer.flush(max(0.0, deadline - time.monotonic()))
-            self._raise_rejection()
-            for *_, error in self._failed:
-                if isinstance(error, FATAL_ERRORS):
-                    raise error
-            failed = len(self._failed) + len(self._held)
-            if not waiting and not failed:
-                refused, self._refused = self._refused, []
-                return refused
-            if waiting or time.monotonic() >= deadline:
-                raise DeliveryError(f"{waiting + failed} message(s) not acknowledged by the brokers within {timeout_s:g} s")
-            log.warning("%d message(s) not acknowledged; sending them again in %.1f s", failed, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-            # Every report is in (nothing waiting): the failures came before the held
-            # ones. A fresh producer, as KafkaIO does: after failures an idempotent
-            # one may be fenced, or stuck on a sequence gap the brokers will not fill.
-            again = [(t, k, v) for t, k, v, _ in self._failed] + self._held
-            self._failed, self._held = [], []
-            self.producer = Producer(self._producer_config)
-            for t, k, v in again:
-                self.send(t, k, v)
+        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`)."""
+        return self.ledger.settle(self, timeout_s)
+
+    @_translated
+    def wait(self, timeout_s: float, ledger: Ledger) -> int:
+        """The ledger's wait: librdkafka's flush serves the failure reports (``_undelivered``); how many still wait.
+
+        Messages the producer would not take (held) are reported after the
+        failures: every report is in when nothing waits, and they came before.
+        """
+        waiting = self.producer.flush(timeout_s)
+        self._raise_rejection()
+        if not waiting:
+            held, self._held = self._held, []
+            for message in held:
+                ledger.failed(message, RETRY)
+        return waiting + len(self._held)
+
+    def renew(self) -> None:
+        """A fresh producer, as KafkaIO's: after failures an idempotent one may be fenced, or stuck on a sequence gap."""
+        self.producer = Producer(self._producer_config)
 
     def close(self) -> None:
         """Flush for at most 5 s, then leave the group; never hangs, never raises a client error."""
         try:
             waiting = self.producer.flush(5.0)
-            if waiting or self._failed or self._held:
+            if waiting or self.ledger.owed() or self._held:
                 log.warning("closed the producer with %d message(s) not acknowledged",
-                            waiting + len(self._failed) + len(self._held))
+                            waiting + self.ledger.owed() + len(self._held))
                 self.producer.purge(in_queue=True, in_flight=True, blocking=False)
         except Exception as exc:  # a broken producer: nothing it held was committed
             log.warning("closing the producer failed (%s)", exc.__class__.__name__)
@@ -436,7 +439,7 @@ def _client_error(err: CKafkaError) -> None:
 
 
 def authentication_error(err: CKafkaError) -> kerrors.KafkaError:
-    """kafka-python's exception for librdkafka's _AUTHENTICATION report (a FATAL_ERRORS one).
+    """kafka-python's class for librdkafka's _AUTHENTICATION report (a FATAL_ERRORS one).
 
     librdkafka (2.16) reports a rejected SASL mechanism or credentials only to
     ``error_cb``, as a local, non-fatal error, and tries again forever:

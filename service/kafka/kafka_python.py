@@ -7,36 +7,61 @@ checkpoint topic use it whichever client runs the loop.
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+import kafka.errors as kerrors
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.net.compat import KafkaNetClient
 from kafka.net.manager import KafkaConnectionManager
 from kafka.net.selector import NetworkSelector
+from kafka.structs import OffsetAndMetadata
 
-from service.config import KafkaSettings
-from service.kafka.types import (
-    AUTHENTICATION_ERRORS,
+from service.config import KafkaSettings, env_var, flag
+from service.kafka.contract import (
     BEGINNING,
     END,
-    FATAL_ERRORS,
     GROUP_TIMINGS,
-    REFUSED_ERRORS,
-    DeliveryError,
+    KafkaFatal,
+    KafkaUnavailable,
     MissingTopicError,
     Record,
     Refused,
     TopicSpec,
 )
+from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
 
 log = logging.getLogger(__name__)
+
+
+def _errors(*names: str) -> tuple[type, ...]:
+    return tuple(getattr(kerrors, name) for name in names if hasattr(kerrors, name))
+
+
+#: The brokers rejected the SASL mechanism (error 33), the SASL exchange (34)
+#: or the credentials (58): sasl_mechanism, sasl_username or sasl_password must change.
+AUTHENTICATION_ERRORS = _errors("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError")
+
+#: Errors that retrying cannot cure: a setting or the brokers' permissions
+#: must change. The service stops with the error instead of retrying forever.
+FATAL_ERRORS = _errors(
+    "AuthorizationError", "SaslAuthenticationFailedError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",
+    "InvalidReplicationFactorError", "InvalidPartitionsError", "InvalidTopicError", "PolicyViolationError",
+    "KafkaConfigurationError",  # e.g. librdkafka refusing an unreadable PEM file
+)
+
+#: Errors of one message that sending it again cannot cure: the brokers
+#: refuse it for good (larger than the topic allows, invalid).
+REFUSED_ERRORS = _errors("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordError")
 
 #: The service flushes its producer at the end of every batch, so its records
 #: wait for that flush: one produce request per batch. With a short linger the
@@ -135,6 +160,52 @@ def _options(settings: KafkaSettings) -> dict:
     return {**client_options(settings), "kafka_client": _net_client}
 
 
+def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
+    """The settings a fatal error points at, in all their spellings."""
+
+    def named(*names: str) -> str:
+        return " and ".join(f"{name} ({flag(name)}, {env_var(name)})" for name in names)
+
+    mechanism = f"SASL mechanism {settings.sasl_mechanism}" if settings is not None and settings.sasl_mechanism else "the SASL mechanism"
+    if isinstance(exc, (kerrors.UnsupportedSaslMechanismError, kerrors.IllegalSaslStateError)):
+        return f"the brokers do not accept {mechanism}: check {named('sasl_mechanism')}"
+    if isinstance(exc, kerrors.SaslAuthenticationFailedError):
+        return (f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
+                f"and {named('sasl_mechanism')}")
+    return "check the Kafka settings (security, credentials, ACLs, replication factor)"
+
+
+def service_error(exc: BaseException | None, settings: KafkaSettings | None = None) -> BaseException:
+    """The service's own error (:mod:`service.kafka.contract`) for one of kafka-python's; others pass through.
+
+    This and :func:`service.kafka.confluent.kafka_error` are the one
+    classification of the clients' errors: fatal (FATAL_ERRORS: a setting or
+    a permission must change), or unavailable (wait and retry).
+    """
+    if exc is None or isinstance(exc, (KafkaFatal, KafkaUnavailable)) or not isinstance(exc, KafkaError):
+        return exc
+    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())  # kafka-python's own prefix: the name says it
+    text = text if text.startswith(exc.__class__.__name__) else f"{exc.__class__.__name__}: {text}".rstrip(": ")
+    if isinstance(exc, FATAL_ERRORS):
+        return KafkaFatal(text, _hint(exc, settings))
+    return KafkaUnavailable(text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError))
+
+
+def _translated(function: Callable) -> Callable:
+    """Raise what ``function``'s kafka-python calls raised as the service's errors (settings from its arguments)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except KafkaError as exc:
+            settings = next((a for a in args if isinstance(a, KafkaSettings)), getattr(args[0], "settings", None) if args else None)
+            raise service_error(exc, settings) from exc
+
+    return wrapper
+
+
+@_translated
 def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: bool, timeout_s: float = 0.0) -> None:
     """Create the topics that are missing, or fail naming them when ``create`` is off.
 
@@ -174,6 +245,7 @@ def _retrying(action: Callable, what: str, timeout_s: float):
             delay = min(delay * 2, 5.0)
 
 
+@_translated
 def make_producer(settings: KafkaSettings, **overrides) -> KafkaProducer:
     """A producer that waits for all in-sync replicas (acks=all) and batches briefly."""
     options = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024,
@@ -268,6 +340,7 @@ class _AdminClient(KafkaAdminClient):
             return obj
 
 
+@_translated
 def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
     """Partition → committed next offset of consumer group ``group_id`` on ``topic`` (none: {})."""
     admin = _AdminClient(**_options(settings), request_timeout_ms=10_000)
@@ -278,6 +351,7 @@ def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dic
     return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0}
 
 
+@_translated
 def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
     """Member ids of consumer group ``group_id`` as its coordinator reports them (DescribeGroups).
 
@@ -298,6 +372,7 @@ def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
 _NO_TOPIC_ID = {None, "", "00000000-0000-0000-0000-000000000000", "AAAAAAAAAAAAAAAAAAAAAA"}
 
 
+@_translated
 def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, str | None]:
     """(the cluster's id, ``topic``'s id) as the brokers report them; None where they report none.
 
@@ -314,6 +389,17 @@ def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, s
     return cluster_id, None if topic_id in _NO_TOPIC_ID else str(topic_id)
 
 
+@_translated
+def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
+    """Topic → number of partitions (0: the topic does not exist)."""
+    consumer = KafkaConsumer(**_options(settings), enable_auto_commit=False, group_id=None)
+    try:
+        return {t: len(consumer.partitions_for_topic(t) or ()) for t in topics}
+    finally:
+        close_consumer(consumer)
+
+
+@_translated
 def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> dict[int, tuple[int, int]]:
     """Partition → (first offset, end offset) of ``topic``'s logs: where a restored position may lie.
 
@@ -354,13 +440,14 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class KafkaIO:
-    """One consumer in a group on one input topic, and one producer.
+    """One consumer in a group on the input topics, and one producer (the :class:`~service.kafka.contract.Stream`).
 
     Rebalance callbacks run inside :meth:`poll`, between batches, so the
     application always sees them with no batch in hand.
     """
 
-    def __init__(self, settings: KafkaSettings, *, group_id: str, input_topic: str, auto_offset_reset: str,
+    @_translated
+    def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
                  client_id: str = "perceptron-stream"):
         self.settings = settings
@@ -369,44 +456,42 @@ class KafkaIO:
             **_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
             max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms, request_timeout_ms=10_000,
+            # the range assignor gives partition p of every topic to one member (the join of labels to points needs it)
+            partition_assignment_strategy=[RangePartitionAssignor],
             **GROUP_TIMINGS,
         )
-        self.consumer.subscribe([input_topic], listener=_Listener(on_assigned, on_revoked))
+        self.consumer.subscribe(topics, listener=_Listener(on_assigned, on_revoked))
         try:
             self.producer = self._new_producer()
         except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind
             close_consumer(self.consumer, autocommit=False)
             raise
-        self._pending: list = []
-        #: Outputs refused for good that a resend took out of _pending, until a flush returns them
-        #: (a flush that ends in DeliveryError must not drop them).
-        self._refused_kept: list[Refused] = []
-        self._refused = False  # the producer refused a send: the rest wait for flush to send them again
+        self.ledger = Ledger()
+        self._pending: list = []  # (topic, key, value, future) sent and not yet settled
+        self._refused = False  # the producer refused a send: the rest wait for the flush to send them again
 
     def _new_producer(self) -> KafkaProducer:
         return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS)
 
     # consuming -----------------------------------------------------------
-    def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
-        """The next batch: kafka-python's ConsumerRecords, which have :class:`Record`'s attributes."""
-        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-        if len(batches) == 1:
-            return next(iter(batches.values()))
-        records = []
-        for messages in batches.values():
-            records.extend(messages)
-        return records
+    @_translated
+    def poll(self, timeout_ms: int, max_records: int) -> list[list[Record]]:
+        """The next records, one list per partition: kafka-python's ConsumerRecords, which have :class:`Record`'s attributes."""
+        return list(self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records).values())
 
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
 
-    def pause(self) -> None:
-        """Fetch nothing from the assigned partitions until :meth:`resume` (or the next assignment)."""
-        self.consumer.pause(*self.consumer.assignment())
+    def pause(self, partitions: Iterable[tuple[str, int]] | None = None) -> None:
+        """Fetch nothing from ``partitions`` (all assigned ones by default) until :meth:`resume` or the next assignment."""
+        tps = self.consumer.assignment() if partitions is None else [TopicPartition(*tp) for tp in partitions]
+        self.consumer.pause(*tps)
 
-    def resume(self) -> None:
-        self.consumer.resume(*self.consumer.paused())
+    def resume(self, partitions: Iterable[tuple[str, int]] | None = None) -> None:
+        tps = self.consumer.paused() if partitions is None else [TopicPartition(*tp) for tp in partitions]
+        self.consumer.resume(*tps)
 
+    @_translated
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Next read of the partition at ``offset``, or at its BEGINNING or END."""
         tp = TopicPartition(topic, partition)
@@ -417,27 +502,27 @@ class KafkaIO:
         else:
             self.consumer.seek(tp, offset)
 
+    @_translated
     def commit(self, positions: dict[tuple[str, int], int], timeout_s: float | None = None) -> None:
-        """Commit next-offsets of the partitions still owned; raises KafkaError (e.g. during a
-        rebalance, or KafkaTimeoutError after ``timeout_s``) for the caller to retry later.
+        """Commit next-offsets of the partitions still owned; KafkaUnavailable (e.g. during a rebalance, or after
+        ``timeout_s``) for the caller to retry later.
 
         Not from a rebalance callback: those run on the consumer's network thread, which cannot block on itself.
         """
-        from kafka.structs import OffsetAndMetadata
-
         owned = self.consumer.assignment()
         positions = {tp: o for tp, o in positions.items() if TopicPartition(*tp) in owned}
         if positions:
             self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()},
                                  timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
 
+    @_translated
     def lag(self, timeout_s: float | None = None, ask_broker: bool = True) -> dict[tuple[str, int], int]:
         """Messages between the consumer's position and the end of each assigned partition.
 
         ``ask_broker`` False: from the high watermarks the last fetch responses
         carried, without a request (a ListOffsets round trip stalled the loop
         100-300 ms on the embedded broker); a partition with none yet is left out.
-        True: the end offsets, asked of the brokers (raises KafkaError when they
+        True: the end offsets, asked of the brokers (KafkaUnavailable when they
         do not answer within ``timeout_s``: the loop's probe for /readyz).
         """
         tps = list(self.consumer.assignment())
@@ -470,57 +555,32 @@ class KafkaIO:
         self._pending.append((topic, key, value, future))
 
     def flush(self, timeout_s: float) -> list[Refused]:
-        """Wait until the broker acknowledged every message sent since the last flush.
+        """Until the brokers acknowledged every message sent since the last flush (:meth:`Ledger.settle`)."""
+        return self.ledger.settle(self, timeout_s)
 
-        Failed messages are sent again, in order, until they are acknowledged or
-        ``timeout_s`` passes (then DeliveryError: the caller must not commit).
-        Messages refused for good (REFUSED_ERRORS: sending again cannot help)
-        are returned for the caller to replace; a FATAL_ERRORS error is raised.
-        """
-        deadline = time.monotonic() + timeout_s
-        delay = 0.2
-        while self._pending:
-            try:
-                self.producer.flush(timeout=max(0.1, deadline - time.monotonic()))
-            except KafkaError:
-                pass
-            refused: list[Refused] = []
-            failed = []
-            for t, k, v, future in self._pending:
-                if future.succeeded():
-                    continue
-                error = future.exception
-                if isinstance(error, FATAL_ERRORS):
-                    raise error
-                if isinstance(error, REFUSED_ERRORS):
-                    refused.append(Refused(t, k, v, error))
-                else:
-                    failed.append((t, k, v))
-            if not failed:
-                self._refused_kept += refused
-                self._pending.clear()
-                break
-            if time.monotonic() >= deadline:  # _pending still holds this pass's refused: found again next time
-                raise DeliveryError(f"{len(failed)} message(s) not acknowledged by the brokers within {timeout_s:g} s")
-            log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(failed), delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-            try:
-                self._renew_producer()
-            except KafkaError as exc:  # no broker to start a producer with yet (a long outage): next round
-                log.warning("could not start a new producer (%s); trying again", exc.__class__.__name__)
+    def wait(self, timeout_s: float, ledger: Ledger) -> int:
+        """The ledger's wait: the producer's flush, then each settled future reported; how many still wait."""
+        try:
+            self.producer.flush(timeout=max(0.1, timeout_s))
+        except KafkaError:
+            pass
+        waiting = []
+        for t, k, v, future in self._pending:
+            if future.succeeded():
                 continue
-            self._refused_kept += refused  # no longer in _pending: kept until a flush returns them
-            self._pending = []
-            for t, k, v in failed:
-                self.send(t, k, v)
-        out, self._refused_kept = self._refused_kept, []
-        return out
+            if future is not _NOT_SENT and not getattr(future, "is_done", True):
+                waiting.append((t, k, v, future))
+            else:
+                error = future.exception
+                kind = FATAL if isinstance(error, FATAL_ERRORS) else REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
+                ledger.failed((t, k, v), kind, service_error(error, self.settings) if kind == FATAL else error)
+        self._pending = waiting
+        return len(waiting)
 
-    def _renew_producer(self) -> None:
-        # After an outage an idempotent kafka-python producer has been seen to
-        # report sends as done that were never stored: start a fresh one (the
-        # old one stays while no new one can be made: the brokers may be away).
+    @_translated
+    def renew(self) -> None:
+        """A fresh producer: after an outage an idempotent kafka-python producer has been seen to report sends as
+        done that were never stored (the old one stays while no new one can be made: the brokers may be away)."""
         producer = self._new_producer()
         close_producer(self.producer, 1.0)
         self.producer, self._refused = producer, False
@@ -535,14 +595,17 @@ class KafkaIO:
 class CompactedTopic:
     """A compacted topic used as a small key → value store (the Kafka checkpoint store)."""
 
+    @_translated
     def __init__(self, settings: KafkaSettings, topic: str):
         self.settings, self.topic = settings, topic
         self.producer = make_producer(settings, linger_ms=0, max_request_size=16 * 1024 * 1024)
 
+    @_translated
     def put(self, key: bytes, value: bytes, timeout_s: float = 10.0) -> None:
         """Write and wait for the broker's acknowledgement."""
         self.producer.send(self.topic, key=key, value=value).get(timeout=timeout_s)
 
+    @_translated
     def read_latest(self, wanted: set[bytes], timeout_s: float = 30.0) -> dict[bytes, bytes | None]:
         """The last value of each key in ``wanted``, reading every partition from its beginning (as compaction would keep).
 
@@ -583,3 +646,36 @@ class CompactedTopic:
 
     def close(self) -> None:
         close_producer(self.producer, 5.0)
+
+
+class TopicTail:
+    """A compacted topic read from its beginning and then followed, a few records a turn (the mix topic).
+
+    Fetches are capped (1 MiB; a larger record still comes, alone), so a turn
+    holds little in memory; the caller keeps only the latest value per key.
+    """
+
+    @_translated
+    def __init__(self, settings: KafkaSettings, topic: str):
+        self.settings, self.topic = settings, topic
+        self.consumer = KafkaConsumer(**_options(settings), enable_auto_commit=False, group_id=None,
+                                      fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=64,
+                                      fetch_max_wait_ms=20)
+        try:
+            partitions = self.consumer.partitions_for_topic(topic) or set()
+            if not partitions:
+                raise KafkaError(f"topic {topic} shows no partitions (metadata not there yet, or not visible to this client)")
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            self.consumer.assign(tps)
+            self.consumer.seek_to_beginning(*tps)
+        except BaseException:
+            close_consumer(self.consumer)
+            raise
+
+    @_translated
+    def poll(self, timeout_ms: int = 0) -> list[tuple[bytes | None, bytes | None]]:
+        """The (key, value) of the records that came since the last call, in order."""
+        return [(m.key, m.value) for messages in self.consumer.poll(timeout_ms=timeout_ms).values() for m in messages]
+
+    def close(self) -> None:
+        close_consumer(self.consumer)

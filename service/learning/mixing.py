@@ -68,6 +68,9 @@ def mixing_weights(mistakes: Sequence[int]) -> list[float]:
 
 
 def _perceptron_part(state: dict) -> dict:
+    """The perceptron's state inside a learner's (hashed → its model; scaled → its perceptron)."""
+    if state.get("kind") == "hashed-perceptron":
+        return _perceptron_part(state["model"])
     return state["perceptron"] if state.get("kind") == "scaled-perceptron" else state
 
 
@@ -81,7 +84,9 @@ def mix_states(own: dict, states: Sequence[dict], mu: Sequence[float]) -> dict:
     Matched by feature name; a feature a state lacks weighs 0 there. The
     result keeps ``own``'s counters, radius and labels: what the replica has
     seen is its own. The features come in ``own``'s order, then new ones in
-    the order the states list them. ValueError for a variant with no mix.
+    the order the states list them, up to ``own``'s ``max_features`` (the
+    others' features beyond it are left out, as a labeled event's would be).
+    ValueError for a variant with no mix.
     """
     if len(states) != len(mu) or not states:
         raise ValueError("one mixing weight per state, and at least one state")
@@ -97,6 +102,9 @@ def mix_states(own: dict, states: Sequence[dict], mu: Sequence[float]) -> dict:
     for p in parts:
         order.update(dict.fromkeys(p["features"]))
     names = list(order)
+    cap = mine.get("max_features")
+    if cap is not None and len(names) > cap:  # the replica's own features first, then the others' up to its cap
+        names = names[:max(cap, len(mine["features"]))]
 
     def mixed(extract) -> tuple[list[float], float]:
         """Σ μ_i·(weights, bias) of every state, the weights as ``extract(state)`` names them."""
@@ -104,7 +112,8 @@ def mix_states(own: dict, states: Sequence[dict], mu: Sequence[float]) -> dict:
         for p, m in zip(parts, mu):
             weights, b = extract(p)
             for name, v in weights.items():
-                total[name] += m * v
+                if name in total:  # not a feature beyond the cap
+                    total[name] += m * v
             bias += m * b
         return [total[n] for n in names], bias
 
@@ -120,9 +129,20 @@ def mix_states(own: dict, states: Sequence[dict], mu: Sequence[float]) -> dict:
         c = mine["averaged"]["c"]
         out["averaged"] = {"sum": [c * (w - ai) for w, ai in zip(out["weights"], a)],
                            "bias_sum": c * (out["bias"] - ab), "c": c}
-    if own.get("kind") == "scaled-perceptron":
-        return dict(own, perceptron=out, scaler=_pooled_scaler(own["scaler"], [s["scaler"] for s in states]))
-    return out
+    return _rewrap(own, states, out)
+
+
+def _rewrap(own: dict, states: Sequence[dict], mixed: dict) -> dict:
+    """``own``'s learner state with ``mixed`` as its perceptron (a scaler's moments pooled on the way)."""
+    kind = own.get("kind")
+    if kind == "hashed-perceptron":
+        return dict(own, model=_rewrap(own["model"], [s["model"] for s in states], mixed))
+    if kind == "scaled-perceptron":
+        scaler = _pooled_scaler(own["scaler"], [s["scaler"] for s in states])
+        kept = set(mixed["features"])  # the scaler holds the features the perceptron holds (the cap)
+        scaler = {**scaler, **{k: [e for e in scaler[k] if e[0] in kept] for k in ("counts", "means", "vars")}}
+        return dict(own, perceptron=mixed, scaler=scaler)
+    return mixed
 
 
 def _pooled_scaler(own: dict, scalers: Sequence[dict]) -> dict:

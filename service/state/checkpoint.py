@@ -121,6 +121,7 @@ class Checkpoint:
     meta: dict = field(default_factory=dict)  # settings the model depends on (variant, standardize...)
     created: float = 0.0
     owner: Owner | None = None  # None: a version 0.1 checkpoint, which did not record it
+    task: dict = field(default_factory=dict)  # the task's own book-keeping beside the model (mixing, ...)
 
 
 def _canonical(body: dict) -> bytes:
@@ -145,6 +146,7 @@ def encode_checkpoint(cp: Checkpoint, key: bytes | None = None) -> bytes:
         "dimension": cp.dimension,
         "meta": cp.meta,
         "model": cp.model,
+        "task": cp.task,
     }
     canonical = _canonical(body)
     body["sha256"] = hashlib.sha256(canonical).hexdigest()
@@ -197,6 +199,7 @@ def _decode(data: bytes, key: bytes | None) -> Checkpoint:
         meta=_dict(body, "meta"),
         created=_finite(body, "created"),
         owner=_owner(body.get("owner")) if fmt == FORMAT else None,
+        task=_dict(body, "task") if "task" in body else {},
     )
 
 

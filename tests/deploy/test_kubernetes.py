@@ -479,7 +479,8 @@ def _served_status(path: str) -> int:
     import urllib.request
 
     from service.http import HttpEndpoints
-    from service.metrics import Health, ServiceMetrics
+    from service.metrics import ServiceMetrics
+    from service.runtime.health import Health
 
     endpoints = HttpEndpoints(ServiceMetrics(window=10, version="test", variant="plain"), Health(30.0), "127.0.0.1", 0).start()
     try:

@@ -51,6 +51,8 @@ SERVICE_METRICS = {
     "perceptron_mistakes_total",
     "perceptron_updates_total",
     "perceptron_dropped_features_total",
+    "perceptron_mixes_total",
+    "perceptron_mix_records_rejected_total",
     "perceptron_rejected_events_total",
     "perceptron_mistake_rate",
     "perceptron_mistake_rate_window_events",

@@ -40,7 +40,7 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
     assert http_get(service.metrics_url + "/healthz")[0] == 200
 
     release = threading.Event()
-    real_poll = service.app.io.poll
+    real_poll = service.app.stream.poll
 
     def stuck_poll(*args, **kwargs):
         release.wait(30)
@@ -48,7 +48,7 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
 
     last_turn = "perceptron_poll_loop_last_turn_timestamp_seconds"
     assert metric(service.metrics_url, last_turn) > time.time() - 1.0  # turning
-    service.app.io.poll = stuck_poll  # the loop blocks inside poll, as on a hung client
+    service.app.stream.poll = stuck_poll  # the loop blocks inside poll, as on a hung client
     status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(http_get(service.metrics_url + "/healthz")), 10, what="healthz 503")
     idle = json.loads(body)["poll_loop_idle_seconds"]
     assert idle > 1.0
@@ -58,7 +58,7 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
     time.sleep(0.3)
     assert metric(service.metrics_url, last_turn) == pytest.approx(stalled_at, abs=0.05)
     release.set()
-    service.app.io.poll = real_poll
+    service.app.stream.poll = real_poll
     wait_until(lambda: http_get(service.metrics_url + "/healthz")[0] == 200, 10, what="healthz back to 200")
     assert metric(service.metrics_url, last_turn) > time.time() - 1.0
     assert http_get(service.metrics_url + "/nothing")[0] == 404
@@ -102,7 +102,7 @@ def test_not_ready_while_the_group_gives_the_partition_to_another_member(broker,
         time.sleep(0.2)
     [(idle_instance, body)] = [(s, b) for s, (status, b) in zip((first, second), answers) if status == 503]
     assert json.loads(body) == not_ready
-    assert idle_instance.app.io.assignment() == []
+    assert idle_instance.app.stream.assignment() == []
     assert http_get(idle_instance.metrics_url + "/healthz")[0] == 200  # alive: waiting is not a hung loop
 
 

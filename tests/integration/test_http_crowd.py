@@ -93,7 +93,7 @@ class Service:
 
     def newest_checkpoint(self) -> int:
         """The sequence number of the newest checkpoint file in the state directory (0: none)."""
-        seqs = [int(m.group(1)) for p in self.state_dir.glob("checkpoint-*.json") if (m := re.match(r"checkpoint-(\d+)\.json$", p.name))]
+        seqs = [int(m.group(1)) for p in self.state_dir.glob("*/model/checkpoint-*.json") if (m := re.match(r"checkpoint-(\d+)\.json$", p.name))]
         return max(seqs, default=0)
 
     def log(self) -> str:

@@ -223,9 +223,9 @@ def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broke
 
     assert [p["id"] for p in predictions] == [e["id"] for e in events]  # every event predicted, none lost
     assert [(p["y_pred"], p["score"], p["mistake"]) for p in predictions] == expected
-    checkpoint = LocalStore(tmp_path / "state").load()
+    checkpoint = LocalStore(tmp_path / "state", topics["group_id"]).load("model")
     model = checkpoint.model
     assert len(model["perceptron"]["features"]) == len(model["scaler"]["counts"]) == cap
     assert model["perceptron"]["counters"]["dropped_features"] == offline.dropped_features
     assert checkpoint.meta["max_model_features"] == cap
-    assert max(path.stat().st_size for path in LocalStore(tmp_path / "state").files()) < 8 * 1024 * 1024
+    assert max(path.stat().st_size for path in LocalStore(tmp_path / "state", topics["group_id"]).files("model")) < 8 * 1024 * 1024

@@ -144,3 +144,12 @@ def test_mixing_identical_replicas_changes_nothing():
     state = model.to_state()
     again = mix_states(state, [state, state, state], mixing_weights([3, 0, 1]))
     assert again["weights"] == pytest.approx(state["weights"]) and math.isclose(again["bias"], state["bias"])
+
+
+def test_a_mix_keeps_the_replicas_cap_own_features_first():
+    a = Perceptron(max_features=3)
+    a.step({"a": 1.0, "b": 1.0}, 1)
+    b = Perceptron(max_features=3)
+    b.step({"x": 1.0, "y": 1.0, "z": 1.0}, -1)
+    mixed = Perceptron.from_state(mix_states(a.to_state(), [a.to_state(), b.to_state()], [0.5, 0.5]))
+    assert list(mixed.weights) == ["a", "b", "x"] and mixed.max_features == 3

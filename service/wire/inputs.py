@@ -1,12 +1,4 @@
-"""The wire format: bytes in, validated events, predictions and dead letters out.
-
-Three pydantic models are the contract with producers and consumers
-(``schemas/*.json`` is generated from them, see ``python -m service.schema``):
-
-- :class:`InputEvent`, one labeled or unlabeled point;
-- :class:`Prediction`, published for every valid input;
-- :class:`DeadLetter`, published for every rejected input, with a reason a
-  producer can act on.
+"""Bytes in, validated events out: the decoder of the input topic.
 
 Decoding has two paths with one outcome. The common event (an object with
 only ``id``, ``x`` or ``features``, and ``y``, every value of the expected
@@ -21,7 +13,7 @@ decodes to the same :class:`Event` either way (tests/test_schema.py checks it).
 
 Decoding costs a parse or two of the message and its first error, whatever
 the message holds: the model stops at the first bad element of ``x`` or
-``features`` (:class:`FirstErrorOnly`), and a message of ``MODEL_FIRST_BYTES``
+``features`` (:class:`~service.wire.messages.FirstErrorOnly`), and a message of ``MODEL_FIRST_BYTES``
 or more goes to the model alone, whose parser builds no Python object per
 element (orjson's did, for a hostile message, before the model parsed it
 again). bench/decoder.py measures the worst shapes (bench/README.md).
@@ -37,166 +29,13 @@ Rejection(reason='bad_label', error='y must be -1 or +1 (0/1 and false/true are 
 
 from __future__ import annotations
 
-import base64
-import json
-import math
 from math import hypot
-from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-
-
-class FirstErrorOnly:
-    """Validation of the list or dict it annotates stops at its first bad element.
-
-    pydantic-core's ``fail_fast`` (pydantic exposes it for lists only, as
-    ``FailFast``; pydantic-core has it for dicts too since 2.28, pydantic
-    2.11). Without it the model reports every bad element: a 100 KB
-    ``{"x": [[], [], ...]}`` made 33,000 errors, about 0.5 ms per KB, when
-    the decoder only ever tells the first.
-    """
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        schema = handler(source)
-        if schema.get("type") not in ("list", "dict"):
-            raise TypeError(f"FirstErrorOnly annotates a list or a dict, not {schema.get('type')}")
-        schema["fail_fast"] = True
-        return schema
-
-
-class OneError:
-    """A union that fails reports one error, not one per member (pydantic-core's ``custom_error_type``).
-
-    Each error carries the input, which pydantic turns into Python objects: an
-    ``id`` holding 1 MB of ``[[], [], ...]`` cost 180 ms as two errors (str, int).
-    """
-
-    def __init__(self, error_type: str, message: str):
-        self.error_type, self.message = error_type, message
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        schema = handler(source)
-        if schema.get("type") != "union":
-            raise TypeError(f"OneError annotates a union, not {schema.get('type')}")
-        schema["custom_error_type"], schema["custom_error_message"] = self.error_type, self.message
-        return schema
-
-
-#: Raw bytes kept in a dead letter. A rejected message may be as large as the
-#: input limit; the dead letter keeps its head and its source position, which
-#: points at the whole original in the input topic.
-DEAD_LETTER_RAW_LIMIT = 64 * 1024
-
-#: Every reason code a rejection can carry (the metric's label values).
-REASONS = ("invalid_json", "not_utf8", "invalid_event", "bad_label", "non_finite", "out_of_range", "wrong_dimension", "too_large",
-           "too_many_features", "output_refused")
-
-
-def to_label(value: Any) -> int | None:
-    """Map an accepted label spelling to −1/+1; None stays None (unlabeled).
-
-    >>> [to_label(v) for v in (1, -1, 0, True, False, None)]
-    [1, -1, -1, 1, -1, None]
-    """
-    if value is None:
-        return None
-    if value is True or value is False:
-        return 1 if value else -1
-    if type(value) is int and value in (-1, 0, 1):
-        return value or -1
-    raise ValueError(f"y must be -1 or +1 (0/1 and false/true are accepted too), got {_show(value)}")
-
-
-class InputEvent(BaseModel):
-    """One point on the input topic. Unknown keys are ignored, so producers may add their own."""
-
-    model_config = ConfigDict(extra="ignore", title="InputEvent")
-
-    id: Annotated[str | int, OneError("id_type", "id must be a string or an integer")] | None = Field(
-        None, description="The producer's id of the point, copied to the prediction.")
-    x: Annotated[list[FiniteNumber], FirstErrorOnly()] | None = Field(
-        None, description="Dense features; the first dense event fixes their number.")
-    features: Annotated[dict[str, FiniteNumber], FirstErrorOnly()] | None = Field(None, description="Named features, name → number.")
-    y: Literal[-1, 1] | None = Field(
-        None,
-        description="Label −1 or +1; 0/1 and false/true are accepted and mapped (0 and false → −1). "
-        "Absent or null: predict only.",
-    )
-
-    @field_validator("y", mode="before")
-    @classmethod
-    def _map_label(cls, value: Any) -> int | None:
-        return to_label(value)
-
-    @model_validator(mode="after")
-    def _exactly_one_feature_form(self) -> InputEvent:
-        if (self.x is None) == (self.features is None):
-            which = "both" if self.x is not None else "neither"
-            raise ValueError(f"exactly one of x (a list of numbers) or features (an object of name → number) is required, got {which}")
-        return self
-
-
-class Source(BaseModel):
-    """Where an input came from: the key to drop repeated outputs by."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-class ModelInfo(BaseModel):
-    version: int = Field(description="Weight updates made so far, this event's included.")
-    seen: int = Field(description="Events predicted so far, this one included.")
-    mistakes: int = Field(description="Mistakes made so far, this event's included.")
-
-
-class Prediction(BaseModel):
-    """Published on the output topic for every valid input, keyed like the input."""
-
-    model_config = ConfigDict(title="Prediction")
-
-    id: str | int | None
-    source: Source
-    y_pred: Literal[-1, 1] = Field(description="The prediction made BEFORE learning from this event.")
-    score: float = Field(description="w·x + b of the predicting weights.")
-    y: Literal[-1, 1] | None = Field(description="The label, when the event had one.")
-    mistake: bool | None = Field(description="y·score ≤ 0; null when unlabeled.")
-    model: ModelInfo
-
-
-class DeadLetter(BaseModel):
-    """Published on the dead-letter topic for every rejected input."""
-
-    model_config = ConfigDict(title="DeadLetter")
-
-    error: str = Field(description="Why the event was rejected, as a sentence.")
-    reason: str = Field(description="Short code of the error, the label of perceptron_rejected_events_total.")
-    source: Source
-    raw: str = Field(description="The original value as text, or base64 when it is not UTF-8.")
-    raw_encoding: Literal["utf-8", "base64"]
-    raw_truncated: bool = Field(description=f"True when raw holds only the head of the original: it was longer than "
-                                            f"{DEAD_LETTER_RAW_LIMIT} bytes, or the head was cut so that the dead letter "
-                                            "(key included) fits --max-message-bytes.")
-    key_dropped: bool = Field(False, description="Present and true when the input's Kafka key was left off this dead "
-                                                 "letter: with it even a letter with no raw would exceed --max-message-bytes.")
-
-
-class Event(NamedTuple):
-    """A valid input, in the form the learner takes."""
-
-    id: str | int | None
-    x: list[float] | dict[str, float]
-    y: int | None
-
-
-class Rejection(NamedTuple):
-    reason: str
-    error: str
-
+from service.wire.messages import Event, InputEvent, Rejection, _show
 
 #: The keys of the events the fast path takes; an event with others is decoded by the model.
 _FAST_KEYS = frozenset(("id", "x", "features", "y"))
@@ -348,49 +187,3 @@ def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
-
-
-def _show(value: Any, limit: int = 40) -> str:
-    if isinstance(value, float) and not math.isfinite(value):
-        return {math.inf: "Infinity", -math.inf: "-Infinity"}.get(value, "NaN")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
-        return f"a number of {len(str(abs(value)))} digits"
-    text = json.dumps(value, default=str) if not isinstance(value, (list, dict)) else ("[...]" if isinstance(value, list) else "{...}")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def dead_letter(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int) -> dict:
-    """The dead-letter message for a rejected input, as a JSON-able dict."""
-    raw = raw or b""
-    head = raw[:DEAD_LETTER_RAW_LIMIT]
-    try:
-        text, encoding = head.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        text, encoding = base64.b64encode(head).decode("ascii"), "base64"
-    return {
-        "error": rejection.error,
-        "reason": rejection.reason,
-        "source": {"topic": topic, "partition": partition, "offset": offset},
-        "raw": text,
-        "raw_encoding": encoding,
-        "raw_truncated": len(raw) > DEAD_LETTER_RAW_LIMIT,
-    }
-
-
-SCHEMAS = {"input-event": InputEvent, "prediction": Prediction, "dead-letter": DeadLetter}
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
-
-
-def json_schemas() -> dict[str, str]:
-    """The text of each ``schemas/<name>.schema.json``, as generated from the models."""
-    return {
-        f"{name}.schema.json": json.dumps(model.model_json_schema(mode="validation"), indent=2, ensure_ascii=False) + "\n"
-        for name, model in SCHEMAS.items()
-    }
-
-
-if __name__ == "__main__":  # python -m service.schema: regenerate schemas/
-    SCHEMA_DIR.mkdir(exist_ok=True)
-    for filename, text in json_schemas().items():
-        (SCHEMA_DIR / filename).write_text(text, encoding="utf-8")
-        print("wrote", SCHEMA_DIR / filename)

@@ -1,0 +1,128 @@
+"""What the application sees of Kafka, whichever client is behind it: records, the stream, and the service's own errors.
+
+No client's exception crosses this line: each client translates what it
+raises into :class:`KafkaUnavailable` (wait and retry) or :class:`KafkaFatal`
+(stop, naming what to fix), so the runtime classifies errors in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol
+
+#: Group timings that let a consumer join the embedded broker's group in
+#: seconds (see DESIGN.md); Apache Kafka is happy with them too.
+GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+
+
+#: Offsets of ``seek`` that mean the start and the end of a partition.
+BEGINNING, END = -2, -1
+
+
+class Record(NamedTuple):
+    """A consumed message, as the poll loop reads it.
+
+    A client may hand over its own record type when it has these attributes:
+    kafka-python's ConsumerRecord passes as it is (a copy cost 0.7 µs an event).
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int  # ms since the epoch
+
+
+def first_offsets(positions: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
+    """The first offset of each partition among ``(topic, partition, offset)`` in read order:
+    where to seek back so that records in hand are read again.
+
+    >>> first_offsets([("t", 0, 5), ("t", 1, 9), ("t", 0, 6)])
+    {('t', 0): 5, ('t', 1): 9}
+    """
+    first: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in positions:
+        first.setdefault((topic, partition), offset)
+    return first
+
+
+class TopicSpec(NamedTuple):
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = {}
+
+
+class KafkaUnavailable(Exception):
+    """The brokers did not answer, or not yet (away, a timeout, a rebalance): waiting and retrying can cure it.
+
+    ``timed_out``: the call gave up waiting (the brokers may be away), as
+    opposed to an answer that said "not now" (a rebalance in progress).
+    """
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class KafkaFatal(Exception):
+    """Retrying cannot cure it: a setting or the brokers' permissions must change. ``hint`` says which."""
+
+    def __init__(self, message: str, hint: str = "check the Kafka settings (security, credentials, ACLs, replication factor)"):
+        super().__init__(message)
+        self.hint = hint
+
+
+class DeliveryError(KafkaUnavailable):
+    """The brokers did not acknowledge some messages in time; nothing was committed."""
+
+
+class MissingTopicError(KafkaFatal):
+    """Topics the service needs do not exist and it may not create them."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "create them, or let the service create them (--create-topics)")
+
+
+class Refused(NamedTuple):
+    """A message the brokers refused for good (too large, invalid), returned by ``flush``."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    error: Exception
+
+
+class Stream(Protocol):
+    """The poll loop's consumer (in one consumer group) and producer, whichever client is behind them.
+
+    Every method raises only :class:`KafkaUnavailable` or :class:`KafkaFatal`
+    (the clients translate their own errors). Rebalance callbacks, given at
+    construction, run inside :meth:`poll` (and, with librdkafka, inside
+    :meth:`commit`), between batches.
+    """
+
+    def poll(self, timeout_ms: int, max_records: int) -> list[list[Record]]:
+        """The next records, one list per partition, each in offset order."""
+
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None: ...
+
+    def flush(self, timeout_s: float) -> list[Refused]:
+        """Until every message sent is acknowledged; those refused for good are returned (DeliveryError in time)."""
+
+    def commit(self, positions: dict[tuple[str, int], int], timeout_s: float | None = None) -> None: ...
+
+    def seek(self, topic: str, partition: int, offset: int) -> None: ...
+
+    def pause(self, partitions: Iterable[tuple[str, int]] | None = None) -> None: ...
+
+    def resume(self, partitions: Iterable[tuple[str, int]] | None = None) -> None: ...
+
+    def assignment(self) -> list[tuple[str, int]]: ...
+
+    def lag(self, timeout_s: float | None = None, ask_broker: bool = True) -> dict[tuple[str, int], int]: ...
+
+    def group_members(self) -> list[str]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,137 @@
+"""Iterative parameter mixing between replicas, over the mix topic.
+
+Every ``--mix-every`` events a replica learns from, it publishes its state
+(its weights and its mistakes since its previous mix) to the compacted mix
+topic, keyed ``<group>/<partition>``, and replaces its weights by the mix of
+the latest state of every partition, each weighted by those mistakes
+(:mod:`service.learning.mixing`: McDonald, Hall & Mann 2010, error-weighted).
+
+A mix record is read back from a topic that others can write: it is a
+checkpoint document (:mod:`service.state.checkpoint`: checksummed, signed with
+``--checkpoint-key``, every field checked) whose owner, partition and model
+settings must be this model's, and whose model must rebuild; anything else is
+rejected, counted and logged, never mixed in. Each record names the records
+its mix used (``task.mix.inputs``: partition, mix number, μ), so a replica's
+weights can be recomputed from the topic (tests do).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from service.learning import learner_from_state
+from service.learning.mixing import mix_states, mixing_weights
+from service.state.checkpoint import Checkpoint, CheckpointError, Owner, decode_checkpoint, encode_checkpoint
+
+log = logging.getLogger("perceptron_stream")
+
+
+class Published(NamedTuple):
+    """A partition's latest mixing state, as checked."""
+
+    seq: int  # its mix number
+    mistakes: int  # its mistakes since its previous mix: its weight in the next mixes
+    state: dict  # its learner's state before it mixed
+
+
+def mix_key(group_id: str, partition: int) -> bytes:
+    return f"{group_id}/{partition}".encode()
+
+
+class MixBoard:
+    """The latest checked mixing state of every partition of this model (one per instance)."""
+
+    def __init__(self, owner: Owner, meta: dict, partitions: int, key: bytes | None = None, on_reject=None):
+        self.owner, self.meta, self.partitions, self.key = owner, meta, partitions, key
+        self.on_reject = on_reject or (lambda reason: None)
+        self.latest: dict[int, Published] = {}
+        self._prefix = f"{owner.group_id}/".encode()
+
+    def offer(self, key: bytes | None, value: bytes | None) -> None:
+        """A record read from the mix topic: kept as its partition's latest when it checks out."""
+        if key is None or not key.startswith(self._prefix):
+            return  # another group's, or not a mix record: not ours to judge
+        tail = key[len(self._prefix):]
+        if not tail.isdigit() or int(tail) >= self.partitions:
+            return self._reject("key", f"key {key[:80]!r} names no partition of {self.owner.input_topic}")
+        partition = int(tail)
+        if value is None:
+            self.latest.pop(partition, None)  # a tombstone: that partition's state was removed
+            return
+        try:
+            cp = decode_checkpoint(value, self.key)
+        except CheckpointError as exc:
+            return self._reject("damaged", f"partition {partition}'s mix record is unusable: {exc}")
+        self.accept(partition, cp)
+
+    def accept(self, partition: int, cp: Checkpoint) -> None:
+        from service.pipeline.task import partition_task
+
+        expected = Owner(self.owner.group_id, self.owner.input_topic, partition_task(partition),
+                         self.owner.cluster_id, self.owner.topic_id)
+        differs = expected.differences(cp.owner) if cp.owner is not None else ["it records no owner"]
+        if differs:
+            return self._reject("foreign", f"a mix record under partition {partition}'s key is not its replica's: {'; '.join(differs)}")
+        if cp.meta != self.meta:
+            return self._reject("settings", f"partition {partition}'s mix record was made with other model settings")
+        mix = cp.task.get("mix")
+        if not isinstance(mix, dict) or type(mix.get("mistakes")) is not int or mix["mistakes"] < 0:
+            return self._reject("damaged", f"partition {partition}'s mix record has no mistake count")
+        try:
+            learner_from_state(cp.model)
+            mix_states(cp.model, [cp.model], [1.0])  # a state of a variant with a mix
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._reject("damaged", f"partition {partition}'s mix record holds no usable model: {exc}")
+        self.latest[partition] = Published(cp.seq, mix["mistakes"], cp.model)
+
+    def _reject(self, reason: str, message: str) -> None:
+        log.warning("mix record rejected: %s", message)
+        self.on_reject(reason)
+
+
+class Mixer:
+    """One replica's mixing: when it is due, what it publishes, and the mixed model that replaces its own."""
+
+    def __init__(self, every: int, board: MixBoard, topic: str, key: bytes | None = None):
+        self.every, self.board, self.topic, self.key = every, board, topic, key
+        self.mixes = 0  # mixes made: the number of the last one
+        self.since = 0  # labeled events learned since the last mix
+        self.updates_at_mix = 0  # the learning weights' mistakes (updates) when it last mixed
+
+    def learned(self) -> bool:
+        """One more labeled event learned; True when a mix is due."""
+        self.since += 1
+        return self.since >= self.every
+
+    def mix(self, task, send, now: float):
+        """Publish ``task``'s state, then the mixed learner that replaces its model."""
+        learner = task.learner
+        state = learner.to_state()
+        mistakes = learner.updates - self.updates_at_mix
+        seq = self.mixes + 1
+        others = [(p, published) for p, published in sorted(self.board.latest.items()) if p != task.partition]
+        mu = mixing_weights([mistakes] + [published.mistakes for _, published in others])
+        inputs = [[task.partition, seq, mu[0]]] + [[p, published.seq, m] for (p, published), m in zip(others, mu[1:])]
+        record = Checkpoint(seq=seq, positions=dict(task.positions), model=state, dimension=task.decoder.dimension,
+                            meta=task.meta, created=now, owner=task.owner,
+                            task={"mix": {"mistakes": mistakes, "learned": self.since, "inputs": inputs}})
+        send(self.topic, mix_key(task.owner.group_id, task.partition), encode_checkpoint(record, self.key))
+        self.board.latest[task.partition] = Published(seq, mistakes, state)  # replicas of this instance see it now
+        mixed = learner_from_state(mix_states(state, [state] + [published.state for _, published in others], mu))
+        self.mixes, self.since, self.updates_at_mix = seq, 0, mixed.updates
+        log.debug("partition %d mix %d: μ %s", task.partition, seq, inputs)
+        return mixed
+
+    def to_state(self) -> dict:
+        return {"mixer": {"mixes": self.mixes, "learned": self.since, "updates_at_mix": self.updates_at_mix}}
+
+    def restore(self, task_state: dict) -> None:
+        saved = task_state.get("mixer") if isinstance(task_state, dict) else None
+        if not isinstance(saved, dict):
+            self.mixes = self.since = self.updates_at_mix = 0
+            return
+        values = [saved.get(k) for k in ("mixes", "learned", "updates_at_mix")]
+        if not all(type(v) is int and v >= 0 for v in values):
+            raise CheckpointError("the checkpoint's mixer book-keeping is malformed")
+        self.mixes, self.since, self.updates_at_mix = values

@@ -1,0 +1,160 @@
+"""A task: what one model owns, and how it processes its partitions' records.
+
+The partition is the unit of state (as in Kafka Streams and Quix Streams): in
+``--model-scope partition`` every input partition has a task of its own (its
+replica of the model, its decoder's fixed dimension, its position, its
+mixing book-keeping), checkpointed, restored and moved with the partition;
+in ``--model-scope group`` one task holds the group's one model over every
+partition (the service's original behaviour).
+
+Per record: bytes → event (:mod:`service.wire.inputs`) → predict, then learn
+(the learner's fused ``step``) → the prediction or dead letter
+(:mod:`service.wire.outputs`) handed to ``send``; the position moves on.
+No Kafka and no HTTP here: outputs go to a callable, and the others'
+mixing states come from a :class:`~service.pipeline.mixer.MixBoard`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from service.state.checkpoint import Checkpoint, Owner
+from service.wire.messages import Rejection
+from service.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
+
+
+
+def partition_task(partition: int) -> str:
+    """The task name of a partition's replica (``--model-scope partition``).
+
+    >>> partition_task(3)
+    'partition-3'
+    """
+    return f"partition-{partition}"
+
+
+class Tally:
+    """What one batch did, for the metrics: counted in the loop, observed once per batch."""
+
+    __slots__ = ("labeled", "unlabeled", "flags", "rejected", "updates", "dropped", "mixes")
+
+    def __init__(self):
+        self.labeled = self.unlabeled = self.updates = self.dropped = 0
+        self.flags: list[bool] = []  # mistake or not, one per labeled event, in order
+        self.rejected: list[str] = []  # reasons
+        self.mixes: list[int] = []  # partitions that mixed
+
+
+class Task:
+    """One model and what goes with it: learner, decoder (its fixed dimension), positions, checkpoint seq.
+
+    ``partition`` is None for the group's model; a replica's predictions carry
+    its partition and mixes. ``mixer`` (a replica with ``--mix-every``) mixes
+    its weights with the others' every so many events learned.
+    """
+
+    def __init__(self, name: str, owner: Owner, learner, decoder, meta: dict, *, outputs: dict,
+                 partition: int | None = None, mixer=None):
+        self.name, self.owner, self.meta = name, owner, meta
+        self.learner, self.decoder = learner, decoder
+        self.partition, self.mixer = partition, mixer
+        self.outputs = outputs  # output_topic, dlq_topic, max_message_bytes
+        self.positions: dict[tuple[str, int], int] = {}
+        self.seq = 0  # the last checkpoint's (written or restored)
+        self.unsaved = 0  # events processed since it
+        self.started_over = False  # --start-over set another model's state aside: committed offsets are not ours
+        self.lock = threading.Lock()  # the HTTP thread reads the model (/model) while the loop steps it
+
+    # processing -----------------------------------------------------------
+    def process(self, records, send, tally: Tally) -> None:
+        """Decode, predict-then-learn and publish each record, in order; positions move past them."""
+        out_topic, dlq_topic, limit = self.outputs["output_topic"], self.outputs["dlq_topic"], self.outputs["max_message_bytes"]
+        decode, positions, mixer = self.decoder.decode, self.positions, self.mixer
+        with self.lock:
+            learner = self.learner
+            step = learner.step
+            updates_before, dropped_before = learner.updates, learner.dropped_features
+            replica = None if self.partition is None else {"scope": "partition", "partition": self.partition}
+            for r in records:
+                event = decode(r.value, r.key)
+                if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
+                    event = publishable(event)
+                if type(event) is Rejection:
+                    key, value = dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, limit)
+                    send(dlq_topic, key, value)
+                    tally.rejected.append(event.reason)
+                else:
+                    y = event.y
+                    y_pred, score, mistake = step(event.x, y)
+                    if y is None:
+                        tally.unlabeled += 1
+                    else:
+                        tally.labeled += 1
+                        tally.flags.append(mistake)
+                    if replica is not None:
+                        replica["mixes"] = 0 if mixer is None else mixer.mixes
+                    send(out_topic, r.key, prediction(event.id, r.topic, r.partition, r.offset, y_pred, score, y, mistake,
+                                                      learner.updates, learner.seen, learner.mistakes, replica))
+                    positions[(r.topic, r.partition)] = r.offset + 1
+                    if y is not None and mixer is not None and mixer.learned():
+                        # replace the weights by the mix; the next events are stepped by the mixed model
+                        tally.updates += learner.updates - updates_before
+                        tally.dropped += learner.dropped_features - dropped_before
+                        learner = self.learner = mixer.mix(self, send, time.time())
+                        step = learner.step
+                        updates_before, dropped_before = learner.updates, learner.dropped_features
+                        tally.mixes.append(self.partition)
+                    continue
+                positions[(r.topic, r.partition)] = r.offset + 1
+            tally.updates += learner.updates - updates_before
+            tally.dropped += learner.dropped_features - dropped_before
+            self.unsaved += len(records)
+
+    # checkpoints ----------------------------------------------------------
+    def snapshot(self) -> Checkpoint:
+        """The next checkpoint of this task (taken once every output of its events was acknowledged)."""
+        with self.lock:
+            return Checkpoint(seq=self.seq + 1, positions=dict(self.positions), model=self.learner.to_state(),
+                              dimension=self.decoder.dimension, meta=self.meta, created=time.time(), owner=self.owner,
+                              task={} if self.mixer is None else self.mixer.to_state())
+
+    def saved(self, cp: Checkpoint) -> None:
+        self.seq = cp.seq
+        self.unsaved = 0
+
+    def restore(self, cp: Checkpoint, learner) -> None:
+        """Take checkpoint ``cp`` (its model already rebuilt as ``learner``)."""
+        with self.lock:
+            self.learner = learner
+            self.decoder.dimension = cp.dimension
+            self.positions = dict(cp.positions)
+            self.seq = cp.seq
+            self.unsaved = 0
+            if self.mixer is not None:
+                self.mixer.restore(cp.task)
+
+
+class TaskSet:
+    """The tasks of this instance, found by input partition: the group's one model, or one replica per partition."""
+
+    def __init__(self, input_topic: str, per_partition: bool):
+        self.input_topic, self.per_partition = input_topic, per_partition
+        self.by_partition: dict[int, Task] = {}
+        self.group: Task | None = None
+
+    def add(self, task: Task) -> None:
+        if task.partition is None:
+            self.group = task
+        else:
+            self.by_partition[task.partition] = task
+
+    def drop(self, partition: int) -> Task | None:
+        return self.by_partition.pop(partition, None)
+
+    def for_partition(self, partition: int) -> Task | None:
+        """The task that processes input partition ``partition`` (None: not restored yet, or not ours)."""
+        return self.group if not self.per_partition else self.by_partition.get(partition)
+
+    def all(self) -> list[Task]:
+        return [self.group] if self.group is not None else [self.by_partition[p] for p in sorted(self.by_partition)]

@@ -1,0 +1,192 @@
+"""What the consumer group's rebalances do to tasks: assignment → restore and seek, revocation → save and drop.
+
+Kafka is the distributed engine: its consumer group decides which instance
+owns which partition; this module only follows. The callbacks run inside
+the stream's poll (kafka-python: between batches; librdkafka: inside poll or
+commit) and may not block on the consumer, so they record and seek; the loop
+does the rest in :meth:`Assignments.settle` (restoring reads the store and the
+logs' ranges, which may take a while, with the new partitions paused).
+
+- ``--model-scope group``: the group's one model was restored at start-up;
+  an assigned partition is sought to where the model stands. One instance
+  runs per model (:class:`OneInstance`).
+- ``--model-scope partition``: each assigned partition gets its task,
+  restored from the shared store (paused until then); a revoked one is
+  checkpointed and dropped, for its next owner to restore.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from service.kafka import BEGINNING, END, GROUP_TIMINGS, first_offsets
+from service.runtime.retry import StartupError
+from service.state.local import StateLockedError
+
+log = logging.getLogger("perceptron_stream")
+
+#: A crashed member leaves the group when its session times out, and the
+#: broker needs a few seconds more to notice (DESIGN.md): how long a newcomer
+#: waits for the others to leave before it calls them another live instance.
+OTHERS_LEAVE_GRACE_S = 6.0
+OTHERS_LEAVE_WAIT_S = GROUP_TIMINGS["session_timeout_ms"] / 1000 + OTHERS_LEAVE_GRACE_S
+
+
+class OneInstance:
+    """A newcomer processes nothing while its group has other members: one model, one instance (group scope).
+
+    Checked from the poll loop (a rebalance callback may not block on the
+    consumer), on this instance's first assignment and then every second
+    while others are there. A member that crashed (SIGKILL, an OOM kill, a
+    lost node) stays in the group until its session times out: a restart
+    within that time is not a second instance, so the newcomer pauses its
+    partitions and waits that long for the others to leave before it
+    concludes that another instance runs, and stops.
+    """
+
+    def __init__(self, settings, retry, health):
+        self.settings, self.retry, self.health = settings, retry, health
+        self.passed = settings.state_store == "none"  # no state to fork
+        self.to_check = False  # an assignment came: check before its first record is processed
+        self._others_gone_by: float | None = None  # waiting for other members to leave until then (monotonic)
+        self._next_check = 0.0
+
+    def due(self) -> bool:
+        return self.to_check or (self._others_gone_by is not None and time.monotonic() >= self._next_check)
+
+    def check(self, stream) -> None:
+        self.to_check = False
+        if self.passed:
+            return
+        s = self.settings
+        # Retried until it answers (a service that cannot tell must not run beside another one)
+        members = self.retry.until_it_works(stream.group_members, f"check that consumer group {s.group_id} has no other member")
+        if members is None:  # stopped meanwhile
+            return
+        now = time.monotonic()
+        if len(members) <= 1:
+            if self._others_gone_by is not None:
+                log.info("the other member(s) of consumer group %s left: going on", s.group_id)
+                stream.resume()
+            self.passed, self._others_gone_by = True, None
+            return
+        stream.pause()  # after every assignment: a rebalance unpauses
+        if self._others_gone_by is None:
+            self._others_gone_by = now + OTHERS_LEAVE_WAIT_S
+            log.warning("consumer group %s has %d other member(s): processing nothing until they leave (a crashed "
+                        "instance's session expires within %.0f s)", s.group_id, len(members) - 1, OTHERS_LEAVE_WAIT_S)
+        elif now >= self._others_gone_by:
+            raise StartupError(
+                f"consumer group {s.group_id} still has {len(members) - 1} other active member(s) after "
+                f"{OTHERS_LEAVE_WAIT_S:.0f} s: another instance runs this "
+                f"model (its checkpoints are in the {s.state_store} store); one instance runs per model in "
+                "--model-scope group: stop the other one, give this one another --group-id and state, or run every "
+                "instance with --model-scope partition")
+        self._next_check = now + 1.0
+
+
+class Assignments:
+    """The rebalance callbacks, and the loop's follow-up (:meth:`settle`)."""
+
+    def __init__(self, settings, tasks, make_task, restorer, checkpointer, store, health, metrics, lag, retry):
+        self.settings, self.tasks, self.make_task = settings, tasks, make_task
+        self.restorer, self.checkpointer, self.store = restorer, checkpointer, store
+        self.health, self.metrics, self.lag = health, metrics, lag
+        self.per_partition = settings.model_scope == "partition"
+        self.guard = None if self.per_partition else OneInstance(settings, retry, health)
+        self.stream = None  # set once it is open
+        self.batch_open = False  # the loop is inside a batch whose outputs are not all acknowledged
+        self.waiting: dict[int, list[tuple[str, int]]] = {}  # partition scope: assigned, paused, to restore
+        self._locked_warned: set[int] = set()
+
+    # callbacks ------------------------------------------------------------
+    def on_assigned(self, partitions: list[tuple[str, int]]) -> None:
+        log.info("assigned %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
+        if self.per_partition:
+            for tp in partitions:
+                if self.tasks.for_partition(tp[1]) is None:
+                    self.waiting.setdefault(tp[1], []).append(tp)
+            self.stream.pause([tp for tps in self.waiting.values() for tp in tps])
+        else:
+            task = self.tasks.group
+            # The model in memory is the newest state (revocation checkpoints first);
+            # seek every partition it has learned from to where it stands, whatever the
+            # committed offsets say.
+            for tp in partitions:
+                self._seek(task, tp)
+            self.guard.to_check = True
+        self.metrics.set_assigned(len({p for _, p in partitions}))
+        self.lag.soon()
+        self._ready()
+
+    def on_revoked(self, partitions: list[tuple[str, int]]) -> None:
+        log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
+        if self.per_partition:
+            gone = sorted({p for _, p in partitions})
+            for p in gone:
+                self.waiting.pop(p, None)
+            tasks = [t for t in (self.tasks.for_partition(p) for p in gone) if t is not None]
+            if self.stream is not None and not self.batch_open:
+                self.checkpointer.checkpoint(tasks)  # committed by the loop; the next owner restores from it
+            for task in tasks:
+                self.tasks.drop(task.partition)
+                if self.store is not None:
+                    self.store.unlock(task.name)
+                self.metrics.forget_replica(task.partition)
+        elif self.stream is not None and self.guard.passed and not self.batch_open:
+            self.checkpointer.checkpoint(self.tasks.all())  # committed by the loop once the group is stable again
+        self.metrics.forget_partitions(partitions)
+        self.health.assigned = False
+        self.metrics.set_assigned(0)
+
+    # the loop -------------------------------------------------------------
+    def settle(self) -> None:
+        """Before a record is processed: the one-instance check (group scope), restores (partition scope)."""
+        if self.guard is not None and self.guard.due():
+            self.guard.check(self.stream)
+        for partition in sorted(self.waiting):
+            self._restore(partition)
+        self._ready()
+
+    def may_process(self) -> bool:
+        """False while the group model's instance check has not passed (its records are put back)."""
+        return self.guard is None or self.guard.passed
+
+    def put_back(self, records) -> None:
+        """Seek each partition back to the first of ``records``: they are read again once they may be processed."""
+        for (topic, partition), offset in first_offsets((r.topic, r.partition, r.offset) for r in records).items():
+            self.stream.seek(topic, partition, offset)
+
+    def _restore(self, partition: int) -> None:
+        task = self.make_task(partition)
+        if self.store is not None:
+            try:
+                self.store.lock(task.name)
+            except StateLockedError as exc:  # the previous owner is still saving it: try again at the next turn
+                if partition not in self._locked_warned:
+                    log.warning("%s; waiting for it", exc)
+                    self._locked_warned.add(partition)
+                return
+            self._locked_warned.discard(partition)
+            self.restorer.restore(task)
+        tps = self.waiting.pop(partition)
+        for tp in tps:
+            self._seek(task, tp)
+        self.tasks.add(task)
+        self.stream.resume(tps)
+        self.metrics.set_model(task.learner.weight_norm, task.learner.radius, task.partition)
+
+    def _seek(self, task, tp: tuple[str, int]) -> None:
+        if tp in task.positions:
+            self.stream.seek(tp[0], tp[1], task.positions[tp])
+        elif self.settings.state_store != "none":
+            # The model has learned nothing from it; committed offsets are only ever a
+            # checkpoint's, so any here belong to a checkpoint that could not be used:
+            # start where a new model would.
+            self.stream.seek(tp[0], tp[1], BEGINNING if self.settings.auto_offset_reset == "earliest" else END)
+
+    def _ready(self) -> None:
+        assigned = bool(self.stream is not None and self.stream.assignment())
+        self.health.assigned = assigned and not self.waiting and self.may_process()
+        self.health.restored = not self.waiting

@@ -1,0 +1,161 @@
+"""A task's state read back from its store, and checked before it is used.
+
+In this order: whose it is (:class:`~service.state.checkpoint.Owner`: group,
+input topic and its id, cluster, task), whether this version can use it
+(model settings, a model it can rebuild), and whether its positions lie
+inside the partitions' logs. Another model's state is never used silently:
+the service stops naming what differs (:class:`StartupError`), or with
+``--start-over`` starts a new model whose checkpoints supersede the old ones.
+The same holds for committed offsets with no checkpoint behind them (the
+state that learned those events is lost).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from service.kafka import committed_offsets, log_ranges
+from service.learning import learner_from_state
+from service.runtime.retry import Retry, StartupError
+from service.state.checkpoint import Checkpoint, CheckpointError, ForeignStateError
+
+log = logging.getLogger("perceptron_stream")
+
+
+class Restorer:
+    def __init__(self, settings, store, retry: Retry):
+        self.settings, self.store, self.retry = settings, store, retry
+
+    def restore(self, task, *, legacy: bool = False) -> bool:
+        """Load ``task``'s newest usable checkpoint into it: True; False for a new model (none, or started over).
+
+        ``legacy``: the group's model may adopt version 0.1's checkpoints,
+        which record no owner, when the group's committed offsets vouch for them.
+        """
+        expected = task.meta
+        models, other_settings = {}, []
+
+        def accept(cp: Checkpoint) -> None:
+            # written before the cap and hashing existed: no hashing, and no cap (the model gets today's cap)
+            meta = {"max_model_features": expected.get("max_model_features"), "hash_features": 0, **cp.meta}
+            different = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
+            if different:  # the operator's settings changed, or this one is not the service's: an older one may fit
+                what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
+                other_settings.append(what)
+                raise CheckpointError(f"it was taken with other model settings ({what})")
+            try:
+                models[cp.seq] = learner_from_state(cp.model)
+            except ValueError as exc:
+                raise CheckpointError(f"it holds a model this version cannot read: {exc}") from None
+
+        try:
+            cp = self.store.load(task.name, task.owner, accept, legacy=legacy)
+        except ForeignStateError as exc:
+            return self._foreign(task, str(exc), exc.highest_seq)
+        except CheckpointError:
+            if other_settings:
+                raise StartupError(f"the checkpoint was taken with other model settings ({other_settings[0]}); "
+                                   "use the same settings, or another state store to start a new model") from None
+            raise
+        if cp is None:
+            return self._no_checkpoint(task)
+        if cp.owner is None and not self._vouch_for_legacy(task, cp):
+            return False
+        if not self._positions_in_logs(task, cp):
+            return False
+        learner = models[cp.seq]
+        cap = self.settings.max_model_features or None
+        if learner.max_features != cap:  # a checkpoint from before the cap existed: it applies from now on
+            learner.max_features = cap
+            log.info("the checkpoint predates --max-model-features: the model holds %d features, and at most %s from now on",
+                     len(learner.weights), cap)
+        try:
+            task.restore(cp, learner)
+        except CheckpointError as exc:
+            raise StartupError(f"checkpoint {cp.seq} of {task.name} cannot be used: {exc}") from None
+        log.info("restored checkpoint %d of %s: %d events seen, %d updates, %d features dropped, positions %s",
+                 cp.seq, task.name, learner.seen, learner.updates, learner.dropped_features, cp.positions)
+        return True
+
+    def _foreign(self, task, problem: str, highest_seq: int) -> bool:
+        """Stop naming ``problem``, or with --start-over, start a new model whose checkpoints supersede the store's."""
+        s = self.settings
+        if not s.start_over:
+            raise StartupError(
+                f"{problem}. Nothing was restored and nothing learned. To keep that model, point --state-dir or "
+                f"--checkpoint-topic at this model's own state, or connect to the cluster it belongs to; to start a new "
+                f"model on {s.input_topic} from --auto-offset-reset {s.auto_offset_reset} deliberately, run with --start-over")
+        log.warning("--start-over: %s; starting a new model from --auto-offset-reset %s", problem, s.auto_offset_reset)
+        task.seq = max(task.seq, highest_seq)
+        task.started_over = True
+        return False
+
+    def _no_checkpoint(self, task) -> bool:
+        """A new model, unless committed offsets say the state that learned up to them is lost.
+
+        This service commits only checkpointed positions, so offsets without a
+        checkpoint come from a model whose store was emptied (a new volume, a
+        deleted topic) or from a storeless run. Going on would learn from the
+        middle of the stream with zero weights, silently.
+        """
+        s = self.settings
+        if getattr(task, "started_over", False):
+            return False
+        offsets = self.retry.until_it_works(lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets")
+        mine = {p: o for p, o in (offsets or {}).items() if task.partition is None or p == task.partition}
+        if not mine:
+            log.info("no checkpoint yet of %s: a new model, starting from zero weights", task.name)
+            return False
+        at = ", ".join(f"partition {p} at {o}" for p, o in sorted(mine.items()))
+        where = self.store.task_dir(task.name) if s.state_store == "local" else f"topic {s.checkpoint_topic}"
+        message = (f"consumer group {s.group_id} has committed offsets on {s.input_topic} ({at}) but the state store "
+                   f"({s.state_store}, {where}) has no checkpoint: the model that learned those events is lost")
+        if s.start_over:
+            log.warning("--start-over: %s; starting a new model from --auto-offset-reset %s", message, s.auto_offset_reset)
+            task.started_over = True
+            return False
+        raise StartupError(
+            f"{message}. Restore the checkpoints, or start a new model on the retained history with a new --group-id "
+            "or --start-over, or reset the group's offsets (kafka-consumer-groups --reset-offsets)")
+
+    def _vouch_for_legacy(self, task, cp: Checkpoint) -> bool:
+        """A version 0.1 checkpoint records no owner: adopt it only when this group's committed offsets are its positions.
+
+        That version committed nothing but checkpointed positions, so equal
+        offsets say this group wrote it on this cluster; a fresh cluster or
+        another group has other offsets (or none).
+        """
+        s = self.settings
+        offsets = self.retry.until_it_works(lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets")
+        mine = {p: o for (t, p), o in cp.positions.items() if t == s.input_topic}
+        if offsets == mine:
+            self.store.adopt_legacy(task.name)
+            return True
+        return self._foreign(task,
+            f"checkpoint {cp.seq} was written by version 0.1, which did not record its consumer group or cluster, and the "
+            f"offsets consumer group {s.group_id} committed on {s.input_topic} ({offsets or 'none'}) are not its positions "
+            f"({mine}): it belongs to another group or cluster", cp.seq)
+
+    def _positions_in_logs(self, task, cp: Checkpoint) -> bool:
+        """Every position of ``cp`` inside its partition's log (first offset ≤ position ≤ end), else refuse.
+
+        Before the start: records the model never learned were deleted
+        (retention). After the end: the topic was emptied or created again, or
+        the checkpoint is not this cluster's. Either way, seeking there would
+        skip or lose events silently.
+        """
+        outside = []
+        for topic in sorted({t for t, _ in cp.positions}):
+            ranges = self.retry.until_it_works(lambda: log_ranges(self.settings, topic), f"read the logs' ranges of {topic}")
+            for (t, partition), position in sorted(cp.positions.items()):
+                if t != topic:
+                    continue
+                if partition not in ranges:
+                    outside.append(f"{topic} partition {partition} at offset {position}, but {topic} has no partition {partition}")
+                elif not ranges[partition][0] <= position <= ranges[partition][1]:
+                    first, end = ranges[partition]
+                    outside.append(f"partition {partition} at offset {position}, outside its log ({first} to {end})")
+        if not outside:
+            return True
+        return self._foreign(task, f"checkpoint {cp.seq} holds positions outside {self.settings.input_topic}'s logs: "
+                             + "; ".join(outside), cp.seq)

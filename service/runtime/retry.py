@@ -1,0 +1,95 @@
+"""One backoff and one classification of errors, for every call the service makes to the outside.
+
+The Kafka clients raise only the service's own errors (:mod:`service.kafka.contract`):
+
+- :class:`~service.kafka.contract.KafkaFatal`: retrying cannot help (a
+  setting, a permission): the service stops with :class:`StartupError`
+  (exit 1), naming what to fix;
+- :class:`~service.kafka.contract.KafkaUnavailable`: the brokers are away or
+  busy: wait and try again, backing off, with ``/readyz`` not ready while
+  they do not answer.
+
+>>> b = Backoff(first=0.2, most=1.0)
+>>> [b.next() for _ in range(5)]
+[0.2, 0.4, 0.8, 1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from service.kafka import KafkaFatal, KafkaUnavailable
+from service.runtime.health import Health
+
+log = logging.getLogger("perceptron_stream")
+
+
+class StartupError(RuntimeError):
+    """The service cannot start, or go on, as configured; the message says why (exit 1)."""
+
+
+def fatal(exc: KafkaFatal, what: str) -> StartupError:
+    """The StartupError for a fatal error met while trying to ``what``: waiting cannot cure it."""
+    return StartupError(f"could not {what}: {exc}; retrying cannot help: {exc.hint}")
+
+
+class Backoff:
+    """Delays that double from ``first`` up to ``most`` seconds."""
+
+    def __init__(self, first: float = 0.2, most: float = 5.0):
+        self.first, self.most = first, most
+        self.delay = first
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.delay * 2, self.most)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+
+class Retry:
+    """How the service calls the brokers: until it works (start-up), or once and again later (the loop)."""
+
+    def __init__(self, health: Health, stopping: Callable[[], bool]):
+        self.health, self.stopping = health, stopping
+
+    def until_it_works(self, action: Callable[[], Any], what: str) -> Any:
+        """``action()``, retried with backoff while the brokers are unavailable; None when stopped meanwhile."""
+        backoff = Backoff()
+        while True:
+            try:
+                return action()
+            except KafkaFatal as exc:
+                raise fatal(exc, what) from None
+            except KafkaUnavailable as exc:
+                self.health.broker_ok = False
+                if self.stopping():
+                    return None
+                delay = backoff.next()
+                log.warning("could not %s: %s; retrying in %.1f s", what, exc, delay)
+                self.sleep(delay)
+
+    def once(self, action: Callable[[], Any], what: str, probe: bool = False) -> tuple[bool, Any]:
+        """One attempt: ``(True, result)``, or ``(False, None)`` when the brokers did not answer (logged); a fatal
+        error raises StartupError. /readyz shows an outage when the call timed out, or on any failure of a ``probe``
+        (a call made to learn whether the brokers answer; a commit refused during a rebalance says nothing of it)."""
+        try:
+            return True, action()
+        except KafkaFatal as exc:
+            raise fatal(exc, what) from None
+        except KafkaUnavailable as exc:
+            if exc.timed_out or probe:
+                self.health.broker_ok = False
+            log.warning("could not %s (%s); trying again later", what, exc)
+            return False, None
+
+    def sleep(self, seconds: float) -> None:
+        """Wait, alive (the loop beats), and return early when the service is stopping."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.stopping():
+            self.health.beat()
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))

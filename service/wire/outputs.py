@@ -1,0 +1,145 @@
+"""The one place each outgoing message is built: predictions, dead letters (and their budgets).
+
+Every builder returns the bytes (or key and bytes) the service sends, so the
+shape of a message is written once, beside the pydantic model in
+:mod:`service.wire.messages` that documents it (tests check the two agree).
+
+>>> prediction("c-1", "points", 0, 17, 1, 2.5, 1, False, 42, 1000, 12)
+b'{"id":"c-1","source":{"topic":"points","partition":0,"offset":17},"y_pred":1,"score":2.5,"y":1,"mistake":false,"model":{"version":42,"seen":1000,"mistakes":12}}'
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+
+import orjson
+
+from service.wire.messages import DEAD_LETTER_RAW_LIMIT, Event, Rejection
+
+_dumps = orjson.dumps
+
+
+def prediction(event_id, topic: str, partition: int, offset: int, y_pred: int, score: float, y: int | None,
+               mistake: bool | None, version: int, seen: int, mistakes: int, replica: dict | None = None) -> bytes:
+    """A prediction (see :class:`~service.wire.messages.Prediction`); ``replica`` adds partition scope's model fields."""
+    model = {"version": version, "seen": seen, "mistakes": mistakes}
+    if replica is not None:
+        model = {**replica, **model}
+    return _dumps({
+        "id": event_id,
+        "source": {"topic": topic, "partition": partition, "offset": offset},
+        "y_pred": y_pred, "score": score, "y": y, "mistake": mistake,
+        "model": model,
+    })
+
+
+#: An integer id is written back in the prediction: beyond 64 bits orjson
+#: (and most consumers) cannot write it, and the event would stop the service.
+ID_MIN, ID_MAX = -(1 << 63), (1 << 64) - 1
+#: The longest error sentence a dead letter carries: the decoder may quote a
+#: hostile feature name. With its raw head (cut to fit) and key, a dead letter
+#: stays within --max-message-bytes (dead_letter_value).
+DEAD_LETTER_ERROR_LIMIT = 1000
+
+
+def publishable(event: Event | Rejection) -> Event | Rejection:
+    """The decoded event, or a rejection when its prediction could not be written."""
+    if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
+        return Rejection("invalid_event", f"id must be a string or an integer of at most 64 bits, got an integer of {event.id.bit_length()} bits")
+    return event
+
+
+def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int, *,
+                      max_bytes: int | None = None, key_bytes: int = 0, key_dropped: bool = False) -> bytes:
+    """The dead-letter message the service publishes for a rejected input (JSON bytes).
+
+    With ``max_bytes``, the letter and the ``key_bytes`` of its record's key
+    fit in it, as an input must (Decoder.decode): JSON escaping makes a raw
+    head of control characters six times longer, and the key adds its own
+    length. The raw head is cut first (``raw_truncated``); when even no raw
+    leaves room, a keyed letter is returned with no raw, too long (its caller,
+    :func:`dead_letter_record`, drops the key), and a letter without key has
+    its error sentence cut. From 1 KiB (the setting's least) every letter fits.
+    """
+    letter = dead_letter(rejection, raw, topic, partition, offset)
+    if len(letter["error"]) > DEAD_LETTER_ERROR_LIMIT:
+        letter["error"] = letter["error"][: DEAD_LETTER_ERROR_LIMIT - 3] + "..."
+    if key_dropped:
+        letter["key_dropped"] = True
+    value = orjson.dumps(letter)
+    if max_bytes is None or key_bytes + len(value) <= max_bytes:
+        return value
+    room = max_bytes - key_bytes
+    head, whole = letter["raw"], not letter["raw_truncated"]
+    letter["raw"] = ""
+    letter["raw_truncated"] = bool(head)
+    value = orjson.dumps(letter)
+    if len(value) <= room:
+        kept = _longest_head(head, letter["raw_encoding"], room - len(value))
+        if whole and len(kept) == len(head):  # it fits only as "raw_truncated": true, one byte shorter than false
+            kept = head[: len(head) - (4 if letter["raw_encoding"] == "base64" else 1)]
+        letter["raw"] = kept
+        return orjson.dumps(letter)
+    if key_bytes:
+        return value
+    error = letter["error"]
+    cut = _longest(len(error), lambda n: len(orjson.dumps({**letter, "error": error[:n] + "..."})) <= room)
+    letter["error"] = error[:cut] + "..." if cut is not None else ""
+    return orjson.dumps(letter)
+
+
+def dead_letter_record(rejection: Rejection, raw: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
+                       max_bytes: int) -> tuple[bytes | None, bytes]:
+    """Key and value of the dead letter for a rejected input: together at most ``max_bytes``.
+
+    The input's key is kept unless even a letter with no raw leaves it no room
+    (a key near the limit): then it is left off and the letter says so
+    (``key_dropped``), keeping the raw head that fits without it.
+    """
+    value = dead_letter_value(rejection, raw, topic, partition, offset, max_bytes=max_bytes, key_bytes=len(key or b""))
+    if key is None or len(key) + len(value) <= max_bytes:
+        return key, value
+    return None, dead_letter_value(rejection, raw, topic, partition, offset, max_bytes=max_bytes, key_dropped=True)
+
+
+def _longest_head(head: str, encoding: str, room: int) -> str:
+    """The longest head of a letter's raw text whose JSON string takes at most ``room`` bytes more than ``""``."""
+    if encoding == "base64":  # 4 characters for every 3 bytes, none escaped: whole groups decode to a head of the original
+        return head[: min(len(head), room // 4 * 4)]
+    n = _longest(len(head), lambda n: len(orjson.dumps(head[:n])) - 2 <= room)
+    return head[:n]
+
+
+def _longest(most: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest n in 0..most with fits(n), for fits true up to some n and false after (None: not even 0)."""
+    if not fits(0):
+        return None
+    low, high = 0, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+
+def dead_letter(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int) -> dict:
+    """The dead-letter message for a rejected input, as a JSON-able dict."""
+    raw = raw or b""
+    head = raw[:DEAD_LETTER_RAW_LIMIT]
+    try:
+        text, encoding = head.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(head).decode("ascii"), "base64"
+    return {
+        "error": rejection.error,
+        "reason": rejection.reason,
+        "source": {"topic": topic, "partition": partition, "offset": offset},
+        "raw": text,
+        "raw_encoding": encoding,
+        "raw_truncated": len(raw) > DEAD_LETTER_RAW_LIMIT,
+    }
+
