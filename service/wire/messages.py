@@ -132,9 +132,14 @@ class Source(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    version: int = Field(description="Weight updates made so far, this event's included.")
-    seen: int = Field(description="Events predicted so far, this one included.")
-    mistakes: int = Field(description="Mistakes made so far, this event's included.")
+    """The model that made the prediction: the group's one model, or (``--model-scope partition``) a partition's replica."""
+
+    scope: Literal["partition"] | None = Field(None, description="\"partition\" for a partition's replica; absent for the group's model.")
+    partition: int | None = Field(None, description="The replica's input partition (partition scope).")
+    mixes: int | None = Field(None, description="Mixes the replica has made with the other partitions' (partition scope).")
+    version: int = Field(description="Weight updates made so far, this event's included (a replica's own).")
+    seen: int = Field(description="Events predicted so far, this one included (a replica's own).")
+    mistakes: int = Field(description="Mistakes made so far, this event's included (a replica's own).")
 
 
 class Prediction(BaseModel):
