@@ -26,7 +26,9 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import orjson
 
@@ -37,6 +39,7 @@ from service.kafka import (
     CompactedTopic,
     DeliveryError,
     KafkaFatal,
+    PartitionedLog,
     Refused,
     TopicSpec,
     TopicTail,
@@ -47,6 +50,7 @@ from service.kafka import (
 )
 from service.learning import make_learner
 from service.metrics import ServiceMetrics
+from service.pipeline.joiner import Changelog, Joiner
 from service.pipeline.mixer import MixBoard, Mixer
 from service.pipeline.task import Tally, Task, TaskSet, partition_task
 from service.runtime.checkpointer import Checkpointer
@@ -57,6 +61,7 @@ from service.runtime.retry import Retry, StartupError, fatal
 from service.state.checkpoint import GROUP_TASK, Owner
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
+from service.state.pending import PendingTable
 from service.wire.inputs import Decoder
 from service.wire.messages import Rejection
 from service.wire.outputs import dead_letter_value
@@ -72,6 +77,9 @@ __all__ = ["Application", "StartupError", "CHECKPOINT_TOPIC_CONFIG"]
 CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000), "max.message.bytes": str(16 * 1024 * 1024)}
 #: How long one flush waits before the loop logs an outage and waits again.
 FLUSH_WAIT_S = 10.0
+#: The pending changelog: compacted, and no record younger than a day compacted away, so a change a crashed
+#: run wrote after its last checkpoint is still beside the valid one it replaced when the next run undoes it.
+CHANGELOG_TOPIC_CONFIG = {**CHECKPOINT_TOPIC_CONFIG, "min.compaction.lag.ms": str(24 * 3600 * 1000)}
 
 
 def model_meta(s: ServeSettings) -> dict:
@@ -92,13 +100,16 @@ class Application:
         self.meta = model_meta(s)
         self.owner = Owner(s.group_id, s.input_topic)  # the cluster's and topic's ids are added at start-up
         self.tasks = TaskSet(s.input_topic, self.per_partition)
-        if not self.per_partition:
-            self.tasks.add(self._new_task(None))
         self.http: HttpEndpoints | None = None
         self.stream = None  # the poll loop's consumer and producer (service.kafka.open_stream)
         self.store = None
         self.board: MixBoard | None = None
         self.mix_tail: TopicTail | None = None
+        self.changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
+        self._cache_dir: tempfile.TemporaryDirectory | None = None  # pending tables rebuilt from the changelog
+        self._held: dict[int, int] = {}  # label partition → timestamp of the first label held back until its points come
+        if not self.per_partition:
+            self.tasks.add(self._new_task(None))  # made again at start-up, with the cluster's ids
         self.lag = LagProbe(self.health, self.metrics, self.retry)
         self.checkpointer = Checkpointer(s, None, self.metrics, self.health, self.retry)
         self.assignments = Assignments(s, self.tasks, self._new_task, None, self.checkpointer, None, self.health,
@@ -123,8 +134,27 @@ class Application:
         mixer = None
         if partition is not None and s.mix_every and self.board is not None:
             mixer = Mixer(s.mix_every, self.board, s.mix_topic, self._signing_key())
-        return Task(name, owner, learner, decoder, self.meta, partition=partition, mixer=mixer,
-                    outputs={"output_topic": s.output_topic, "dlq_topic": s.dlq_topic, "max_message_bytes": s.max_message_bytes})
+        joiner = None
+        if s.label_topic is not None:
+            joiner = Joiner(lambda p: self._pending_table(name, p), ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
+                            outcome_topic=s.outcome_topic, dlq_topic=s.dlq_topic, max_message_bytes=s.max_message_bytes,
+                            changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id))
+        return Task(name, owner, learner, decoder, self.meta, partition=partition, mixer=mixer, joiner=joiner,
+                    outputs={"output_topic": s.output_topic, "dlq_topic": s.dlq_topic, "max_message_bytes": s.max_message_bytes,
+                             "label_topic": s.label_topic})
+
+    def _pending_table(self, task: str, partition: int) -> PendingTable:
+        """A partition's pending table: beside the task's checkpoints (local store), else in a cache directory
+        (the Kafka store rebuilds it from its changelog; without a store it lives as long as the process)."""
+        s = self.settings
+        if isinstance(self.store, LocalStore):
+            directory = self.store.task_dir(task)
+        else:
+            if self._cache_dir is None:
+                self._cache_dir = tempfile.TemporaryDirectory(prefix="perceptron-pending-")
+            directory = Path(self._cache_dir.name) / task
+        directory.mkdir(parents=True, exist_ok=True)
+        return PendingTable(directory / f"pending-{partition}.sqlite", ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending)
 
     def _signing_key(self) -> bytes | None:
         key = self.settings.checkpoint_key
@@ -162,6 +192,8 @@ class Application:
         until(lambda: ensure_topics(s, topics, s.create_topics), "reach the brokers and check the topics")
         if self._stopping:
             return
+        if s.label_topic is not None and not self._open_labels():
+            return
         if s.state_store != "none":
             ids = until(lambda: cluster_identity(s, s.input_topic), "read the cluster's and the input topic's ids")
             if ids is None:
@@ -191,7 +223,8 @@ class Application:
         if self._stopping:
             return
         self.stream = until(
-            lambda: open_stream(s, s.kafka_client, group_id=s.group_id, topics=[s.input_topic],
+            lambda: open_stream(s, s.kafka_client, group_id=s.group_id,
+                                topics=[s.input_topic] + ([s.label_topic] if s.label_topic else []),
                                 auto_offset_reset=s.auto_offset_reset, on_assigned=self.assignments.on_assigned,
                                 on_revoked=self.assignments.on_revoked, max_poll_records=s.batch_size,
                                 fetch_max_wait_ms=s.fetch_max_wait_ms),
@@ -204,6 +237,32 @@ class Application:
         # speed. Frozen, the collector only looks at what the loop allocates.
         gc.collect()
         gc.freeze()
+
+    def _open_labels(self) -> bool:
+        """Delayed labels: the label topic partitioned like the input (a label and its point share a partition number,
+        so one task holds both), the outcome topic, and with the Kafka store the pending changelog."""
+        s, until = self.settings, self.retry.until_it_works
+        counts = until(lambda: partition_counts(s, [s.input_topic, s.label_topic]), "count the input and label topics' partitions")
+        if counts is None:
+            return False
+        n = counts[s.input_topic]
+        topics = [TopicSpec(s.label_topic, n, s.topic_replication_factor), TopicSpec(s.outcome_topic, s.topic_partitions, s.topic_replication_factor)]
+        if s.state_store == "kafka":
+            topics.append(TopicSpec(s.pending_topic, n, s.topic_replication_factor, CHANGELOG_TOPIC_CONFIG))
+        if until(lambda: ensure_topics(s, topics, s.create_topics), "check the label, outcome and changelog topics") is None and self._stopping:
+            return False
+        counts = until(lambda: partition_counts(s, [s.label_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])),
+                       "count the label topic's partitions")
+        if counts is None:
+            return False
+        for topic, count in counts.items():
+            if count != n:
+                raise StartupError(f"topic {topic} has {count} partition(s) and input topic {s.input_topic} has {n}: a label "
+                                   f"and its point must land in the same partition number (both keyed alike), so {topic} "
+                                   f"needs {n} partitions too (recreate it, or add partitions)")
+        if s.state_store == "kafka":
+            self.changelog = until(lambda: PartitionedLog(s, s.pending_topic), "open the pending changelog")
+        return True
 
     def _open_mixing(self) -> None:
         """Partition scope with --mix-every: the board of every partition's latest state, fed from the mix topic."""
@@ -234,6 +293,13 @@ class Application:
         finally:
             if self.mix_tail is not None:
                 self.mix_tail.close()
+            for task in self.tasks.all():
+                if task.joiner is not None:
+                    task.joiner.close()
+            if self.changelog is not None:
+                self.changelog.close()
+            if self._cache_dir is not None:
+                self._cache_dir.cleanup()
             if self.store is not None:
                 self.store.close()
             if self.http is not None:
@@ -251,6 +317,7 @@ class Application:
                 continue
             self.assignments.settle()
             self._follow_mixes()
+            self._release_held()
             if batches and not self.assignments.may_process():  # other members are still in the group: nothing yet
                 self.assignments.put_back([r for records in batches for r in records])
                 batches = []
@@ -273,21 +340,84 @@ class Application:
 
     def _process(self, batches) -> None:
         started = time.perf_counter()
-        tally, send = Tally(), self.stream.send
+        tally, send, labels = Tally(), self.stream.send, self.settings.label_topic
         self.assignments.batch_open = True
+        if labels is not None:  # a label after the points of its partition: its point may be among them
+            batches = sorted(batches, key=lambda records: records[0].topic == labels)
+        lags = None
         for records in batches:
             task = self.tasks.for_partition(records[0].partition)
             if task is None:  # assigned, not restored yet: read again once it is
                 self.assignments.put_back(records)
                 continue
+            if records[0].topic == labels:
+                lags = self._input_lags() if lags is None else lags
+                records = self._points_first(task, records, lags)
+                if not records:
+                    continue
             task.process(records, send, tally)
+        now = time.time()
+        for task in self.tasks.all():
+            if task.joiner is not None:
+                task.joiner.expire(now, tally)
         self._flush()
         self.assignments.batch_open = False
         tasks = self.tasks.all()
+        for task in tasks:
+            if task.joiner is not None:
+                task.joiner.commit()
         self.checkpointer.acknowledged(tasks)
         self.metrics.observe_tally(tally, time.perf_counter() - started)
         for task in tasks:
             self.metrics.set_model(task.learner.weight_norm, task.learner.radius, task.partition)
+        if labels is not None:
+            self.metrics.pending.set(sum(t.joiner.pending() for t in tasks))
+
+    def _points_first(self, task, records, lags: dict) -> list:
+        """The labels that may be joined now; the rest are put back and their partition paused until the points come.
+
+        A label is joined once its partition's points are read to their end,
+        or up to the label's time: so a label never overtakes its point, not
+        even when a restart replays points and labels from a checkpoint
+        (labels are sent after their points; the clocks of the producers must
+        roughly agree). Stream-time synchronisation, as Kafka Streams does
+        between the inputs of a join.
+        """
+        partition = records[0].partition
+        if lags.get((self.settings.input_topic, partition)) == 0:
+            return records
+        seen = task.joiner.point_time.get(partition, -1)
+        for i, r in enumerate(records):
+            if r.timestamp > seen:
+                self.assignments.put_back(records[i:])
+                self.stream.pause([(r.topic, partition)])
+                self._held[partition] = r.timestamp
+                return records[:i]
+        return records
+
+    def _input_lags(self) -> dict:
+        """The lag of each input partition: from the last fetches' high watermarks, else (none yet, as right
+        after a restore at the end of the log) asked of the brokers."""
+        lags = self.stream.lag(ask_broker=False)
+        topic = self.settings.input_topic
+        if any((t, p) not in lags for t, p in self.stream.assignment() if t == topic):
+            ok, asked = self.retry.once(lambda: self.stream.lag(timeout_s=3.0, ask_broker=True), "read the input's end offsets")
+            lags = {**(asked or {}), **lags}
+        return lags
+
+    def _release_held(self) -> None:
+        """Resume the label partitions whose points have come (or are all read)."""
+        if not self._held:
+            return
+        lags, owned = self._input_lags(), set(self.stream.assignment())
+        for partition, timestamp in list(self._held.items()):
+            task, tp = self.tasks.for_partition(partition), (self.settings.label_topic, partition)
+            if tp not in owned:  # revoked meanwhile: its next owner decides
+                del self._held[partition]
+            elif task is None or lags.get((self.settings.input_topic, partition)) == 0 or \
+                    task.joiner.point_time.get(partition, -1) >= timestamp:
+                del self._held[partition]
+                self.stream.resume([tp])
 
     def _flush(self) -> None:
         """Wait for every acknowledgement, however long the brokers are away (or until stopped)."""

@@ -155,6 +155,16 @@ class ServeSettings(KafkaSettings):
         "--mix-topic and mixes its weights with every partition's latest, weighted by their mistakes (0: never; "
         "independent replicas).")
     mix_topic: str = Field("perceptron-stream.mix", min_length=1, description="Compacted topic of the replicas' states (partition scope).")
+    label_topic: str | None = Field(
+        None, description="Topic of delayed labels {\"id\", \"y\"}, keyed like their points, with the input topic's partition "
+        "count. A point with an id and no y is then kept until its label comes: the model learns from it then, and the "
+        "published decision's outcome is counted and published on --outcome-topic.")
+    outcome_topic: str = Field("predictions.outcomes", min_length=1, description="Topic of the outcomes of joined delayed labels.")
+    label_ttl_seconds: float = Field(604_800.0, gt=0, description="How long a point waits for its label before it expires.")
+    max_pending: int = Field(1_000_000, gt=0, description="Most points waiting for a label, per partition; the oldest are evicted beyond it.")
+    pending_topic: str = Field(
+        "perceptron-stream.pending", min_length=1,
+        description="Compacted changelog of the pending points (--state-store kafka with --label-topic; partitioned like the input).")
     auto_offset_reset: Literal["earliest", "latest"] = Field("earliest", description="Where a new group starts: earliest learns from the whole retained history.")
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
     margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ.")
@@ -235,6 +245,11 @@ class ServeSettings(KafkaSettings):
             raise ValueError(f"hash_features {self.hash_features} is more than max_model_features {self.max_model_features}: "
                              "the buckets past the cap would never be learned; lower hash_features, or raise "
                              "max_model_features (mind the checkpoint size: bench/checkpoint_size.py)")
+        if self.label_topic is not None:
+            used = {self.input_topic, self.output_topic, self.dlq_topic}
+            if self.label_topic in used or self.outcome_topic in used | {self.label_topic}:
+                raise ValueError("label_topic and outcome_topic must differ from each other and from the input, output and "
+                                 "dead-letter topics")
         if self.model_scope == "partition":
             if self.state_store == "none":
                 raise ValueError("model_scope partition needs state every instance can read: --state-store kafka, or "

@@ -26,6 +26,8 @@ from prometheus_client import (
 
 from service.wire.messages import REASONS
 
+#: A second to a week: labels come from seconds (a click) to months (a default) after their point.
+LABEL_DELAY_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400, 30 * 86400)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -120,6 +122,14 @@ class ServiceMetrics:
                                  self.replica_labels, registry=registry)
         self.radius = Gauge("perceptron_data_radius", "R: the largest ‖x‖ seen, the constant 1 included.", self.replica_labels,
                             registry=registry)
+        self.labels = Counter("perceptron_labels", "Delayed labels by outcome (joined, unknown_id, duplicate), and pending "
+                              "points dropped unlabeled (expired, evicted).", ["outcome"], registry=registry)
+        for outcome in ("joined", "unknown_id", "duplicate", "expired", "evicted"):
+            self.labels.labels(outcome)
+        self.pending = Gauge("perceptron_pending_labels", "Points predicted and published, waiting for their label.",
+                             registry=registry)
+        self.label_delay = Histogram("perceptron_label_delay_seconds", "Seconds from a point to its label, per joined label.",
+                                     buckets=LABEL_DELAY_BUCKETS, registry=registry)
         self.mixes = Counter("perceptron_mixes", "Mixes of a replica's weights with the other partitions' (--mix-every).",
                              ["partition"], registry=registry)
         self.mix_rejected = Counter("perceptron_mix_records_rejected", "Records of the mix topic not mixed in, by reason.",
@@ -144,6 +154,10 @@ class ServiceMetrics:
             self.rejected.labels(reason).inc()
         for partition in tally.mixes:
             self.mixes.labels(str(partition)).inc()
+        for outcome in tally.label_outcomes:
+            self.labels.labels(outcome).inc()
+        for delay in tally.delays:
+            self.label_delay.observe(delay)
 
     def observe_batch(self, *, labeled: int, unlabeled: int, mistake_flags: list[bool], updates: int, latency_s: float,
                       dropped_features: int = 0) -> None:

@@ -81,6 +81,9 @@ ISSUE_METRICS = {
     "perceptron_assigned_partitions": "gauge",
     "perceptron_build_info": "gauge",  # version, variant: an Info is a gauge of 1 in the text format
     "perceptron_mixes": "counter",  # partition
+    "perceptron_labels": "counter",  # outcome
+    "perceptron_pending_labels": "gauge",
+    "perceptron_label_delay_seconds": "histogram",
     "perceptron_mix_records_rejected": "counter",  # reason
 }
 SAMPLE_SUFFIXES = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}

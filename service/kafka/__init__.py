@@ -39,6 +39,7 @@ from service.kafka.contract import (
 from service.kafka.kafka_python import (
     CompactedTopic,
     KafkaIO,
+    PartitionedLog,
     TopicTail,
     client_options,
     close_producer,
@@ -61,6 +62,7 @@ __all__ = [
     "KafkaIO",
     "KafkaUnavailable",
     "MissingTopicError",
+    "PartitionedLog",
     "Record",
     "Refused",
     "Stream",

@@ -83,6 +83,9 @@ class HashedPerceptron(base.Classifier):
     def step(self, x: dict | list, y: int | None) -> StepResult:
         return self.model.step(self.hasher.transform_one(x if type(x) is dict else _as_dict(x)), y)
 
+    def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
+        return self.model.relabel(self.hash(x), y, mistake)
+
     def predict_one(self, x: dict, **kwargs: Any) -> int | bool:
         return self.model.predict_one(self.hash(x))
 

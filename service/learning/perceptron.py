@@ -402,6 +402,29 @@ class Perceptron(base.Classifier):
             return (1 if s > 0.0 else -1, s, True)
         return (y, s, False)
 
+    def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
+        """Learn from a label that came after x's prediction was published (delayed labels).
+
+        The prediction was counted then (in ``seen``, as unlabeled); now the
+        event counts as labeled, ``mistake`` (whether the *published*
+        prediction was wrong) is counted in ``mistakes``, and the weights
+        learn by the seeds' rule with the current weights (update when
+        y·score ≤ 0, which keeps the (R/γ)² bound). Returns what the current
+        model says of x: (y_pred, score, its mistake).
+
+        >>> p = Perceptron()
+        >>> p.step([1.0, 2.0], None)                  # published: -1, score 0
+        (-1, 0.0, None)
+        >>> p.relabel([1.0, 2.0], 1, mistake=True)     # the label comes: learn, count the decision's mistake
+        (-1, 0.0, True)
+        >>> p.seen, p.labeled, p.mistakes, p.updates
+        (1, 1, 1, 1)
+        """
+        seen, unlabeled, mistakes = self.seen, self._unlabeled, self.mistakes
+        result = self.step(x, y)
+        self.seen, self._unlabeled, self.mistakes = seen, max(0, unlabeled - 1), mistakes + bool(mistake)
+        return result
+
     # Averaged and pocket check every label before anything changes (a few ns
     # beside their two dot products; they are not the service's default).
 

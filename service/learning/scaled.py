@@ -79,6 +79,15 @@ class ScaledPerceptron(base.Classifier):
         self.scaler.learn_one(x)
         return self.perceptron.step(self.scaler.transform_one(x), y)
 
+    def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
+        """:meth:`Perceptron.relabel` on the scaled x. The scaler saw x when it was predicted: it learns now only the
+        moments of features it did not hold then (so they scale), never x twice."""
+        x = self._admitted(x, y)
+        new = {k: v for k, v in x.items() if k not in self.scaler.counts}
+        if new:
+            self.scaler.learn_one(new)
+        return self.perceptron.relabel(self.scaler.transform_one(x), y, mistake)
+
     def _admitted(self, x: dict | list, y: int | None) -> dict:
         """x as a dict, without the new features the perceptron does not take (unlabeled, or past its cap)."""
         x = _as_dict(x)

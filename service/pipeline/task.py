@@ -20,6 +20,7 @@ import threading
 import time
 
 from service.state.checkpoint import Checkpoint, Owner
+from service.wire.inputs import decode_label
 from service.wire.messages import Rejection
 from service.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
 
@@ -37,13 +38,15 @@ def partition_task(partition: int) -> str:
 class Tally:
     """What one batch did, for the metrics: counted in the loop, observed once per batch."""
 
-    __slots__ = ("labeled", "unlabeled", "flags", "rejected", "updates", "dropped", "mixes")
+    __slots__ = ("labeled", "unlabeled", "flags", "rejected", "updates", "dropped", "mixes", "label_outcomes", "delays")
 
     def __init__(self):
         self.labeled = self.unlabeled = self.updates = self.dropped = 0
-        self.flags: list[bool] = []  # mistake or not, one per labeled event, in order
+        self.flags: list[bool] = []  # mistake or not, one per labeled event (or joined label: the decision's), in order
         self.rejected: list[str] = []  # reasons
         self.mixes: list[int] = []  # partitions that mixed
+        self.label_outcomes: list[str] = []  # delayed labels: joined, unknown_id, duplicate; points expired, evicted
+        self.delays: list[float] = []  # seconds from a point to its label, per joined label
 
 
 class Task:
@@ -55,10 +58,10 @@ class Task:
     """
 
     def __init__(self, name: str, owner: Owner, learner, decoder, meta: dict, *, outputs: dict,
-                 partition: int | None = None, mixer=None):
+                 partition: int | None = None, mixer=None, joiner=None):
         self.name, self.owner, self.meta = name, owner, meta
         self.learner, self.decoder = learner, decoder
-        self.partition, self.mixer = partition, mixer
+        self.partition, self.mixer, self.joiner = partition, mixer, joiner
         self.outputs = outputs  # output_topic, dlq_topic, max_message_bytes
         self.positions: dict[tuple[str, int], int] = {}
         self.seq = 0  # the last checkpoint's (written or restored)
@@ -69,8 +72,10 @@ class Task:
     # processing -----------------------------------------------------------
     def process(self, records, send, tally: Tally) -> None:
         """Decode, predict-then-learn and publish each record, in order; positions move past them."""
+        if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
+            return self._labels(records, send, tally)
         out_topic, dlq_topic, limit = self.outputs["output_topic"], self.outputs["dlq_topic"], self.outputs["max_message_bytes"]
-        decode, positions, mixer = self.decoder.decode, self.positions, self.mixer
+        decode, positions, mixer, joiner = self.decoder.decode, self.positions, self.mixer, self.joiner
         with self.lock:
             learner = self.learner
             step = learner.step
@@ -89,6 +94,8 @@ class Task:
                     y_pred, score, mistake = step(event.x, y)
                     if y is None:
                         tally.unlabeled += 1
+                        if joiner is not None and event.id is not None:  # its label comes later: kept until then
+                            joiner.keep(r, event.id, event.x, y_pred, score, learner.updates, tally)
                     else:
                         tally.labeled += 1
                         tally.flags.append(mistake)
@@ -110,6 +117,31 @@ class Task:
             tally.updates += learner.updates - updates_before
             tally.dropped += learner.dropped_features - dropped_before
             self.unsaved += len(records)
+            if joiner is not None and records:
+                joiner.saw_point(records[0].partition, records[-1].timestamp)
+
+    def _labels(self, records, send, tally: Tally) -> None:
+        """Delayed labels: each joins its pending point (the model learns, the decision is scored) or is a dead letter."""
+        limit, positions, joiner, mixer = self.outputs["max_message_bytes"], self.positions, self.joiner, self.mixer
+        with self.lock:
+            learner = self.learner
+            updates_before, dropped_before = learner.updates, learner.dropped_features
+            replica = None if self.partition is None else {"scope": "partition", "partition": self.partition}
+            for r in records:
+                if replica is not None:
+                    replica["mixes"] = 0 if mixer is None else mixer.mixes
+                before = tally.labeled
+                joiner.label(r, decode_label(r.value, r.key, limit), learner, send, tally, replica)
+                positions[(r.topic, r.partition)] = r.offset + 1
+                if tally.labeled > before and mixer is not None and mixer.learned():
+                    tally.updates += learner.updates - updates_before
+                    tally.dropped += learner.dropped_features - dropped_before
+                    learner = self.learner = mixer.mix(self, send, time.time())
+                    updates_before, dropped_before = learner.updates, learner.dropped_features
+                    tally.mixes.append(self.partition)
+            tally.updates += learner.updates - updates_before
+            tally.dropped += learner.dropped_features - dropped_before
+            self.unsaved += len(records)
 
     # checkpoints ----------------------------------------------------------
     def snapshot(self) -> Checkpoint:
@@ -117,11 +149,24 @@ class Task:
         with self.lock:
             return Checkpoint(seq=self.seq + 1, positions=dict(self.positions), model=self.learner.to_state(),
                               dimension=self.decoder.dimension, meta=self.meta, created=time.time(), owner=self.owner,
-                              task={} if self.mixer is None else self.mixer.to_state())
+                              task={**({} if self.mixer is None else self.mixer.to_state()),
+                                    **({} if self.joiner is None else {"labels": self.joiner.to_state()})})
+
+    def fresh(self) -> None:
+        """No checkpoint restored (a new model, or started over): its first checkpoint is seq + 1."""
+        if self.joiner is not None:
+            self.joiner.epoch = self.seq + 1
+
+    def before_save(self, cp: Checkpoint) -> None:
+        """What must be durable before ``cp`` is (the Kafka store's pending changelog)."""
+        if self.joiner is not None:
+            self.joiner.before_save(cp.seq)
 
     def saved(self, cp: Checkpoint) -> None:
         self.seq = cp.seq
         self.unsaved = 0
+        if self.joiner is not None:
+            self.joiner.saved(cp.seq)
 
     def restore(self, cp: Checkpoint, learner) -> None:
         """Take checkpoint ``cp`` (its model already rebuilt as ``learner``)."""
@@ -133,6 +178,9 @@ class Task:
             self.unsaved = 0
             if self.mixer is not None:
                 self.mixer.restore(cp.task)
+            if self.joiner is not None:
+                partitions = sorted({p for t, p in cp.positions if t == self.owner.input_topic})
+                self.joiner.restore(cp.seq, cp.task.get("labels", {}), partitions)
 
 
 class TaskSet:

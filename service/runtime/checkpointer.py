@@ -65,6 +65,7 @@ class Checkpointer:
                 continue
             cp = task.snapshot()
             try:
+                task.before_save(cp)
                 self.store.save(cp)
             except KafkaFatal as exc:
                 raise fatal(exc, f"write checkpoint {cp.seq} of {task.name}") from None

@@ -27,6 +27,13 @@ class Restorer:
         self.settings, self.store, self.retry = settings, store, retry
 
     def restore(self, task, *, legacy: bool = False) -> bool:
+        """``task`` restored from its store (:meth:`_restore`); a new model's book-keeping set up otherwise."""
+        restored = self._restore(task, legacy=legacy)
+        if not restored:
+            task.fresh()
+        return restored
+
+    def _restore(self, task, *, legacy: bool = False) -> bool:
         """Load ``task``'s newest usable checkpoint into it: True; False for a new model (none, or started over).
 
         ``legacy``: the group's model may adopt version 0.1's checkpoints,

@@ -183,6 +183,29 @@ class PendingTable:
     def pending_count(self) -> int:
         return self._count
 
+    # the changelog of the Kafka store ---------------------------------------
+    def changed(self) -> list[tuple[str, list | None]]:
+        """Each id changed in the open epoch with its row now (``[state, at, point]``, or None: gone), for a changelog."""
+        keys = [k for (k,) in self.db.execute("SELECT DISTINCT id FROM undo WHERE epoch = ? ORDER BY id", (self.epoch,))]
+        out = []
+        for key in keys:
+            row = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
+            out.append((key, None if row is None else [row[0], row[1], row[2].decode() if row[2] else None]))
+        return out
+
+    def load(self, rows: dict[str, list], epoch: int) -> None:
+        """Replace the whole table by ``rows`` (id → [state, at, point JSON or None]), as of checkpoint ``epoch - 1``."""
+        self.commit()
+        self._begin()
+        self.db.execute("DELETE FROM pending")
+        self.db.execute("DELETE FROM undo")
+        self.db.executemany("INSERT INTO pending (id, state, at, point) VALUES (?, ?, ?, ?)",
+                            ((k, st, at, None if point is None else point.encode()) for k, (st, at, point) in rows.items()))
+        self.epoch = epoch
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
+        self.commit()
+        self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
+
     def close(self) -> None:
         self.commit()
         self.db.close()

@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from service.wire.messages import Event, InputEvent, Rejection, _show
+from service.wire.messages import Event, InputEvent, Label, LabelEvent, Rejection, _show
 
 #: The keys of the events the fast path takes; an event with others is decoded by the model.
 _FAST_KEYS = frozenset(("id", "x", "features", "y"))
@@ -149,6 +149,35 @@ class Decoder:
         return _new(Event, (id_, x, y))
 
 
+def decode_label(raw: bytes | None, key: bytes | None, max_message_bytes: int) -> Label | Rejection:
+    """A delayed label ``{"id": ..., "y": ...}`` (:class:`~service.wire.messages.LabelEvent`), or why it is rejected.
+
+    >>> decode_label(b'{"id": "c-1", "y": true}', None, 1000)
+    Label(id='c-1', y=1)
+    >>> decode_label(b'{"id": "c-1"}', None, 1000).reason
+    'bad_label'
+    """
+    if raw is None:
+        return Rejection("invalid_event", "the label has no value (a tombstone); send a JSON object")
+    size = len(raw) + len(key or b"")
+    if size > max_message_bytes:
+        return Rejection("too_large", f"the label is {size} bytes, more than the limit of {max_message_bytes}")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = None
+    if type(doc) is dict and len(doc) == 2:  # the fast path: {"id": str | int, "y": ±1, 0/1, true/false}
+        id_, y = doc.get("id"), doc.get("y")
+        y = _LABELS.get(y) if (type(y) is int or type(y) is bool) else None
+        if (type(id_) is str or type(id_) is int) and y is not None:
+            return tuple.__new__(Label, (id_, y))
+    try:
+        label = LabelEvent.model_validate_json(raw)
+    except ValidationError as exc:
+        return _explain(exc, raw)
+    return Label(label.id, label.y)
+
+
 def _explain(exc: ValidationError, raw: bytes) -> Rejection:
     """One sentence for the first problem pydantic found (never echoing a huge input)."""
     error = exc.errors(include_url=False)[0]
@@ -161,6 +190,8 @@ def _explain(exc: ValidationError, raw: bytes) -> Rejection:
         return Rejection("invalid_json", f"the message is not valid JSON: {error['ctx']['error']}")
     if kind == "model_type":
         return Rejection("invalid_event", f"the event must be a JSON object, got {_json_type(error['input'])}")
+    if kind == "missing":
+        return Rejection("bad_label" if loc == "y" else "invalid_event", f"{_path(error['loc'])} is required")
     if loc.startswith("id"):
         return Rejection("invalid_event", f"id must be a string or a number, got {_json_type(error['input'])}")
     if loc.startswith("y") or "y must be" in error["msg"]:

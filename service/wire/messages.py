@@ -67,7 +67,7 @@ DEAD_LETTER_RAW_LIMIT = 64 * 1024
 
 #: Every reason code a rejection can carry (the metric's label values).
 REASONS = ("invalid_json", "not_utf8", "invalid_event", "bad_label", "non_finite", "out_of_range", "wrong_dimension", "too_large",
-           "too_many_features", "output_refused")
+           "too_many_features", "output_refused", "unknown_id", "duplicate")
 
 
 def _show(value: Any, limit: int = 40) -> str:
@@ -173,6 +173,39 @@ class DeadLetter(BaseModel):
                                                  "letter: with it even a letter with no raw would exceed --max-message-bytes.")
 
 
+class LabelEvent(BaseModel):
+    """A label that comes after its point (``--label-topic``), keyed with the point's key. Unknown keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", title="LabelEvent")
+
+    id: Annotated[str | int, OneError("id_type", "id must be a string or an integer")] = Field(
+        description="The id of the point it labels (sent earlier without y).")
+    y: Literal[-1, 1] = Field(description="Label −1 or +1; 0/1 and false/true are accepted and mapped (0 and false → −1).")
+
+    @field_validator("y", mode="before")
+    @classmethod
+    def _map_label(cls, value: Any) -> int | None:
+        if value is None:
+            raise ValueError("y is required in a label: -1 or +1 (0/1 and false/true are accepted too)")
+        return to_label(value)
+
+
+class Outcome(BaseModel):
+    """Published on the outcome topic when a delayed label joins its point: how the published decision fared."""
+
+    model_config = ConfigDict(title="Outcome")
+
+    id: str | int
+    y: Literal[-1, 1] = Field(description="The label that came.")
+    y_pred: Literal[-1, 1] = Field(description="The prediction published for the point, before the label.")
+    score: float = Field(description="The score published with that prediction.")
+    mistake: bool = Field(description="y_pred ≠ y: the published decision was wrong (what perceptron_mistakes_total counts).")
+    source: Source = Field(description="The point's position: the prediction's source.")
+    label_source: Source = Field(description="The label's position: the key to drop repeated outcomes by.")
+    delay_seconds: float = Field(description="From the point's arrival to its label's.")
+    model: ModelInfo = Field(description="The model once it learned from the label.")
+
+
 class Event(NamedTuple):
     """A valid input, in the form the learner takes."""
 
@@ -181,13 +214,21 @@ class Event(NamedTuple):
     y: int | None
 
 
+class Label(NamedTuple):
+    """A valid delayed label."""
+
+    id: str | int
+    y: int
+
+
 class Rejection(NamedTuple):
     reason: str
     error: str
 
 
 
-SCHEMAS = {"input-event": InputEvent, "prediction": Prediction, "dead-letter": DeadLetter}
+SCHEMAS = {"input-event": InputEvent, "prediction": Prediction, "dead-letter": DeadLetter, "label-event": LabelEvent,
+           "outcome": Outcome}
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
 

@@ -20,6 +20,23 @@ from service.wire.messages import DEAD_LETTER_RAW_LIMIT, Event, Rejection
 _dumps = orjson.dumps
 
 
+def outcome(label_id, y: int, y_pred: int, score: float, point_source: dict, topic: str, partition: int, offset: int,
+            delay_seconds: float, version: int, seen: int, mistakes: int, replica: dict | None = None) -> bytes:
+    """The outcome of a published decision once its label came (see :class:`~service.wire.messages.Outcome`).
+
+    >>> outcome("c-1", 1, -1, -0.31, {"topic": "points", "partition": 0, "offset": 17}, "labels", 0, 5, 12.5, 42, 1000, 12)[:60]
+    b'{"id":"c-1","y":1,"y_pred":-1,"score":-0.31,"mistake":true,"'
+    """
+    model = {"version": version, "seen": seen, "mistakes": mistakes}
+    if replica is not None:
+        model = {**replica, **model}
+    return _dumps({
+        "id": label_id, "y": y, "y_pred": y_pred, "score": score, "mistake": y_pred != y,
+        "source": point_source, "label_source": {"topic": topic, "partition": partition, "offset": offset},
+        "delay_seconds": delay_seconds, "model": model,
+    })
+
+
 def prediction(event_id, topic: str, partition: int, offset: int, y_pred: int, score: float, y: int | None,
                mistake: bool | None, version: int, seen: int, mistakes: int, replica: dict | None = None) -> bytes:
     """A prediction (see :class:`~service.wire.messages.Prediction`); ``replica`` adds partition scope's model fields."""

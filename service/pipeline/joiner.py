@@ -1,0 +1,245 @@
+"""Delayed labels: points kept until their label comes, joined by id, the published decision scored.
+
+The seeds' online protocol is "receive x, predict, observe y, pay for a
+mistake, update" (seed 004); here the label may come long after the
+decision was published. A point with an ``id`` and no ``y`` is predicted and
+published at once and kept in its partition's pending table
+(:class:`~service.state.pending.PendingTable`: SQLite, TTL, cap). When its
+label comes, the model learns (x, y) with its current weights (the update
+condition is the current y·score ≤ 0: that keeps the (R/γ)² bound), the
+*published* prediction's outcome is counted (the mistake rate is that of the
+decisions made), and an outcome message is published. A label for an id
+never seen, expired or evicted is ``unknown_id``; a second one ``duplicate``:
+dead letters, nothing learned twice.
+
+The tables belong to the task and are restored with its checkpoint: the
+local store keeps them beside the checkpoints and undoes what came after the
+restored one; the Kafka store writes each checkpoint's changes to a
+compacted changelog topic before the checkpoint, tagged with the checkpoint
+they belong to and the run that wrote them, and rebuilds the tables from it
+(:class:`Changelog`): changes a crashed run wrote after its last checkpoint
+are recognised and undone, as Kafka Streams restores a store from its
+changelog.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+
+import orjson
+
+from service.state.checkpoint import CheckpointError
+from service.state.pending import PendingTable
+from service.wire.messages import Label, Rejection
+from service.wire.outputs import dead_letter_record, outcome
+
+log = logging.getLogger("perceptron_stream")
+
+#: The run tag of a change written at a restore to undo a crashed run's later one.
+REPAIR = "repair"
+
+
+class Joiner:
+    """One task's pending points, by input partition, and the join of their labels."""
+
+    def __init__(self, open_table, *, ttl_seconds: float, max_pending: int, outcome_topic: str, dlq_topic: str,
+                 max_message_bytes: int, changelog=None):
+        self.open_table, self.ttl_seconds, self.max_pending = open_table, ttl_seconds, max_pending
+        self.outcome_topic, self.dlq_topic, self.max_message_bytes = outcome_topic, dlq_topic, max_message_bytes
+        self.changelog = changelog  # the Kafka store's (Changelog); None: the tables are on a disk the store keeps
+        self.tables: dict[int, PendingTable] = {}
+        self.run = uuid.uuid4().hex[:16]  # this run's tag on the changes it writes
+        self.lineage: list[list] = [[1, self.run]]  # [first epoch, run]: whose changes count, epoch by epoch
+        self.point_time: dict[int, int] = {}  # partition → the latest point timestamp processed (ms)
+        self.epoch = 1  # the next checkpoint's seq: the epoch of the changes made now
+
+    def table(self, partition: int, restoring: bool = False) -> PendingTable:
+        """The partition's table; one the task's checkpoint does not cover starts empty (whatever a file held)."""
+        table = self.tables.get(partition)
+        if table is None:
+            table = self.tables[partition] = self.open_table(partition)
+            if not restoring:
+                table.load({}, self.epoch)
+        return table
+
+    def pending(self) -> int:
+        return sum(t.pending_count() for t in self.tables.values())
+
+    # points and labels ----------------------------------------------------
+    def keep(self, r, event_id, x, y_pred: int, score: float, version: int, tally) -> None:
+        """A point predicted and published without its label: kept until the label comes."""
+        point = {"x": x, "y_pred": y_pred, "score": score, "version": version,
+                 "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset}, "at": r.timestamp / 1000}
+        evicted = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
+        if evicted:
+            tally.label_outcomes.extend(["evicted"] * evicted)
+
+    def saw_point(self, partition: int, timestamp: int) -> None:
+        if timestamp > self.point_time.get(partition, -1):
+            self.point_time[partition] = timestamp
+
+    def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None) -> None:
+        """A label record: joined (learn, count the decision, publish the outcome), or a dead letter."""
+        if type(label) is Rejection:
+            return self._dead_letter(r, label, send, tally)
+        got = self.table(r.partition).take(label.id, now=r.timestamp / 1000)
+        if got is None or got == "duplicate":
+            reason = "unknown_id" if got is None else "duplicate"
+            error = (f"no pending point has id {label.id!r} in partition {r.partition} (never seen, expired after "
+                     f"{self.ttl_seconds:g} s, or evicted beyond {self.max_pending:,} pending): send the label with its "
+                     "point's key, after the point" if got is None else
+                     f"the point with id {label.id!r} was labeled already: a label is learned once")
+            tally.label_outcomes.append(reason)
+            return self._dead_letter(r, Rejection(reason, error), send, tally)
+        mistake = got["y_pred"] != label.y
+        learner.relabel(got["x"], label.y, mistake)
+        tally.labeled += 1
+        tally.flags.append(mistake)
+        tally.label_outcomes.append("joined")
+        delay = max(0.0, r.timestamp / 1000 - got["at"])
+        tally.delays.append(delay)
+        send(self.outcome_topic, r.key, outcome(label.id, label.y, got["y_pred"], got["score"], got["source"], r.topic,
+                                                r.partition, r.offset, delay, learner.updates, learner.seen, learner.mistakes,
+                                                replica))
+
+    def _dead_letter(self, r, rejection: Rejection, send, tally) -> None:
+        key, value = dead_letter_record(rejection, r.value, r.key, r.topic, r.partition, r.offset, self.max_message_bytes)
+        send(self.dlq_topic, key, value)
+        tally.rejected.append(rejection.reason)
+
+    def expire(self, now: float, tally) -> None:
+        for table in self.tables.values():
+            expired = table.expire(now)
+            if expired:
+                tally.label_outcomes.extend(["expired"] * expired)
+
+    def commit(self) -> None:
+        """The batch's changes durable (still undone by a restore of an older checkpoint)."""
+        for table in self.tables.values():
+            table.commit()
+
+    # checkpoints ----------------------------------------------------------
+    def before_save(self, seq: int) -> None:
+        """Kafka store: the changes of the epoch checkpoint ``seq`` closes, to the changelog, acknowledged."""
+        if self.changelog is not None:
+            for partition, table in sorted(self.tables.items()):
+                self.changelog.write(partition, table.changed(), seq, self.run)
+            self.changelog.flush()
+
+    def to_state(self) -> dict:
+        return {"lineage": self.lineage, "pending": {str(p): t.pending_count() for p, t in sorted(self.tables.items())}}
+
+    def saved(self, seq: int) -> None:
+        self.epoch = seq + 1
+        for table in self.tables.values():
+            table.checkpoint(seq)
+
+    def restore(self, seq: int, state: dict, partitions: list[int]) -> None:
+        """The tables as they were at checkpoint ``seq`` (``state``: its ``to_state()``), for ``partitions``."""
+        lineage = state.get("lineage", []) if isinstance(state, dict) else []
+        if not (isinstance(lineage, list) and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int and type(e[1]) is str
+                                                 for e in lineage)):
+            raise CheckpointError("the checkpoint's pending-table lineage is malformed")
+        self.lineage = lineage + [[seq + 1, self.run]]
+        self.epoch = seq + 1
+        counts = state.get("pending", {}) if isinstance(state, dict) else {}
+        for partition in partitions:
+            table = self.table(partition, restoring=True)
+            if self.changelog is not None:
+                self.changelog.restore(partition, table, seq, self.lineage)
+            else:
+                table.rollback_to(seq)
+            want = counts.get(str(partition)) if isinstance(counts, dict) else None
+            if want is not None and want != table.pending_count():
+                raise CheckpointError(f"the pending table of partition {partition} holds {table.pending_count()} points, "
+                                      f"checkpoint {seq} says {want}: it is not that checkpoint's (restore the state whole)")
+
+    def close(self) -> None:
+        for table in self.tables.values():
+            table.close()
+
+
+def _valid(lineage: list[list], epoch: int, run: str) -> bool:
+    """Whether ``run``'s change in ``epoch`` is part of the history a checkpoint's lineage describes.
+
+    >>> _valid([[1, "a"], [5, "b"]], 4, "a"), _valid([[1, "a"], [5, "b"]], 5, "a"), _valid([[1, "a"], [5, "b"]], 7, "b")
+    (True, False, True)
+    """
+    owner = None
+    for first, who in lineage:
+        if epoch >= first:
+            owner = who
+    return owner == run
+
+
+def decode_change(value: bytes | None) -> tuple[int, str, list | None]:
+    """A changelog record (epoch, run, row), checked: it is read back from a topic others can write."""
+    doc = orjson.loads(value) if value is not None else None
+    if type(doc) is not dict or type(doc.get("epoch")) is not int or doc["epoch"] < 1 or type(doc.get("run")) is not str:
+        raise ValueError("not a pending-table change")
+    row = doc.get("row")
+    if row is not None:
+        ok = (type(row) is list and len(row) == 3 and row[0] in ("pending", "labeled") and type(row[1]) in (int, float)
+              and math.isfinite(row[1]) and (row[2] is None or type(row[2]) is str))
+        if not ok:
+            raise ValueError("a pending-table change with a malformed row")
+    return doc["epoch"], doc["run"], row
+
+
+class Changelog:
+    """The Kafka store's changelog of pending tables: one compacted topic partitioned like the input.
+
+    ``io`` does the Kafka work: ``send(partition, key, value)``, ``flush()``
+    and ``read(partition) -> [(key, value)]`` (from the beginning, to the end).
+    """
+
+    def __init__(self, io, group_id: str):
+        self.io, self.prefix = io, f"{group_id}/"
+
+    def _key(self, partition: int, key: str) -> bytes:
+        return f"{self.prefix}{partition}/{key}".encode()
+
+    def write(self, partition: int, changes, epoch: int, run: str) -> None:
+        for key, row in changes:
+            self.io.send(partition, self._key(partition, key), orjson.dumps({"epoch": epoch, "run": run, "row": row}))
+
+    def flush(self) -> None:
+        self.io.flush()
+
+    def restore(self, partition: int, table: PendingTable, seq: int, lineage: list[list]) -> None:
+        """``table`` as of checkpoint ``seq``, from the changelog; a change no checkpoint of the lineage covers
+        (a crashed run's, after its last checkpoint) is undone by writing the valid value again."""
+        prefix = f"{self.prefix}{partition}/".encode()
+        valid: dict[str, list] = {}
+        last_valid: dict[str, bool] = {}
+        rejected = 0
+        for key, value in self.io.read(partition):
+            if key is None or not key.startswith(prefix):
+                continue
+            name = key[len(prefix):].decode(errors="replace")
+            try:
+                epoch, run, row = decode_change(value)
+            except ValueError:
+                rejected += 1
+                continue
+            # a repair restates the value at checkpoint ``epoch``: true in every lineage through it
+            ok = epoch <= seq and (run == REPAIR or _valid(lineage, epoch, run))
+            last_valid[name] = ok
+            if ok:
+                if row is None:
+                    valid.pop(name, None)
+                else:
+                    valid[name] = row
+        if rejected:
+            log.warning("%d records of the pending changelog of partition %d were malformed and ignored", rejected, partition)
+        table.load(valid, seq + 1)
+        stale = [name for name, ok in last_valid.items() if not ok]
+        for name in stale:  # the newest record of these keys is not this lineage's: compaction must not keep it
+            row = valid.get(name)
+            self.io.send(partition, self._key(partition, name), orjson.dumps({"epoch": seq, "run": REPAIR, "row": row}))
+        if stale:
+            self.io.flush()
+            log.info("restored the pending table of partition %d from the changelog: %d points, %d stale changes undone",
+                     partition, table.pending_count(), len(stale))

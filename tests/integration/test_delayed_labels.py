@@ -1,0 +1,230 @@
+"""Delayed labels on the embedded broker: predict when the point comes, learn when its label comes.
+
+Phases as users run them: points (predicted at once, kept pending), their
+labels in shuffled order (each joins its point: the model learns, the
+published decision is scored, an outcome is published), then more points
+(predicted by the model that learned in label order). The offline replay is
+the learning core doing the same: ``step(x, None)`` for each point, then
+``relabel(x, y, published mistake)`` for each label in the order it came.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+
+import pytest
+
+from service.config import ServeSettings, load
+from service.learning import make_learner
+from service.streams import separable
+from tests.conftest import consume, create_topic, http_get, produce, settings_args, start_service_process, wait_until
+from tests.integration.test_crash import final_checkpoint, has_traceback, stop_process, tail
+
+pytestmark = pytest.mark.integration
+
+
+def _points(count: int, seed: int, start: int = 0) -> list[dict]:
+    return [{"id": f"p-{start + i}", "x": e["x"], "_y": e["y"]}
+            for i, (e, _) in enumerate(zip(separable(dimensions=5, noise=0.05, seed=seed), range(count)))]
+
+
+def _send_points(broker, topic: str, points: list[dict]) -> None:
+    produce(broker.bootstrap_servers, topic, [{"id": p["id"], "x": p["x"]} for p in points],
+            keys=[p["id"].encode() for p in points])
+
+
+def _send_labels(broker, topic: str, labels: list[tuple[str, int]]) -> None:
+    produce(broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels])
+
+
+def _topics(broker, topics: dict) -> dict:
+    out = {**topics, "label_topic": topics["input_topic"] + "-labels", "outcome_topic": topics["output_topic"] + "-outcomes"}
+    for name in ("input_topic", "label_topic", "outcome_topic", "output_topic", "dlq_topic"):
+        create_topic(broker.bootstrap_servers, out[name])
+    return out
+
+
+def _replay(points, labels_in_order, then=()):
+    """Offline: predictions of the points, outcomes of the labels (in their order), predictions of ``then``."""
+    learner = make_learner(max_features=50_000)
+    published, by_id = {}, {p["id"]: p for p in points + list(then)}
+    for p in points:
+        published[p["id"]] = learner.step(p["x"], None)
+    outcomes = []
+    for point_id, y in labels_in_order:
+        y_pred, score, _ = published[point_id]
+        learner.relabel(by_id[point_id]["x"], y, y_pred != y)
+        outcomes.append((point_id, y, y_pred, score, y_pred != y))
+    later = [learner.step(p["x"], None) for p in then]
+    return published, outcomes, later, learner
+
+
+def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, service_thread):
+    names = _topics(broker, topics)
+    rng = random.Random(71)
+    first, later = _points(400, seed=71), _points(100, seed=72, start=400)
+    labels = [(p["id"], p["_y"]) for p in first if rng.random() < 0.9]  # a tenth never labeled
+    rng.shuffle(labels)
+    args = settings_args(broker, names, tmp_path, batch_size=50)
+    service = service_thread(args)
+    _send_points(broker, names["input_topic"], first)
+    consume(broker.bootstrap_servers, names["output_topic"], len(first))
+    _send_labels(broker, names["label_topic"], labels)
+    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(labels))
+    _send_points(broker, names["input_topic"], later)
+    predictions = consume(broker.bootstrap_servers, names["output_topic"], len(first) + len(later))
+    metrics = http_get(service.metrics_url + "/metrics")[1]
+    service.stop()
+
+    published, expected, expected_later, learner = _replay(first, labels, later)
+    got = {json.loads(m.value)["id"]: json.loads(m.value) for m in predictions}
+    assert all((got[i]["y_pred"], got[i]["score"], got[i]["mistake"]) == (y_pred, score, None)
+               for i, (y_pred, score, _) in published.items())
+    assert [(o["id"], o["y"], o["y_pred"], o["score"], o["mistake"]) for o in map(lambda m: json.loads(m.value), outcomes)] == expected
+    first_outcome = json.loads(outcomes[0].value)
+    assert first_outcome["source"]["topic"] == names["input_topic"] and first_outcome["label_source"]["topic"] == names["label_topic"]
+    assert first_outcome["delay_seconds"] >= 0 and outcomes[0].key == labels[0][0].encode()
+    assert [(got[p["id"]]["y_pred"], got[p["id"]]["score"]) for p in later] == [(y, s) for y, s, _ in expected_later]
+    assert f'perceptron_labels_total{{outcome="joined"}} {float(len(labels))}' in metrics
+    assert f"perceptron_pending_labels {float(len(first) - len(labels) + len(later))}" in metrics
+    assert f"perceptron_mistakes_total {float(sum(e[4] for e in expected))}" in metrics  # the decisions' mistakes
+    assert final_checkpoint(args, "local").model == learner.to_state()
+
+
+def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lettered(broker, topics, tmp_path, service_thread):
+    names = _topics(broker, topics)
+    points = _points(30, seed=73)
+    args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=3)
+    service = service_thread(args)
+    _send_points(broker, names["input_topic"], points)  # the first 10 are evicted: 20 pending at most
+    consume(broker.bootstrap_servers, names["output_topic"], len(points))
+    _send_labels(broker, names["label_topic"], [("p-25", 1), ("p-25", -1), ("nobody", 1), ("p-3", 1)])
+    letters = [json.loads(m.value) for m in consume(broker.bootstrap_servers, names["dlq_topic"], 3)]
+    assert sorted(letter["reason"] for letter in letters) == ["duplicate", "unknown_id", "unknown_id"]
+    time.sleep(4)  # past the TTL: the 19 still pending expire at the next batch
+    _send_points(broker, names["input_topic"], _points(1, seed=74, start=100))
+    _send_labels(broker, names["label_topic"], [("p-20", 1)])  # expired: unknown now
+    consume(broker.bootstrap_servers, names["dlq_topic"], 4)
+
+    def counted(metrics: str) -> dict:
+        return {o: float(metrics.split(f'perceptron_labels_total{{outcome="{o}"}} ')[1].split()[0])
+                for o in ("joined", "unknown_id", "duplicate", "expired", "evicted")}
+
+    wait_until(lambda: counted(http_get(service.metrics_url + "/metrics")[1])["expired"] == 19, 30, what="19 expired")
+    assert counted(http_get(service.metrics_url + "/metrics")[1]) == {"joined": 1, "unknown_id": 3, "duplicate": 1,
+                                                                       "expired": 19, "evicted": 10}
+    service.stop()
+
+
+@pytest.mark.parametrize("store", ["local", "kafka"])
+def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(broker, topics, tmp_path, store):
+    names = _topics(broker, topics)
+    rng = random.Random(75)
+    points = _points(3000, seed=75)
+    labels = [(p["id"], p["_y"]) for p in points]
+    rng.shuffle(labels)
+    extra = {"state_store": "kafka", "checkpoint_topic": f"ckpt-{topics['group_id']}",
+             "pending_topic": f"pending-{topics['group_id']}"} if store == "kafka" else {}
+    args = settings_args(broker, names, tmp_path, batch_size=100, checkpoint_interval_events=500,
+                         checkpoint_interval_seconds=0.3, **extra)
+    process = start_service_process(args, tmp_path / "serve-1.log")
+    try:
+        _send_points(broker, names["input_topic"], points)
+        consume(broker.bootstrap_servers, names["output_topic"], len(points))
+        _send_labels(broker, names["label_topic"], labels)
+        wait_until(lambda: "checkpoint" in (tmp_path / "serve-1.log").read_text() and len(consume(
+            broker.bootstrap_servers, names["outcome_topic"], 1)) and _outcomes(broker, names) >= len(labels) // 3, 60,
+            what="a third of the labels joined")
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process = start_service_process(args, tmp_path / "serve-2.log")
+        wait_until(lambda: _outcomes(broker, names, distinct=True) >= len(labels) or process.poll() is not None, 120,
+                   what="every label joined once")
+        assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not has_traceback((tmp_path / "serve-2.log").read_text()), tail(tmp_path / "serve-2.log")
+    _, expected, _, learner = _replay(points, labels)
+    outcomes = [json.loads(m.value) for m in consume(broker.bootstrap_servers, names["outcome_topic"], _outcomes(broker, names))]
+    first = {}
+    for o in outcomes:  # repeats after the crash are identified by label_source
+        first.setdefault(o["label_source"]["offset"], o)
+    assert [(first[i]["id"], first[i]["y"], first[i]["y_pred"], first[i]["score"]) for i in range(len(labels))] == \
+        [e[:4] for e in expected]
+    checkpoint = final_checkpoint(args, store)
+    assert checkpoint.model == learner.to_state()  # each label learned once, in its order, whatever the kill
+    assert checkpoint.task["labels"]["pending"] == {"0": 0}
+    assert "unknown_id" not in _dead_letters(broker, names) and "duplicate" not in _dead_letters(broker, names)
+
+
+def _outcomes(broker, names, distinct: bool = False) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, group_id=None)
+    try:
+        tp = TopicPartition(names["outcome_topic"], 0)
+        consumer.assign([tp])
+        if not distinct:
+            return consumer.end_offsets([tp])[tp]
+        consumer.seek_to_beginning(tp)
+        seen, quiet = set(), 0
+        while quiet < 2:
+            batch = consumer.poll(timeout_ms=200)
+            quiet = 0 if batch else quiet + 1
+            seen.update(json.loads(m.value)["label_source"]["offset"] for ms in batch.values() for m in ms)
+        return len(seen)
+    finally:
+        consumer.close()
+
+
+def _dead_letters(broker, names) -> str:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, group_id=None)
+    try:
+        tp = TopicPartition(names["dlq_topic"], 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        return " ".join(m.value.decode() for ms in consumer.poll(timeout_ms=1000).values() for m in ms)
+    finally:
+        consumer.close()
+
+
+def test_a_label_topic_of_another_partition_count_is_refused(broker, topics, tmp_path):
+    names = {**topics, "label_topic": topics["input_topic"] + "-labels"}
+    create_topic(broker.bootstrap_servers, names["input_topic"], partitions=2)
+    create_topic(broker.bootstrap_servers, names["label_topic"], partitions=3)
+    process = start_service_process(settings_args(broker, names, tmp_path), tmp_path / "serve.log")
+    assert process.wait(60) == 1
+    log = (tmp_path / "serve.log").read_text()
+    assert f"topic {names['label_topic']} has 3 partition(s) and input topic {names['input_topic']} has 2" in log, log[-2000:]
+    assert load(ServeSettings, settings_args(broker, names, tmp_path)).label_topic == names["label_topic"]
+
+
+def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_thread):
+    """README "Delayed labels": the snippet a user pastes, against the service it describes."""
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Delayed labels"):]
+    snippet = section[section.index("```python\n") + 10: section.index("```", section.index("```python\n") + 10)]
+    names = {**topics, "input_topic": f"points-{topics['group_id']}", "label_topic": f"labels-{topics['group_id']}"}
+    snippet = snippet.replace("127.0.0.1:9092", broker.bootstrap_servers).replace('"points"', repr(names["input_topic"])) \
+        .replace('"labels"', repr(names["label_topic"]))
+    for name in ("input_topic", "label_topic"):
+        create_topic(broker.bootstrap_servers, names[name])
+    names["outcome_topic"] = f"outcomes-{topics['group_id']}"
+    service = service_thread(settings_args(broker, names, tmp_path))
+    wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")
+    exec(compile(snippet, "README.md", "exec"), {})
+    [prediction] = consume(broker.bootstrap_servers, names["output_topic"], 1)
+    [outcome] = consume(broker.bootstrap_servers, names["outcome_topic"], 1)
+    got = json.loads(outcome.value)
+    assert json.loads(prediction.value)["y_pred"] == got["y_pred"] == -1 and got["mistake"] is True and got["id"] == "c-1044"
+    assert got["model"] == {"version": 1, "seen": 1, "mistakes": 1}
+    service.stop()
