@@ -51,7 +51,9 @@ from service.kafka import (
 from service.learning import make_learner
 from service.metrics import ServiceMetrics
 from service.pipeline.joiner import Changelog, Joiner
+from service.learning import model_file
 from service.pipeline.mixer import MixBoard, Mixer
+from service.pipeline.models import DriftWatch, Frozen, ModelSet, learner_report
 from service.pipeline.task import Tally, Task, TaskSet, partition_task
 from service.runtime.checkpointer import Checkpointer
 from service.runtime.health import Health, LagProbe
@@ -94,7 +96,9 @@ class Application:
     def __init__(self, settings: ServeSettings):
         self.settings = s = settings
         self.per_partition = s.model_scope == "partition"
-        self.metrics = ServiceMetrics(window=s.mistake_rate_window, version=__version__, variant=s.variant, scope=s.model_scope)
+        self.challenger_specs = ModelSet.parse(s.challengers)
+        self.metrics = ServiceMetrics(window=s.mistake_rate_window, version=__version__, variant=s.variant, scope=s.model_scope,
+                                      challengers=[name for name, _, _ in self.challenger_specs])
         self.health = Health(s.healthz_timeout_seconds)
         self.retry = Retry(self.health, lambda: self._stopping)
         self.meta = model_meta(s)
@@ -129,7 +133,9 @@ class Application:
         s = self.settings
         name = GROUP_TASK if partition is None else partition_task(partition)
         owner = Owner(self.owner.group_id, self.owner.input_topic, name, self.owner.cluster_id, self.owner.topic_id)
-        learner = make_learner(s.variant, s.margin, s.standardize, s.max_model_features or None, s.hash_features)
+        learner = self._make_learner(s.variant, s.margin)
+        if s.learning == "off":
+            learner = Frozen(learner)
         decoder = Decoder(s.max_message_bytes, s.max_features, max_feature_value=s.max_feature_value)
         mixer = None
         if partition is not None and s.mix_every and self.board is not None:
@@ -139,9 +145,47 @@ class Application:
             joiner = Joiner(lambda p: self._pending_table(name, p), ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
                             outcome_topic=s.outcome_topic, dlq_topic=s.dlq_topic, max_message_bytes=s.max_message_bytes,
                             changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id))
+        models = None
+        if self.challenger_specs:
+            models = ModelSet(self.challenger_specs, self._make_learner)
+            if s.learning == "off":
+                models.challengers = {n: Frozen(c) for n, c in models.challengers.items()}
         return Task(name, owner, learner, decoder, self.meta, partition=partition, mixer=mixer, joiner=joiner,
+                    models=models, drift=DriftWatch(), frozen=s.learning == "off",
                     outputs={"output_topic": s.output_topic, "dlq_topic": s.dlq_topic, "max_message_bytes": s.max_message_bytes,
                              "label_topic": s.label_topic})
+
+    def _make_learner(self, variant: str, margin: float):
+        s = self.settings
+        return make_learner(variant, margin, s.standardize, s.max_model_features or None, s.hash_features)
+
+    def _initial(self, task: Task) -> None:
+        """A new model (no checkpoint) starts from --initial-model; a restored one ignores it, saying so."""
+        s = self.settings
+        if s.initial_model is None:
+            return
+        if task.seq and not task.started_over:
+            log.info("--initial-model %s ignored: %s was restored from its checkpoint", s.initial_model, task.name)
+            return
+        doc = orjson.loads(s.initial_model.read_bytes())  # checked against the ModelFile contract with the settings
+        try:
+            learner = model_file.to_learner(doc, variant=s.variant, margin=s.margin, standardize=s.standardize,
+                                            hash_features=s.hash_features, max_features=s.max_model_features or None)
+        except ValueError as exc:
+            raise StartupError(f"invalid setting initial_model (--initial-model): {exc}") from None
+        task.learner = Frozen(learner) if s.learning == "off" else learner
+        log.info("%s starts from --initial-model %s (%s): %d features", task.name, s.initial_model, doc["source"],
+                 len(doc["features"]))
+
+    def model_report(self) -> dict:
+        """GET /model: the champion's and the challengers' weights and numbers, per model this instance serves."""
+        models = []
+        for task in self.tasks.all():
+            with task.lock:
+                models.append({"task": task.name, "partition": task.partition, "champion": learner_report(task.learner),
+                               "challengers": {} if task.models is None else
+                               {n: learner_report(c) for n, c in task.models.challengers.items()}})
+        return {"scope": self.settings.model_scope, "learning": self.settings.learning, "models": models}
 
     def _pending_table(self, task: str, partition: int) -> PendingTable:
         """A partition's pending table: beside the task's checkpoints (local store), else in a cache directory
@@ -172,7 +216,7 @@ class Application:
         if install_signal_handlers:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
-        self.http = HttpEndpoints(self.metrics, self.health, s.metrics_host, s.metrics_port).start()
+        self.http = HttpEndpoints(self.metrics, self.health, s.metrics_host, s.metrics_port, model_report=self.model_report).start()
         log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.http.port)
         try:
             self._open()
@@ -207,7 +251,7 @@ class Application:
                 return
         if self.store is not None:
             self.store.key = self._signing_key()
-        restorer = Restorer(s, self.store, self.retry)
+        restorer = Restorer(s, self.store, self.retry, initial=self._initial)
         self.checkpointer.store = self.assignments.store = self.store
         self.assignments.restorer = restorer
         if self.per_partition:
@@ -218,6 +262,8 @@ class Application:
             if self.store is not None:
                 self.store.lock(GROUP_TASK)
                 restorer.restore(task, legacy=True)  # fail fast on a bad checkpoint, or on lost state, before joining
+            else:
+                self._initial(task)
             self.metrics.set_model(task.learner.weight_norm, task.learner.radius)
             self.health.restored = True
         if self._stopping:

@@ -17,6 +17,7 @@ from service.config import (
     BrokerSettings,
     ConfigError,
     DemoSettings,
+    ModelExportSettings,
     ProduceSettings,
     ServeSettings,
     TrainSettings,
@@ -30,6 +31,7 @@ COMMANDS = {
     "produce": (ProduceSettings, "write a synthetic stream or replay a CSV/JSONL file into a topic"),
     "train": (TrainSettings, "run the batch algorithms (PLA, pocket) over a file; print JSON"),
     "demo": (DemoSettings, "broker + producer + service on this machine, with a live view"),
+    "model": (ModelExportSettings, "model export: the newest checkpoint of a model, as a model file (serve --initial-model)"),
 }
 
 
@@ -57,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     settings_cls = COMMANDS[command][0]
+    if command == "model" and not (args and args[0] in ("-h", "--help")):
+        if not args or args[0] != "export":
+            print(f"{PROG} model: the only action is export: {PROG} model export --output model.json [--flags]", file=sys.stderr)
+            return 2
+        args = args[1:]
     try:
         settings = load(settings_cls, args)
     except ConfigError as exc:
@@ -138,7 +145,61 @@ def run_train(settings: TrainSettings) -> int:
     except ValueError as exc:
         print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
         return 2
+    if settings.output is not None:
+        from service.learning import model_file
+
+        # dense x events are features 0..d-1 to the service (load_dataset names them x0..x{d-1})
+        dense = all(n == f"x{i}" for i, n in enumerate(names))
+        features = list(range(len(names))) if dense else names
+        doc = model_file.from_weights(dict(zip(features, report["weights"])), report["bias"],
+                                      source=f"train {settings.algorithm} {settings.order} on {settings.data} "
+                                             f"({report['updates']} updates, {report['training_mistakes']} training mistakes)")
+        try:
+            settings.output.write_text(json.dumps(doc, indent=2) + "\n")
+        except OSError as exc:
+            print(f"{PROG} train: invalid setting output (--output): cannot write {settings.output}: {exc.strerror}", file=sys.stderr)
+            return 2
     print(json.dumps(report, indent=2))
+    return 0
+
+
+def run_model_export(settings: ModelExportSettings) -> int:
+    """The newest usable checkpoint of a model (its owner's group and topic checked), written as a model file."""
+    from service.learning import learner_from_state, model_file
+    from service.state.checkpoint import CheckpointError, Owner
+
+    _logging("WARNING")
+    key = settings.checkpoint_key.get_secret_value().encode() if settings.checkpoint_key else None
+    if settings.state_store == "local":
+        from service.state.local import LocalStore
+
+        store = LocalStore(settings.state_dir, settings.group_id)
+    else:
+        from service.kafka import CompactedTopic, KafkaFatal, KafkaUnavailable
+        from service.state.kafka_store import KafkaStore
+
+        try:
+            store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
+        except (KafkaFatal, KafkaUnavailable) as exc:
+            print(f"{PROG} model export: cannot read topic {settings.checkpoint_topic}: {exc}", file=sys.stderr)
+            return 1
+    store.key = key
+    try:
+        cp = store.load(settings.task, Owner(settings.group_id, settings.input_topic, settings.task),
+                        lambda cp: learner_from_state(cp.model))
+    except (CheckpointError, Exception) as exc:  # whatever a store refuses: one line, exit 1
+        print(f"{PROG} model export: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    if cp is None:
+        print(f"{PROG} model export: no checkpoint of {settings.task} of group {settings.group_id} in the {settings.state_store} store",
+              file=sys.stderr)
+        return 1
+    doc = model_file.from_learner(learner_from_state(cp.model), f"model export of checkpoint {cp.seq} of {settings.task} "
+                                  f"(group {settings.group_id}, input {settings.input_topic})", cp.meta)
+    settings.output.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote checkpoint {cp.seq} of {settings.task} to {settings.output}", file=sys.stderr)
     return 0
 
 
@@ -148,7 +209,8 @@ def run_demo(settings: DemoSettings) -> int:
     return demo(settings)
 
 
-RUNNERS = {"serve": run_serve, "broker": run_broker, "produce": run_produce, "train": run_train, "demo": run_demo}
+RUNNERS = {"serve": run_serve, "broker": run_broker, "produce": run_produce, "train": run_train, "demo": run_demo,
+           "model": run_model_export}
 
 if __name__ == "__main__":
     sys.exit(main())

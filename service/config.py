@@ -26,7 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -155,6 +155,14 @@ class ServeSettings(KafkaSettings):
         "--mix-topic and mixes its weights with every partition's latest, weighted by their mistakes (0: never; "
         "independent replicas).")
     mix_topic: str = Field("perceptron-stream.mix", min_length=1, description="Compacted topic of the replicas' states (partition scope).")
+    challengers: str = Field(
+        "", description="Comma-separated variants stepped beside the champion on the same events, scored, never "
+        "published: averaged, pocket, plain, margin:γ (e.g. averaged,pocket,margin:0.5).")
+    learning: Literal["on", "off"] = Field(
+        "on", description="off: predict, publish and count mistakes, never update (a model trained offline served as it is).")
+    initial_model: Path | None = Field(
+        None, description="A model file (train --output, model export) a new model starts from; ignored, with a log "
+        "line, when a checkpoint exists.")
     label_topic: str | None = Field(
         None, description="Topic of delayed labels {\"id\", \"y\"}, keyed like their points, with the input topic's partition "
         "count. A point with an id and no y is then kept until its label comes: the model learns from it then, and the "
@@ -225,6 +233,30 @@ class ServeSettings(KafkaSettings):
         1e15, gt=0, le=1e100, description="Events with a feature of larger magnitude are dead-lettered (out_of_range).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
+    @field_validator("challengers")
+    @classmethod
+    def _challengers_parse(cls, value: str) -> str:
+        from service.pipeline.models import ModelSet
+
+        ModelSet.parse(value)  # ValueError naming the challenger
+        return value
+
+    @field_validator("initial_model")
+    @classmethod
+    def _initial_model_is_a_model_file(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return value
+        from service.wire.messages import ModelFile
+
+        try:
+            ModelFile.model_validate_json(value.read_bytes())
+        except OSError as exc:
+            raise ValueError(f"{value} cannot be read: {exc.strerror or exc}") from None
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            raise ValueError(f"{value} is not a model file: {first['msg']} at {'.'.join(map(str, first['loc'])) or 'the top'}") from None
+        return value
+
     @model_validator(mode="after")
     def _consistent(self):
         if self.checkpoint_key_file is not None:
@@ -245,6 +277,8 @@ class ServeSettings(KafkaSettings):
             raise ValueError(f"hash_features {self.hash_features} is more than max_model_features {self.max_model_features}: "
                              "the buckets past the cap would never be learned; lower hash_features, or raise "
                              "max_model_features (mind the checkpoint size: bench/checkpoint_size.py)")
+        if self.learning == "off" and self.model_scope == "partition" and self.mix_every:
+            raise ValueError("learning off with mix_every > 0: mixing changes the weights; use --mix-every 0")
         if self.label_topic is not None:
             used = {self.input_topic, self.output_topic, self.dlq_topic}
             if self.label_topic in used or self.outcome_topic in used | {self.label_topic}:
@@ -309,6 +343,22 @@ class TrainSettings(CommandSettings):
     order: Literal["cyclic", "random"] = Field("cyclic", description="Order in which each pass visits the points.")
     seed: int | None = Field(None, description="Seed of the random order.")
     max_passes: int = Field(100, gt=0, description="τ: most passes over the data.")
+    output: Path | None = Field(None, description="Also write the result as a model file (serve --initial-model takes it).")
+
+
+class ModelExportSettings(KafkaSettings):
+    """Settings of ``perceptron-stream model export``: the newest checkpoint of a model, as a model file."""
+
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream model export")
+
+    output: Path = Field(..., description="Where to write the model file.")
+    group_id: str = Field("perceptron-stream", min_length=1, description="The model's consumer group.")
+    input_topic: str = Field("points", min_length=1, description="The model's input topic.")
+    task: str = Field("model", min_length=1, description="model (group scope), or partition-N (a replica of partition scope).")
+    state_store: Literal["local", "kafka"] = Field("local", description="Where the checkpoints are.")
+    state_dir: Path = Field(default_state_dir(), description="Directory of the local checkpoint store.")
+    checkpoint_topic: str = Field("perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka store.")
+    checkpoint_key: SecretStr | None = Field(None, description="The key checkpoints are signed with (never logged).")
 
 
 class DemoSettings(CommandSettings):

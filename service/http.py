@@ -38,6 +38,7 @@ import time
 from collections import OrderedDict
 from urllib.parse import parse_qs, unquote
 
+import orjson
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from service.metrics import ServiceMetrics
@@ -52,7 +53,7 @@ MAX_HEAD_BYTES = 8192  # request line and headers
 WRITE_TIMEOUT_S = 5.0  # for the client to take the whole response
 BACKOFF_S = (0.01, 0.05)  # the first and the longest pause of accept when no descriptor can be freed
 ACCEPTS_PER_TURN = 64  # then the loop reads, writes and expires before accepting more
-NOT_FOUND = b"try /metrics, /healthz or /readyz\n"
+NOT_FOUND = b"try /metrics, /healthz, /readyz or /model\n"
 
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
@@ -114,7 +115,7 @@ def response(status: str, content_type: str | None, body: bytes, headers: tuple 
     """One whole HTTP/1.1 response, after which the connection closes.
 
     >>> response("404 Not Found", "text/plain", NOT_FOUND)
-    b'HTTP/1.1 404 Not Found\\r\\nContent-Type: text/plain\\r\\nContent-Length: 34\\r\\nConnection: close\\r\\n\\r\\ntry /metrics, /healthz or /readyz\\n'
+    b'HTTP/1.1 404 Not Found\\r\\nContent-Type: text/plain\\r\\nContent-Length: 42\\r\\nConnection: close\\r\\n\\r\\ntry /metrics, /healthz, /readyz or /model\\n'
     """
     lines = [f"HTTP/1.1 {status}"]
     if content_type:
@@ -149,8 +150,9 @@ class HttpEndpoints:
 
     def __init__(self, metrics: ServiceMetrics, health: Health, host: str, port: int, *,
                  max_connections: int | None = None, head_timeout_s: float = HEAD_TIMEOUT_S,
-                 write_timeout_s: float = WRITE_TIMEOUT_S):
+                 write_timeout_s: float = WRITE_TIMEOUT_S, model_report=None):
         self._registry = metrics.registry
+        self.model_report = model_report  # () -> the JSON-able report of GET /model (read-only), or None
         self.health = health
         metrics.track_poll_loop(health)
         self.max_connections = max_connections or connection_cap(_open_files_limit())
@@ -362,6 +364,10 @@ class HttpEndpoints:
     def _answer(self, method: str, path: str, query: str, headers: dict[str, str]) -> bytes:
         if path == "/metrics":
             return self._metrics(method, query, headers)
+        if path == "/model" and self.model_report is not None:
+            if method not in ("GET", "HEAD"):
+                return response("405 Method Not Allowed", "text/plain", b"/model is read-only: GET\n", (("Allow", "GET"),))
+            return response("200 OK", "application/json", orjson.dumps(self.model_report()), send_body=method != "HEAD")
         checks = {"/healthz": self.health.live, "/readyz": self.health.ready}
         send_body = method != "HEAD"
         if path not in checks:

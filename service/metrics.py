@@ -96,7 +96,7 @@ def observe_many(histogram: Histogram, value: float, count: int) -> None:
 class ServiceMetrics:
     """The service's metrics, named by Prometheus conventions (``perceptron_`` prefix, base units)."""
 
-    def __init__(self, *, window: int, version: str, variant: str, scope: str = "group"):
+    def __init__(self, *, window: int, version: str, variant: str, scope: str = "group", challengers: list[str] = ()):
         self.registry = registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
@@ -130,6 +130,18 @@ class ServiceMetrics:
                              registry=registry)
         self.label_delay = Histogram("perceptron_label_delay_seconds", "Seconds from a point to its label, per joined label.",
                                      buckets=LABEL_DELAY_BUCKETS, registry=registry)
+        self.challenger_mistakes = Counter("perceptron_challenger_mistakes", "Mistakes a challenger variant made on the "
+                                           "champion's labeled events (never published).", ["challenger"], registry=registry)
+        self.challenger_rate = Gauge("perceptron_challenger_mistake_rate", "A challenger's share of mistakes among the last N "
+                                     "labeled events, beside perceptron_mistake_rate.", ["challenger"], registry=registry)
+        self.challenger_windows = {name: SlidingRate(window) for name in challengers}
+        for name in challengers:  # the series exist from the start: the dashboard compares them with the champion
+            self.challenger_mistakes.labels(name)
+            self.challenger_rate.labels(name)
+        self.drifts = Counter("perceptron_drift_detected", "Drifts river's DDM detected in the champion's mistake stream.",
+                              registry=registry)
+        self.last_drift = Gauge("perceptron_last_drift_timestamp_seconds", "Unix time of the last drift detected (0: none).",
+                                registry=registry)
         self.mixes = Counter("perceptron_mixes", "Mixes of a replica's weights with the other partitions' (--mix-every).",
                              ["partition"], registry=registry)
         self.mix_rejected = Counter("perceptron_mix_records_rejected", "Records of the mix topic not mixed in, by reason.",
@@ -156,6 +168,14 @@ class ServiceMetrics:
             self.mixes.labels(str(partition)).inc()
         for outcome in tally.label_outcomes:
             self.labels.labels(outcome).inc()
+        for name, flags in tally.challenger_flags.items():
+            self.challenger_mistakes.labels(name).inc(sum(flags))
+            window = self.challenger_windows.setdefault(name, SlidingRate(self.window.window))
+            window.add_many(flags)
+            self.challenger_rate.labels(name).set(window.value)
+        if tally.drifts:
+            self.drifts.inc(tally.drifts)
+            self.last_drift.set(time.time())
         for delay in tally.delays:
             self.label_delay.observe(delay)
 

@@ -72,7 +72,7 @@ def test_the_endpoints_answer_as_before(serve):
     assert status == 200 and json.loads(body)["ok"] is True and set(json.loads(body)) == {"ok", "poll_loop_idle_seconds", "limit_seconds"}
     status, body = http_get(url + "/readyz")
     assert (status, json.loads(body)) == (503, {"ok": False, "partitions_assigned": False, "state_restored": False, "broker_reachable": False})
-    assert http_get(url + "/nothing") == (404, "try /metrics, /healthz or /readyz\n")
+    assert http_get(url + "/nothing") == (404, "try /metrics, /healthz, /readyz or /model\n")
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         assert r.headers["Connection"] == "close"

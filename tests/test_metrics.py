@@ -82,6 +82,10 @@ ISSUE_METRICS = {
     "perceptron_build_info": "gauge",  # version, variant: an Info is a gauge of 1 in the text format
     "perceptron_mixes": "counter",  # partition
     "perceptron_labels": "counter",  # outcome
+    "perceptron_challenger_mistakes": "counter",  # challenger
+    "perceptron_challenger_mistake_rate": "gauge",  # challenger
+    "perceptron_drift_detected": "counter",
+    "perceptron_last_drift_timestamp_seconds": "gauge",
     "perceptron_pending_labels": "gauge",
     "perceptron_label_delay_seconds": "histogram",
     "perceptron_mix_records_rejected": "counter",  # reason
@@ -104,7 +108,7 @@ def _check_metrics(text: bytes):
 
 
 def _exported() -> bytes:
-    m = ServiceMetrics(window=50, version="1.2.3", variant="plain")
+    m = ServiceMetrics(window=50, version="1.2.3", variant="plain", challengers=["averaged"])
     m.set_lag({("points", 0): 5})  # labelled families get a series, so their samples show too
     m.mixes.labels("0").inc()
     m.mix_rejected.labels("damaged").inc()

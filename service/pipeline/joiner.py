@@ -68,10 +68,13 @@ class Joiner:
         return sum(t.pending_count() for t in self.tables.values())
 
     # points and labels ----------------------------------------------------
-    def keep(self, r, event_id, x, y_pred: int, score: float, version: int, tally) -> None:
-        """A point predicted and published without its label: kept until the label comes."""
+    def keep(self, r, event_id, x, y_pred: int, score: float, version: int, tally, challengers: dict | None = None) -> None:
+        """A point predicted and published without its label: kept until the label comes (with the challengers'
+        predictions of it, which their own mistakes are scored by)."""
         point = {"x": x, "y_pred": y_pred, "score": score, "version": version,
                  "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset}, "at": r.timestamp / 1000}
+        if challengers:
+            point["challengers"] = challengers
         evicted = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
         if evicted:
             tally.label_outcomes.extend(["evicted"] * evicted)
@@ -80,7 +83,7 @@ class Joiner:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
 
-    def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None) -> None:
+    def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), or a dead letter."""
         if type(label) is Rejection:
             return self._dead_letter(r, label, send, tally)
@@ -95,6 +98,12 @@ class Joiner:
             return self._dead_letter(r, Rejection(reason, error), send, tally)
         mistake = got["y_pred"] != label.y
         learner.relabel(got["x"], label.y, mistake)
+        if models is not None:
+            predicted = got.get("challengers", {})
+            for name, challenger in models.challengers.items():
+                theirs = predicted.get(name)  # None: a challenger added since the point came (scored as a mistake)
+                challenger.relabel(got["x"], label.y, theirs != label.y)
+                tally.challenger_flags.setdefault(name, []).append(theirs != label.y)
         tally.labeled += 1
         tally.flags.append(mistake)
         tally.label_outcomes.append("joined")

@@ -16,14 +16,24 @@ mixing states come from a :class:`~service.pipeline.mixer.MixBoard`.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
-from service.state.checkpoint import Checkpoint, Owner
+from service.state.checkpoint import Checkpoint, CheckpointError, Owner
 from service.wire.inputs import decode_label
 from service.wire.messages import Rejection
 from service.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
 
+
+
+log = logging.getLogger("perceptron_stream")
+
+
+def _frozen(learner):
+    from service.pipeline.models import Frozen
+
+    return learner if isinstance(learner, Frozen) else Frozen(learner)
 
 
 def partition_task(partition: int) -> str:
@@ -38,7 +48,8 @@ def partition_task(partition: int) -> str:
 class Tally:
     """What one batch did, for the metrics: counted in the loop, observed once per batch."""
 
-    __slots__ = ("labeled", "unlabeled", "flags", "rejected", "updates", "dropped", "mixes", "label_outcomes", "delays")
+    __slots__ = ("labeled", "unlabeled", "flags", "rejected", "updates", "dropped", "mixes", "label_outcomes", "delays",
+                 "challenger_flags", "drifts")
 
     def __init__(self):
         self.labeled = self.unlabeled = self.updates = self.dropped = 0
@@ -47,6 +58,8 @@ class Tally:
         self.mixes: list[int] = []  # partitions that mixed
         self.label_outcomes: list[str] = []  # delayed labels: joined, unknown_id, duplicate; points expired, evicted
         self.delays: list[float] = []  # seconds from a point to its label, per joined label
+        self.challenger_flags: dict[str, list[bool]] = {}  # challenger → its mistakes on the labeled events, in order
+        self.drifts = 0  # drifts the champions' mistake streams showed
 
 
 class Task:
@@ -58,10 +71,11 @@ class Task:
     """
 
     def __init__(self, name: str, owner: Owner, learner, decoder, meta: dict, *, outputs: dict,
-                 partition: int | None = None, mixer=None, joiner=None):
+                 partition: int | None = None, mixer=None, joiner=None, models=None, drift=None, frozen: bool = False):
         self.name, self.owner, self.meta = name, owner, meta
         self.learner, self.decoder = learner, decoder
         self.partition, self.mixer, self.joiner = partition, mixer, joiner
+        self.models, self.drift, self.frozen = models, drift, frozen  # challengers, DDM, --learning off
         self.outputs = outputs  # output_topic, dlq_topic, max_message_bytes
         self.positions: dict[tuple[str, int], int] = {}
         self.seq = 0  # the last checkpoint's (written or restored)
@@ -75,7 +89,8 @@ class Task:
         if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
             return self._labels(records, send, tally)
         out_topic, dlq_topic, limit = self.outputs["output_topic"], self.outputs["dlq_topic"], self.outputs["max_message_bytes"]
-        decode, positions, mixer, joiner = self.decoder.decode, self.positions, self.mixer, self.joiner
+        decode, positions, mixer, joiner, models = self.decoder.decode, self.positions, self.mixer, self.joiner, self.models
+        flags_before = len(tally.flags)
         with self.lock:
             learner = self.learner
             step = learner.step
@@ -92,13 +107,18 @@ class Task:
                 else:
                     y = event.y
                     y_pred, score, mistake = step(event.x, y)
+                    others = None if models is None else models.step(event.x, y)  # stepped on the same events
                     if y is None:
                         tally.unlabeled += 1
                         if joiner is not None and event.id is not None:  # its label comes later: kept until then
-                            joiner.keep(r, event.id, event.x, y_pred, score, learner.updates, tally)
+                            joiner.keep(r, event.id, event.x, y_pred, score, learner.updates, tally,
+                                        None if others is None else {n: o[0] for n, o in others.items()})
                     else:
                         tally.labeled += 1
                         tally.flags.append(mistake)
+                        if others is not None:
+                            for name, (_, _, m) in others.items():
+                                tally.challenger_flags.setdefault(name, []).append(m)
                     if replica is not None:
                         replica["mixes"] = 0 if mixer is None else mixer.mixes
                     send(out_topic, r.key, prediction(event.id, r.topic, r.partition, r.offset, y_pred, score, y, mistake,
@@ -119,10 +139,13 @@ class Task:
             self.unsaved += len(records)
             if joiner is not None and records:
                 joiner.saw_point(records[0].partition, records[-1].timestamp)
+        if self.drift is not None:
+            tally.drifts += self.drift.update(tally.flags[flags_before:])
 
     def _labels(self, records, send, tally: Tally) -> None:
         """Delayed labels: each joins its pending point (the model learns, the decision is scored) or is a dead letter."""
         limit, positions, joiner, mixer = self.outputs["max_message_bytes"], self.positions, self.joiner, self.mixer
+        flags_before = len(tally.flags)
         with self.lock:
             learner = self.learner
             updates_before, dropped_before = learner.updates, learner.dropped_features
@@ -131,7 +154,7 @@ class Task:
                 if replica is not None:
                     replica["mixes"] = 0 if mixer is None else mixer.mixes
                 before = tally.labeled
-                joiner.label(r, decode_label(r.value, r.key, limit), learner, send, tally, replica)
+                joiner.label(r, decode_label(r.value, r.key, limit), learner, send, tally, replica, self.models)
                 positions[(r.topic, r.partition)] = r.offset + 1
                 if tally.labeled > before and mixer is not None and mixer.learned():
                     tally.updates += learner.updates - updates_before
@@ -142,6 +165,8 @@ class Task:
             tally.updates += learner.updates - updates_before
             tally.dropped += learner.dropped_features - dropped_before
             self.unsaved += len(records)
+        if self.drift is not None:
+            tally.drifts += self.drift.update(tally.flags[flags_before:])
 
     # checkpoints ----------------------------------------------------------
     def snapshot(self) -> Checkpoint:
@@ -150,7 +175,8 @@ class Task:
             return Checkpoint(seq=self.seq + 1, positions=dict(self.positions), model=self.learner.to_state(),
                               dimension=self.decoder.dimension, meta=self.meta, created=time.time(), owner=self.owner,
                               task={**({} if self.mixer is None else self.mixer.to_state()),
-                                    **({} if self.joiner is None else {"labels": self.joiner.to_state()})})
+                                    **({} if self.joiner is None else {"labels": self.joiner.to_state()}),
+                                    **({} if self.models is None else {"challengers": self.models.to_state()})})
 
     def fresh(self) -> None:
         """No checkpoint restored (a new model, or started over): its first checkpoint is seq + 1."""
@@ -171,7 +197,15 @@ class Task:
     def restore(self, cp: Checkpoint, learner) -> None:
         """Take checkpoint ``cp`` (its model already rebuilt as ``learner``)."""
         with self.lock:
-            self.learner = learner
+            self.learner = _frozen(learner) if self.frozen else learner
+            if self.models is not None:
+                try:
+                    fresh = self.models.restore(cp.task.get("challengers", {}))
+                except ValueError as exc:
+                    raise CheckpointError(f"the checkpoint's challengers cannot be read: {exc}") from None
+                if fresh:
+                    log.info("challenger(s) %s not in checkpoint %d of %s: they start from zero weights", ", ".join(fresh),
+                             cp.seq, self.name)
             self.decoder.dimension = cp.dimension
             self.positions = dict(cp.positions)
             self.seq = cp.seq

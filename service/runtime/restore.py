@@ -23,14 +23,17 @@ log = logging.getLogger("perceptron_stream")
 
 
 class Restorer:
-    def __init__(self, settings, store, retry: Retry):
+    def __init__(self, settings, store, retry: Retry, initial=None):
         self.settings, self.store, self.retry = settings, store, retry
+        self.initial = initial  # (task) -> None: what a new model starts from (--initial-model)
 
     def restore(self, task, *, legacy: bool = False) -> bool:
         """``task`` restored from its store (:meth:`_restore`); a new model's book-keeping set up otherwise."""
         restored = self._restore(task, legacy=legacy)
         if not restored:
             task.fresh()
+        if self.initial is not None:
+            self.initial(task)
         return restored
 
     def _restore(self, task, *, legacy: bool = False) -> bool:

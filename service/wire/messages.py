@@ -206,6 +206,59 @@ class Outcome(BaseModel):
     model: ModelInfo = Field(description="The model once it learned from the label.")
 
 
+class ModelFile(BaseModel):
+    """One model as a file: what ``train --output`` and ``model export`` write, and ``serve --initial-model`` reads."""
+
+    model_config = ConfigDict(extra="forbid", title="ModelFile")
+
+    kind: Literal["perceptron-stream.model"]
+    format: Literal[1]
+    variant: Literal["plain", "averaged", "pocket", "margin"]
+    margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    standardize: bool = Field(False, description="A StandardScaler in front (its moments are in state).")
+    hash_features: Annotated[int, Field(ge=0)] = Field(0, description="Buckets the features are hashed into (0: none).")
+    features: list[str | int] = Field(description="Feature names: strings for named features, 0..d-1 for dense x.")
+    weights: list[FiniteNumber] = Field(description="The predicting weights, one per feature.")
+    bias: FiniteNumber
+    source: str = Field(description="Where it comes from (train's algorithm and data, or the checkpoint exported).")
+    state: dict | None = Field(None, description="The learner's whole state (counters, averaged sums, the scaler's "
+                                                 "moments): an exact start. Absent: the weights alone.")
+
+    @model_validator(mode="after")
+    def _one_weight_per_feature(self) -> ModelFile:
+        if len(self.weights) != len(self.features) or len(set(self.features)) != len(self.features):
+            raise ValueError("features must be unique names, one per weight")
+        return self
+
+
+class ChampionReport(BaseModel):
+    variant: str
+    weights: dict[str, float] = Field(description="The predicting weights by feature name.")
+    bias: float
+    version: int
+    seen: int
+    mistakes: int
+    radius: float
+    weight_norm: float
+
+
+class ReplicaReport(BaseModel):
+    task: str = Field(description="\"model\" (group scope) or \"partition-N\".")
+    partition: int | None
+    champion: ChampionReport
+    challengers: dict[str, ChampionReport]
+
+
+class ModelReport(BaseModel):
+    """GET /model: the weights and numbers of every model this instance serves (read-only)."""
+
+    model_config = ConfigDict(title="ModelReport")
+
+    scope: Literal["group", "partition"]
+    learning: Literal["on", "off"]
+    models: list[ReplicaReport]
+
+
 class Event(NamedTuple):
     """A valid input, in the form the learner takes."""
 
@@ -228,7 +281,7 @@ class Rejection(NamedTuple):
 
 
 SCHEMAS = {"input-event": InputEvent, "prediction": Prediction, "dead-letter": DeadLetter, "label-event": LabelEvent,
-           "outcome": Outcome}
+           "outcome": Outcome, "model-file": ModelFile, "model-report": ModelReport}
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
 

@@ -47,18 +47,28 @@ def _topics(broker, topics: dict) -> dict:
     return out
 
 
-def _replay(points, labels_in_order, then=()):
-    """Offline: predictions of the points, outcomes of the labels (in their order), predictions of ``then``."""
+def _replay(points, labels_in_order, then=(), challenger=None):
+    """Offline: predictions of the points, outcomes of the labels (in their order), predictions of ``then``
+    (and a challenger variant scored on the same points and labels)."""
     learner = make_learner(max_features=50_000)
-    published, by_id = {}, {p["id"]: p for p in points + list(then)}
+    other = make_learner(challenger, max_features=50_000) if challenger else None
+    published, theirs, by_id = {}, {}, {p["id"]: p for p in points + list(then)}
     for p in points:
         published[p["id"]] = learner.step(p["x"], None)
+        if other is not None:
+            theirs[p["id"]] = other.step(p["x"], None)[0]
     outcomes = []
     for point_id, y in labels_in_order:
         y_pred, score, _ = published[point_id]
         learner.relabel(by_id[point_id]["x"], y, y_pred != y)
+        if other is not None:
+            other.relabel(by_id[point_id]["x"], y, theirs[point_id] != y)
         outcomes.append((point_id, y, y_pred, score, y_pred != y))
     later = [learner.step(p["x"], None) for p in then]
+    if other is not None:
+        for p in then:
+            other.step(p["x"], None)
+        learner.challenger = other
     return published, outcomes, later, learner
 
 
@@ -68,7 +78,7 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
     first, later = _points(400, seed=71), _points(100, seed=72, start=400)
     labels = [(p["id"], p["_y"]) for p in first if rng.random() < 0.9]  # a tenth never labeled
     rng.shuffle(labels)
-    args = settings_args(broker, names, tmp_path, batch_size=50)
+    args = settings_args(broker, names, tmp_path, batch_size=50, challengers="averaged")
     service = service_thread(args)
     _send_points(broker, names["input_topic"], first)
     consume(broker.bootstrap_servers, names["output_topic"], len(first))
@@ -79,7 +89,7 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
     metrics = http_get(service.metrics_url + "/metrics")[1]
     service.stop()
 
-    published, expected, expected_later, learner = _replay(first, labels, later)
+    published, expected, expected_later, learner = _replay(first, labels, later, challenger="averaged")
     got = {json.loads(m.value)["id"]: json.loads(m.value) for m in predictions}
     assert all((got[i]["y_pred"], got[i]["score"], got[i]["mistake"]) == (y_pred, score, None)
                for i, (y_pred, score, _) in published.items())
@@ -91,7 +101,10 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
     assert f'perceptron_labels_total{{outcome="joined"}} {float(len(labels))}' in metrics
     assert f"perceptron_pending_labels {float(len(first) - len(labels) + len(later))}" in metrics
     assert f"perceptron_mistakes_total {float(sum(e[4] for e in expected))}" in metrics  # the decisions' mistakes
-    assert final_checkpoint(args, "local").model == learner.to_state()
+    checkpoint = final_checkpoint(args, "local")
+    assert checkpoint.model == learner.to_state()
+    assert checkpoint.task["challengers"]["averaged"] == learner.challenger.to_state()  # scored on the decisions it would have made
+    assert f'perceptron_challenger_mistakes_total{{challenger="averaged"}} {float(learner.challenger.mistakes)}' in metrics
 
 
 def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lettered(broker, topics, tmp_path, service_thread):

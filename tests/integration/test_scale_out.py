@@ -116,7 +116,7 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(b
     events = _events(count, seed=61)
     first, second = events[: count // 2], events[count // 2:]
     _produce(broker, topics["input_topic"], first)
-    args = _args(broker, topics, tmp_path, store, mix_every=0)
+    args = _args(broker, topics, tmp_path, store, mix_every=0, challengers="averaged")
     watcher = Watcher(broker.bootstrap_servers, topics["output_topic"])
     processes = {}
     try:
@@ -147,9 +147,10 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(b
     repeats = 0
     for p in range(PARTITIONS):
         mine = [e for q, e in events if q == p]
-        learner = make_learner(max_features=50_000)
+        learner, challenger = make_learner(max_features=50_000), make_learner("averaged", max_features=50_000)
         for offset, e in enumerate(mine):
             y_pred, score, mistake = learner.step(e["x"], e["y"])
+            challenger.step(e["x"], e["y"])
             outputs = by_source[(p, offset)]  # predicted at least once
             repeats += len(outputs) - 1
             assert len(set(outputs)) == 1, f"partition {p} offset {offset}: repeats differ"  # no mixing: a replay is exact
@@ -159,6 +160,7 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(b
                                     "seen": learner.seen, "mistakes": learner.mistakes}
         assert replicas[p].positions == {(topics["input_topic"], p): len(mine)}
         assert replicas[p].model == learner.to_state(), f"partition {p}: not the offline replay of its events"
+        assert replicas[p].task["challengers"] == {"averaged": challenger.to_state()}  # moved with its partition too
     print(f"repeated predictions after the kill: {repeats}")
 
 

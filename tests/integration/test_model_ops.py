@@ -1,0 +1,130 @@
+"""Model operations on the embedded broker: challengers, drift, GET /model, warm start and frozen learning."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from service.learning import make_learner
+from service.streams import separable
+from tests.conftest import ROOT, consume, create_topic, http_get, produce, settings_args, wait_until
+from tests.integration.test_crash import final_checkpoint
+
+pytestmark = pytest.mark.integration
+
+CHALLENGERS = {"averaged": ("averaged", 0.0), "pocket": ("pocket", 0.0), "margin:0.5": ("margin", 0.5)}
+
+
+def _events(count: int, seed: int, flip_after: int | None = None) -> list[dict]:
+    out = []
+    for i, (e, _) in enumerate(zip(separable(dimensions=5, margin=0.1, noise=0.0, seed=seed), range(count))):
+        y = -e["y"] if flip_after is not None and i >= flip_after else e["y"]
+        out.append({"id": e["id"], "x": e["x"], "y": y})
+    return out
+
+
+def _metric(url: str, name: str) -> float:
+    for line in http_get(url + "/metrics")[1].splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_publishes(broker, topics, tmp_path, service_thread):
+    events = _events(3000, seed=81) + [{"id": "u", "x": [0.1] * 5}]  # and one unlabeled
+    create_topic(broker.bootstrap_servers, topics["input_topic"])
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(broker, topics, tmp_path, challengers="averaged,pocket,margin:0.5")
+    service = service_thread(args)
+    predictions = [json.loads(m.value) for m in consume(broker.bootstrap_servers, topics["output_topic"], len(events))]
+    champion = make_learner(max_features=50_000)
+    challengers = {n: make_learner(v, m, max_features=50_000) for n, (v, m) in CHALLENGERS.items()}
+    for e, p in zip(events, predictions):
+        assert (p["y_pred"], p["score"]) == champion.step(e["x"], e.get("y"))[:2]  # the champion's, no other
+        for c in challengers.values():
+            c.step(e["x"], e.get("y"))
+    wait_until(lambda: _metric(service.metrics_url, 'perceptron_challenger_mistakes_total{challenger="pocket"}')
+               == challengers["pocket"].mistakes, 30, what="the challengers counted")
+    for name, c in challengers.items():
+        assert _metric(service.metrics_url, f'perceptron_challenger_mistakes_total{{challenger="{name}"}}') == c.mistakes
+        rate = _metric(service.metrics_url, f'perceptron_challenger_mistake_rate{{challenger="{name}"}}')
+        assert 0.0 <= rate <= 1.0
+    report = json.loads(http_get(service.metrics_url + "/model")[1])
+    [model] = report["models"]
+    assert model["champion"]["weights"] == {str(k): v for k, v in champion.weights.items()}
+    assert model["champion"]["bias"] == champion.bias and model["champion"]["version"] == champion.updates
+    assert model["challengers"]["averaged"]["weights"] == {str(k): v for k, v in challengers["averaged"].weights.items()}
+    assert http_get(service.metrics_url + "/model")[0] == 200
+    service.stop()
+    checkpoint = final_checkpoint(args, "local")  # checkpointed with the champion, restored with it
+    assert checkpoint.task["challengers"] == {n: c.to_state() for n, c in challengers.items()}
+    assert checkpoint.model == champion.to_state()
+
+
+def test_a_rule_change_after_5000_stable_events_is_flagged_after_it_and_never_before(broker, topics, tmp_path, service_thread):
+    events = _events(8000, seed=82, flip_after=5000)
+    create_topic(broker.bootstrap_servers, topics["input_topic"])
+    produce(broker.bootstrap_servers, topics["input_topic"], events[:5000])
+    service = service_thread(settings_args(broker, topics, tmp_path))
+    consume(broker.bootstrap_servers, topics["output_topic"], 5000)
+    wait_until(lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 5000, 30, what="5000 counted")
+    assert _metric(service.metrics_url, "perceptron_drift_detected_total") == 0
+    assert _metric(service.metrics_url, "perceptron_last_drift_timestamp_seconds") == 0
+    produce(broker.bootstrap_servers, topics["input_topic"], events[5000:])
+    consume(broker.bootstrap_servers, topics["output_topic"], 8000)
+    wait_until(lambda: _metric(service.metrics_url, "perceptron_drift_detected_total") >= 1, 30, what="the drift")
+    assert _metric(service.metrics_url, "perceptron_last_drift_timestamp_seconds") > 1.7e9
+    service.stop()
+
+
+def test_train_output_served_frozen_predicts_exactly_the_trained_weights(broker, topics, tmp_path, service_thread):
+    events = _events(400, seed=83)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(e) + "\n" for e in events[:200]))
+    model = tmp_path / "model.json"
+    subprocess.run([sys.executable, "-m", "service.cli", "train", "--data", str(data), "--output", str(model)],
+                   check=True, capture_output=True, cwd=ROOT)
+    doc = json.loads(model.read_text())
+    assert doc["kind"] == "perceptron-stream.model" and doc["features"] == [0, 1, 2, 3, 4]  # dense x: features 0..d-1
+    create_topic(broker.bootstrap_servers, topics["input_topic"])
+    produce(broker.bootstrap_servers, topics["input_topic"], events[200:])
+    service = service_thread(settings_args(broker, topics, tmp_path, initial_model=str(model), learning="off"))
+    predictions = [json.loads(m.value) for m in consume(broker.bootstrap_servers, topics["output_topic"], 200)]
+    for e, p in zip(events[200:], predictions):
+        score = sum(w * x for w, x in zip(doc["weights"], e["x"])) + doc["bias"]
+        assert p["score"] == pytest.approx(score, abs=1e-12) and p["y_pred"] == (1 if score > 0 else -1)
+        assert p["model"]["version"] == 0 and p["mistake"] == (e["y"] * score <= 0)
+    assert [p["model"]["seen"] for p in predictions] == list(range(1, 201))
+    assert _metric(service.metrics_url, "perceptron_updates_total") == 0
+    assert _metric(service.metrics_url, "perceptron_mistakes_total") == sum(p["mistake"] for p in predictions)
+    service.stop()
+
+
+def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, service_thread):
+    events = _events(500, seed=84)
+    create_topic(broker.bootstrap_servers, topics["input_topic"])
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(broker, topics, tmp_path, variant="averaged")
+    service = service_thread(args)
+    consume(broker.bootstrap_servers, topics["output_topic"], 500)
+    service.stop()
+    out = tmp_path / "exported.json"
+    done = subprocess.run([sys.executable, "-m", "service.cli", "model", "export", "--output", str(out), "--state-dir",
+                           str(tmp_path / "state"), "--group-id", topics["group_id"], "--input-topic", topics["input_topic"]],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["state"] == final_checkpoint(args, "local").model and doc["variant"] == "averaged"
+    # served elsewhere, as a new model: it starts where the export left off
+    other = {**topics, "group_id": topics["group_id"] + "-b", "output_topic": topics["output_topic"] + "-b"}
+    again = service_thread(settings_args(broker, other, tmp_path / "b", variant="averaged", initial_model=str(out)))
+    first = json.loads(consume(broker.bootstrap_servers, other["output_topic"], 1)[0].value)
+    assert first["model"]["seen"] == 501  # the exported counters, then this event
+    again.stop()
+    fresh = {**other, "group_id": topics["group_id"] + "-c"}
+    refused = subprocess.run([sys.executable, "-m", "service.cli", "serve", *settings_args(broker, fresh, tmp_path / "c"),
+                              "--initial-model", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert refused.returncode == 1 and "the model file holds a averaged perceptron, and --variant is plain" in refused.stderr
