@@ -18,6 +18,10 @@ Tests check these promises against the truth the generators expose
 >>> next(credit(seed=1))["features"].keys()
 dict_keys(['age', 'salary', 'years_in_job', 'debt'])
 
+Delayed labels: :func:`delayed_labels` splits any of these streams into
+points without ``y`` and their labels ``{"id", "y"}`` (``produce
+--label-topic`` sends the labels later, on a topic of their own).
+
 Files: CSV with a header (a ``y`` column for the label, an optional ``id``
 column, every other column a named feature) or JSONL in the wire format.
 """
@@ -28,7 +32,7 @@ import csv
 import json
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from service.wire.messages import InputEvent
@@ -190,6 +194,34 @@ def synthetic(stream: str, *, dimensions: int, margin: float, noise: float, drif
     if stream == "credit":
         return credit(noise, seed, drift_every, unlabeled)
     raise ValueError(f"unknown stream {stream!r}")
+
+
+def delayed_labels(events: Iterable[dict], missing: float = 0.0, seed: int = 42) -> Iterator[tuple[dict, dict | None]]:
+    """Each event split into its point, to send now, and its label, to send later: (point, label or None).
+
+    The point is the event without its ``y`` (the other keys, in their order);
+    the label is ``{"id": <its id>, "y": <its y>}``. An event without ``y``
+    (the ``unlabeled`` share) has no label; of the others, a ``missing``
+    share never gets one. Those draws come from a generator of their own,
+    seeded from ``seed``: the points are the events as they were, and a
+    larger ``missing`` drops the same labels as a smaller one, and more.
+
+    >>> pairs = delayed_labels([{"id": "app-0", "x": [0.5], "y": 1}, {"id": "app-1", "x": [0.2]}])
+    >>> list(pairs)
+    [({'id': 'app-0', 'x': [0.5]}, {'id': 'app-0', 'y': 1}), ({'id': 'app-1', 'x': [0.2]}, None)]
+    """
+    if not 0.0 <= missing <= 1.0:
+        raise ValueError(f"missing must be a share in [0, 1], got {missing}")
+    rng = random.Random(f"perceptron-stream delayed labels {seed}")  # a str seed is hashed with SHA-512: stable across runs
+    for event in events:
+        point = {k: v for k, v in event.items() if k != "y"}
+        if "y" not in event or event["y"] is None:
+            yield point, None
+            continue
+        if "id" not in event:
+            raise ValueError("an event needs an id to have its label sent later")
+        kept = rng.random() >= missing  # one draw per labeled event, whatever the share
+        yield point, ({"id": event["id"], "y": event["y"]} if kept else None)
 
 
 def read_file(path: Path) -> Iterator[bytes]:
