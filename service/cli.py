@@ -126,7 +126,7 @@ def run_produce(settings: ProduceSettings) -> int:
     except ProduceError as exc:
         print(f"{PROG} produce: {exc}", file=sys.stderr)
         return exc.status
-    print(f"wrote {sent} messages to {settings.topic}", file=sys.stderr)
+    print(sent.line, file=sys.stderr)  # "wrote N messages to T", or "wrote N points to T and M labels to L"
     return 0
 
 

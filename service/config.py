@@ -319,9 +319,39 @@ class ProduceSettings(KafkaSettings):
     drift_every: int = Field(
         5_000, gt=0, description="drift: events between quarter turns of the separator; credit: events before the bank's policy changes.")
     unlabeled: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Fraction of events sent without a label.")
-    seed: int = Field(42, description="Random seed: the same seed writes the same stream, byte for byte.")
-    partitions: int = Field(1, gt=0, description="Partitions if the topic is created.")
+    seed: int = Field(
+        42, description="Random seed: the same seed writes the same stream, byte for byte (with --label-topic, the same "
+        "points and the same labels, each topic in the same order; only their interleaving in time depends on the clock).")
+    partitions: int = Field(1, gt=0, description="Partitions if the topic is created (the label topic gets --topic's count).")
+    label_topic: str | None = Field(
+        None, min_length=1,
+        description="Delayed labels: send each synthetic event to --topic without its y, and its label {\"id\", \"y\"} to "
+        "this topic --label-delay-seconds later, keyed like its point (the same partition number: created with --topic's "
+        "partition count, and checked). Not with --file. Default: labels inline, in each event.")
+    label_delay_seconds: float = Field(
+        5.0, ge=0.0, allow_inf_nan=False,
+        description="With --label-topic: how long after its point a label is sent. At the end of the stream the command "
+        "waits for the labels still to come, unless stopped.")
+    label_missing: float = Field(
+        0.0, ge=0.0, le=1.0, allow_inf_nan=False,
+        description="With --label-topic: share of the labeled points whose label never comes (seeded; the --unlabeled share "
+        "gets no label either).")
     progress: bool = Field(True, description="Show a progress bar on stderr (a terminal only).")
+
+    @model_validator(mode="after")
+    def _labels_consistent(self):
+        if self.label_topic is None:
+            if self.label_missing > 0 or self.label_delay_seconds != type(self).model_fields["label_delay_seconds"].default:
+                raise ValueError("label_delay_seconds (--label-delay-seconds) and label_missing (--label-missing) are only used "
+                                 "with label_topic (--label-topic)")
+            return self
+        if self.label_topic == self.topic:
+            raise ValueError("label_topic (--label-topic) and topic (--topic) must be two different topics")
+        if self.file is not None:
+            raise ValueError("file (--file) and label_topic (--label-topic) cannot be combined: delayed labels are sent "
+                             "for the synthetic streams only; replay a file's labels inline (without --label-topic), or "
+                             "write its points and labels to the two topics yourself")
+        return self
 
 
 class BrokerSettings(CommandSettings):

@@ -4,6 +4,23 @@ A send is only a request: the count this reports is what the brokers
 acknowledged, and a run that lost messages says how many and fails with
 :class:`ProduceError`, whose message the command prints as one line (exit 1,
 or 2 for a bad setting).
+
+Delayed labels (``--label-topic``): each synthetic event goes to ``--topic``
+without its ``y`` (the inline stream's event with ``y`` taken out, keyed by
+its id as always), and its label ``{"id": ..., "y": ...}`` goes to the label
+topic ``--label-delay-seconds`` later, with the same key: with the same
+partition count (the label topic is created with ``--topic``'s, and checked),
+a label lands in its point's partition number. A ``--label-missing`` share of
+the labels never comes, and the ``--unlabeled`` share has none
+(:func:`service.streams.delayed_labels`). One loop sends both
+(:class:`PairedSchedule`): each point in its slot of ``--rate``, each label
+as it falls due; at the end it waits for the labels still to come, unless
+stopped. A seed writes the same points and the same labels, byte for byte
+and each topic in the same order; only how the two interleave in time
+depends on the clock (with ``--rate 0`` and a delay of 0: point, label,
+point, label...). ``--file`` does not combine with ``--label-topic``: a
+file's lines are sent as they are, malformed ones included, and splitting
+them would mean rewriting them.
 """
 
 from __future__ import annotations
@@ -11,20 +28,22 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import re
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Self
 
 from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from service.config import ProduceSettings
-from service.kafka import KafkaFatal, KafkaUnavailable, TopicSpec, close_producer, ensure_topics, make_producer
+from service.kafka import KafkaFatal, KafkaUnavailable, TopicSpec, close_producer, ensure_topics, make_producer, partition_counts
 from service.kafka.kafka_python import REFUSED_ERRORS
-from service.streams import read_file, synthetic
+from service.streams import delayed_labels, read_file, synthetic
 
 log = logging.getLogger(__name__)
 PROG = "perceptron-stream produce"
@@ -32,6 +51,10 @@ PROG = "perceptron-stream produce"
 CONNECT_TIMEOUT_S = 15.0
 #: Longest wait, at the end, for the last acknowledgements.
 FLUSH_TIMEOUT_S = 60.0
+#: Longest single sleep while waiting for a label's time or a point's slot: a stop is noticed within it.
+TICK_S = 0.1
+#: What :class:`PairedSchedule` yields: a message for ``--topic`` or for ``--label-topic``.
+POINT, LABEL = 0, 1
 
 
 class ProduceError(RuntimeError):
@@ -64,12 +87,27 @@ def messages(settings: ProduceSettings) -> Iterator[tuple[bytes | None, bytes]]:
         for value in source:
             yield None, value
         return
+    for event in _events(settings):
+        yield str(event["id"]).encode(), _encode(event)
+
+
+def _encode(event: dict) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def _events(settings: ProduceSettings) -> Iterator[dict]:
     events = synthetic(settings.stream, dimensions=settings.dimensions, margin=settings.margin, noise=settings.noise,
                        drift_every=settings.drift_every, seed=settings.seed, unlabeled=settings.unlabeled)
-    if settings.count:
-        events = itertools.islice(events, settings.count)
-    for event in events:
-        yield str(event["id"]).encode(), json.dumps(event, separators=(",", ":")).encode()
+    return itertools.islice(events, settings.count) if settings.count else events
+
+
+def paired_messages(settings: ProduceSettings) -> Iterator[tuple[bytes, bytes, bytes | None]]:
+    """(key, point, label or None) for ``--label-topic``: the point is :func:`messages`' event without its ``y``,
+    the label ``{"id", "y"}`` is sent later with the same key (None: none is ever sent)."""
+    if settings.file is not None:
+        raise ValueError("delayed labels are sent for the synthetic streams only, not with --file")
+    for point, label in delayed_labels(_events(settings), missing=settings.label_missing, seed=settings.seed):
+        yield str(point["id"]).encode(), _encode(point), None if label is None else _encode(label)
 
 
 class RateLimiter:
@@ -83,15 +121,76 @@ class RateLimiter:
         self.clock, self.sleep = clock, sleep
         self.next_at = clock()
 
+    def reserve(self) -> float:
+        """The time of the next call's slot: now or later, or less than a second ago when running behind."""
+        now = self.clock()
+        if not self.interval:
+            return now
+        self.next_at += self.interval
+        if self.next_at < now - 1.0:  # fell behind by more than a second: do not burst to catch up
+            self.next_at = now
+        return self.next_at
+
     def wait(self) -> None:
         if not self.interval:
             return
-        self.next_at += self.interval
-        delay = self.next_at - self.clock()
+        delay = self.reserve() - self.clock()
         if delay > 0:
             self.sleep(delay)
-        elif delay < -1.0:  # fell behind by more than a second: do not burst to catch up
-            self.next_at = self.clock()
+
+
+class PairedSchedule:
+    """Points and their delayed labels from one loop: iterate for (:data:`POINT` or :data:`LABEL`, key, value).
+
+    ``pairs`` are :func:`paired_messages`' (key, point, label or None). Each
+    point goes out in its slot of ``rate`` (:class:`RateLimiter`); its label
+    is due ``delay`` seconds after it and goes out then, before the points
+    whose slots come later. The delay is the same for every label, so labels
+    fall due in their points' order: a FIFO queue is the whole scheduler.
+    When the pairs run out, the labels still waiting go out as they fall due.
+    ``should_stop`` is asked while waiting (every :data:`TICK_S` at most):
+    when it says stop, the iteration ends and :attr:`waiting` holds the
+    labels that were never sent. ``clock`` and ``sleep`` as for the limiter.
+    """
+
+    def __init__(self, pairs: Iterable[tuple[bytes, bytes, bytes | None]], rate: float, delay: float,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 should_stop: Callable[[], bool] = lambda: False):
+        self.pairs, self.delay = pairs, delay
+        self.clock, self.sleep, self.should_stop = clock, sleep, should_stop
+        self.limiter = RateLimiter(rate, clock, sleep)
+        self.waiting: deque[tuple[float, bytes, bytes]] = deque()  # (due, key, label), due times in order
+        self.stopped = False
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, bytes]]:
+        for key, point, label in self.pairs:
+            slot = self.limiter.reserve()
+            yield from self._labels_due_by(slot)
+            if not self._wait_until(slot):
+                return
+            sent_at = self.clock()
+            yield POINT, key, point
+            if label is not None:
+                self.waiting.append((sent_at + self.delay, key, label))
+        yield from self._labels_due_by(math.inf)
+
+    def _labels_due_by(self, moment: float) -> Iterator[tuple[int, bytes, bytes]]:
+        """The waiting labels due by ``moment``, each at its time."""
+        while self.waiting and self.waiting[0][0] <= moment and self._wait_until(self.waiting[0][0]):
+            _, key, label = self.waiting[0]
+            yield LABEL, key, label
+            self.waiting.popleft()  # only once taken: a loop that stops on it leaves it among the unsent
+
+    def _wait_until(self, moment: float) -> bool:
+        """Sleep until ``moment``, a tick at a time; False (and :attr:`stopped`) when told to stop first."""
+        while True:
+            if self.should_stop():
+                self.stopped = True
+                return False
+            left = moment - self.clock()
+            if left <= 0:
+                return True
+            self.sleep(min(left, TICK_S))
 
 
 class Deliveries:
@@ -121,57 +220,142 @@ def _progress_bar(settings: ProduceSettings, console: Console) -> Progress:
                     disable=not settings.progress or not console.is_terminal)
 
 
-def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda: False, console: Console | None = None) -> int:
-    """Write the messages; returns how many the brokers acknowledged, raises :class:`ProduceError` when any was not."""
+class Written(int):
+    """What :func:`produce` wrote: the messages the brokers acknowledged in all (an int, as it always was), with
+    ``points`` (on ``--topic``) and ``labels`` (on ``--label-topic``) apart, ``unsent_labels`` (labels still
+    waiting for their time when the run was stopped), and ``line``, the command's last line."""
+
+    points: int
+    labels: int
+    unsent_labels: int
+    line: str
+
+    def __new__(cls, settings: ProduceSettings, points: int, labels: int = 0, unsent_labels: int = 0) -> Self:
+        self = super().__new__(cls, points + labels)
+        self.points, self.labels, self.unsent_labels = points, labels, unsent_labels
+        if settings.label_topic is None:
+            self.line = f"wrote {points} messages to {settings.topic}"
+        else:
+            self.line = f"wrote {points} points to {settings.topic} and {labels} labels to {settings.label_topic}"
+            if unsent_labels:
+                self.line += f"; stopped with {unsent_labels} more labels waiting for their time (never sent)"
+        return self
+
+
+def _partition_count(settings: ProduceSettings, topic: str) -> int:
+    """Partitions of ``topic``; a topic just created may take a moment to show them."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        count = partition_counts(settings, [topic])[topic]
+        if count or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.2)
+
+
+def _ensure_label_topic(settings: ProduceSettings) -> None:
+    """The label topic with ``--topic``'s partition count, so that a label lands in its point's partition number."""
+    label_topic = settings.label_topic
+    wanted = _partition_count(settings, settings.topic)
+    if not wanted:
+        raise KafkaUnavailable(f"topic {settings.topic} shows no partitions")
+    ensure_topics(settings, [TopicSpec(label_topic, wanted, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S)
+    count = _partition_count(settings, label_topic)
+    if count != wanted:
+        raise _fail(f"invalid setting label_topic (--label-topic): topic {label_topic} has {count} partition(s) and topic "
+                    f"{settings.topic} (--topic) has {wanted}: a label is keyed like its point to land in the same partition "
+                    f"number, so {label_topic} needs {wanted} partition(s) too (use another label topic, or recreate it); "
+                    "nothing was written", 2)
+
+
+def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda: False, console: Console | None = None) -> Written:
+    """Write the messages; returns how many the brokers acknowledged (:class:`Written`), raises :class:`ProduceError`
+    when any was not."""
     servers = f"the brokers at {settings.bootstrap_servers} (--bootstrap-servers)"
     if settings.file is not None and not settings.file.is_file():
         raise _fail(f"invalid setting file (--file): {settings.file} is not a readable file", 2)
     try:
         ensure_topics(settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S)
+        if settings.label_topic is not None:
+            _ensure_label_topic(settings)
         producer = make_producer(settings)
     except (KafkaFatal, KafkaUnavailable, OSError) as exc:
         raise _fail(f"cannot use {servers}: {_describe(exc)}; nothing was written") from None
-    deliveries, limiter, attempted, stopped, file_error = Deliveries(), RateLimiter(settings.rate), 0, "", None
+    books = {POINT: Deliveries(), LABEL: Deliveries()}
+    topics = {POINT: settings.topic, LABEL: settings.label_topic}
+    attempted = {POINT: 0, LABEL: 0}
+
+    def stopping() -> bool:
+        return should_stop() or books[POINT].broken or books[LABEL].broken
+
+    schedule: PairedSchedule | None = None
+    if settings.label_topic is None:
+        outgoing = _paced(messages(settings), RateLimiter(settings.rate))
+    else:
+        outgoing = schedule = PairedSchedule(paired_messages(settings), settings.rate, settings.label_delay_seconds,
+                                             should_stop=stopping)
+    stopped, file_error = "", None
     progress = _progress_bar(settings, console or Console(stderr=True))
     try:
         with progress:
             total = None if settings.file is not None or not settings.count else settings.count
-            task = progress.add_task("produce", total=total, topic=settings.topic, acked=0)
+            tasks = {POINT: progress.add_task("produce", total=total, topic=settings.topic, acked=0)}
+            if settings.label_topic is not None:
+                tasks[LABEL] = progress.add_task("labels", total=None, topic=settings.label_topic, acked=0)
+
+            def show() -> None:
+                for kind, task in tasks.items():
+                    progress.update(task, completed=attempted[kind], acked=books[kind].acknowledged)
+
             next_update = time.monotonic()
             try:
-                for key, value in messages(settings):
-                    if should_stop() or deliveries.broken:
+                for kind, key, value in outgoing:
+                    if stopping():
                         break
-                    limiter.wait()
-                    attempted += 1
+                    attempted[kind] += 1
+                    book = books[kind]
                     try:
-                        producer.send(settings.topic, key=key, value=value).add_callback(deliveries.ok).add_errback(deliveries.fail)
+                        producer.send(topics[kind], key=key, value=value).add_callback(book.ok).add_errback(book.fail)
                     except KafkaError as exc:  # refused before sending (too large), or no brokers within max_block_ms
-                        deliveries.fail(exc)
+                        book.fail(exc)
                     if time.monotonic() >= next_update:
                         next_update += 0.1
-                        progress.update(task, completed=attempted, acked=deliveries.acknowledged)
+                        show()
             except ValueError as exc:  # a CSV row that is not an event (the error names file:line)
                 if settings.file is None:
                     raise
                 file_error = str(exc)
-            if deliveries.broken:
+            if books[POINT].broken or books[LABEL].broken:
                 stopped = "; stopped sending at the first failure of the brokers"
             try:
                 producer.flush(timeout=FLUSH_TIMEOUT_S)
             except KafkaError:  # the messages still unanswered are counted below
                 stopped += f"; no answer within {FLUSH_TIMEOUT_S:.0f} s"
-            progress.update(task, completed=attempted, acked=deliveries.acknowledged)
+            show()
     finally:
         close_producer(producer, 10.0)
-    with deliveries.lock:
-        acked, failed, errors = deliveries.acknowledged, deliveries.failed, deliveries.errors.most_common(3)
+    acked, failed, errors = {}, 0, Counter()
+    for kind, book in books.items():
+        with book.lock:
+            acked[kind], failed, errors = book.acknowledged, failed + book.failed, errors + book.errors
     if file_error:
-        raise _fail(f"invalid setting file (--file): {file_error}; {acked} of the {attempted} messages before it acknowledged", 2)
-    lost = attempted - acked
+        raise _fail(f"invalid setting file (--file): {file_error}; {acked[POINT]} of the {attempted[POINT]} messages before it "
+                    "acknowledged", 2)
+    lost = sum(attempted.values()) - sum(acked.values())
     if lost:
-        reasons = [f"{n} × {error}" for error, n in errors] + ([f"{lost - failed} unanswered"] if lost > failed else [])
-        raise _fail(f"{acked} of {attempted} messages acknowledged by {servers} on topic {settings.topic}; "
-                    f"not acknowledged: {'; '.join(reasons)}{stopped}")
-    log.info("%d messages acknowledged on %s", acked, settings.topic)
-    return acked
+        reasons = [f"{n} × {error}" for error, n in errors.most_common(3)] + ([f"{lost - failed} unanswered"] if lost > failed else [])
+        if settings.label_topic is None:
+            counted = f"{acked[POINT]} of {attempted[POINT]} messages acknowledged by {servers} on topic {settings.topic}"
+        else:
+            counted = (f"{acked[POINT]} of {attempted[POINT]} points on topic {settings.topic} and {acked[LABEL]} of "
+                       f"{attempted[LABEL]} labels on topic {settings.label_topic} acknowledged by {servers}")
+        raise _fail(f"{counted}; not acknowledged: {'; '.join(reasons)}{stopped}")
+    written = Written(settings, acked[POINT], acked[LABEL], len(schedule.waiting) if schedule is not None else 0)
+    log.info("%s", written.line)
+    return written
+
+
+def _paced(source: Iterable[tuple[bytes | None, bytes]], limiter: RateLimiter) -> Iterator[tuple[int, bytes | None, bytes]]:
+    """Today's stream (labels inline, or a file): every message for ``--topic``, at the rate."""
+    for key, value in source:
+        limiter.wait()
+        yield POINT, key, value

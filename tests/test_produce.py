@@ -1,5 +1,6 @@
 """`perceptron-stream produce`: the synthetic streams keep their promises, files replay as they are,
-the rate and the progress bar behave, and only acknowledged messages count.
+the rate and the progress bar behave, only acknowledged messages count, and with --label-topic
+points go out now and their labels, keyed alike, later.
 
 Statistical checks use a tolerance of Z binomial standard deviations: with the
 seeds fixed they are deterministic, and a change of generator fails them only
@@ -19,9 +20,20 @@ from rich.console import Console
 
 import service.produce as produce_module
 from service.config import ProduceSettings, load
-from service.produce import Deliveries, ProduceError, RateLimiter, messages, produce
-from service.streams import POLICIES, bank_score, credit, separable, separator, synthetic
-from tests.conftest import consume
+from service.cli import main
+from service.produce import (
+    LABEL,
+    POINT,
+    Deliveries,
+    PairedSchedule,
+    ProduceError,
+    RateLimiter,
+    messages,
+    paired_messages,
+    produce,
+)
+from service.streams import POLICIES, bank_score, credit, delayed_labels, separable, separator, synthetic
+from tests.conftest import consume, create_topic
 
 Z = 4.0
 
@@ -218,11 +230,12 @@ class FakeProducer:
     ("raise", exc) raises from send, "pending" never answers."""
 
     def __init__(self, outcome=lambda i: None):
-        self.outcome, self.sent, self.pending, self.closed = outcome, [], [], False
+        self.outcome, self.sent, self.topics, self.pending, self.closed = outcome, [], [], [], False
 
     def send(self, topic, key=None, value=None):
         result = self.outcome(len(self.sent))
         self.sent.append((key, value))
+        self.topics.append(topic)
         if isinstance(result, tuple):
             raise result[1]
         future = Future()
@@ -244,9 +257,21 @@ class FakeProducer:
 
 @pytest.fixture
 def fake_kafka(monkeypatch):
-    def install(outcome=lambda i: None):
+    """A FakeProducer, and topics that exist once ensured (``producer.created``: their specs), with
+    ``partitions`` (topic → count) for those that exist already."""
+    def install(outcome=lambda i: None, partitions=None):
         producer = FakeProducer(outcome)
-        monkeypatch.setattr(produce_module, "ensure_topics", lambda *a, **k: None)
+        existing = dict(partitions or {})
+        producer.created = []
+
+        def ensure(settings, specs, create, timeout_s=0.0):
+            for spec in specs:
+                if spec.name not in existing:
+                    producer.created.append(spec)
+                    existing[spec.name] = spec.partitions
+
+        monkeypatch.setattr(produce_module, "ensure_topics", ensure)
+        monkeypatch.setattr(produce_module, "partition_counts", lambda settings, names: {n: existing.get(n, 0) for n in names})
         monkeypatch.setattr(produce_module, "make_producer", lambda settings: producer)
         return producer
 
@@ -341,6 +366,196 @@ def test_a_bad_csv_row_stops_the_replay_naming_the_line(fake_kafka, tmp_path, ca
     assert f"{data}:3:" in last and "1 of the 1 messages before it acknowledged" in last
 
 
+# ---------------------------------------------------------------- delayed labels: the pairs
+
+def _paired_args(*args):
+    return ["--stream", "credit", "--count", "2000", "--seed", "3", "--label-topic", "labels", *args]
+
+
+def test_points_are_todays_events_without_y_and_labels_pair_up_by_id():
+    args = ["--stream", "credit", "--count", "2000", "--seed", "3", "--unlabeled", "0.1", "--noise", "0.1"]
+    inline = list(messages(load(ProduceSettings, args)))  # the same stream, labels inline
+    pairs = list(paired_messages(load(ProduceSettings, [*args, "--label-topic", "labels", "--label-missing", "0.2"])))
+    assert len(pairs) == len(inline) == 2000
+    for (key, point, label), (inline_key, event) in zip(pairs, inline):
+        whole = json.loads(event)
+        assert key == inline_key == whole["id"].encode()  # keyed by the id, as today
+        assert point == json.dumps({k: v for k, v in whole.items() if k != "y"}, separators=(",", ":")).encode()  # byte for byte
+        if label is not None:
+            assert label == json.dumps({"id": whole["id"], "y": whole["y"]}, separators=(",", ":")).encode()
+    labeled = [json.loads(e) for _, e in inline if "y" in json.loads(e)]
+    assert _within_binomial(2000 - len(labeled), 2000, 0.1)  # the unlabeled share: no y, hence no label
+    assert all(label is None for (_, _, label), (_, e) in zip(pairs, inline) if "y" not in json.loads(e))
+    missing = sum(label is None for (_, _, label), (_, e) in zip(pairs, inline) if "y" in json.loads(e))
+    assert _within_binomial(missing, len(labeled), 0.2), (missing, len(labeled))
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.5, 1.0])
+def test_the_missing_share_is_honoured_and_seeded(share):
+    n = 5000
+    events = list(itertools.islice(credit(seed=8), n))
+
+    def labels(missing, seed=8):
+        return [label for _, label in delayed_labels(events, missing=missing, seed=seed)]
+
+    first = labels(share)
+    assert first == labels(share)  # reproducible
+    missing = sum(label is None for label in first)
+    assert missing == {0.0: 0, 1.0: n}.get(share, missing) and _within_binomial(missing, n, share), missing
+    if 0 < share < 1:
+        assert first != labels(share, seed=9)
+        more = labels(min(1.0, share + 0.2))  # a larger share drops the same labels, and more
+        assert all(a is None for a, b in zip(more, first) if b is None)
+
+
+def test_a_label_without_an_id_to_join_is_refused():
+    with pytest.raises(ValueError, match="id"):
+        list(delayed_labels([{"x": [1.0], "y": 1}]))
+
+
+# ---------------------------------------------------------------- delayed labels: the schedule
+
+def _timeline(pairs, rate, delay, clock, stop=lambda: False, send_s=0.001):
+    """(kind, key, clock time) of what the schedule hands out; each send takes ``send_s`` of the fake clock."""
+    schedule = PairedSchedule(pairs, rate, delay, clock=clock, sleep=clock.sleep, should_stop=stop)
+    out = []
+    for kind, key, _ in schedule:
+        out.append((kind, key, clock()))
+        clock.now += send_s
+    return out, schedule
+
+
+def _pairs(n, missing=()):
+    return [(f"k{i}".encode(), b"point %d" % i, None if i in missing else b"label %d" % i) for i in range(n)]
+
+
+@pytest.mark.parametrize("rate, delay", [(10.0, 0.35), (10.0, 0.0), (0.0, 2.0), (200.0, 1.0), (2.0, 5.0)])
+def test_each_label_goes_out_its_delay_after_its_point(rate, delay):
+    clock = FakeClock()
+    out, schedule = _timeline(_pairs(40, missing={3, 17}), rate, delay, clock)
+    points = {key: t for kind, key, t in out if kind == POINT}
+    labels = {key: t for kind, key, t in out if kind == LABEL}
+    assert list(points) == [f"k{i}".encode() for i in range(40)]  # every point, in order
+    assert list(labels) == [f"k{i}".encode() for i in range(40) if i not in (3, 17)]  # every label but the missing, in order
+    for key, t in labels.items():
+        assert delay - 1e-9 <= t - points[key] < delay + 0.01, key  # on time (a send in progress may hold it a millisecond)
+    times = [t for _, _, t in out]
+    assert times == sorted(times) and not schedule.waiting
+    if rate:
+        # in their slots (a label's send just before a slot may hold a point a millisecond)
+        assert all(b - a == pytest.approx(1 / rate, abs=0.0011) for a, b in zip(points.values(), list(points.values())[1:]))
+    due = {key: points[key] + delay for key in labels}
+    for index, (kind, key, t) in enumerate(out):  # no point goes out while a label past its time still waits
+        if kind == POINT:
+            gone = {k for kind_before, k, _ in out[:index] if kind_before == LABEL}
+            assert {k for k, d in due.items() if d < t - 1e-9} <= gone, key
+
+
+def test_rate_0_and_delay_0_interleave_point_and_label():
+    clock = FakeClock()
+    out, _ = _timeline(_pairs(4, missing={2}), 0.0, 0.0, clock, send_s=0.0)
+    assert [(kind, key) for kind, key, _ in out] == [
+        (POINT, b"k0"), (LABEL, b"k0"), (POINT, b"k1"), (LABEL, b"k1"), (POINT, b"k2"), (POINT, b"k3"), (LABEL, b"k3")]
+
+
+def test_the_end_of_the_stream_waits_for_the_labels_to_come_unless_stopped():
+    clock = FakeClock()
+    start = clock()
+    out, schedule = _timeline(_pairs(5), 0.0, 60.0, clock)
+    assert [kind for kind, _, _ in out] == [POINT] * 5 + [LABEL] * 5 and out[-1][2] - start >= 60.0
+    clock = FakeClock()
+    out, schedule = _timeline(_pairs(5), 0.0, 60.0, clock, stop=lambda: clock() > 130.0)  # Ctrl-C half-way through the wait
+    assert [kind for kind, _, _ in out] == [POINT] * 5 and len(schedule.waiting) == 5 and schedule.stopped
+    assert clock() < 130.2  # noticed within a tick, not at the labels' time
+
+
+# ---------------------------------------------------------------- delayed labels: produce (no broker)
+
+def test_paired_produce_sends_points_and_labels_keyed_alike(fake_kafka):
+    producer = fake_kafka(partitions={"points": 3})
+    settings = load(ProduceSettings, ["--no-progress", *_paired_args("--count", "300", "--label-delay-seconds", "0",
+                                                                    "--label-missing", "0.1")])
+    written = produce(settings)
+    expected = list(paired_messages(settings))
+    labels = sum(label is not None for _, _, label in expected)
+    assert (written.points, written.labels, int(written)) == (300, labels, 300 + labels)
+    assert written.line == f"wrote 300 points to points and {labels} labels to labels"
+    assert [spec[:2] for spec in producer.created] == [("labels", 3)]  # --topic's count, not --partitions
+    sent = list(zip(producer.topics, producer.sent))
+    assert [m for t, m in sent if t == "points"] == [(key, point) for key, point, _ in expected]
+    assert [m for t, m in sent if t == "labels"] == [(key, label) for key, _, label in expected if label is not None]
+    seen = set()
+    for topic, (key, value) in sent:  # rate 0, delay 0: each label right after its point, with its key
+        if topic == "labels":
+            assert key in seen and json.loads(value)["id"].encode() == key
+        else:
+            assert "y" not in json.loads(value)
+            seen.add(key)
+
+
+def test_inline_labels_are_unchanged_without_a_label_topic(fake_kafka):
+    producer = fake_kafka()
+    written = produce(_settings("--stream", "credit"))
+    assert (written, written.points, written.labels, written.line) == (10, 10, 0, "wrote 10 messages to points")
+    assert set(producer.topics) == {"points"} and all("y" in json.loads(v) for _, v in producer.sent)
+
+
+def test_a_label_topic_with_another_partition_count_is_refused(fake_kafka):
+    producer = fake_kafka(partitions={"points": 2, "labels": 3})
+    with pytest.raises(ProduceError) as caught:
+        produce(load(ProduceSettings, ["--no-progress", *_paired_args()]))
+    assert caught.value.status == 2 and not producer.sent
+    message = str(caught.value)
+    assert "invalid setting label_topic (--label-topic)" in message and "labels has 3 partition(s)" in message
+    assert "points (--topic) has 2" in message and "nothing was written" in message
+
+
+def test_lost_labels_fail_the_run_naming_both_topics(fake_kafka):
+    fake_kafka(lambda i: MessageSizeTooLargeError("too large") if i % 2 else None)  # delay 0, rate 0: every label refused
+    with pytest.raises(ProduceError) as caught:
+        produce(load(ProduceSettings, ["--no-progress", *_paired_args("--count", "10", "--label-delay-seconds", "0")]))
+    message = str(caught.value)
+    assert caught.value.status == 1
+    assert "10 of 10 points on topic points and 0 of 10 labels on topic labels acknowledged" in message
+    assert "10 × MessageSizeTooLargeError" in message
+
+
+def test_a_stop_while_labels_wait_says_how_many_were_never_sent(fake_kafka):
+    producer = fake_kafka()
+    ticks = []
+
+    def stop_while_waiting():  # Ctrl-C a few ticks into the 30 s wait at the end
+        return len(producer.sent) == 20 and (ticks.append(1) or len(ticks) > 3)
+
+    started = time.monotonic()
+    written = produce(load(ProduceSettings, ["--no-progress", *_paired_args("--count", "20", "--label-delay-seconds", "30")]),
+                      should_stop=stop_while_waiting)
+    assert time.monotonic() - started < 10.0
+    assert (written.points, written.labels, written.unsent_labels) == (20, 0, 20)
+    assert written.line == ("wrote 20 points to points and 0 labels to labels; "
+                            "stopped with 20 more labels waiting for their time (never sent)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--label-topic", "labels", "--file", "events.jsonl"], "file (--file) and label_topic (--label-topic) cannot be combined"),
+    (["--label-missing", "0.1"], "label_missing (--label-missing) are only used with label_topic (--label-topic)"),
+    (["--label-delay-seconds", "1"], "label_delay_seconds (--label-delay-seconds) and label_missing"),
+    (["--label-topic", "points"], "label_topic (--label-topic) and topic (--topic) must be two different topics"),
+    (["--label-topic", "labels", "--label-delay-seconds", "-1"], "invalid setting label_delay_seconds (--label-delay-seconds"),
+    (["--label-topic", "labels", "--label-missing", "1.5"], "invalid setting label_missing (--label-missing"),
+])
+def test_label_settings_that_cannot_work_exit_2_at_start_up(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "events.jsonl").write_text('{"id": "a", "x": [1.0], "y": 1}\n')
+    assert main(["produce", "--bootstrap-servers", "127.0.0.1:1", *args]) == 2  # before connecting to anything
+    assert message in capsys.readouterr().err
+
+
+def test_label_settings_defaults():
+    s = load(ProduceSettings, [])
+    assert (s.label_topic, s.label_delay_seconds, s.label_missing) == (None, 5.0, 0.0)
+
+
 # ---------------------------------------------------------------- end to end, on the embedded broker
 
 @pytest.mark.integration
@@ -365,3 +580,44 @@ def test_the_same_seed_writes_the_same_records(broker, topics):
 
     (first, expected), (second, _) = run(topics["input_topic"]), run(topics["output_topic"])
     assert first == second == expected
+
+
+@pytest.mark.integration
+def test_points_now_and_their_labels_later_in_the_same_partition_number(broker, topics):
+    point_topic, label_topic = topics["input_topic"], f"{topics['input_topic']}.labels"
+    for topic in (point_topic, label_topic):
+        create_topic(broker.bootstrap_servers, topic, partitions=2)
+    args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", point_topic, "--label-topic", label_topic,
+            "--stream", "credit", "--count", "200", "--rate", "500", "--label-delay-seconds", "0.2",
+            "--label-missing", "0.1", "--seed", "14", "--no-progress"]
+    written = produce(load(ProduceSettings, args))
+    expected = list(paired_messages(load(ProduceSettings, args)))
+    n_labels = sum(label is not None for _, _, label in expected)
+    assert (written.points, written.labels) == (200, n_labels)
+    assert _within_binomial(200 - n_labels, 200, 0.1), n_labels  # about 10% never labeled
+    points = {r.key: r for r in consume(broker.bootstrap_servers, point_topic, 200)}
+    labels = consume(broker.bootstrap_servers, label_topic, n_labels)
+    assert len(points) == 200 and len(labels) == n_labels
+    assert {r.key: r.value for r in points.values()} == {key: point for key, point, _ in expected}
+    assert sorted(r.value for r in labels) == sorted(label for _, _, label in expected if label is not None)
+    assert {r.partition for r in points.values()} == {0, 1}  # both partitions in use, so the check below means something
+    for label in labels:
+        point = points[label.key]  # the same key as its point ...
+        assert json.loads(label.value)["id"].encode() == label.key and "y" not in json.loads(point.value)
+        assert label.partition == point.partition  # ... so the same partition number
+        assert label.timestamp - point.timestamp >= 150, (label.timestamp - point.timestamp)  # 0.2 s later (ms timestamps)
+
+
+@pytest.mark.integration
+def test_the_label_topic_is_created_with_the_point_topics_partition_count(broker, topics):
+    point_topic, label_topic = topics["input_topic"], f"{topics['input_topic']}.labels"
+    create_topic(broker.bootstrap_servers, point_topic, partitions=3)
+    args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", point_topic, "--label-topic", label_topic,
+            "--count", "30", "--label-delay-seconds", "0", "--no-progress"]
+    assert produce(load(ProduceSettings, args)).labels == 30
+    records = consume(broker.bootstrap_servers, label_topic, 30)
+    from service.kafka import partition_counts
+
+    settings = load(ProduceSettings, args)
+    assert partition_counts(settings, [label_topic]) == {label_topic: 3}
+    assert {r.partition for r in records} <= {0, 1, 2}
