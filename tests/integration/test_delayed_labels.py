@@ -163,7 +163,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(broker,
             process.wait()
     assert not has_traceback((tmp_path / "serve-2.log").read_text()), tail(tmp_path / "serve-2.log")
     _, expected, _, learner = _replay(points, labels)
-    outcomes = [json.loads(m.value) for m in consume(broker.bootstrap_servers, names["outcome_topic"], _outcomes(broker, names))]
+    outcomes = _outcomes(broker, names, records=True)
     first = {}
     for o in outcomes:  # repeats after the crash are identified by label_source
         first.setdefault(o["label_source"]["offset"], o)
@@ -175,22 +175,24 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(broker,
     assert "unknown_id" not in _dead_letters(broker, names) and "duplicate" not in _dead_letters(broker, names)
 
 
-def _outcomes(broker, names, distinct: bool = False) -> int:
+def _outcomes(broker, names, distinct: bool = False, records: bool = False):
+    """The outcome topic's record count (end offsets: may read short on the embedded broker), its distinct labels'
+    count, or (``records``) every outcome, read until the topic is quiet."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, group_id=None)
     try:
         tp = TopicPartition(names["outcome_topic"], 0)
         consumer.assign([tp])
-        if not distinct:
+        if not distinct and not records:
             return consumer.end_offsets([tp])[tp]
         consumer.seek_to_beginning(tp)
-        seen, quiet = set(), 0
-        while quiet < 2:
+        out, quiet = [], 0
+        while quiet < 3:
             batch = consumer.poll(timeout_ms=200)
             quiet = 0 if batch else quiet + 1
-            seen.update(json.loads(m.value)["label_source"]["offset"] for ms in batch.values() for m in ms)
-        return len(seen)
+            out += [json.loads(m.value) for ms in batch.values() for m in ms]
+        return out if records else len({o["label_source"]["offset"] for o in out})
     finally:
         consumer.close()
 
