@@ -32,10 +32,29 @@ from __future__ import annotations
 from math import hypot
 from typing import Any
 
+import msgspec
 import orjson
 from pydantic import ValidationError
 
 from service.wire.messages import Event, InputEvent, Label, LabelEvent, Rejection, _show
+
+class _FastEvent(msgspec.Struct, forbid_unknown_fields=True):
+    """The common event, as the fast path takes it: these keys only, each of the expected type.
+
+    msgspec's float takes JSON integers (as the model does) and refuses
+    booleans and strings; an event with another key, a value of another type,
+    or JSON msgspec refuses goes to the model, which explains the first
+    problem. Non-finite values cannot come through (JSON has none, and a
+    number too large for a double is refused: the model says why).
+    """
+
+    id: str | int | None = None
+    x: list[float] | None = None
+    features: dict[str, float] | None = None
+    y: bool | int | None = None
+
+
+_fast_decode = msgspec.json.Decoder(_FastEvent).decode
 
 #: The keys of the events the fast path takes; an event with others is decoded by the model.
 _FAST_KEYS = frozenset(("id", "x", "features", "y"))
@@ -83,37 +102,22 @@ class Decoder:
             return Rejection("too_large", f"the message is {size} bytes{what}, more than the limit of {self.max_message_bytes}")
         if len(raw) >= self.model_first_bytes:
             return self._decode_model(raw)
-        # The fast path: each test below that fails hands the message to the model.
+        # The fast path: msgspec parses and type-checks the common event in one C pass (about a third of the
+        # Python checks it replaced); whatever it does not take, or might judge unlike the model, goes to the model.
         try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+            doc = _fast_decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec raises the latter for invalid UTF-8 in a key
             return self._decode_model(raw)
-        if type(doc) is not dict or not _FAST_KEYS.issuperset(doc):
-            return self._decode_model(raw)
-        get = doc.get
-        id_, y = get("id"), get("y")
-        if not (id_ is None or type(id_) is str or type(id_) is int):
-            return self._decode_model(raw)
+        y = doc.y
         if y is not None:
-            y = _LABELS.get(y) if (type(y) is int or type(y) is bool) else None
+            y = _LABELS.get(y)
             if y is None:
                 return self._decode_model(raw)
-        x, features = get("x"), get("features")
-        if features is None and type(x) is list:
-            if not _ONLY_FLOATS(map(type, x)):
-                if not _NUMBERS(map(type, x)):
-                    return self._decode_model(raw)
-                if len(x) <= self.max_features:  # else rejected below, unconverted
-                    x = list(map(float, x))
-            return self._checked(id_, x, True, y)
-        if x is None and type(features) is dict:
-            values = features.values()
-            if not _ONLY_FLOATS(map(type, values)):
-                if not _NUMBERS(map(type, values)):
-                    return self._decode_model(raw)
-                if len(features) <= self.max_features:
-                    features = dict(zip(features, map(float, values)))
-            return self._checked(id_, features, False, y)
+        x, features = doc.x, doc.features
+        if features is None and x is not None:
+            return self._checked(doc.id, x, True, y)
+        if x is None and features is not None:
+            return self._checked(doc.id, features, False, y)
         return self._decode_model(raw)
 
     def _decode_model(self, raw: bytes) -> Event | Rejection:
