@@ -146,6 +146,8 @@ class ServiceMetrics:
                              ["partition"], registry=registry)
         self.mix_rejected = Counter("perceptron_mix_records_rejected", "Records of the mix topic not mixed in, by reason.",
                                     ["reason"], registry=registry)
+        for reason in ("damaged", "foreign", "settings", "key", "refused"):  # zeros from the start, as for rejected events
+            self.mix_rejected.labels(reason)
         self.last_checkpoint = Gauge("perceptron_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint written or restored.", registry=registry)
         # Liveness for alerts: /healthz tells a probe, this tells Prometheus. Computed
         # at scrape time from the Health the loop beats, so a loop hung inside a
