@@ -405,6 +405,9 @@ class DemoSettings(CommandSettings):
         "averaged", description="Perceptron variant of the champion (averaged shows the climb and recovery at the policy "
         "change best); the others of averaged, plain and pocket run beside it as challengers.")
     noise: float = Field(0.02, ge=0.0, le=1.0, description="Fraction of flipped labels in the credit stream.")
+    delayed_labels: bool = Field(
+        False, description="Delayed labels: the producer sends each application now and its outcome about 3 s later on a "
+        "label topic of its own (5% never come), and the service joins them (serve --label-topic).")
     live: bool = Field(True, description="Show the live terminal view (off: print a line every few seconds).")
 
 

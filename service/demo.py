@@ -6,7 +6,11 @@ events/s, mistakes, the mistake rate and its trend, and the weights by
 feature, the challengers' mistake rates beside the champion's, and what
 river's DDM says of drift. The stream has label noise and a change of the
 bank's policy partway through, so the mistake rate climbs and then recovers.
-Ctrl-C (or ``--duration``) stops everything; the broker goes with it.
+With ``--delayed-labels`` the producer sends each application now and its
+outcome a few seconds later on a label topic of its own (some never), the
+service joins them, and the view shows the pending points, the joined and
+unknown labels and the labels' delay. Ctrl-C (or ``--duration``) stops
+everything; the broker goes with it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ from service.state.checkpoint import CheckpointError
 SPARK = "▁▂▃▄▅▆▇█"
 #: The variants the demo compares: the champion is ``--variant``, the others of these run as challengers.
 VARIANTS = ("averaged", "plain", "pocket")
+#: ``--delayed-labels``: the label topic, how long after its point a label is sent, and the share never sent.
+LABEL_TOPIC = "labels"
+LABEL_DELAY_S = 3.0
+LABEL_MISSING = 0.05
+#: A point whose label never comes expires after this long (counted as expired) instead of the service's 7 days,
+#: so the pending count stays what is really still to come.
+LABEL_TTL_S = 30.0
 
 
 def challengers(variant: str) -> list[str]:
@@ -81,10 +92,12 @@ def sparkline(values: list[float], top: float = 0.5) -> str:
 class DemoView:
     """What the terminal shows, computed from the running Application."""
 
-    def __init__(self, app: Application, bootstrap: str, metrics_url: str, drift_at: int, *, champion: str = "champion"):
-        """``champion``: its variant's name."""
+    def __init__(self, app: Application, bootstrap: str, metrics_url: str, drift_at: int, *, champion: str = "champion",
+                 label_delay: float | None = None):
+        """``champion``: its variant's name; ``label_delay``: the seconds after its point a label is sent (None: labels
+        inline, in each event)."""
         self.app, self.bootstrap, self.metrics_url, self.drift_at = app, bootstrap, metrics_url, drift_at
-        self.champion = champion
+        self.champion, self.label_delay = champion, label_delay
         self.samples: deque[tuple[float, int]] = deque(maxlen=20)
         self.rates: deque[float] = deque(maxlen=40)  # one mistake-rate sample a second
         self._next_rate_at = 0.0
@@ -105,6 +118,12 @@ class DemoView:
              "challengers": {name: window.value for name, window in list(m.challenger_windows.items())},
              "drifts": int(_sample(m.drifts, "perceptron_drift_detected_total")),
              "drift_ago": time.time() - last_drift if last_drift else None}
+        if self.label_delay is not None:
+            count = _sample(m.label_delay, "perceptron_label_delay_seconds_count")
+            s.update({outcome: int(_sample(m.labels, "perceptron_labels_total", outcome=outcome))
+                      for outcome in ("joined", "unknown_id", "expired")})
+            s["pending"] = int(_sample(m.pending, "perceptron_pending_labels"))
+            s["delay"] = _sample(m.label_delay, "perceptron_label_delay_seconds_sum") / count if count else None
         return s
 
     def render(self) -> Panel:
@@ -121,6 +140,10 @@ class DemoView:
         drift = "none detected" if not s["drifts"] else (
             f"{s['drifts']:,} detected, the last {ago(s['drift_ago'])} ago" if s["drift_ago"] is not None else f"{s['drifts']:,} detected")
         stats.add_row("drift (DDM)", drift, "", "")
+        if self.label_delay is not None:
+            stats.add_row("labels pending", f"{s['pending']:,}", "joined / unknown_id", f"{s['joined']:,} / {s['unknown_id']:,}")
+            delay = "none joined yet" if s["delay"] is None else f"{s['delay']:.1f} s on average"
+            stats.add_row("label delay", f"{delay} (sent {self.label_delay:g} s after)", "expired (never came)", f"{s['expired']:,}")
         weights = Table("feature", "weight", box=None, padding=(0, 2))
         for name, w in sorted(s["weights"].items(), key=lambda kv: str(kv[0])):
             weights.add_row(str(name), f"{w:+.3f}")
@@ -136,6 +159,9 @@ class DemoView:
         line += f" drifts={s['drifts']}"
         if s["drift_ago"] is not None:
             line += f" last_drift_s_ago={s['drift_ago']:.0f}"
+        if self.label_delay is not None:
+            line += (f" pending={s['pending']} joined={s['joined']} unknown_id={s['unknown_id']} expired={s['expired']}"
+                     f" label_delay_s={'-' if s['delay'] is None else format(s['delay'], '.1f')}")
         return line
 
 
@@ -191,12 +217,16 @@ def run_demo(settings: DemoSettings) -> int:
     with EmbeddedBroker(port=settings.broker_port) as broker, tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state:
         console.print(f"embedded broker on {broker.bootstrap_servers} (pid {broker.process.pid})")
         base = ["--bootstrap-servers", broker.bootstrap_servers]
+        delayed = settings.delayed_labels
         serve = load(ServeSettings, [*base, "--metrics-port", str(settings.metrics_port), "--state-dir", state, "--variant", settings.variant,
                                      "--standardize" if settings.standardize else "--no-standardize", "--checkpoint-interval-seconds", "5",
-                                     "--challengers", ",".join(challengers(settings.variant))])
+                                     "--challengers", ",".join(challengers(settings.variant)),
+                                     *(["--label-topic", LABEL_TOPIC, "--label-ttl-seconds", str(LABEL_TTL_S)] if delayed else [])])
         app = Application(serve)
         producer_settings = load(ProduceSettings, [*base, "--stream", "credit", "--count", "0", "--rate", str(settings.rate),
-                                                   "--noise", str(settings.noise), "--drift-every", str(drift_at), "--no-progress"])
+                                                   "--noise", str(settings.noise), "--drift-every", str(drift_at), "--no-progress",
+                                                   *(["--label-topic", LABEL_TOPIC, "--label-delay-seconds", str(LABEL_DELAY_S),
+                                                      "--label-missing", str(LABEL_MISSING)] if delayed else [])])
         service = _ServiceThread(app)
         service.start()
         while app.http is None and service.is_alive():
@@ -208,7 +238,8 @@ def run_demo(settings: DemoSettings) -> int:
                 metrics_url = f"http://{serve.metrics_host}:{app.http.port}"
                 console.print(f"metrics on {metrics_url}/metrics", highlight=False)
                 producer.start()
-                view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at, champion=settings.variant)
+                view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at, champion=settings.variant,
+                                label_delay=LABEL_DELAY_S if delayed else None)
                 deadline = time.monotonic() + settings.duration if settings.duration else float("inf")
                 if settings.live:
                     with Live(view.render(), console=console, refresh_per_second=4, screen=True) as live:

@@ -140,3 +140,26 @@ def test_each_challenger_has_a_line_beside_the_champion_and_drift_has_one(monkey
     assert "plain_mistake_rate=0.300 pocket_mistake_rate=0.200 drifts=2 last_drift_s_ago=75" in line, line
     assert "pending=" not in line
 
+
+def test_delayed_labels_show_pending_joined_unknown_and_the_delay(monkeypatch):
+    monkeypatch.setattr(demo.time, "monotonic", Clock())
+    app = _challenged_app(FLAGS)
+    view = DemoView(app, "b:1", "http://m:1", drift_at=5000, champion="averaged", label_delay=3.0)
+    before = _render(view)
+    assert re.search(r"labels pending\s+0\s+joined / unknown_id\s+0 / 0", before), before
+    assert "none joined yet (sent 3 s after)" in before
+
+    m = app.metrics
+    m.observe_tally(_tally(label_outcomes=["joined"] * 1200 + ["unknown_id"] * 2 + ["expired"] * 7,
+                           delays=[2.5] * 600 + [3.5] * 600), 0.001)
+    m.pending.set(1503)
+    lines = _render(view).splitlines()
+
+    def row(label: str) -> str:
+        return next(line for line in lines if label in line)
+
+    assert re.search(r"labels pending\s+1,503\s+joined / unknown_id\s+1,200 / 2\b", row("labels pending")), row("labels pending")
+    assert re.search(r"label delay\s+3\.0 s on average \(sent 3 s after\)\s+expired \(never came\)\s+7\b", row("label delay")), row("label delay")
+    assert row("challenger plain") and row("drift (DDM)")  # the lines of both modes stay
+    line = view.line()
+    assert "pending=1503 joined=1200 unknown_id=2 expired=7 label_delay_s=3.0" in line, line

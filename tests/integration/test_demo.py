@@ -108,3 +108,26 @@ def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
     time.sleep(0.5)
     assert _processes_mentioning(f"tcp://{broker_address}") == [], "a child process outlived the demo"
 
+
+def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path):
+    """--delayed-labels: applications now, outcomes 3 s later on a label topic; the service joins them."""
+    import signal
+
+    port = free_port()
+    out = open(tmp_path / "demo.out", "w+")
+    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--delayed-labels", "--duration", "60", "--no-live",
+                             "--metrics-port", str(port), "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_until(lambda: (_metric(port, 'perceptron_labels_total{outcome="joined"}') or 0) > 0, 45,
+                   what="the demo to join labels")
+        for challenger in ("plain", "pocket"):
+            assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, challenger
+        demo.send_signal(signal.SIGINT)
+        code = demo.wait(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    log = (tmp_path / "demo.out").read_text()
+    assert code == 0, log
+    assert "stopped: broker, producer and service are down" in log
+    assert int(re.findall(r" joined=(\d+) ", log)[-1]) > 0, log
