@@ -402,8 +402,12 @@ class DemoSettings(CommandSettings):
     broker_port: int = Field(0, ge=0, le=65535, description="Port of the embedded broker (0 picks a free port).")
     standardize: bool = Field(True, description="Standardise the credit features online.")
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field(
-        "averaged", description="Perceptron variant (averaged shows the climb and recovery at the policy change best).")
+        "averaged", description="Perceptron variant of the champion (averaged shows the climb and recovery at the policy "
+        "change best); the others of averaged, plain and pocket run beside it as challengers.")
     noise: float = Field(0.02, ge=0.0, le=1.0, description="Fraction of flipped labels in the credit stream.")
+    delayed_labels: bool = Field(
+        False, description="Delayed labels: the producer sends each application now and its outcome about 3 s later on a "
+        "label topic of its own (5% never come), and the service joins them (serve --label-topic).")
     live: bool = Field(True, description="Show the live terminal view (off: print a line every few seconds).")
 
 

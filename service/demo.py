@@ -3,9 +3,14 @@
 Starts the embedded broker (a child process), the service and a producer of
 the credit-approval stream (threads of this process), and shows a live view:
 events/s, mistakes, the mistake rate and its trend, and the weights by
-feature. The stream has label noise and a change of the bank's policy
-partway through, so the mistake rate climbs and then recovers. Ctrl-C (or
-``--duration``) stops everything; the broker goes with it.
+feature, the challengers' mistake rates beside the champion's, and what
+river's DDM says of drift. The stream has label noise and a change of the
+bank's policy partway through, so the mistake rate climbs and then recovers.
+With ``--delayed-labels`` the producer sends each application now and its
+outcome a few seconds later on a label topic of its own (some never), the
+service joins them, and the view shows the pending points, the joined and
+unknown labels and the labels' delay. Ctrl-C (or ``--duration``) stops
+everything; the broker goes with it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,47 @@ from service.produce import ProduceError, produce
 from service.state.checkpoint import CheckpointError
 
 SPARK = "▁▂▃▄▅▆▇█"
+#: The variants the demo compares: the champion is ``--variant``, the others of these run as challengers.
+VARIANTS = ("averaged", "plain", "pocket")
+#: ``--delayed-labels``: the label topic, how long after its point a label is sent, and the share never sent.
+LABEL_TOPIC = "labels"
+LABEL_DELAY_S = 3.0
+LABEL_MISSING = 0.05
+#: A point whose label never comes expires after this long (counted as expired) instead of the service's 7 days,
+#: so the pending count stays what is really still to come.
+LABEL_TTL_S = 30.0
+
+
+def challengers(variant: str) -> list[str]:
+    """The demo's challengers: the variants of :data:`VARIANTS` the champion is not.
+
+    >>> challengers("averaged"), challengers("pocket")
+    (['plain', 'pocket'], ['averaged', 'plain'])
+    """
+    return [v for v in VARIANTS if v != variant]
+
+
+def ago(seconds: float) -> str:
+    """A duration as the view says it.
+
+    >>> ago(4.2), ago(75), ago(3 * 3600 + 60)
+    ('4 s', '1 min 15 s', '3 h 1 min')
+    """
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _sample(metric, name: str, **labels: str) -> float:
+    """The value /metrics shows for ``name`` with exactly ``labels`` (0 when absent), read from one metric."""
+    for family in metric.collect():
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return s.value
+    return 0.0
 
 
 def sparkline(values: list[float], top: float = 0.5) -> str:
@@ -46,8 +92,12 @@ def sparkline(values: list[float], top: float = 0.5) -> str:
 class DemoView:
     """What the terminal shows, computed from the running Application."""
 
-    def __init__(self, app: Application, bootstrap: str, metrics_url: str, drift_at: int):
+    def __init__(self, app: Application, bootstrap: str, metrics_url: str, drift_at: int, *, champion: str = "champion",
+                 label_delay: float | None = None):
+        """``champion``: its variant's name; ``label_delay``: the seconds after its point a label is sent (None: labels
+        inline, in each event)."""
         self.app, self.bootstrap, self.metrics_url, self.drift_at = app, bootstrap, metrics_url, drift_at
+        self.champion, self.label_delay = champion, label_delay
         self.samples: deque[tuple[float, int]] = deque(maxlen=20)
         self.rates: deque[float] = deque(maxlen=40)  # one mistake-rate sample a second
         self._next_rate_at = 0.0
@@ -61,8 +111,20 @@ class DemoView:
         if now >= self._next_rate_at:
             self.rates.append(rate)
             self._next_rate_at = now + 1.0
-        return {"seen": learner.seen, "events_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0, "mistakes": learner.mistakes,
-                "updates": learner.updates, "rate": rate, "weights": dict(learner.weights), "bias": learner.bias}
+        m = self.app.metrics
+        last_drift = _sample(m.last_drift, "perceptron_last_drift_timestamp_seconds")
+        s = {"seen": learner.seen, "events_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0, "mistakes": learner.mistakes,
+             "updates": learner.updates, "rate": rate, "weights": dict(learner.weights), "bias": learner.bias,
+             "challengers": {name: window.value for name, window in list(m.challenger_windows.items())},
+             "drifts": int(_sample(m.drifts, "perceptron_drift_detected_total")),
+             "drift_ago": time.time() - last_drift if last_drift else None}
+        if self.label_delay is not None:
+            count = _sample(m.label_delay, "perceptron_label_delay_seconds_count")
+            s.update({outcome: int(_sample(m.labels, "perceptron_labels_total", outcome=outcome))
+                      for outcome in ("joined", "unknown_id", "expired")})
+            s["pending"] = int(_sample(m.pending, "perceptron_pending_labels"))
+            s["delay"] = _sample(m.label_delay, "perceptron_label_delay_seconds_sum") / count if count else None
+        return s
 
     def render(self) -> Panel:
         s = self.sample()
@@ -73,6 +135,15 @@ class DemoView:
                       "trend (40 s)", sparkline(list(self.rates)))
         phase = "before" if s["seen"] < self.drift_at else "after"
         stats.add_row("bank policy", f"changes at event {self.drift_at:,} ({phase})", "", "")
+        for name, rate in s["challengers"].items():
+            stats.add_row(f"challenger {name}", f"{rate:.1%} mistake rate", f"champion {self.champion}", f"{s['rate']:.1%}")
+        drift = "none detected" if not s["drifts"] else (
+            f"{s['drifts']:,} detected, the last {ago(s['drift_ago'])} ago" if s["drift_ago"] is not None else f"{s['drifts']:,} detected")
+        stats.add_row("drift (DDM)", drift, "", "")
+        if self.label_delay is not None:
+            stats.add_row("labels pending", f"{s['pending']:,}", "joined / unknown_id", f"{s['joined']:,} / {s['unknown_id']:,}")
+            delay = "none joined yet" if s["delay"] is None else f"{s['delay']:.1f} s on average"
+            stats.add_row("label delay", f"{delay} (sent {self.label_delay:g} s after)", "expired (never came)", f"{s['expired']:,}")
         weights = Table("feature", "weight", box=None, padding=(0, 2))
         for name, w in sorted(s["weights"].items(), key=lambda kv: str(kv[0])):
             weights.add_row(str(name), f"{w:+.3f}")
@@ -82,8 +153,16 @@ class DemoView:
 
     def line(self) -> str:
         s = self.sample()
-        return (f"events={s['seen']} events/s={s['events_per_s']:.0f} mistakes={s['mistakes']} "
+        line = (f"events={s['seen']} events/s={s['events_per_s']:.0f} mistakes={s['mistakes']} "
                 f"mistake_rate={s['rate']:.3f} updates={s['updates']}")
+        line += "".join(f" {name}_mistake_rate={rate:.3f}" for name, rate in s["challengers"].items())
+        line += f" drifts={s['drifts']}"
+        if s["drift_ago"] is not None:
+            line += f" last_drift_s_ago={s['drift_ago']:.0f}"
+        if self.label_delay is not None:
+            line += (f" pending={s['pending']} joined={s['joined']} unknown_id={s['unknown_id']} expired={s['expired']}"
+                     f" label_delay_s={'-' if s['delay'] is None else format(s['delay'], '.1f')}")
+        return line
 
 
 def describe_failure(exc: BaseException, metrics_port: int) -> str:
@@ -138,11 +217,16 @@ def run_demo(settings: DemoSettings) -> int:
     with EmbeddedBroker(port=settings.broker_port) as broker, tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state:
         console.print(f"embedded broker on {broker.bootstrap_servers} (pid {broker.process.pid})")
         base = ["--bootstrap-servers", broker.bootstrap_servers]
+        delayed = settings.delayed_labels
         serve = load(ServeSettings, [*base, "--metrics-port", str(settings.metrics_port), "--state-dir", state, "--variant", settings.variant,
-                                     "--standardize" if settings.standardize else "--no-standardize", "--checkpoint-interval-seconds", "5"])
+                                     "--standardize" if settings.standardize else "--no-standardize", "--checkpoint-interval-seconds", "5",
+                                     "--challengers", ",".join(challengers(settings.variant)),
+                                     *(["--label-topic", LABEL_TOPIC, "--label-ttl-seconds", str(LABEL_TTL_S)] if delayed else [])])
         app = Application(serve)
         producer_settings = load(ProduceSettings, [*base, "--stream", "credit", "--count", "0", "--rate", str(settings.rate),
-                                                   "--noise", str(settings.noise), "--drift-every", str(drift_at), "--no-progress"])
+                                                   "--noise", str(settings.noise), "--drift-every", str(drift_at), "--no-progress",
+                                                   *(["--label-topic", LABEL_TOPIC, "--label-delay-seconds", str(LABEL_DELAY_S),
+                                                      "--label-missing", str(LABEL_MISSING)] if delayed else [])])
         service = _ServiceThread(app)
         service.start()
         while app.http is None and service.is_alive():
@@ -154,7 +238,8 @@ def run_demo(settings: DemoSettings) -> int:
                 metrics_url = f"http://{serve.metrics_host}:{app.http.port}"
                 console.print(f"metrics on {metrics_url}/metrics", highlight=False)
                 producer.start()
-                view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at)
+                view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at, champion=settings.variant,
+                                label_delay=LABEL_DELAY_S if delayed else None)
                 deadline = time.monotonic() + settings.duration if settings.duration else float("inf")
                 if settings.live:
                     with Live(view.render(), console=console, refresh_per_second=4, screen=True) as live:
@@ -179,7 +264,7 @@ def run_demo(settings: DemoSettings) -> int:
         elif service.is_alive():
             failure = "the service did not stop within 30 s"
         if view is not None:
-            console.print(view.line(), highlight=False)
+            console.print(view.line(), highlight=False, soft_wrap=True)  # one line, as the lines before it
     # the broker (a child process) and the producer are down here, whatever happened
     if failure is not None:
         print(f"perceptron-stream demo: the service failed: {failure} (the broker and the producer are stopped)",

@@ -91,3 +91,75 @@ def test_the_plain_line_says_the_same(app, monkeypatch):
     clock.now += 1.0
     line = view.line()
     assert f"events=4 events/s=4 mistakes={app.learner.mistakes} mistake_rate={app.metrics.window.value:.3f}" in line
+
+
+def _tally(**fields):
+    from service.pipeline.task import Tally
+
+    tally = Tally()
+    for name, value in fields.items():
+        setattr(tally, name, value)
+    return tally
+
+
+def _challenged_app(flags):
+    """The demo's champion (averaged) with its two challengers, after ``flags``' labeled events."""
+    learner = make_learner("averaged", 0.0, False)
+    metrics = ServiceMetrics(window=10, version="test", variant="averaged", challengers=["plain", "pocket"])
+    metrics.observe_tally(_tally(labeled=len(flags["champion"]), flags=flags["champion"],
+                                 challenger_flags={"plain": flags["plain"], "pocket": flags["pocket"]}), 0.001)
+    return SimpleNamespace(learner=learner, metrics=metrics)
+
+
+FLAGS = {"champion": [True] + [False] * 9, "plain": [True] * 3 + [False] * 7, "pocket": [True] * 2 + [False] * 8}
+
+
+def test_each_challenger_has_a_line_beside_the_champion_and_drift_has_one(monkeypatch):
+    from service.demo import challengers
+
+    assert challengers("averaged") == ["plain", "pocket"] and challengers("plain") == ["averaged", "pocket"]
+    monkeypatch.setattr(demo.time, "monotonic", Clock())
+    app = _challenged_app(FLAGS)
+    view = DemoView(app, "b:1", "http://m:1", drift_at=5000, champion="averaged")
+    lines = _render(view).splitlines()
+
+    def row(label: str) -> str:
+        return next(line for line in lines if label in line)
+
+    assert re.search(r"challenger plain\s+30\.0% mistake rate\s+champion averaged\s+10\.0%", row("challenger plain")), row("challenger plain")
+    assert re.search(r"challenger pocket\s+20\.0% mistake rate\s+champion averaged\s+10\.0%", row("challenger pocket")), row("challenger pocket")
+    assert re.search(r"drift \(DDM\)\s+none detected", row("drift")), row("drift")
+    assert not any("pending" in line or "label delay" in line for line in lines)  # labels inline: no delayed-label lines
+
+    wall = Clock(1_700_000_000.0)
+    monkeypatch.setattr(demo.time, "time", wall)
+    app.metrics.observe_tally(_tally(drifts=2), 0.001)  # stamps the last drift with time.time(), the clock above
+    wall.now += 75
+    assert re.search(r"drift \(DDM\)\s+2 detected, the last 1 min 15 s ago", _render(view)), _render(view)
+    line = view.line()
+    assert "plain_mistake_rate=0.300 pocket_mistake_rate=0.200 drifts=2 last_drift_s_ago=75" in line, line
+    assert "pending=" not in line
+
+
+def test_delayed_labels_show_pending_joined_unknown_and_the_delay(monkeypatch):
+    monkeypatch.setattr(demo.time, "monotonic", Clock())
+    app = _challenged_app(FLAGS)
+    view = DemoView(app, "b:1", "http://m:1", drift_at=5000, champion="averaged", label_delay=3.0)
+    before = _render(view)
+    assert re.search(r"labels pending\s+0\s+joined / unknown_id\s+0 / 0", before), before
+    assert "none joined yet (sent 3 s after)" in before
+
+    m = app.metrics
+    m.observe_tally(_tally(label_outcomes=["joined"] * 1200 + ["unknown_id"] * 2 + ["expired"] * 7,
+                           delays=[2.5] * 600 + [3.5] * 600), 0.001)
+    m.pending.set(1503)
+    lines = _render(view).splitlines()
+
+    def row(label: str) -> str:
+        return next(line for line in lines if label in line)
+
+    assert re.search(r"labels pending\s+1,503\s+joined / unknown_id\s+1,200 / 2\b", row("labels pending")), row("labels pending")
+    assert re.search(r"label delay\s+3\.0 s on average \(sent 3 s after\)\s+expired \(never came\)\s+7\b", row("label delay")), row("label delay")
+    assert row("challenger plain") and row("drift (DDM)")  # the lines of both modes stay
+    line = view.line()
+    assert "pending=1503 joined=1200 unknown_id=2 expired=7 label_delay_s=3.0" in line, line

@@ -25,6 +25,13 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _metric(port: int, name: str) -> float | None:
+    """A sample of the demo's /metrics (``name`` with its labels, as exposed); None when absent."""
+    status, text = http_get(f"http://127.0.0.1:{port}/metrics")
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+|NaN)$", text, re.M) if status == 200 else None
+    return float(match.group(1)) if match else None
+
+
 def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
     port = free_port()
     out = open(tmp_path / "demo.out", "w+")
@@ -32,12 +39,12 @@ def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
                              "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         def metric(name):
-            status, text = http_get(f"http://127.0.0.1:{port}/metrics")
-            match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M) if status == 200 else None
-            return float(match.group(1)) if match else 0.0
+            return _metric(port, name) or 0.0
 
         wait_until(lambda: metric("perceptron_mistakes_total") > 0, 30, what="the demo to count mistakes")
         assert metric('perceptron_events_total{kind="labeled"}') > 0
+        for challenger in ("plain", "pocket"):  # the champion is averaged
+            assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, challenger
         broker_address = re.search(r"embedded broker on (\S+)", (tmp_path / "demo.out").read_text()).group(1)
         assert _processes_mentioning(f"tcp://{broker_address}"), "the demo's broker should be running"
         code = demo.wait(timeout=60)
@@ -100,3 +107,27 @@ def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
     broker_address = re.search(r"embedded broker on (\S+)", stdout).group(1)
     time.sleep(0.5)
     assert _processes_mentioning(f"tcp://{broker_address}") == [], "a child process outlived the demo"
+
+
+def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path):
+    """--delayed-labels: applications now, outcomes 3 s later on a label topic; the service joins them."""
+    import signal
+
+    port = free_port()
+    out = open(tmp_path / "demo.out", "w+")
+    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--delayed-labels", "--duration", "60", "--no-live",
+                             "--metrics-port", str(port), "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_until(lambda: (_metric(port, 'perceptron_labels_total{outcome="joined"}') or 0) > 0, 45,
+                   what="the demo to join labels")
+        for challenger in ("plain", "pocket"):
+            assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, challenger
+        demo.send_signal(signal.SIGINT)
+        code = demo.wait(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    log = (tmp_path / "demo.out").read_text()
+    assert code == 0, log
+    assert "stopped: broker, producer and service are down" in log
+    assert int(re.findall(r" joined=(\d+) ", log)[-1]) > 0, log
