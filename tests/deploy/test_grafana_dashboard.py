@@ -179,6 +179,29 @@ def test_the_panels_the_service_needs(dashboard: dict[str, Any]) -> None:
     assert any(e.startswith("perceptron_data_radius{") for e in norm)
 
 
+def test_the_scale_out_panels(dashboard: dict[str, Any]) -> None:
+    """Instances and partitions per instance, and per partition the weight norm, the mixes and the rejected mix records.
+
+    The partition label exists only in partition scope, and the mix counters' series only once something was
+    mixed or rejected: the panels fall back to a zero built from a series every running service has, so they
+    show data (zero) in group scope too, where the end-to-end test runs them.
+    """
+    compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
+    instances = compact(_panel_exprs(dashboard, "instances and partitions"))
+    assert any(e.startswith("sum(up{") for e in instances), instances
+    assert any(e.startswith("sumby(instance)(perceptron_assigned_partitions{") for e in instances), instances
+    norm = compact(_panel_exprs(dashboard, "weight norm per partition"))
+    assert any(e.startswith("maxby(partition)(perceptron_weight_norm{") for e in norm), norm
+    mixes = compact(_panel_exprs(dashboard, "mixes per second by partition"))
+    assert any(e.startswith("sumby(partition)(rate(perceptron_mixes_total{") for e in mixes), mixes
+    rejected = compact(_panel_exprs(dashboard, "mix records rejected"))
+    assert any(e.startswith("sumby(reason)(rate(perceptron_mix_records_rejected_total{") for e in rejected), rejected
+    # a fallback stands in only for missing series: 0 times a series of the service, never a bare constant
+    for expr in mixes + rejected:
+        _, sep, fallback = expr.partition(")or")
+        assert sep and "0*" in fallback and "perceptron_" in fallback, expr
+
+
 #: How Grafana shows the value 1.0 in a unit: percentunit reads values as
 #: fractions (1.0 is 100%), the plain units show the number as it is.
 ONE_IN_UNIT = {"percentunit": "100%", "none": "1", "short": "1"}
