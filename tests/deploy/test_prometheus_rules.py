@@ -40,6 +40,7 @@ EXPECTED_ALERTS = {
     "PerceptronTargetDown",
     "PerceptronPollLoopStalled",
     "PerceptronNoPartitionsAssigned",
+    "PerceptronMixRecordsRejected",
 }
 
 #: The service's metric contract (DESIGN.md, metrics; issue 4), as the sample
@@ -160,6 +161,7 @@ def test_expected_durations() -> None:
     assert durations["PerceptronTargetDown"] == "1m"
     assert durations["PerceptronPollLoopStalled"] == "5m"
     assert durations["PerceptronNoPartitionsAssigned"] == "5m"
+    assert durations["PerceptronMixRecordsRejected"] == "1m"
 
 
 def test_mistake_rate_alert_needs_labeled_events_flowing() -> None:
