@@ -41,6 +41,8 @@ EXPECTED_ALERTS = {
     "PerceptronPollLoopStalled",
     "PerceptronNoPartitionsAssigned",
     "PerceptronMixRecordsRejected",
+    "PerceptronDriftDetected",
+    "PerceptronLabelsUnmatched",
 }
 
 #: The service's metric contract (DESIGN.md, metrics; issue 4), as the sample
@@ -162,6 +164,8 @@ def test_expected_durations() -> None:
     assert durations["PerceptronPollLoopStalled"] == "5m"
     assert durations["PerceptronNoPartitionsAssigned"] == "5m"
     assert durations["PerceptronMixRecordsRejected"] == "1m"
+    assert durations["PerceptronDriftDetected"] == "0s"  # a drift is an event: at once
+    assert durations["PerceptronLabelsUnmatched"] == "5m"
 
 
 def test_mistake_rate_alert_needs_labeled_events_flowing() -> None:
