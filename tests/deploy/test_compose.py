@@ -42,6 +42,7 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 SERVICE = "perceptron-stream"
+SCALED = "perceptron-stream-scaled"  # the profile scale-out's model, in partition scope, run with --scale
 SCRAPE_JOB = "perceptron-stream"
 
 
@@ -199,7 +200,7 @@ def test_compose_spec_validator_rejects_a_broken_file(compose, tmp_path):
 
 
 def test_the_stack_has_its_services(compose):
-    assert set(compose["services"]) == {"kafka", "topics", SERVICE, "producer", "prometheus", "grafana"}
+    assert set(compose["services"]) == {"kafka", "topics", SERVICE, SCALED, "producer", "prometheus", "grafana"}
 
 
 def test_third_party_images_are_pinned(compose):
@@ -267,13 +268,17 @@ def test_topic_configs_are_read_from_the_line():
     assert _topic_configs(line) == {"cleanup.policy": "compact", "segment.ms": "1"}
 
 
-def test_topics_service_creates_every_topic_the_service_uses(compose, monkeypatch):
+def test_topics_service_creates_every_topic_the_services_use(compose, monkeypatch):
     settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    scaled = serve_settings(monkeypatch, container_env(compose, SCALED))
     created = _created_topics(compose)
-    assert set(created) == {settings.input_topic, settings.output_topic, settings.dlq_topic, settings.checkpoint_topic}
-    assert _topic_configs(created[settings.checkpoint_topic]) == CHECKPOINT_TOPIC_CONFIG
+    compacted = {settings.checkpoint_topic, scaled.checkpoint_topic, scaled.mix_topic}
+    assert set(created) == {settings.input_topic, settings.output_topic, settings.dlq_topic,
+                            scaled.input_topic, scaled.output_topic, scaled.dlq_topic} | compacted
+    for topic in compacted:  # the settings the service gives them when it creates them
+        assert _topic_configs(created[topic]) == CHECKPOINT_TOPIC_CONFIG, topic
     for topic, line in created.items():
-        if topic != settings.checkpoint_topic:
+        if topic not in compacted:
             assert "compact" not in line, f"{topic} must keep every event, not compact them"
     topics = compose["services"]["topics"]
     assert topics["image"] == compose["services"]["kafka"]["image"]
@@ -284,10 +289,11 @@ def test_topics_service_creates_every_topic_the_service_uses(compose, monkeypatc
 
 def test_demo_topics_keep_an_hour_not_a_week(compose, monkeypatch):
     """The producer writes forever: with Kafka's default retention (7 days) the demo fills the disk."""
+    scaled = serve_settings(monkeypatch, container_env(compose, SCALED))
     settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
     created = _created_topics(compose)
     retentions = set()
-    for topic in (settings.input_topic, settings.output_topic, settings.dlq_topic):
+    for topic in (settings.input_topic, settings.output_topic, settings.dlq_topic, scaled.output_topic, scaled.dlq_topic):
         configs = _topic_configs(created[topic])
         assert configs.get("cleanup.policy", "delete") == "delete", topic
         retention_ms = int(configs["retention.ms"])
@@ -300,8 +306,9 @@ def test_demo_topics_keep_an_hour_not_a_week(compose, monkeypatch):
         assert 0 < int(configs["segment.ms"]) <= retention_ms // 2, topic
         if "retention.bytes" in configs:
             assert int(configs["retention.bytes"]) > 0, topic
-    # the compacted checkpoint topic keeps its records: no retention of any kind on it
-    assert not {"retention.ms", "retention.bytes"} & set(_topic_configs(created[settings.checkpoint_topic]))
+    # the compacted checkpoint and mix topics keep their records: no retention of any kind on them
+    for topic in (settings.checkpoint_topic, scaled.mix_topic):
+        assert not {"retention.ms", "retention.bytes"} & set(_topic_configs(created[topic])), topic
     assert "retention.ms" not in CHECKPOINT_TOPIC_CONFIG
     # and the README and the compose file's header say so (line breaks aside)
     header = " ".join(line.lstrip("#") for line in COMPOSE_FILE.read_text().split("\nservices:", 1)[0].splitlines())
@@ -345,6 +352,63 @@ def test_service_is_built_from_the_dockerfile_and_waits_for_kafka_and_topics(com
     assert service.get("command", ["serve"])[0] == "serve"
 
 
+# --------------------------------------------------------------------------- compose: scale-out
+
+
+def _partitions(compose, topic: str) -> int:
+    return int(re.search(r"--partitions\s+(\d+)", _created_topics(compose)[topic]).group(1))
+
+
+def test_scaled_service_has_what_partition_scope_needs(compose, monkeypatch):
+    service = compose["services"][SCALED]
+    assert service["profiles"] == ["scale-out"]  # a plain `docker compose up` runs the group-scope model alone
+    for name in _environment(service):
+        assert name.removeprefix(ENV_PREFIX).lower() in ServeSettings.model_fields, f"{name} is not a setting of serve"
+    main = serve_settings(monkeypatch, container_env(compose, SERVICE))
+    settings = serve_settings(monkeypatch, container_env(compose, SCALED))
+    assert settings.model_scope == "partition"
+    assert settings.state_store == "kafka", "every instance must read every replica's checkpoints, and has no volume"
+    assert not service.get("volumes")
+    assert settings.mix_every > 0
+    assert not settings.create_topics and {settings.checkpoint_topic, settings.mix_topic} <= set(_created_topics(compose))
+    assert settings.metrics_host == "0.0.0.0"
+    # the same stream, another model: a group of its own (sharing the group-scope model's would split its
+    # partitions between two kinds of model) and outputs of its own
+    assert (settings.bootstrap_servers, settings.input_topic) == (main.bootstrap_servers, main.input_topic)
+    assert settings.group_id != main.group_id
+    assert {settings.output_topic, settings.dlq_topic}.isdisjoint({main.output_topic, main.dlq_topic})
+    assert service["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert service["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    assert service.get("command", ["serve"])[0] == "serve"
+
+
+def test_scaled_service_can_be_scaled(compose, monkeypatch):
+    """`--scale` starts N containers of one service: a fixed host port or a container name would collide."""
+    service = compose["services"][SCALED]
+    assert "container_name" not in service
+    port = serve_settings(monkeypatch, container_env(compose, SCALED)).metrics_port
+    assert [str(p) for p in service.get("ports", [])] in ([], [str(port)])  # the container port alone: a free host port each
+    assert "deploy" not in service  # deploy.replicas would fix the count
+    # Prometheus finds every instance by the service's DNS name, on its metrics port, in the service's job
+    prometheus = compose["services"]["prometheus"]
+    config = yaml.safe_load(host_path_of(prometheus, "/etc/prometheus/prometheus.yml").read_text())
+    [job] = [job for job in config["scrape_configs"] if job["job_name"] == SCRAPE_JOB]
+    assert {"names": [SCALED], "type": "A", "port": port}.items() <= job["dns_sd_configs"][0].items()
+
+
+def test_suggested_scale_stays_within_the_input_partitions(compose, monkeypatch):
+    """One replica per partition: an instance beyond the partition count gets nothing to do."""
+    partitions = _partitions(compose, serve_settings(monkeypatch, container_env(compose, SCALED)).input_topic)
+    header = COMPOSE_FILE.read_text().split("\nservices:", 1)[0]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for where, text in (("the compose header", header), ("README.md", readme)):
+        commands = re.findall(rf"docker compose [^\n`]*--scale {SCALED}=\d+[^\n`]*", text)
+        assert commands, f"no `--scale {SCALED}=N` command in {where}"
+        for command in commands:
+            assert "--profile scale-out" in command, (where, command)
+            assert 1 <= int(re.search(rf"--scale {SCALED}=(\d+)", command).group(1)) <= partitions, (where, command)
+
+
 def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, monkeypatch):
     port = serve_settings(monkeypatch, container_env(compose, SERVICE)).metrics_port
     # published on the same host port
@@ -374,7 +438,7 @@ def test_one_service_builds_the_project_image_and_the_others_run_it(compose):
     assert builders == [SERVICE]
     image = project_image(compose)
     users = {name: service for name, service in compose["services"].items() if _image_name(service["image"]) == _image_name(image)}
-    assert set(users) == {SERVICE, "producer"}
+    assert set(users) == {SERVICE, SCALED, "producer"}
     for name, service in users.items():
         assert service["image"] == image, f"{name} runs {service['image']}, the build makes {image}"
         if name == SERVICE:

@@ -179,6 +179,72 @@ def test_the_panels_the_service_needs(dashboard: dict[str, Any]) -> None:
     assert any(e.startswith("perceptron_data_radius{") for e in norm)
 
 
+def test_the_scale_out_panels(dashboard: dict[str, Any]) -> None:
+    """Instances and partitions per instance, and per partition the weight norm, the mixes and the rejected mix records.
+
+    The partition label exists only in partition scope, and the mix counters' series only once something was
+    mixed or rejected: the panels fall back to a zero built from a series every running service has, so they
+    show data (zero) in group scope too, where the end-to-end test runs them.
+    """
+    compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
+    instances = compact(_panel_exprs(dashboard, "instances and partitions"))
+    assert any(e.startswith("sum(up{") for e in instances), instances
+    assert any(e.startswith("sumby(instance)(perceptron_assigned_partitions{") for e in instances), instances
+    norm = compact(_panel_exprs(dashboard, "weight norm per partition"))
+    assert any(e.startswith("maxby(partition)(perceptron_weight_norm{") for e in norm), norm
+    mixes = compact(_panel_exprs(dashboard, "mixes per second by partition"))
+    assert any(e.startswith("sumby(partition)(rate(perceptron_mixes_total{") for e in mixes), mixes
+    rejected = compact(_panel_exprs(dashboard, "mix records rejected"))
+    assert any(e.startswith("sumby(reason)(rate(perceptron_mix_records_rejected_total{") for e in rejected), rejected
+    # a fallback stands in only for missing series: 0 times a series of the service, never a bare constant
+    for expr in mixes + rejected:
+        _, sep, fallback = expr.partition(")or")
+        assert sep and "0*" in fallback and "perceptron_" in fallback, expr
+
+
+def test_the_delayed_label_and_model_operation_panels(dashboard: dict[str, Any]) -> None:
+    """Pending labels, label delay p50/p99, labels by outcome; the champion's mistake rate beside the challengers'; drift."""
+    compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
+    assert any(e.startswith("sumby(instance)(perceptron_pending_labels{") for e in compact(_panel_exprs(dashboard, "pending labels")))
+    delay = compact(_panel_exprs(dashboard, "label delay"))
+    for q in ("0.5", "0.99"):
+        assert any(e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_label_delay_seconds_bucket{{") for e in delay), (q, delay)
+    outcomes = compact(_panel_exprs(dashboard, "labels per second by outcome"))
+    assert any(e.startswith("sumby(outcome)(rate(perceptron_labels_total{") for e in outcomes), outcomes
+    [panel] = [p for p in dashboard["panels"] if p["title"] == "Champion and challengers: mistake rate"]
+    exprs = compact(t["expr"] for t in panel["targets"])
+    assert any(e.startswith("perceptron_mistake_rate{") for e in exprs) and \
+        any(e.startswith("perceptron_challenger_mistake_rate{") for e in exprs), exprs
+    assert any("{{challenger}}" in t["legendFormat"] for t in panel["targets"])
+    assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    stats = {p["title"]: compact(t["expr"] for t in p["targets"]) for p in dashboard["panels"] if p["type"] == "stat"}
+    assert stats["Last drift"] == ['max(perceptron_last_drift_timestamp_seconds{job=~"$job",instance=~"$instance"})*1000']
+    [last] = [p for p in dashboard["panels"] if p["title"] == "Last drift"]
+    assert last["fieldConfig"]["defaults"]["unit"] == "dateTimeFromNow"
+    assert {"0": {"text": "never", "index": 0}} in [m["options"] for m in last["fieldConfig"]["defaults"]["mappings"]]
+
+
+def _prometheus_annotations(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [a for a in dashboard["annotations"]["list"] if a.get("datasource", {}).get("type") == "prometheus"]
+
+
+def test_drift_annotation(dashboard: dict[str, Any]) -> None:
+    """A drift marks every time series: an annotation where the drift counter went up. increase, not changes: a
+    restart sets the counter back to 0, which is no drift."""
+    [drift] = [a for a in _prometheus_annotations(dashboard) if a["name"] == "Drift detected"]
+    assert drift["enable"] is True and drift["datasource"] == {"type": "prometheus", "uid": provisioned_datasource()["uid"]}
+    assert re.sub(r"\s+", "", drift["expr"]) == \
+        'increase(perceptron_drift_detected_total{job=~"$job",instance=~"$instance"}[$__rate_interval])>0'
+    assert drift["tagKeys"] == "instance" and "{{instance}}" in drift["textFormat"]
+
+
+def test_annotation_queries_substitute_to_plain_promql(dashboard: dict[str, Any]) -> None:
+    values = dashboard_variable_values(dashboard)
+    for annotation in _prometheus_annotations(dashboard):
+        query = substitute_grafana_variables(annotation["expr"], values)
+        assert "$" not in query, query
+
+
 #: How Grafana shows the value 1.0 in a unit: percentunit reads values as
 #: fractions (1.0 is 100%), the plain units show the number as it is.
 ONE_IN_UNIT = {"percentunit": "100%", "none": "1", "short": "1"}
@@ -252,6 +318,14 @@ def test_dashboard_expr_parses_in_prometheus(prometheus: PrometheusServer, title
     assert body.get("errorType") != "bad_data", f"{title} [{ref}]: {expr}\n{body.get('error')}"
     assert status == 200 and body["status"] == "success", (title, ref, body)
     assert body["data"]["resultType"] == "vector", (title, ref, body["data"]["resultType"])
+
+
+@pytest.mark.integration
+def test_annotation_queries_parse_in_prometheus(dashboard: dict[str, Any], prometheus: PrometheusServer) -> None:
+    values = dashboard_variable_values(dashboard)
+    for annotation in _prometheus_annotations(dashboard):
+        status, body = prometheus.query_raw(substitute_grafana_variables(annotation["expr"], values))
+        assert status == 200 and body["status"] == "success", (annotation["name"], body)
 
 
 @pytest.mark.integration

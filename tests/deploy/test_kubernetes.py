@@ -580,6 +580,7 @@ def test_the_container_runs_serve_of_the_image(container):
     assert json.loads(entrypoint[0].split(" ", 1)[1]) == ["perceptron-stream"]
 
 
-if __name__ == "__main__":  # regenerate deploy/kubernetes/prometheusrule.yaml
-    PROMETHEUSRULE.write_text(prometheusrule_text())
-    print(f"wrote {PROMETHEUSRULE.relative_to(ROOT)}")
+if __name__ == "__main__":  # regenerate deploy/kubernetes/prometheusrule.yaml and the scale-out set's copy
+    for path in (PROMETHEUSRULE, MANIFESTS / "scale-out" / PROMETHEUSRULE.name):
+        path.write_text(prometheusrule_text())
+        print(f"wrote {path.relative_to(ROOT)}")

@@ -40,6 +40,9 @@ EXPECTED_ALERTS = {
     "PerceptronTargetDown",
     "PerceptronPollLoopStalled",
     "PerceptronNoPartitionsAssigned",
+    "PerceptronMixRecordsRejected",
+    "PerceptronDriftDetected",
+    "PerceptronLabelsUnmatched",
 }
 
 #: The service's metric contract (DESIGN.md, metrics; issue 4), as the sample
@@ -160,6 +163,9 @@ def test_expected_durations() -> None:
     assert durations["PerceptronTargetDown"] == "1m"
     assert durations["PerceptronPollLoopStalled"] == "5m"
     assert durations["PerceptronNoPartitionsAssigned"] == "5m"
+    assert durations["PerceptronMixRecordsRejected"] == "1m"
+    assert durations["PerceptronDriftDetected"] == "0s"  # a drift is an event: at once
+    assert durations["PerceptronLabelsUnmatched"] == "5m"
 
 
 def test_mistake_rate_alert_needs_labeled_events_flowing() -> None:

@@ -43,8 +43,11 @@ from tests.prometheus_server import (  # noqa: F401 (prometheus_factory is a fix
     PrometheusNotFound,
     PrometheusServer,
     dashboard_targets,
+    dashboard_variable_values,
     find_prometheus,
+    load_dashboard,
     prometheus_factory,
+    substitute_grafana_variables,
 )
 
 pytestmark = pytest.mark.integration
@@ -52,6 +55,16 @@ pytestmark = pytest.mark.integration
 DIMENSIONS = 5
 LABELED_AND_UNLABELED = 3000
 JOB = f'job="{DEFAULT_JOB}"'
+
+#: Dashboard targets (panel title, refId) that can have data only with a feature of `serve` on: the run of
+#: the default service checks that they are valid PromQL, test_feature_panels_have_data_with_the_features_on
+#: runs the service with these features and checks that they return data, as the Prometheus annotations
+#: (drift) do there.
+FEATURE_TARGETS = {
+    ("Label delay", "A"): "label_topic",  # quantiles of joined labels' delays: NaN until labels join
+    ("Label delay", "B"): "label_topic",
+    ("Champion and challengers: mistake rate", "B"): "challengers",  # series only for --challengers
+}
 
 #: Malformed inputs, each with the reason the service must give (the label of
 #: perceptron_rejected_events_total). They come after the first valid event, so
@@ -227,7 +240,11 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
         # -- phase 3: events keep flowing; the dashboard and the alert rules on live data
         with BackgroundProducer(bootstrap, topics["input_topic"]) as flow:
             prom.wait_for(f"sum(rate(perceptron_events_total{{{JOB}, kind=\"labeled\"}}[10s])) > 0", bool, timeout=15)
+            assert set(FEATURE_TARGETS) <= {(title, ref) for title, ref, _expr in dashboard_targets()}, "a renamed panel?"
             for title, ref, expr in dashboard_targets():
+                if (title, ref) in FEATURE_TARGETS:  # valid here; data in the test with the feature on
+                    prom.query(expr)
+                    continue
                 try:
                     prom.wait_for(expr, _finite_and_non_empty, timeout=15)
                 except TimeoutError as exc:
@@ -267,4 +284,46 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
         prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and float(r[0]["value"][1]) == mistakes, timeout=15)
         prom.wait_for(f"sum(perceptron_events_total{{{JOB}}})", lambda r: len(r) == 1 and float(r[0]["value"][1]) == total, timeout=15)
 
+    assert service.stop() == 0
+
+
+def _annotation_queries() -> dict[str, str]:
+    dashboard = load_dashboard()
+    values = dashboard_variable_values(dashboard)
+    return {a["name"]: substitute_grafana_variables(a["expr"], values)
+            for a in dashboard["annotations"]["list"] if a.get("datasource", {}).get("type") == "prometheus"}
+
+
+def test_feature_panels_have_data_with_the_features_on(broker, topics, tmp_path, service_thread, prometheus_factory):  # noqa: F811
+    """The targets of FEATURE_TARGETS and the drift annotation return data from a service with --label-topic and
+    --challengers: points wait for labels that come (label delay), a challenger is scored beside the champion,
+    and 5,000 stable labeled events followed by flipped ones make a drift."""
+    bootstrap = broker.bootstrap_servers
+    names = {**topics, "label_topic": topics["input_topic"] + "-labels", "outcome_topic": topics["output_topic"] + "-outcomes"}
+    for name in ("input_topic", "output_topic", "dlq_topic", "label_topic", "outcome_topic"):
+        create_topic(bootstrap, names[name])
+    service = service_thread(settings_args(broker, names, tmp_path, challengers="averaged"))
+    with _service_must_live(service):
+        prom = prometheus_factory([f"127.0.0.1:{service.app.http.port}"], job=DEFAULT_JOB)
+        # a scrape before any event: the counters' and the histogram's rises lie inside the windows
+        prom.wait_for(f"perceptron_drift_detected_total{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=30)
+        stream = separable(dimensions=DIMENSIONS, margin=0.1, noise=0.0, seed=12)
+        stable = [next(stream) for _ in range(5000)]
+        flipped = [{**e, "y": -e["y"]} for e in itertools.islice(stream, 2000)]
+        pending = [{"id": f"pending-{i}", "x": e["x"]} for i, e in enumerate(itertools.islice(stream, 200))]
+        produce(bootstrap, names["input_topic"], stable + pending, keys=[str(e["id"]).encode() for e in stable + pending])
+        produce(bootstrap, names["label_topic"], [{"id": p["id"], "y": 1} for p in pending], keys=[p["id"].encode() for p in pending])
+        consume(bootstrap, names["outcome_topic"], len(pending), timeout=30)  # every label joined its point
+        produce(bootstrap, names["input_topic"], flipped)
+        prom.wait_for(f"perceptron_drift_detected_total{{{JOB}}} > 0", bool, timeout=30)
+        targets = {(title, ref): expr for title, ref, expr in dashboard_targets()}
+        queries = {f"{title} [{ref}]": targets[(title, ref)] for title, ref in FEATURE_TARGETS} | _annotation_queries()
+        assert "Drift detected" in queries
+        for what, expr in queries.items():
+            try:
+                prom.wait_for(expr, _finite_and_non_empty, timeout=20)
+            except TimeoutError as exc:
+                raise AssertionError(f"{what}: {exc}") from None
+        [challenger] = prom.query(targets[("Champion and challengers: mistake rate", "B")])
+        assert challenger["metric"]["challenger"] == "averaged"
     assert service.stop() == 0
