@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -120,31 +118,6 @@ def test_images_and_release_label_block_are_the_bases():
     assert yaml.safe_load(ours)["images"] == yaml.safe_load(theirs)["images"]
     marker = "UNCOMMENT for kube-prometheus-stack"
     assert _commented_block(ours, marker) == _commented_block(theirs, marker)
-
-
-def test_kubectl_kustomize_builds_the_same_objects(objects):
-    """kubectl is no requirement of the suite (render() stands in for it); where it is installed, it must agree."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: render() alone builds the set")
-    built = subprocess.run([kubectl, "kustomize", str(SCALE_OUT)], capture_output=True, text=True, timeout=60)
-    assert built.returncode == 0, built.stderr
-    docs = {doc["kind"]: doc for doc in yaml.safe_load_all(built.stdout) if doc}
-    # kustomize writes a folded (>-) scalar whose lines are indented further back with a blank line in it:
-    # the same PromQL, other whitespace
-    assert _squeezed(docs) == _squeezed(objects)
-
-
-def _squeezed(node):
-    """``node`` with every string's runs of whitespace made one space."""
-    if isinstance(node, dict):
-        return {key: _squeezed(value) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_squeezed(item) for item in node]
-    return " ".join(node.split()) if isinstance(node, str) else node
-
-
-# --------------------------------------------------------------------------- settings and pods
 
 
 def test_configmap_is_the_bases_in_partition_scope(objects, base, settings):
