@@ -13,9 +13,10 @@ reused alone.
   set, margins, radius and the (R/γ)² bound.
 """
 
+from service.learning.factory import learner_from_state, make_learner
 from service.learning.hashing import HashedPerceptron
 from service.learning.perceptron import VARIANTS, Perceptron, StepResult, to_label
-from service.learning.scaled import ScaledPerceptron, learner_from_state, make_learner
+from service.learning.scaled import ScaledPerceptron
 
 __all__ = [
     "VARIANTS",

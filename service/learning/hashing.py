@@ -45,6 +45,8 @@ from typing import Any
 from river import base
 
 from service.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
+from service.learning.scaled import STATE_KIND as SCALED_KIND
+from service.learning.scaled import ScaledPerceptron
 
 STATE_KIND = "hashed-perceptron"
 STATE_FORMAT = 1
@@ -136,8 +138,6 @@ class HashedPerceptron(base.Classifier):
         ...
         ValueError: invalid hashed-perceptron state: the feature hasher puts the probe names into other buckets than the one that wrote this state (river's hash changed?): its weights would be read under other features
         """
-        from service.learning.scaled import learner_from_state
-
         st = _Reader("hashed-perceptron state", state)
         st.header(STATE_KIND, STATE_FORMAT)
         hs = _Reader("hashed-perceptron state hasher", st.get("hasher"))
@@ -151,7 +151,11 @@ class HashedPerceptron(base.Classifier):
             st.fail("the feature hasher puts the probe names into other buckets than the one that wrote this state "
                     "(river's hash changed?): its weights would be read under other features")
         inner = st.get("model")
-        if isinstance(inner, dict) and inner.get("kind") == STATE_KIND:
+        kind = inner.get("kind") if isinstance(inner, dict) else None
+        if kind == "perceptron":
+            m.model = Perceptron.from_state(inner)
+        elif kind == SCALED_KIND:
+            m.model = ScaledPerceptron.from_state(inner)
+        else:
             st.fail("model must be a perceptron or scaled-perceptron state")
-        m.model = learner_from_state(inner)
         return m

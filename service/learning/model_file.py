@@ -15,8 +15,8 @@ ValueError: the model file holds a plain perceptron, and --variant is averaged
 
 from __future__ import annotations
 
+from service.learning.factory import learner_from_state
 from service.learning.perceptron import Perceptron
-from service.learning.scaled import learner_from_state
 
 KIND, FORMAT = "perceptron-stream.model", 1
 
