@@ -388,6 +388,11 @@ class Application:
         started = time.perf_counter()
         tally, send, labels = Tally(), self.stream.send, self.settings.label_topic
         self.assignments.batch_open = True
+        if labels is not None:
+            now = time.time()  # points past their TTL go before this batch's labels could join them
+            for task in self.tasks.all():
+                if task.joiner is not None:
+                    task.joiner.expire(now, tally)
         if labels is not None:  # a label after the points of its partition: its point may be among them
             batches = sorted(batches, key=lambda records: records[0].topic == labels)
         lags = None
@@ -402,16 +407,12 @@ class Application:
                 if not records:
                     continue
             task.process(records, send, tally)
-        now = time.time()
-        for task in self.tasks.all():
-            if task.joiner is not None:
-                task.joiner.expire(now, tally)
         self._flush()
         self.assignments.batch_open = False
         tasks = self.tasks.all()
         for task in tasks:
             if task.joiner is not None:
-                task.joiner.commit()
+                task.joiner.commit(tally)
         self.checkpointer.acknowledged(tasks)
         self.metrics.observe_tally(tally, time.perf_counter() - started)
         for task in tasks:

@@ -75,9 +75,7 @@ class Joiner:
                  "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset}, "at": r.timestamp / 1000}
         if challengers:
             point["challengers"] = challengers
-        evicted = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
-        if evicted:
-            tally.label_outcomes.extend(["evicted"] * evicted)
+        self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
 
     def saw_point(self, partition: int, timestamp: int) -> None:
         if timestamp > self.point_time.get(partition, -1):
@@ -124,10 +122,13 @@ class Joiner:
             if expired:
                 tally.label_outcomes.extend(["expired"] * expired)
 
-    def commit(self) -> None:
-        """The batch's changes durable (still undone by a restore of an older checkpoint)."""
+    def commit(self, tally=None) -> None:
+        """The batch's changes durable (still undone by a restore of an older checkpoint); evictions counted."""
         for table in self.tables.values():
             table.commit()
+            if table.evicted and tally is not None:
+                tally.label_outcomes.extend(["evicted"] * table.evicted)
+            table.evicted = 0
 
     # checkpoints ----------------------------------------------------------
     def before_save(self, seq: int) -> None:

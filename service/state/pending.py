@@ -20,14 +20,15 @@ never seen: a label for it is ``unknown_id``).
 
 >>> table = PendingTable(":memory:", ttl_seconds=60, max_pending=2)
 >>> table.add("a", {"x": [1.0], "y_pred": 1, "score": 0.5, "version": 3, "offset": 7}, now=100.0)
-0
 >>> table.take("a", now=101.0)["score"], table.take("a", now=102.0), table.take("zz", now=102.0)
 (0.5, 'duplicate', None)
 >>> table.checkpoint(1)
->>> [table.add(i, {"x": [float(i)]}, now=103.0 + i) for i in range(3)]   # the third evicts the oldest
-[0, 0, 1]
->>> table.pending_count(), table.take(0, now=110.0), table.rollback_to(1), table.pending_count()
-(2, None, None, 0)
+>>> for i in range(3):
+...     table.add(i, {"x": [float(i)]}, now=103.0 + i)
+>>> table.pending_count(), table.evicted     # beyond max_pending = 2, the oldest was evicted
+(2, 1)
+>>> table.take(0, now=110.0), table.rollback_to(1), table.pending_count()
+(None, None, 0)
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ class PendingTable:
         self.epoch = int(row[0]) if row else 1
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
         self._in_tx = False
+        # Points added since the last flush, written with one executemany: a statement per point was most of
+        # a pending point's cost (bench/own_work.py). Every read flushes them first.
+        self._adds: dict[str, tuple[float, bytes]] = {}
+        self.evicted = 0  # pending points evicted to stay within max_pending, since the caller last took the count
 
     # changes (each inside the open transaction, logged for undo) -----------
     def _begin(self) -> None:
@@ -91,25 +96,47 @@ class PendingTable:
         self.db.execute("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)",
                         (self.epoch, key, None if old is None else orjson.dumps([old[0], old[1], old[2].decode() if old[2] else None])))
 
-    def add(self, point_id: str | int, point: dict, now: float) -> int:
-        """Keep ``point`` until its label comes; the number of older points evicted to stay within max_pending.
+    def add(self, point_id: str | int, point: dict, now: float) -> None:
+        """Keep ``point`` until its label comes (older points beyond max_pending are evicted: counted in ``evicted``).
 
         A second point with the same id replaces the first: the label that
         comes is for the decision published last.
         """
-        self._begin()
         key = _key(point_id)
-        self._log(key)
-        replaced = self.db.execute("SELECT state FROM pending WHERE id = ?", (key,)).fetchone()
-        self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point) VALUES (?, 'pending', ?, ?)",
-                        (key, now, orjson.dumps(point)))
-        if replaced is None or replaced[0] != "pending":
-            self._count += 1
-        return self._evict()
+        if key in self._adds:  # twice in one batch: the first goes to the table, the second replaces it
+            self.flush()
+        self._adds[key] = (now, orjson.dumps(point))
+
+    def flush(self) -> None:
+        """Write the buffered points: one statement for all when their ids are new (the common case)."""
+        adds = self._adds
+        if not adds:
+            return
+        self._adds = {}
+        self._begin()
+        self.db.execute("SAVEPOINT adds")
+        try:
+            self.db.executemany("INSERT INTO pending (id, state, at, point) VALUES (?, 'pending', ?, ?)",
+                                ((k, at, blob) for k, (at, blob) in adds.items()))
+            self.db.executemany("INSERT INTO undo (epoch, id, old) VALUES (?, ?, NULL)", ((self.epoch, k) for k in adds))
+            self.db.execute("RELEASE adds")
+            self._count += len(adds)
+        except sqlite3.IntegrityError:  # an id the table holds already: one at a time, logging what each replaces
+            self.db.execute("ROLLBACK TO adds")
+            self.db.execute("RELEASE adds")
+            for key, (at, blob) in adds.items():
+                self._log(key)
+                replaced = self.db.execute("SELECT state FROM pending WHERE id = ?", (key,)).fetchone()
+                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point) VALUES (?, 'pending', ?, ?)",
+                                (key, at, blob))
+                if replaced is None or replaced[0] != "pending":
+                    self._count += 1
+        self.evicted += self._evict()
 
     def take(self, point_id: str | int, now: float) -> dict | str | None:
         """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
         already, None when unknown (never seen, expired, evicted)."""
+        self.flush()
         key = _key(point_id)
         row = self.db.execute("SELECT state, point FROM pending WHERE id = ?", (key,)).fetchone()
         if row is None:
@@ -124,6 +151,7 @@ class PendingTable:
 
     def expire(self, now: float) -> int:
         """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
+        self.flush()
         cutoff = now - self.ttl_seconds
         old = self.db.execute("SELECT id, state FROM pending WHERE at < ? ORDER BY at LIMIT 10000", (cutoff,)).fetchall()
         if not old:
@@ -151,12 +179,14 @@ class PendingTable:
     # checkpoints ----------------------------------------------------------
     def commit(self) -> None:
         """Make the changes so far durable (they still belong to the open epoch: a restore may undo them)."""
+        self.flush()
         if self._in_tx:
             self.db.execute("COMMIT")
             self._in_tx = False
 
     def checkpoint(self, seq: int) -> None:
         """Checkpoint ``seq`` was taken: later changes belong to epoch seq + 1; undo older than KEEP_EPOCHS goes."""
+        self.flush()
         self._begin()
         self.epoch = seq + 1
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
@@ -181,11 +211,13 @@ class PendingTable:
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
 
     def pending_count(self) -> int:
+        self.flush()
         return self._count
 
     # the changelog of the Kafka store ---------------------------------------
     def changed(self) -> list[tuple[str, list | None]]:
         """Each id changed in the open epoch with its row now (``[state, at, point]``, or None: gone), for a changelog."""
+        self.flush()
         keys = [k for (k,) in self.db.execute("SELECT DISTINCT id FROM undo WHERE epoch = ? ORDER BY id", (self.epoch,))]
         out = []
         for key in keys:
@@ -195,6 +227,7 @@ class PendingTable:
 
     def load(self, rows: dict[str, list], epoch: int) -> None:
         """Replace the whole table by ``rows`` (id → [state, at, point JSON or None]), as of checkpoint ``epoch - 1``."""
+        self._adds = {}
         self.commit()
         self._begin()
         self.db.execute("DELETE FROM pending")

@@ -21,7 +21,7 @@ from service.config import ServeSettings, load
 from service.learning import make_learner
 from service.streams import separable
 from tests.conftest import consume, create_topic, http_get, produce, settings_args, start_service_process, wait_until
-from tests.integration.test_crash import final_checkpoint, has_traceback, stop_process, tail
+from tests.integration.test_crash import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
 
 pytestmark = pytest.mark.integration
 
@@ -110,14 +110,14 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
 def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lettered(broker, topics, tmp_path, service_thread):
     names = _topics(broker, topics)
     points = _points(30, seed=73)
-    args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=3)
+    args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=10)
     service = service_thread(args)
     _send_points(broker, names["input_topic"], points)  # the first 10 are evicted: 20 pending at most
     consume(broker.bootstrap_servers, names["output_topic"], len(points))
     _send_labels(broker, names["label_topic"], [("p-25", 1), ("p-25", -1), ("nobody", 1), ("p-3", 1)])
     letters = [json.loads(m.value) for m in consume(broker.bootstrap_servers, names["dlq_topic"], 3)]
     assert sorted(letter["reason"] for letter in letters) == ["duplicate", "unknown_id", "unknown_id"]
-    time.sleep(4)  # past the TTL: the 19 still pending expire at the next batch
+    time.sleep(10)  # past the TTL: the 19 still pending expire at the next batch
     _send_points(broker, names["input_topic"], _points(1, seed=74, start=100))
     _send_labels(broker, names["label_topic"], [("p-20", 1)])  # expired: unknown now
     consume(broker.bootstrap_servers, names["dlq_topic"], 4)
@@ -154,6 +154,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(broker,
         process.send_signal(signal.SIGKILL)
         process.wait()
         process = start_service_process(args, tmp_path / "serve-2.log")
+        wait_assigned(process, tmp_path / "serve-2.log", names["input_topic"])  # restored, SIGTERM handled from here on
         wait_until(lambda: _outcomes(broker, names, distinct=True) >= len(labels) or process.poll() is not None, 120,
                    what="every label joined once")
         assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")

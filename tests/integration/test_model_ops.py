@@ -128,3 +128,24 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     refused = subprocess.run([sys.executable, "-m", "service.cli", "serve", *settings_args(broker, fresh, tmp_path / "c"),
                               "--initial-model", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert refused.returncode == 1 and "the model file holds a averaged perceptron, and --variant is plain" in refused.stderr
+
+
+def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broker, topics, tmp_path, service_thread):
+    create_topic(broker.bootstrap_servers, topics["input_topic"], partitions=2)
+    events = _events(600, seed=85)
+    for p in range(2):
+        produce(broker.bootstrap_servers, topics["input_topic"], events[p::2], partition=p)
+    args = settings_args(broker, topics, tmp_path, model_scope="partition", mix_every=0, challengers="pocket")
+    service = service_thread(args)
+    consume(broker.bootstrap_servers, topics["output_topic"], 600)
+    wait_until(lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 600, 30, what="all counted")
+    report = json.loads(http_get(service.metrics_url + "/model")[1])
+    assert report["scope"] == "partition" and [m["partition"] for m in report["models"]] == [0, 1]
+    for p, model in enumerate(report["models"]):
+        champion, pocket = make_learner(max_features=50_000), make_learner("pocket", max_features=50_000)
+        for e in events[p::2]:
+            champion.step(e["x"], e["y"])
+            pocket.step(e["x"], e["y"])
+        assert model["task"] == f"partition-{p}" and model["champion"]["weights"] == {str(k): v for k, v in champion.weights.items()}
+        assert model["challengers"]["pocket"]["weights"] == {str(k): v for k, v in pocket.weights.items()}
+    service.stop()

@@ -1,0 +1,110 @@
+"""The service's own work per event, without Kafka: decode, step, challengers, pending join, output encoding, book-keeping.
+
+    python3 bench/own_work.py                          # this tree, every configuration
+    python3 bench/own_work.py --tree /tmp/old          # another tree (e.g. git archive c769d4d | tar -x -C /tmp/old)
+
+What the poll loop does with a batch once the client handed it over, with
+the client's part left out (the outputs go to a no-op ``send``): 100,000
+events of d = 10 (5% label noise), in batches of 1,000, as the service's
+task processes them (``Task.process``; on a tree from before the task,
+``Application._process`` over a stream whose sends do nothing). CPU time of
+the process, the best of ``--rounds``; every configuration in turn per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class NullStream:
+    """What the old Application used of its stream, doing nothing."""
+
+    def send(self, topic, key, value):
+        pass
+
+    def flush(self, timeout_s):
+        return []
+
+
+def records(count: int, labeled: bool = True):
+    from service.streams import separable
+
+    try:
+        from service.kafka.contract import Record
+    except ImportError:  # before service/kafka/contract.py
+        from service.kafka.types import Record
+    out = []
+    for i, (e, _) in enumerate(zip(separable(dimensions=10, noise=0.05, seed=1), range(count))):
+        if not labeled:
+            e = {"id": e["id"], "x": e["x"]}
+        out.append(tuple.__new__(Record, ("points", 0, i, e["id"].encode(), json.dumps(e, separators=(",", ":")).encode(),
+                                          1_700_000_000_000 + i)))
+    return out
+
+
+def runner(args: list[str], recs, tmp: Path):
+    """A function that processes ``recs`` once through the service's own path, in batches of 1,000."""
+    from service.app import Application
+    from service.config import ServeSettings, load
+
+    app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-store", "none", "--state-dir", str(tmp), *args]))
+    try:
+        from service.pipeline.task import Tally
+    except ImportError:  # the old Application: its own _process, over a stream that does nothing
+        app.io = NullStream()
+        return lambda: [app._process(recs[i:i + 1000]) for i in range(0, len(recs), 1000)]
+    if app.settings.label_topic is not None:
+        import tempfile
+
+        app._cache_dir = tempfile.TemporaryDirectory()
+    task = app.tasks.group
+
+    def run():
+        for i in range(0, len(recs), 1000):
+            tally = Tally()
+            task.process(recs[i:i + 1000], lambda t, k, v: None, tally)
+            if task.joiner is not None:
+                task.joiner.commit(tally)
+            app.metrics.observe_tally(tally, 0.001)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tree", type=Path, default=ROOT, help="source tree whose service is measured")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.tree.resolve()))
+    import tempfile
+
+    configs = {"plain": ([], True)}
+    if (args.tree / "service" / "pipeline").is_dir():  # a tree with challengers and delayed labels
+        configs["+ challengers averaged,pocket"] = (["--challengers", "averaged,pocket"], True)
+        configs["+ label topic (points kept pending)"] = (["--label-topic", "labels"], False)
+        configs["+ both"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], False)
+    with tempfile.TemporaryDirectory() as tmp:
+        recs = {labeled: records(args.events, labeled) for labeled in (True, False)}
+        runs = {name: runner(flags, recs[labeled], Path(tmp) / str(i)) for i, (name, (flags, labeled)) in enumerate(configs.items())}
+        gc.collect()
+        gc.freeze()  # as the service does after start-up
+        best = {name: float("inf") for name in runs}
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                started = time.process_time()
+                run()
+                best[name] = min(best[name], time.process_time() - started)
+    print(f"# {args.tree}: {args.events:,} events of d = 10, CPU µs an event (best of {args.rounds})")
+    for name, seconds in best.items():
+        print(f"{name:40s} {seconds / args.events * 1e6:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
