@@ -131,6 +131,8 @@ class Assignments:
                 self.checkpointer.checkpoint(tasks)  # committed by the loop; the next owner restores from it
             for task in tasks:
                 self.tasks.drop(task.partition)
+                if task.joiner is not None:
+                    task.joiner.close()  # its pending tables go with the partition (its next owner opens them)
                 if self.store is not None:
                     self.store.unlock(task.name)
                 self.metrics.forget_replica(task.partition)
