@@ -244,3 +244,30 @@ def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_t
     assert json.loads(prediction.value)["y_pred"] == got["y_pred"] == -1 and got["mistake"] is True and got["id"] == "c-1044"
     assert got["model"] == {"version": 1, "seen": 1, "mistakes": 1}
     service.stop()
+
+
+def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, topics, tmp_path, service_thread):
+    names = {**topics, "label_topic": topics["input_topic"] + "-labels", "outcome_topic": topics["output_topic"] + "-outcomes"}
+    for name in ("input_topic", "label_topic"):
+        create_topic(broker.bootstrap_servers, names[name], partitions=2)
+    points = _points(200, seed=76)
+    by_partition = {p: points[p::2] for p in range(2)}
+    for p, mine in by_partition.items():  # keyed alike, sent to the same partition number
+        produce(broker.bootstrap_servers, names["input_topic"], [{"id": e["id"], "x": e["x"]} for e in mine],
+                keys=[e["id"].encode() for e in mine], partition=p)
+    args = settings_args(broker, names, tmp_path, model_scope="partition", mix_every=0)
+    service = service_thread(args)
+    consume(broker.bootstrap_servers, names["output_topic"], 200)
+    for p, mine in by_partition.items():
+        produce(broker.bootstrap_servers, names["label_topic"], [{"id": e["id"], "y": e["_y"]} for e in mine],
+                keys=[e["id"].encode() for e in mine], partition=p)
+    consume(broker.bootstrap_servers, names["outcome_topic"], 200)
+    service.stop()
+    from service.state.local import LocalStore
+
+    settings = load(ServeSettings, args)
+    store = LocalStore(settings.state_dir, settings.group_id)
+    for p, mine in by_partition.items():
+        _, _, _, learner = _replay(mine, [(e["id"], e["_y"]) for e in mine])
+        checkpoint = store.load(f"partition-{p}")
+        assert checkpoint.model == learner.to_state() and checkpoint.task["labels"]["pending"] == {str(p): 0}
