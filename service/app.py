@@ -77,6 +77,8 @@ __all__ = ["Application", "StartupError", "CHECKPOINT_TOPIC_CONFIG"]
 #: segment, and a start reads every record left), and room for a large model
 #: (the checkpoint producer sends up to 16 MiB).
 CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000), "max.message.bytes": str(16 * 1024 * 1024)}
+#: How often the loop reads the mix topic's new records.
+MIX_READ_EVERY_S = 0.25
 #: How long one flush waits before the loop logs an outage and waits again.
 FLUSH_WAIT_S = 10.0
 #: The pending changelog: compacted, and no record younger than a day compacted away, so a change a crashed
@@ -111,6 +113,7 @@ class Application:
         self.mix_tail: TopicTail | None = None
         self.changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
         self._cache_dir: tempfile.TemporaryDirectory | None = None  # pending tables rebuilt from the changelog
+        self._next_mix_read = 0.0
         self._held: dict[int, int] = {}  # label partition → timestamp of the first label held back until its points come
         if not self.per_partition:
             self.tasks.add(self._new_task(None))  # made again at start-up, with the cluster's ids
@@ -378,8 +381,12 @@ class Application:
         return 0
 
     def _follow_mixes(self) -> None:
-        if self.mix_tail is None:
+        """The mix topic's new records into the board, a few times a second: a poll of its consumer costs more
+        than a turn of the loop on librdkafka, and replicas mix every --mix-every events, not every turn."""
+        now = time.monotonic()
+        if self.mix_tail is None or now < self._next_mix_read:
             return
+        self._next_mix_read = now + MIX_READ_EVERY_S
         ok, records = self.retry.once(self.mix_tail.poll, "read the mix topic")
         for key, value in records or ():
             self.board.offer(key, value)
