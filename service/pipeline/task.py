@@ -239,4 +239,5 @@ class TaskSet:
         return self.group if not self.per_partition else self.by_partition.get(partition)
 
     def all(self) -> list[Task]:
-        return [self.group] if self.group is not None else [self.by_partition[p] for p in sorted(self.by_partition)]
+        # list() of the items first: one C call, so the HTTP thread (/model) may read while the loop adds and drops
+        return [self.group] if self.group is not None else [task for _, task in sorted(list(self.by_partition.items()))]
