@@ -4,6 +4,7 @@
     python3 bench/e2e.py --memory-events 1000000      # also resident memory from 100k to 1M events
     python3 bench/e2e.py --client confluent           # also the confluent-kafka ceiling
     python3 bench/e2e.py --client service-confluent   # also the service on confluent-kafka (--kafka-client confluent)
+    python3 bench/e2e.py --client quix+river --client confluent+river   # also what a user would write instead (bench/peers)
     python3 bench/e2e.py --service-tree new=../other  # also the service of another source tree, side by side
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
 
@@ -25,14 +26,23 @@ round), each in a child process of its own, with a fresh group and output topic:
 - service: ``python -m service.cli serve`` with its defaults (local checkpoint
   store with fsync, metrics endpoint); ``--service-tree NAME=DIR`` adds the
   service of another source tree (a proposed change), measured the same way;
-  ``--client service-confluent`` adds the service with ``--kafka-client confluent``.
+  ``--client service-confluent`` adds the service with ``--kafka-client confluent``;
+- peers (``--client quix+river``, ``--client confluent+river``): what a user
+  would write instead of the service, river's Perceptron behind a Kafka library,
+  each the way its library's documentation shows (bench/peers; the bench extra).
 
 Throughput, the same for all, from the data: N / (CreateTime of the last
 output − CreateTime of the first), read back from the output topic once every
-output was acknowledged (a ceiling's committed offsets reach N; a service's
-/metrics count N events, polled every 0.2 s: the service commits at its
-checkpoints only, up to 30 s later). Start-up and group join are not counted;
-neither is the acknowledgement of the last batch (a few ms, for all alike).
+output was acknowledged (a ceiling's or a peer's committed offsets reach N; a
+service's /metrics count N events, polled every 0.5 s: the service commits at
+its checkpoints only, up to 30 s later). Start-up and group join are not
+counted; neither is the acknowledgement of the last batch (a few ms, for all
+alike). CPU time an event: from the first progress seen to N, where progress
+is what completion is read from. Except for the Quix peer: it commits every 5 s
+(its default), and stamps each output with its input's CreateTime (so the
+outputs' CreateTimes are those of the pre-produced inputs); it prints
+"processed N T" lines (T its clock, when its N-th output was produced), from
+which the runner takes its progress for the CPU time, and its span.
 
 Latency (``--latency-seconds``, per partition count): on a fresh topic, once the
 contender is assigned, events are produced at half the service's measured rate
@@ -52,10 +62,12 @@ a round, and the medians. Results: bench/results/e2e-<time>.json (gitignored).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -200,6 +212,14 @@ def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group
 CEILINGS = {"kafka-python": ceiling_kafka_python, "confluent": ceiling_confluent,
             "confluent+service-path": lambda *args: ceiling_confluent(*args, work=True)}
 
+# What a user would write instead (bench/peers): the module, and the package it needs beyond ours.
+# Imported in the worker only, so this file runs without them unless such a contender is asked for.
+PEERS = {"quix+river": ("quix_river", "quixstreams"), "confluent+river": ("confluent_river", "confluent_kafka")}
+
+
+def run_peer(name: str, *args) -> None:
+    importlib.import_module(f"bench.peers.{PEERS[name][0]}").run(*args)  # until SIGTERM
+
 
 # --------------------------------------------------------------------------- broker helpers
 class Kafka:
@@ -297,7 +317,7 @@ class Kafka:
 # --------------------------------------------------------------------------- runs
 class Contender(NamedTuple):
     name: str
-    kind: str  # "ceiling" or "service"
+    kind: str  # "ceiling", "peer" (bench/peers) or "service"
     client: str
     tree: Path  # where the service's code is (ROOT, or a tree given with --service-tree)
 
@@ -377,7 +397,7 @@ class Service:
 
 
 class Ceiling:
-    """A ceiling loop (this file, ``--worker``) as a child process."""
+    """A ceiling loop or a peer (this file, ``--worker``) as a child process."""
 
     def __init__(self, client: str, bootstrap: str, input_topic: str, output_topic: str, group: str, events: int,
                  batch: int, log_path: Path):
@@ -398,6 +418,11 @@ class Ceiling:
             time.sleep(0.05)
         raise RuntimeError(f"the worker was not assigned partitions in {timeout:.0f} s; see {self.log_path}")
 
+    def logged(self) -> dict[int, float]:
+        """The worker's "processed N T" lines, if it prints them (the Quix peer): N → its clock (ms) when N were done."""
+        lines = re.findall(rb"^processed (\d+) ([\d.]+)\n", self.log_path.read_bytes(), re.MULTILINE)
+        return {int(n): float(t) for n, t in lines}
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -414,7 +439,7 @@ def start(c: Contender, kafka: Kafka, input_topic: str, output_topic: str, group
           batch: int, log_path: Path):
     for name in (output_topic, output_topic + ".dlq"):
         kafka.create(name, partitions)
-    if c.kind == "ceiling":
+    if c.kind in ("ceiling", "peer"):
         return Ceiling(c.client, kafka.bootstrap, input_topic, output_topic, group, events, batch, log_path)
     client = ["--kafka-client", c.client] if c.client != "kafka-python" else []  # the default: also for older trees
     return Service(c.tree, kafka.bootstrap, input_topic, output_topic, group, partitions, log_path,
@@ -422,8 +447,8 @@ def start(c: Contender, kafka: Kafka, input_topic: str, output_topic: str, group
 
 
 def wait_done(kafka: Kafka, worker, group: str, target: int, timeout: float, interval: float = 0.2, on_progress=None) -> None:
-    """Until ``target`` events are done: a ceiling's committed offsets (it commits every batch); a
-    service's acknowledged events from /metrics (it commits at its checkpoints, up to 30 s later)."""
+    """Until ``target`` events are done: a ceiling's or a peer's committed offsets; a service's
+    acknowledged events from /metrics (it commits at its checkpoints, up to 30 s later)."""
     deadline = time.monotonic() + timeout
     count = worker.processed if isinstance(worker, Service) else lambda: kafka.committed(group)
     while time.monotonic() < deadline:
@@ -444,13 +469,19 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
 
     Also the CPU time per event of the contender's process (all its threads), from its first
     acknowledged batch to its last: steadier than events/s on a shared machine.
+
+    The Quix peer commits every 5 s (its default) and stamps each output with its input's CreateTime:
+    its "processed N T" lines give its progress for the CPU time and the span (see bench/peers/quix_river.py).
     """
     output_topic, group = f"out-{tag}", f"g-{tag}"
     worker = start(c, kafka, input_topic, output_topic, group, partitions, events, batch, logs / f"{tag}.log")
     samples: list[tuple[int, float]] = []
+    logged = worker.logged if c.kind == "peer" else dict
 
     def sample(done: int) -> None:
-        if done and (not samples or done >= events):
+        said = logged()
+        done = max(said) if said else done
+        if done and (not samples or (done >= events and samples[-1][0] < events)):
             samples.append((done, cpu_seconds(worker.process.pid)))
 
     try:
@@ -460,10 +491,16 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
                   on_progress=sample)
     finally:
         worker.stop()
-    first, last = kafka.timestamp_span_ms(output_topic)
+    said = logged()
+    if said:
+        if not {1, events} <= said.keys():
+            raise RuntimeError(f"{c.name}: no 'processed' line for the first or the last event; see {worker.log_path}")
+        first, last, span = said[1], said[events], "the peer's own clock at its first and last output"
+    else:
+        (first, last), span = kafka.timestamp_span_ms(output_topic), "output CreateTimes"
     seconds = (last - first) / 1000
     (done0, cpu0), (done1, cpu1) = samples[0], samples[-1]
-    return {"name": c.name, "partitions": partitions, "events": events, "seconds": round(seconds, 3),
+    return {"name": c.name, "partitions": partitions, "events": events, "seconds": round(seconds, 3), "span": span,
             "events_per_s": round(events / seconds, 1),
             "cpu_us_per_event": round((cpu1 - cpu0) / (done1 - done0) * 1e6, 1) if done1 > done0 else None}
 
@@ -604,10 +641,12 @@ def main() -> int:
     parser.add_argument("--partitions", default="1,4", help="partition counts, comma-separated (default 1,4)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per partition count; medians are reported")
     parser.add_argument("--batch-size", type=int, default=1000, help="records per poll, ceiling and service alike")
-    parser.add_argument("--client", choices=["confluent", "confluent+service-path", "service-confluent"], action="append",
-                        default=[], help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
-                                         "service's per-event work too (what the service could do on that client); "
-                                         "service-confluent: the service itself on confluent-kafka")
+    parser.add_argument("--client", choices=["confluent", "confluent+service-path", "service-confluent", *PEERS],
+                        action="append", default=[],
+                        help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
+                             "service's per-event work too (what the service could do on that client); "
+                             "service-confluent: the service itself on confluent-kafka; quix+river, confluent+river: "
+                             "what a user would write instead (bench/peers, the bench extra)")
     parser.add_argument("--service-tree", action="append", default=[], metavar="NAME=DIR",
                         help="also the service from another source tree (e.g. a proposed change), side by side")
     parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)")
@@ -619,7 +658,8 @@ def main() -> int:
     parser.add_argument("--worker-topics", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        CEILINGS[args.worker](args.bootstrap, *args.worker_topics, args.events, args.batch_size)
+        work = CEILINGS[args.worker] if args.worker in CEILINGS else lambda *a: run_peer(args.worker, *a)
+        work(args.bootstrap, *args.worker_topics, args.events, args.batch_size)
         return 0
 
     from rich.console import Console
@@ -627,15 +667,16 @@ def main() -> int:
     from service.broker import EmbeddedBroker
     from service.streams import separable
 
-    if args.client:
-        try:
-            import confluent_kafka  # noqa: F401
-        except ImportError:
-            parser.error("--client confluent needs confluent-kafka: pip install confluent-kafka")
+    for client in dict.fromkeys(args.client):
+        if client in PEERS and importlib.util.find_spec(PEERS[client][1]) is None:
+            parser.error(f"--client {client} needs {PEERS[client][1]}: pip install -e '.[bench]'")
+        if importlib.util.find_spec("confluent_kafka") is None:  # every other choice runs on it too
+            parser.error(f"--client {client} needs confluent-kafka: pip install -e '.[confluent]' (or '.[bench]')")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the broker and the children on the way out
     console = Console(width=max(120, Console().width))
     contenders = [Contender("ceiling kafka-python", "ceiling", "kafka-python", ROOT)]
     contenders += [Contender(f"ceiling {c}", "ceiling", c, ROOT) for c in dict.fromkeys(args.client) if c in CEILINGS]
+    contenders += [Contender(f"peer {c}", "peer", c, ROOT) for c in dict.fromkeys(args.client) if c in PEERS]
     services = [Contender("service", "service", "kafka-python", ROOT)]
     if "service-confluent" in args.client:
         services.append(Contender("service confluent", "service", "confluent", ROOT))

@@ -36,9 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import river  # noqa: E402
-from river import linear_model  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from river import linear_model  # noqa: E402
 
 from service.learning import Perceptron  # noqa: E402
 

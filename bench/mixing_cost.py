@@ -2,14 +2,16 @@
 
     python3 bench/mixing_cost.py
 """
-import sys, time
+import random
+import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from service.learning import make_learner, learner_from_state
+from service.learning import learner_from_state, make_learner
 from service.learning.mixing import mix_states
 from service.state.checkpoint import Checkpoint, Owner, encode_checkpoint
-import random
+
 rng = random.Random(1)
 for d in (10, 1000, 50000):
     states = []
