@@ -341,15 +341,21 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(broker, topics
 
     for log_path in sorted(tmp_path.glob("serve-*.log")):  # a killed run's log may end mid-line: no matter
         assert not has_traceback(_log(log_path)), f"{log_path.name}:\n{tail(log_path)}"
-    # a start right after a kill found the killed run still in the group, waited for its session to end, went on
-    assert any("left: going on" in _log(log_path) for log_path in tmp_path.glob("serve-*.log"))
+    # A start right after a kill may find the killed run still in the group: it waits for its session to
+    # end, then goes on (every run that waited processed events afterwards: the flowing and checkpoint
+    # kills wait for predictions, the final run for the end). Whether a start finds it depends on the
+    # broker: the embedded one sometimes holds the newcomer's join until the dead member's session ends,
+    # and the newcomer is then alone. The waiting itself, against a live member, is test_state's.
+    waited = [p.name for p in tmp_path.glob("serve-*.log") if "processing nothing until they leave" in _log(p)]
+    for name in waited:
+        assert "left: going on" in _log(tmp_path / name), f"{name} waited for the killed run and never went on"
     assert progress[-1] < count, f"the last kill came after the end of the stream: {progress} {moments}"
     repeats = check_outputs(by_source, expected, input_topic=topics["input_topic"], keys=watcher.keys, input_keys=keys)
     assert repeats > 0, f"no kill landed between a checkpoint and the next: the test proved nothing {moments}"
     checkpoint = final_checkpoint(args, store)
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model  # the exact state of an uninterrupted run, to the last bit of every weight
-    print(f"kills {moments}")
+    print(f"kills {moments}; waited for a killed run: {waited}")
 
 
 # the broker frozen mid-stream -----------------------------------------------
