@@ -8,5 +8,7 @@ for ``bench/e2e.py --client NAME`` (see bench/README.md, "Peers"):
 - ``confluent_river``: a confluent-kafka consume → produce → commit loop
   (``--client confluent+river``).
 
+Both call river the same way (``river_model.predictor``).
+
 Both need the bench extra: ``pip install -e '.[bench]'``.
 """

@@ -10,33 +10,17 @@ every 5 s (``commit_interval``), one message at a time.
 
 Standalone, on a broker of your own::
 
-    python3 bench/peers/quix_river.py --bootstrap localhost:9092 --input points --output predictions
+    python3 -m bench.peers.quix_river --bootstrap localhost:9092 --input points --output predictions
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 
 from quixstreams import Application
-from river import linear_model
 
-
-def predictor():
-    """river's Perceptron: each event predicted before it is learned; returns the prediction message."""
-    model = linear_model.Perceptron()
-
-    def predict_and_learn(event: dict) -> dict:
-        x = event["features"] if "features" in event else dict(enumerate(event["x"]))
-        y_pred = 1 if model.predict_one(x) else -1
-        y = event.get("y")
-        if y is None:  # unlabeled: predict only
-            return {"id": event.get("id"), "y_pred": y_pred, "y": None, "mistake": None}
-        model.learn_one(x, y == 1)
-        return {"id": event.get("id"), "y_pred": y_pred, "y": y, "mistake": y_pred != y}
-
-    return predict_and_learn
+from bench.peers.river_model import predictor, standalone_arguments
 
 
 def application(bootstrap: str, input_topic: str, output_topic: str, group: str, **options) -> Application:
@@ -77,11 +61,7 @@ def run(bootstrap: str, input_topic: str, output_topic: str, group: str, events:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", default="localhost:9092")
-    parser.add_argument("--input", required=True, help="input topic: JSON events {id, x or features, y}")
-    parser.add_argument("--output", required=True, help="output topic: JSON predictions {id, y_pred, y, mistake}")
-    parser.add_argument("--group", default="quix-river")
+    parser = standalone_arguments(__doc__, "quix-river")
     args = parser.parse_args()
     application(args.bootstrap, args.input, args.output, args.group).run()
 
