@@ -169,6 +169,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="where to write the results (default bench/results/scale-out-<time>.json)")
     args = parser.parse_args()
 
+    import kafka
     from rich.console import Console
     from rich.table import Table
 
@@ -194,7 +195,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"command": " ".join(["python3", "bench/scale_out.py", *sys.argv[1:]]), "started": stamp,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_at_start": os.getloadavg(),
-                          "confluent_kafka": confluent_kafka.version()[0]},
+                          "confluent_kafka": confluent_kafka.version(), "kafka_python": kafka.__version__},
               "commit": describe_tree(ROOT), "runs": runs, "logs": str(logs)}
     console.print(f"logs: {logs}")
     with EmbeddedBroker(log_path=logs / "broker.log") as broker:
