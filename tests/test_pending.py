@@ -105,6 +105,38 @@ def test_eviction_keeps_the_newest(count):
     assert table.take(count - 1000, now=0.0) == {"i": count - 1000} and table.take(count - 1001, now=0.0) is None
 
 
+
+def test_expiring_reads_only_the_expired_rows_oldest_first():
+    """It runs every batch: with nothing expired, the work must not grow with the table (a scan of
+    every row did). Counted in SQLite's virtual-machine instructions, not in time."""
+    def instructions(table, call) -> int:
+        steps = [0]
+
+        def count():
+            steps[0] += 1
+            return 0
+
+        table.db.set_progress_handler(count, 100)  # called every 100 instructions
+        try:
+            call()
+        finally:
+            table.db.set_progress_handler(None, 0)
+        return steps[0] * 100
+
+    def filled(count):
+        table = PendingTable(":memory:", ttl_seconds=100, max_pending=10**6)
+        for i in range(count):
+            table.add(i, {"i": i}, now=1000.0 + i)
+        assert table.take(0, now=1000.5) is not None  # a labeled mark among them
+        return table
+
+    small, large = filled(1_000), filled(50_000)
+    assert instructions(large, lambda: large.expire(now=1050.0)) <= 2 * instructions(small, lambda: small.expire(now=1050.0))
+    # both states go, the oldest first, the limit held: 10,000 of the 49,900 past the TTL in one call
+    assert large.expire(now=50_000.0) == 9_999 and large.take(0, now=0.0) is None
+    assert large.take(10_000, now=0.0) is not None and large.take(9_999, now=0.0) is None
+
+
 # the Kafka store's changelog --------------------------------------------------
 class MemoryLog:
     """What Changelog uses of PartitionedLog, in memory."""

@@ -33,13 +33,19 @@ never seen: a label for it is ``unknown_id``).
 
 from __future__ import annotations
 
+import heapq
 import sqlite3
+from itertools import islice
 from pathlib import Path
 
 import orjson
 
 #: How many checkpoints back a restore may go (the stores keep the last 3).
 KEEP_EPOCHS = 3
+#: The states of a row: a point waiting for its label, or the mark of a labeled one (a second label is a duplicate).
+STATES = ("pending", "labeled")
+#: The most rows one call of :meth:`PendingTable.expire` forgets (it runs every batch: the rest at the next).
+EXPIRE_AT_ONCE = 10_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
@@ -153,12 +159,16 @@ class PendingTable:
         """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
         self.flush()
         cutoff = now - self.ttl_seconds
-        old = self.db.execute("SELECT id, state FROM pending WHERE at < ? ORDER BY at LIMIT 10000", (cutoff,)).fetchall()
+        # The oldest first, at most EXPIRE_AT_ONCE: one range of the (state, at) index per state, merged. A
+        # query on ``at`` alone scans the whole table (30 ms at 300,000 points), and it runs every batch.
+        ranges = [self.db.execute("SELECT at, id, state FROM pending WHERE state = ? AND at < ? ORDER BY at LIMIT ?",
+                                  (state, cutoff, EXPIRE_AT_ONCE)) for state in STATES]
+        old = list(islice(heapq.merge(*ranges), EXPIRE_AT_ONCE))
         if not old:
             return 0
         self._begin()
         expired = 0
-        for key, state in old:
+        for _, key, state in old:
             self._log(key)
             self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
             expired += state == "pending"
