@@ -122,13 +122,13 @@ class Joiner:
             if expired:
                 tally.label_outcomes.extend(["expired"] * expired)
 
-    def commit(self, tally=None) -> None:
+    def commit(self, tally) -> None:
         """The batch's changes durable (still undone by a restore of an older checkpoint); evictions counted."""
         for table in self.tables.values():
             table.commit()
-            if table.evicted and tally is not None:
+            if table.evicted:
                 tally.label_outcomes.extend(["evicted"] * table.evicted)
-            table.evicted = 0
+                table.evicted = 0
 
     # checkpoints ----------------------------------------------------------
     def before_save(self, seq: int) -> None:
