@@ -115,11 +115,14 @@ def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path
 
     port = free_port()
     out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--delayed-labels", "--duration", "60", "--no-live",
+    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--delayed-labels", "--duration", "120", "--no-live",
                              "--metrics-port", str(port), "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        wait_until(lambda: (_metric(port, 'perceptron_labels_total{outcome="joined"}') or 0) > 0, 45,
-                   what="the demo to join labels")
+        try:
+            wait_until(lambda: (_metric(port, 'perceptron_labels_total{outcome="joined"}') or 0) > 0, 90,
+                       what="the demo to join labels")
+        except AssertionError as exc:  # what the demo said meanwhile: its status lines and any warning
+            raise AssertionError(f"{exc}; the demo's output:\n{(tmp_path / 'demo.out').read_text()[-6000:]}") from None
         for challenger in ("plain", "pocket"):
             assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, challenger
         demo.send_signal(signal.SIGINT)

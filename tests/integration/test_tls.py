@@ -298,6 +298,13 @@ def read_outputs_tls(bootstrap: str, options: dict, topic: str, count: int, proc
     return by_source, keys
 
 
+#: Lines kafka-python logs that say nothing went wrong with TLS or the service: the metadata refresh the kafka
+#: store's reader cancels when it closes its consumer, and the network thread's wall-clock check of its own
+#: steps (``slow_task_threshold_secs``, 0.1 s), which fires whenever the machine or the GIL is busy for that long
+#: (seen in CI on a TLS handshake while the service restored its model).
+KAFKA_PYTHON_NOISE = ("kafka.cluster: Metadata refresh: failed Cancelled", "(>0.100s threshold). It is blocking the event loop")
+
+
 # the tests ---------------------------------------------------------------------
 @pytest.mark.parametrize("mutual", [False, True], ids=["server-auth", "mutual-tls-encrypted-key"])
 def test_service_over_tls_publishes_the_offline_learners_predictions(pki, tls_broker, topics, tmp_path, mutual):
@@ -323,10 +330,9 @@ def test_service_over_tls_publishes_the_offline_learners_predictions(pki, tls_br
     check_outputs(by_source, expected, input_topic=topics["input_topic"], keys=out_keys, input_keys=keys)
     log = log_path.read_text()
     assert not has_traceback(log), tail(log_path)
-    # nothing went wrong on the way, TLS or else (but kafka-python's noise at the close, and the line it logs,
-    # in plaintext too, when the kafka store's reader closes its consumer during a metadata refresh)
+    # nothing went wrong on the way, TLS or else (but kafka-python's noise at the close, and KAFKA_PYTHON_NOISE)
     troubles = [line for line in without_close_noise(log).splitlines() if (" WARNING " in line or " ERROR " in line)
-                and "kafka.cluster: Metadata refresh: failed Cancelled" not in line]
+                and not any(noise in line for noise in KAFKA_PYTHON_NOISE)]
     assert not troubles, tail(log_path)
     # the final checkpoint went through TLS too, into the compacted topic: the model of the offline run
     from service.config import ServeSettings, load
