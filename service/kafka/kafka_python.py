@@ -439,6 +439,35 @@ class _Listener(ConsumerRebalanceListener):
         self.on_revoked(sorted((tp.topic, tp.partition) for tp in revoked))
 
 
+def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
+    """Mend kafka-python 3.0's port of KAFKA-7548 (dpkp/kafka-python#2981) on ``consumer``: a resumed partition stays silent.
+
+    Records fetched for a partition that is then paused are parked, and
+    fetching it stops while they are. On resume they go back in line only
+    when no records are in line, tested as ``is None``; but a batch read to
+    its end stays in line, empty, until the next fetch response replaces it.
+    Seen in 3.0.12 whenever the other partitions' records had all been
+    returned: the parked records never came back and the partition was
+    never fetched again (the label partition that the service holds until
+    its points come, service.app._points_first: no label ever joined). An
+    empty batch in line is the same as none to the fetcher, so it is cleared
+    before each drain. Only where the fetcher has these attributes (a later
+    kafka-python may lay them out otherwise, or fix it).
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records", "_paused_partition_records")):
+        return
+    drain = fetcher.fetched_records
+
+    def fetched_records(*args, **kwargs):
+        in_line = fetcher._next_partition_records
+        if in_line is not None and not in_line:
+            fetcher._next_partition_records = None
+        return drain(*args, **kwargs)
+
+    fetcher.fetched_records = fetched_records
+
+
 class KafkaIO:
     """One consumer in a group on the input topics, and one producer (the :class:`~service.kafka.contract.Stream`).
 
@@ -461,6 +490,7 @@ class KafkaIO:
             **GROUP_TIMINGS,
         )
         self.consumer.subscribe(topics, listener=_Listener(on_assigned, on_revoked))
+        _resumed_partitions_fetch_again(self.consumer)
         try:
             self.producer = self._new_producer()
         except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind

@@ -271,3 +271,36 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
         _, _, _, learner = _replay(mine, [(e["id"], e["_y"]) for e in mine])
         checkpoint = store.load(f"partition-{p}")
         assert checkpoint.model == learner.to_state() and checkpoint.task["labels"]["pending"] == {str(p): 0}
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(broker, topics, tmp_path, service_thread, client):
+    """Both topics written before the service starts (a restart after a pause, a replay), each label
+    sent some points after its own: the service holds the labels back until their points are read and
+    must then take them up again (kafka-python 3.0.12 left a resumed partition silent for good:
+    service.kafka.kafka_python._resumed_partitions_fetch_again)."""
+    from kafka import KafkaProducer
+
+    names = _topics(broker, topics)
+    points, behind = _points(2000, seed=73), 300
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all", linger_ms=5)
+    for i in range(len(points) + behind):  # point i, then the label of point i - behind: later CreateTimes
+        if i < len(points):
+            producer.send(names["input_topic"], json.dumps({"id": points[i]["id"], "x": points[i]["x"]}).encode(),
+                          key=points[i]["id"].encode())
+        if i >= behind:
+            p = points[i - behind]
+            producer.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode())
+    producer.flush()
+    producer.close()
+    service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
+    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points))
+    predictions = consume(broker.bootstrap_servers, names["output_topic"], len(points))
+    metrics = http_get(service.metrics_url + "/metrics")[1]
+    service.stop()
+
+    assert f'perceptron_labels_total{{outcome="joined"}} {float(len(points))}' in metrics
+    assert "perceptron_pending_labels 0.0" in metrics
+    published = {json.loads(m.value)["id"]: json.loads(m.value)["y_pred"] for m in predictions}
+    scored = {o["id"]: (o["y"], o["y_pred"]) for o in (json.loads(m.value) for m in outcomes)}
+    assert scored == {p["id"]: (p["_y"], published[p["id"]]) for p in points}  # each label scored its point's decision
