@@ -81,6 +81,10 @@ class Joiner:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
 
+    def read_ahead(self, partition: int, label_ids: list) -> None:
+        """The pending rows of a batch's labels, read at once (:meth:`PendingTable.read_ahead`)."""
+        self.table(partition).read_ahead(label_ids)
+
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), or a dead letter."""
         if type(label) is Rejection:

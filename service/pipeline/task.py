@@ -150,11 +150,13 @@ class Task:
             learner = self.learner
             updates_before, dropped_before = learner.updates, learner.dropped_features
             replica = None if self.partition is None else {"scope": "partition", "partition": self.partition}
-            for r in records:
+            labels = [decode_label(r.value, r.key, limit) for r in records]
+            joiner.read_ahead(records[0].partition, [label.id for label in labels if type(label) is not Rejection])
+            for r, label in zip(records, labels):
                 if replica is not None:
                     replica["mixes"] = 0 if mixer is None else mixer.mixes
                 before = tally.labeled
-                joiner.label(r, decode_label(r.value, r.key, limit), learner, send, tally, replica, self.models)
+                joiner.label(r, label, learner, send, tally, replica, self.models)
                 positions[(r.topic, r.partition)] = r.offset + 1
                 if tally.labeled > before and mixer is not None and mixer.learned():
                     tally.updates += learner.updates - updates_before

@@ -46,6 +46,9 @@ KEEP_EPOCHS = 3
 STATES = ("pending", "labeled")
 #: The most rows one call of :meth:`PendingTable.expire` forgets (it runs every batch: the rest at the next).
 EXPIRE_AT_ONCE = 10_000
+#: Ids per query of :meth:`PendingTable.read_ahead` (SQLite allows 999 parameters a statement before 3.32).
+READ_AHEAD_CHUNK = 500
+_UNREAD = object()  # an id take() finds no read-ahead row for (None is a row known to be absent)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
@@ -87,8 +90,13 @@ class PendingTable:
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
         self._in_tx = False
         # Points added since the last flush, written with one executemany: a statement per point was most of
-        # a pending point's cost (bench/own_work.py). Every read flushes them first.
+        # a pending point's cost (bench/own_work.py). Every read flushes them first. Labels taken since the last
+        # flush likewise (their updates and undo entries); at most one of the two buffers holds anything, so
+        # the changes reach the table in the order they were made.
         self._adds: dict[str, tuple[float, bytes]] = {}
+        self._takes: list[tuple[float, str]] = []  # (labeled at, id)
+        self._undo: list[tuple[int, str, bytes]] = []  # the takes' undo entries
+        self._rows: dict[str, tuple | None] = {}  # rows read ahead for a batch's labels (None: absent); dropped at a flush
         self.evicted = 0  # pending points evicted to stay within max_pending, since the caller last took the count
 
     # changes (each inside the open transaction, logged for undo) -----------
@@ -109,15 +117,29 @@ class PendingTable:
         comes is for the decision published last.
         """
         key = _key(point_id)
-        if key in self._adds:  # twice in one batch: the first goes to the table, the second replaces it
+        if key in self._adds or self._takes:  # twice in one batch: the first goes to the table, the second replaces it
             self.flush()
         self._adds[key] = (now, orjson.dumps(point))
 
     def flush(self) -> None:
-        """Write the buffered points: one statement for all when their ids are new (the common case)."""
+        """Write the buffered changes (points added, or labels taken), and forget the rows read ahead."""
+        self._rows = {}
+        if self._takes:
+            self._flush_takes()
+        if self._adds:
+            self._flush_adds()
+
+    def _flush_takes(self) -> None:
+        """The labels taken: their undo entries, then their rows marked labeled, one statement each."""
+        takes, undo = self._takes, self._undo
+        self._takes, self._undo = [], []
+        self._begin()
+        self.db.executemany("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)", undo)
+        self.db.executemany("UPDATE pending SET state = 'labeled', at = ?, point = NULL WHERE id = ?", takes)
+
+    def _flush_adds(self) -> None:
+        """The points added: one statement for all when their ids are new (the common case)."""
         adds = self._adds
-        if not adds:
-            return
         self._adds = {}
         self._begin()
         self.db.execute("SAVEPOINT adds")
@@ -139,21 +161,43 @@ class PendingTable:
                     self._count += 1
         self.evicted += self._evict()
 
+    def read_ahead(self, point_ids) -> None:
+        """Read the rows of ``point_ids`` (a batch's labels) in a few queries: their :meth:`take` then reads nothing.
+
+        A take cost five statements (read, read again for the undo entry,
+        log, update); with the rows read ahead and the writes buffered, a
+        batch of labels costs a query per READ_AHEAD_CHUNK ids and two
+        ``executemany`` (bench/pending.py).
+        """
+        self.flush()
+        keys = list(dict.fromkeys(map(_key, point_ids)))
+        rows = self._rows
+        for i in range(0, len(keys), READ_AHEAD_CHUNK):
+            chunk = keys[i:i + READ_AHEAD_CHUNK]
+            rows.update(dict.fromkeys(chunk))  # absent unless found
+            query = f"SELECT id, state, at, point FROM pending WHERE id IN ({','.join('?' * len(chunk))})"
+            for key, state, at, point in self.db.execute(query, chunk):
+                rows[key] = (state, at, point)
+
     def take(self, point_id: str | int, now: float) -> dict | str | None:
         """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
         already, None when unknown (never seen, expired, evicted)."""
-        self.flush()
+        if self._adds:
+            self.flush()
         key = _key(point_id)
-        row = self.db.execute("SELECT state, point FROM pending WHERE id = ?", (key,)).fetchone()
+        row = self._rows.get(key, _UNREAD)
+        if row is _UNREAD:
+            row = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
         if row is None:
             return None
-        if row[0] == "labeled":
+        state, at, point = row
+        if state == "labeled":
             return "duplicate"
-        self._begin()
-        self._log(key)
-        self.db.execute("UPDATE pending SET state = 'labeled', at = ?, point = NULL WHERE id = ?", (now, key))
+        self._rows[key] = ("labeled", now, None)  # a second label for it in this batch is a duplicate
+        self._takes.append((now, key))
+        self._undo.append((self.epoch, key, orjson.dumps([state, at, point.decode() if point else None])))
         self._count -= 1
-        return orjson.loads(row[1])
+        return orjson.loads(point)
 
     def expire(self, now: float) -> int:
         """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
@@ -237,7 +281,7 @@ class PendingTable:
 
     def load(self, rows: dict[str, list], epoch: int) -> None:
         """Replace the whole table by ``rows`` (id → [state, at, point JSON or None]), as of checkpoint ``epoch - 1``."""
-        self._adds = {}
+        self._adds, self._takes, self._undo, self._rows = {}, [], [], {}
         self.commit()
         self._begin()
         self.db.execute("DELETE FROM pending")
