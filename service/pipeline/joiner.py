@@ -53,6 +53,7 @@ class Joiner:
         self.run = uuid.uuid4().hex[:16]  # this run's tag on the changes it writes
         self.lineage: list[list] = [[1, self.run]]  # [first epoch, run]: whose changes count, epoch by epoch
         self.point_time: dict[int, int] = {}  # partition → the latest point timestamp processed (ms)
+        self.all_read_at: dict[int, int] = {}  # partition → a time (ms) by which every point written was read
         self.epoch = 1  # the next checkpoint's seq: the epoch of the changes made now
 
     def table(self, partition: int, restoring: bool = False) -> PendingTable:
@@ -80,6 +81,15 @@ class Joiner:
     def saw_point(self, partition: int, timestamp: int) -> None:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
+
+    def read_to(self, partition: int, moment_ms: int) -> None:
+        """Every point of ``partition`` written before ``moment_ms`` has been read (its end was reached after it)."""
+        if moment_ms > self.all_read_at.get(partition, -1):
+            self.all_read_at[partition] = moment_ms
+
+    def joinable_until(self, partition: int) -> int:
+        """Labels sent up to this time (ms) find their point read, if it was ever sent (service.app's hold)."""
+        return max(self.point_time.get(partition, -1), self.all_read_at.get(partition, -1))
 
     def read_ahead(self, partition: int, label_ids: list) -> None:
         """The pending rows of a batch's labels, read at once (:meth:`PendingTable.read_ahead`)."""
@@ -158,6 +168,9 @@ class Joiner:
             raise CheckpointError("the checkpoint's pending-table lineage is malformed")
         self.lineage = lineage + [[seq + 1, self.run]]
         self.epoch = seq + 1
+        for partition in partitions:  # read again from the checkpoint's positions: what was read counts no more
+            self.point_time.pop(partition, None)
+            self.all_read_at.pop(partition, None)
         counts = state.get("pending", {}) if isinstance(state, dict) else {}
         for partition in partitions:
             table = self.table(partition, restoring=True)
