@@ -5,6 +5,8 @@
     python3 bench/e2e.py --client confluent           # also the confluent-kafka ceiling
     python3 bench/e2e.py --client service-confluent   # also the service on confluent-kafka (--kafka-client confluent)
     python3 bench/e2e.py --client quix+river --client confluent+river   # also what a user would write instead (bench/peers)
+    python3 bench/e2e.py --client service-labels      # also the service with delayed labels and two challengers
+                                                      # (with service-confluent: on both clients)
     python3 bench/e2e.py --service-tree new=../other  # also the service of another source tree, side by side
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
 
@@ -27,6 +29,13 @@ round), each in a child process of its own, with a fresh group and output topic:
   store with fsync, metrics endpoint); ``--service-tree NAME=DIR`` adds the
   service of another source tree (a proposed change), measured the same way;
   ``--client service-confluent`` adds the service with ``--kafka-client confluent``;
+- ``--client service-labels``: the service with a label topic and two
+  challengers (``--challengers averaged,pocket``), on the same events split in
+  two: each point without its ``y`` on a points topic, its label
+  ``{"id", "y"}`` on a label topic, sent LABEL_LAG events after its point into
+  the same partition. Done: every label joined (``perceptron_labels_total
+  {outcome="joined"}`` reaches N); its span runs from the first prediction to
+  the last outcome, and its CPU time is per point with its label;
 - peers (``--client quix+river``, ``--client confluent+river``): what a user
   would write instead of the service, river's Perceptron behind a Kafka library,
   each the way its library's documentation shows (bench/peers; the bench extra).
@@ -76,6 +85,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
@@ -94,6 +104,11 @@ PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_reques
 #   a short one cuts the latency tail and costs nothing while data flows.
 CEILING_PRODUCER = {**PRODUCER, "linger_ms": 1000}
 CEILING_CONSUMER = {**GROUP_TIMINGS, "fetch_max_wait_ms": 20}
+#: ``--client service-labels``: its flags, and how many points ahead of its label each point is sent.
+LABEL_FLAGS = ["--challengers", "averaged,pocket"]
+LABEL_LAG = 1000
+#: The outcomes of a label: joined, or dead-lettered (what a run counts as done).
+LABELS_SETTLED = ("joined", "unknown_id", "duplicate")
 
 
 # --------------------------------------------------------------------------- ceilings (child processes)
@@ -257,6 +272,21 @@ class Kafka:
         producer.flush()
         producer.close()
 
+    def produce_split(self, topic: str, split: list[tuple[bytes, bytes, bytes]], partitions: int) -> None:
+        """Points to ``topic``.points and labels to ``topic``.labels (see :func:`split_labels`), point i and its
+        label in partition i mod ``partitions``, each label sent LABEL_LAG points after its own (later CreateTime)."""
+        producer = self.producer(linger_ms=20, batch_size=1024 * 1024)
+        send, points, labels = producer.send, f"{topic}.points", f"{topic}.labels"
+        for i, (key, point, _) in enumerate(split):
+            send(points, value=point, key=key, partition=i % partitions)
+            j = i - LABEL_LAG
+            if j >= 0:
+                send(labels, value=split[j][2], key=split[j][0], partition=j % partitions)
+        for j in range(max(0, len(split) - LABEL_LAG), len(split)):
+            send(labels, value=split[j][2], key=split[j][0], partition=j % partitions)
+        producer.flush()
+        producer.close()
+
     def read(self, topic: str, count: int, timeout: float = 120.0) -> list:
         """``count`` records from the start of every partition of ``topic``."""
         from kafka import KafkaConsumer, TopicPartition
@@ -320,6 +350,17 @@ class Contender(NamedTuple):
     kind: str  # "ceiling", "peer" (bench/peers) or "service"
     client: str
     tree: Path  # where the service's code is (ROOT, or a tree given with --service-tree)
+    labels: bool = False  # a service with delayed labels (--client service-labels): points and labels on topics of their own
+
+
+def split_labels(events) -> list[tuple[bytes, bytes, bytes]]:
+    """(key, point, label) per event: the point without its ``y``, the label ``{"id", "y"}``.
+
+    >>> split_labels([{"id": "e-1", "x": [0.5], "y": -1}])
+    [(b'e-1', b'{"id":"e-1","x":[0.5]}', b'{"id":"e-1","y":-1}')]
+    """
+    return [(e["id"].encode(), orjson.dumps({"id": e["id"], "x": e["x"]}), orjson.dumps({"id": e["id"], "y": e["y"]}))
+            for e in events]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -341,8 +382,10 @@ class Service:
     """``python -m service.cli serve`` (from ``tree``) as a child process."""
 
     def __init__(self, tree: Path, bootstrap: str, input_topic: str, output_topic: str, group: str, partitions: int,
-                 log_path: Path, extra: list[str] = ()):
+                 log_path: Path, extra: list[str] = (), labels: bool = False):
         from service.broker import free_port
+
+        self.labels = labels  # done: labels joined, not events
 
         self.state = tempfile.TemporaryDirectory(prefix="e2e-state-")
         self.port = free_port()
@@ -374,14 +417,25 @@ class Service:
         raise RuntimeError(f"the service was not ready after {timeout:.0f} s; see {self.log.name}")
 
     def processed(self) -> int:
-        """Events whose outputs the brokers acknowledged (valid and rejected), from /metrics."""
+        """Events whose outputs the brokers acknowledged (valid and rejected), from /metrics; with delayed
+        labels, the labels settled (joined: a point predicted, then learned and scored; or dead-lettered)."""
+        counted = tuple(f'perceptron_labels_total{{outcome="{o}"}}' for o in LABELS_SETTLED) if self.labels else \
+            ("perceptron_events_total{", "perceptron_rejected_events_total{")
+        return int(sum(self.samples(counted).values()))
+
+    def samples(self, prefixes: tuple[str, ...]) -> dict[str, float]:
+        """The /metrics samples whose names (with labels) start with one of ``prefixes``."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
                 text = r.read().decode()
         except OSError:
-            return 0
-        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith(("perceptron_events_total{", "perceptron_rejected_events_total{"))))
+            return {}
+        return {name: float(value) for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+                if name.startswith(prefixes)}
+
+    def dead_lettered_labels(self) -> int:
+        """Labels that joined no point (unknown_id, duplicate): none is expected in these runs."""
+        return int(sum(self.samples(tuple(f'perceptron_labels_total{{outcome="{o}"}}' for o in LABELS_SETTLED[1:])).values()))
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -437,11 +491,15 @@ class Ceiling:
 
 def start(c: Contender, kafka: Kafka, input_topic: str, output_topic: str, group: str, partitions: int, events: int,
           batch: int, log_path: Path):
-    for name in (output_topic, output_topic + ".dlq"):
+    for name in (output_topic, output_topic + ".dlq") + ((output_topic + ".outcomes",) if c.labels else ()):
         kafka.create(name, partitions)
     if c.kind in ("ceiling", "peer"):
         return Ceiling(c.client, kafka.bootstrap, input_topic, output_topic, group, events, batch, log_path)
     client = ["--kafka-client", c.client] if c.client != "kafka-python" else []  # the default: also for older trees
+    if c.labels:  # input_topic names the pair written by Kafka.produce_split
+        return Service(c.tree, kafka.bootstrap, f"{input_topic}.points", output_topic, group, partitions, log_path,
+                       ["--batch-size", str(batch), *client, "--label-topic", f"{input_topic}.labels",
+                        "--outcome-topic", f"{output_topic}.outcomes", *LABEL_FLAGS], labels=True)
     return Service(c.tree, kafka.bootstrap, input_topic, output_topic, group, partitions, log_path,
                    ["--batch-size", str(batch), *client])
 
@@ -489,6 +547,7 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
         # too often (Prometheus scrapes every 15 s); the throughput comes from CreateTimes anyway
         wait_done(kafka, worker, group, events, timeout=900, interval=0.5 if isinstance(worker, Service) else 0.1,
                   on_progress=sample)
+        dead_lettered = worker.dead_lettered_labels() if c.labels else None
     finally:
         worker.stop()
     said = logged()
@@ -496,12 +555,15 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
         if not {1, events} <= said.keys():
             raise RuntimeError(f"{c.name}: no 'processed' line for the first or the last event; see {worker.log_path}")
         first, last, span = said[1], said[events], "the peer's own clock at its first and last output"
+    elif c.labels:  # from the first prediction to the last outcome
+        first, last = kafka.timestamp_span_ms(output_topic)[0], kafka.timestamp_span_ms(output_topic + ".outcomes")[1]
+        span = "the first prediction's CreateTime to the last outcome's"
     else:
         (first, last), span = kafka.timestamp_span_ms(output_topic), "output CreateTimes"
     seconds = (last - first) / 1000
     (done0, cpu0), (done1, cpu1) = samples[0], samples[-1]
     return {"name": c.name, "partitions": partitions, "events": events, "seconds": round(seconds, 3), "span": span,
-            "events_per_s": round(events / seconds, 1),
+            "events_per_s": round(events / seconds, 1), **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
             "cpu_us_per_event": round((cpu1 - cpu0) / (done1 - done0) * 1e6, 1) if done1 > done0 else None}
 
 
@@ -580,14 +642,16 @@ def latency_run(kafka: Kafka, c: Contender, payloads, partitions: int, rate: flo
             "p99_ms": percentile(latencies, 0.99), "max_ms": latencies[-1] if latencies else None}
 
 
-def memory_run(kafka: Kafka, c: Contender, payloads, events: int, batch: int, tag: str, logs: Path,
+def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, batch: int, tag: str, logs: Path,
                every: int = 100_000) -> dict:
     """VmRSS of the service each time its acknowledged events pass another ``every``, while a producer feeds it."""
     input_topic, output_topic, group = f"mem-in-{tag}", f"mem-out-{tag}", f"g-mem-{tag}"
-    kafka.create(input_topic, 1)
+    for name in (f"{input_topic}.points", f"{input_topic}.labels") if c.labels else (input_topic,):
+        kafka.create(name, 1)
     service = start(c, kafka, input_topic, output_topic, group, 1, events, batch, logs / f"{tag}.log")
     samples: dict[int, int] = {}
     stop = threading.Event()
+    payloads = [(e["id"].encode(), orjson.dumps(e)) for e in records]
 
     def feed():  # continuously, as fast as it goes, until ``events`` were written
         producer = kafka.producer(linger_ms=20, batch_size=1024 * 1024)
@@ -600,24 +664,44 @@ def memory_run(kafka: Kafka, c: Contender, payloads, events: int, batch: int, ta
         producer.flush()
         producer.close()
 
+    def feed_split():  # points, and each label LABEL_LAG points later; ids made unique on every pass over ``records``
+        producer = kafka.producer(linger_ms=20, batch_size=1024 * 1024)
+        sent: deque = deque()
+        for i in range(events + LABEL_LAG):
+            if stop.is_set():
+                break
+            if i < events:
+                lap, e = divmod(i, len(records))
+                event_id = f"{records[e]['id']}~{lap}"
+                producer.send(f"{input_topic}.points", value=orjson.dumps({"id": event_id, "x": records[e]["x"]}),
+                              key=event_id.encode())
+                sent.append((event_id, records[e]["y"]))
+            if i >= LABEL_LAG:
+                event_id, y = sent.popleft()
+                producer.send(f"{input_topic}.labels", value=orjson.dumps({"id": event_id, "y": y}), key=event_id.encode())
+        producer.flush()
+        producer.close()
+
     def progress(done: int) -> None:
         mark = done // every * every
         if mark and mark not in samples:
             samples[mark] = rss_kib(service.pid)
 
-    feeder = threading.Thread(target=feed, daemon=True)
+    feeder = threading.Thread(target=feed_split if c.labels else feed, daemon=True)
     try:
         service.wait_ready()
         began = time.time()
         feeder.start()
         wait_done(kafka, service, group, events, timeout=3600, interval=0.1, on_progress=progress)
         seconds = time.time() - began
+        dead_lettered = service.dead_lettered_labels() if c.labels else None
     finally:
         stop.set()
         service.stop()
         feeder.join(30)
     first, last = samples[min(samples)], samples[max(samples)]
     return {"name": c.name, "events": events, "seconds": round(seconds, 1),
+            **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
             "rss_kib": {str(k): v for k, v in sorted(samples.items())},
             "rss_first_mib": round(first / 1024, 1), "rss_last_mib": round(last / 1024, 1), "growth": round(last / first - 1, 4)}
 
@@ -641,7 +725,7 @@ def main() -> int:
     parser.add_argument("--partitions", default="1,4", help="partition counts, comma-separated (default 1,4)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per partition count; medians are reported")
     parser.add_argument("--batch-size", type=int, default=1000, help="records per poll, ceiling and service alike")
-    parser.add_argument("--client", choices=["confluent", "confluent+service-path", "service-confluent", *PEERS],
+    parser.add_argument("--client", choices=["confluent", "confluent+service-path", "service-confluent", "service-labels", *PEERS],
                         action="append", default=[],
                         help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
                              "service's per-event work too (what the service could do on that client); "
@@ -680,6 +764,10 @@ def main() -> int:
     services = [Contender("service", "service", "kafka-python", ROOT)]
     if "service-confluent" in args.client:
         services.append(Contender("service confluent", "service", "confluent", ROOT))
+    if "service-labels" in args.client:  # on each client asked for
+        services.append(Contender("service labels+challengers", "service", "kafka-python", ROOT, labels=True))
+        if "service-confluent" in args.client:
+            services.append(Contender("service confluent labels+challengers", "service", "confluent", ROOT, labels=True))
     for spec in args.service_tree:
         name, _, tree = spec.partition("=")
         if not tree or not (Path(tree) / "service" / "cli.py").is_file():
@@ -700,7 +788,7 @@ def main() -> int:
     }
 
     console.print(f"generating {args.events:,} events (d=10, noise 0.05) ...")
-    events = itertools.islice(separable(dimensions=10, noise=0.05), args.events)
+    events = list(itertools.islice(separable(dimensions=10, noise=0.05), args.events))
     payloads = [(e["id"].encode(), orjson.dumps(e)) for e in events]
 
     with EmbeddedBroker(log_path=logs / "broker.log") as broker:
@@ -711,6 +799,10 @@ def main() -> int:
                 kafka.create(topic, p)
                 t0 = time.monotonic()
                 kafka.produce(topic, payloads, p)
+                if any(c.labels for c in contenders):
+                    for name in (f"{topic}.points", f"{topic}.labels"):
+                        kafka.create(name, p)
+                    kafka.produce_split(topic, split_labels(events), p)
                 console.print(f"pre-produced {args.events:,} events to {topic} ({p} partition(s)) in {time.monotonic() - t0:.1f} s")
                 runs = []
                 for r in range(args.repeats):
@@ -719,11 +811,12 @@ def main() -> int:
                         run["repeat"] = r
                         runs.append(run)
                         console.print(f"  p={p} repeat {r}: {c.name:24s} {run['events_per_s']:>10,.0f} events/s ({run['seconds']:.2f} s), "
-                                      f"{run['cpu_us_per_event']} µs CPU an event")
+                                      f"{run['cpu_us_per_event']} µs CPU an event"
+                                      + (f", {run['dead_lettered_labels']} labels dead-lettered" if c.labels else ""))
                 results["throughput"].append(summarise(runs, contenders, p))
             for p in partitions if args.latency_seconds and not args.no_throughput else ():
                 rates = {c.name: service_rate(results, c.name, p) / 2 for c in services}
-                for c in services + [contenders[0]]:
+                for c in [c for c in services if not c.labels] + [contenders[0]]:  # points with inline labels
                     rate = rates.get(c.name, rates["service"])
                     console.print(f"latency: {c.name}, {p} partition(s), {rate:,.0f} events/s for {args.latency_seconds:.0f} s ...")
                     run = latency_run(kafka, c, payloads, p, rate, args.latency_seconds, args.batch_size,
@@ -732,13 +825,13 @@ def main() -> int:
                     results["latency"].append(run)
             for i, c in enumerate(services if args.memory_events else ()):
                 console.print(f"memory: {c.name}, {args.memory_events:,} events fed continuously ...")
-                results["memory"].append(memory_run(kafka, c, payloads, args.memory_events, args.batch_size, f"m{i}", logs))
+                results["memory"].append(memory_run(kafka, c, events, args.memory_events, args.batch_size, f"m{i}", logs))
         finally:
             kafka.close()
 
-    report(console, results, contenders)
     path = args.json or out_dir / f"e2e-{stamp}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    path.write_text(json.dumps(results, indent=2) + "\n")  # first: a report that fails loses nothing
+    report(console, results, contenders)
     console.print(f"results: {path}  (logs: {logs})")
     return 0
 
@@ -746,15 +839,22 @@ def main() -> int:
 def summarise(runs: list[dict], contenders: list[Contender], partitions: int) -> dict:
     """Median events/s of each contender; each service's ratio to the kafka-python ceiling, median over repeats."""
     medians = {c.name: statistics.median(r["events_per_s"] for r in runs if r["name"] == c.name) for c in contenders}
-    cpu = {c.name: statistics.median(r["cpu_us_per_event"] for r in runs if r["name"] == c.name) for c in contenders}
+    cpu_runs = {c.name: [r["cpu_us_per_event"] for r in runs if r["name"] == c.name and r["cpu_us_per_event"] is not None]
+                for c in contenders}
+    cpu = {name: statistics.median(v) if v else None for name, v in cpu_runs.items()}
     by_repeat: dict[int, dict] = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["name"]] = r["events_per_s"]
     ratios = {c.name: [round(rep[c.name] / rep["ceiling kafka-python"], 3) for rep in by_repeat.values()]
               for c in contenders if c.name != "ceiling kafka-python"}
+    # every other service (another client, delayed labels, another tree) against the plain service, same round
+    to_service = {c.name: [round(rep[c.name] / rep["service"], 3) for rep in by_repeat.values()]
+                  for c in contenders if c.kind == "service" and c.name != "service"}
     return {"partitions": partitions, "runs": runs, "events_per_s": medians, "cpu_us_per_event": cpu,
             "ratio_to_kafka_python_ceiling": {name: statistics.median(v) for name, v in ratios.items()},
-            "ratios_by_repeat": ratios}
+            "ratios_by_repeat": ratios,
+            "ratio_to_service": {name: statistics.median(v) for name, v in to_service.items()},
+            "ratios_to_service_by_repeat": to_service}
 
 
 def service_rate(results: dict, name: str, partitions: int) -> float:
@@ -779,10 +879,15 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
             cells = []
             for t in results["throughput"]:
                 ratio = t["ratio_to_kafka_python_ceiling"].get(c.name)
+                cpu = t["cpu_us_per_event"][c.name]  # None: a run too short for two progress samples
                 cells += [f"{t['events_per_s'][c.name]:,.0f}", "1" if ratio is None else f"{ratio:.2f}",
-                          f"{t['cpu_us_per_event'][c.name]:.0f}"]
+                          "-" if cpu is None else f"{cpu:.0f}"]
             table.add_row(c.name, *cells)
         console.print(table)
+        for t in results["throughput"]:
+            for name, ratios in t.get("ratios_to_service_by_repeat", {}).items():
+                console.print(f"{t['partitions']} partition(s): {name} / service, events/s in the same round: "
+                              + ", ".join(f"{r:.2f}" for r in ratios))
     if results["latency"]:
         lat = Table(title="latency, input CreateTime → output CreateTime, at half the service's max rate")
         for name in ("contender", "partitions", "events/s", "events", "p50 ms", "p99 ms", "max ms"):
@@ -798,6 +903,8 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
         for k, v in m["rss_kib"].items():
             mem.add_row(f"{int(k):,}", f"{v / 1024:.1f}")
         mem.add_row("growth, first → last", f"{m['growth'] * 100:+.1f}%")
+        if "dead_lettered_labels" in m:
+            mem.add_row("labels dead-lettered", f"{m['dead_lettered_labels']:,}")
         console.print(mem)
 
 
