@@ -118,7 +118,8 @@ class Application:
         self.changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
         self._cache_dir: tempfile.TemporaryDirectory | None = None  # pending tables rebuilt from the changelog
         self._next_mix_read = 0.0
-        self._held: dict[int, tuple[int, int]] = {}  # label partition → (the first label held back, when: both ms)
+        # label partition → (the first label held back's timestamp, when it was held: both ms, the last offset put back)
+        self._held: dict[int, tuple[int, int, int]] = {}
         if not self.per_partition:
             self.tasks.add(self._new_task(None))  # made again at start-up, with the cluster's ids
         self.lag = LagProbe(self.health, self.metrics, self.retry)
@@ -441,12 +442,12 @@ class Application:
         Streams does between the inputs of a join.
         """
         partition = records[0].partition
-        ready_to = task.joiner.joinable_until(partition)
+        ready_to, through = task.joiner.joinable(partition)
         for i, r in enumerate(records):
-            if r.timestamp > ready_to:
+            if r.timestamp > ready_to and r.offset > through:
                 self.assignments.put_back(records[i:])
                 self.stream.pause([(r.topic, partition)])
-                self._held[partition] = (r.timestamp, int(time.time() * 1000))
+                self._held[partition] = (r.timestamp, int(time.time() * 1000), records[-1].offset)
                 return records[:i]
         return records
 
@@ -466,7 +467,9 @@ class Application:
         All read: the input's lag is 0 HOLD_CONFIRM_S after the hold began,
         so from a fetch made after the held label was read; every point
         written before the hold is read then, and with it the point of every
-        label sent before the hold. A lag of 0 from an older fetch proves
+        label sent before the hold, or read before it (the labels put back:
+        by offset, so a label stamped in the future by a fast clock is held
+        once, not until that time). A lag of 0 from an older fetch proves
         nothing: points may have been written since (a fast live stream lost
         2.5% of its labels as unknown_id that way).
         """
@@ -474,15 +477,15 @@ class Application:
             return
         lags, owned = self._input_lags(), set(self.stream.assignment())
         now_ms = int(time.time() * 1000)
-        for partition, (timestamp, since_ms) in list(self._held.items()):
+        for partition, (timestamp, since_ms, last_offset) in list(self._held.items()):
             task, tp = self.tasks.for_partition(partition), (self.settings.label_topic, partition)
             if tp not in owned:  # revoked meanwhile: its next owner decides
                 del self._held[partition]
                 continue
             all_read = lags.get((self.settings.input_topic, partition)) == 0 and now_ms - since_ms >= HOLD_CONFIRM_S * 1000
-            if task is not None and all_read:
-                task.joiner.read_to(partition, since_ms)
-            if task is None or all_read or task.joiner.joinable_until(partition) >= timestamp:
+            if task is not None and all_read:  # the labels put back were read before the hold: their points too
+                task.joiner.read_to(partition, since_ms, last_offset)
+            if task is None or all_read or task.joiner.joinable(partition)[0] >= timestamp:
                 del self._held[partition]
                 self.stream.resume([tp])
 

@@ -54,6 +54,7 @@ class Joiner:
         self.lineage: list[list] = [[1, self.run]]  # [first epoch, run]: whose changes count, epoch by epoch
         self.point_time: dict[int, int] = {}  # partition → the latest point timestamp processed (ms)
         self.all_read_at: dict[int, int] = {}  # partition → a time (ms) by which every point written was read
+        self.labels_through: dict[int, int] = {}  # partition → the last label offset read before that time
         self.epoch = 1  # the next checkpoint's seq: the epoch of the changes made now
 
     def table(self, partition: int, restoring: bool = False) -> PendingTable:
@@ -82,14 +83,20 @@ class Joiner:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
 
-    def read_to(self, partition: int, moment_ms: int) -> None:
-        """Every point of ``partition`` written before ``moment_ms`` has been read (its end was reached after it)."""
+    def read_to(self, partition: int, moment_ms: int, label_offset: int) -> None:
+        """Every point of ``partition`` written before ``moment_ms`` has been read (its end was reached after
+        it); so has the point of every label up to ``label_offset``, read before that moment (whatever the
+        label's own timestamp says: a producer's clock may run ahead)."""
         if moment_ms > self.all_read_at.get(partition, -1):
             self.all_read_at[partition] = moment_ms
+        if label_offset > self.labels_through.get(partition, -1):
+            self.labels_through[partition] = label_offset
 
-    def joinable_until(self, partition: int) -> int:
-        """Labels sent up to this time (ms) find their point read, if it was ever sent (service.app's hold)."""
-        return max(self.point_time.get(partition, -1), self.all_read_at.get(partition, -1))
+    def joinable(self, partition: int) -> tuple[int, int]:
+        """(time ms, label offset): labels sent up to that time, or up to that offset, find their point read if
+        it was ever sent (service.app's hold)."""
+        return (max(self.point_time.get(partition, -1), self.all_read_at.get(partition, -1)),
+                self.labels_through.get(partition, -1))
 
     def read_ahead(self, partition: int, label_ids: list) -> None:
         """The pending rows of a batch's labels, read at once (:meth:`PendingTable.read_ahead`)."""
@@ -171,6 +178,7 @@ class Joiner:
         for partition in partitions:  # read again from the checkpoint's positions: what was read counts no more
             self.point_time.pop(partition, None)
             self.all_read_at.pop(partition, None)
+            self.labels_through.pop(partition, None)
         counts = state.get("pending", {}) if isinstance(state, dict) else {}
         for partition in partitions:
             table = self.table(partition, restoring=True)

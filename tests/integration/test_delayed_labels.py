@@ -295,13 +295,14 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     producer.flush()
     producer.close()
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
-    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points))
-    predictions = consume(broker.bootstrap_servers, names["output_topic"], len(points))
-    metrics = http_get(service.metrics_url + "/metrics")[1]
+    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
+    predictions = consume(broker.bootstrap_servers, names["output_topic"], len(points), timeout=120)
+    # the metrics are counted once the batch's outputs are acknowledged: wait for them, then read them
+    metrics = wait_until(lambda: (m := http_get(service.metrics_url + "/metrics")[1]) and
+                         "perceptron_pending_labels 0.0" in m and m, 30, what="the metrics of the last batch")
     service.stop()
 
     assert f'perceptron_labels_total{{outcome="joined"}} {float(len(points))}' in metrics
-    assert "perceptron_pending_labels 0.0" in metrics
     published = {json.loads(m.value)["id"]: json.loads(m.value)["y_pred"] for m in predictions}
     scored = {o["id"]: (o["y"], o["y_pred"]) for o in (json.loads(m.value) for m in outcomes)}
     assert scored == {p["id"]: (p["_y"], published[p["id"]]) for p in points}  # each label scored its point's decision
@@ -337,9 +338,31 @@ def test_labels_sent_right_after_their_points_to_a_caught_up_service_never_overt
         return {o: float(re.search(rf'^perceptron_labels_total{{outcome="{o}"}} (\S+)$', text, re.M).group(1))
                 for o in ("joined", "unknown_id", "duplicate")}
 
-    counted = wait_until(lambda: (c := labels_counted()) and sum(c.values()) >= len(points) and c, 60,
+    counted = wait_until(lambda: (c := labels_counted()) and sum(c.values()) >= len(points) and c, 120,
                          what="every label joined or dead-lettered")
-    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], int(counted["joined"]))
+    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], int(counted["joined"]), timeout=120)
     service.stop()
     assert counted == {"joined": len(points), "unknown_id": 0, "duplicate": 0}
+    assert {json.loads(m.value)["id"] for m in outcomes} == {p["id"] for p in points}
+
+
+def test_a_label_stamped_in_the_future_is_held_once_not_until_its_time(broker, topics, tmp_path, service_thread):
+    """A label producer whose clock runs an hour ahead: its label waits for the points once (read before the
+    hold, so its point is read when the input's end is), and is then joined, as are the labels after it."""
+    from kafka import KafkaProducer
+
+    names = _topics(broker, topics)
+    points = _points(20, seed=75)
+    service = service_thread(settings_args(broker, names, tmp_path, batch_size=50))
+    _send_points(broker, names["input_topic"], points)
+    consume(broker.bootstrap_servers, names["output_topic"], len(points), timeout=120)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+    ahead = int(time.time() * 1000) + 3_600_000
+    for i, p in enumerate(points):
+        producer.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode(),
+                      timestamp_ms=ahead if i == 5 else None)
+    producer.flush()
+    producer.close()
+    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
+    service.stop()
     assert {json.loads(m.value)["id"] for m in outcomes} == {p["id"] for p in points}
