@@ -307,36 +307,38 @@ class Kafka:
             consumer.close()
 
     def timestamp_span_ms(self, topic: str) -> tuple[int, int]:
-        """The smallest and the largest CreateTime of the records of ``topic`` (its first and last records)."""
+        """The smallest and the largest CreateTime of the records of ``topic`` (its first and last records).
+
+        One partition assigned at a time, no pause and resume: kafka-python 3.0.12 never fetches again a
+        partition resumed while another one's batch waits in line (service/kafka/kafka_python.py,
+        _resumed_partitions_fetch_again), and the last timestamp was then the last partition's alone.
+        """
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
                                  max_partition_fetch_bytes=1024 * 1024)
         try:
             tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            firsts = []
-            for tp in tps:  # the first record of each partition
-                consumer.pause(*[t for t in tps if t != tp])
-                consumer.resume(tp)
+            firsts, lasts = [], []
+            for tp in tps:
+                consumer.assign([tp])
+                consumer.seek_to_beginning(tp)
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:
                     messages = consumer.poll(timeout_ms=300, max_records=1).get(tp)
                     if messages:
                         firsts.append(messages[0].timestamp)
                         break
-            consumer.resume(*tps)
-            ends = consumer.end_offsets(tps)  # may read short on the embedded broker: read on to the end
-            for tp in tps:
-                consumer.seek(tp, max(0, ends[tp] - 1))
-            last, quiet = 0, 0
-            while quiet < 3:
-                got = consumer.poll(timeout_ms=300, max_records=100_000)
-                quiet = 0 if got else quiet + 1
-                for messages in got.values():
-                    last = max(last, max(m.timestamp for m in messages))
-            return min(firsts), last
+                end = consumer.end_offsets([tp])[tp]  # may read short on the embedded broker: read on to the end
+                consumer.seek(tp, max(0, end - 1))
+                last, quiet = 0, 0
+                while quiet < 3:
+                    got = consumer.poll(timeout_ms=300, max_records=100_000)
+                    quiet = 0 if got else quiet + 1
+                    for messages in got.values():
+                        last = max(last, max(m.timestamp for m in messages))
+                lasts.append(last)
+            return min(firsts), max(lasts)
         finally:
             consumer.close()
 
@@ -550,6 +552,8 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
         dead_lettered = worker.dead_lettered_labels() if c.labels else None
     finally:
         worker.stop()
+    if dead_lettered:  # a label joined no point: the service lost what it should have joined
+        raise RuntimeError(f"{c.name}: {dead_lettered} labels dead-lettered; see {logs / (tag + '.log')}")
     said = logged()
     if said:
         if not {1, events} <= said.keys():
@@ -695,6 +699,8 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
         wait_done(kafka, service, group, events, timeout=3600, interval=0.1, on_progress=progress)
         seconds = time.time() - began
         dead_lettered = service.dead_lettered_labels() if c.labels else None
+        if dead_lettered:
+            raise RuntimeError(f"{c.name}: {dead_lettered} labels dead-lettered; see {logs / (tag + '.log')}")
     finally:
         stop.set()
         service.stop()
