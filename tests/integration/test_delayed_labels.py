@@ -48,6 +48,16 @@ def _topics(broker, topics: dict) -> dict:
     return out
 
 
+def _metrics_once(service, line: str, timeout: float = 30.0) -> str:
+    """The service's /metrics once it shows ``line`` (counted after the batch's outputs were acknowledged,
+    so a reader of the outputs may be a moment ahead); after ``timeout``, as they are then."""
+    try:
+        return wait_until(lambda: (text := http_get(service.metrics_url + "/metrics")[1]) and line in text and text,
+                          timeout, what=line)
+    except AssertionError:
+        return http_get(service.metrics_url + "/metrics")[1]  # the caller's assertion shows what they say
+
+
 def _replay(points, labels_in_order, then=(), challenger=None):
     """Offline: predictions of the points, outcomes of the labels (in their order), predictions of ``then``
     (and a challenger variant scored on the same points and labels)."""
@@ -87,7 +97,9 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(labels))
     _send_points(broker, names["input_topic"], later)
     predictions = consume(broker.bootstrap_servers, names["output_topic"], len(first) + len(later))
-    metrics = http_get(service.metrics_url + "/metrics")[1]
+    # the metrics are counted just after the last batch's outputs are acknowledged: read them once counted
+    pending = f"perceptron_pending_labels {float(len(first) - len(labels) + len(later))}"
+    metrics = _metrics_once(service, pending)
     service.stop()
 
     published, expected, expected_later, learner = _replay(first, labels, later, challenger="averaged")
@@ -100,7 +112,7 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
     assert first_outcome["delay_seconds"] >= 0 and outcomes[0].key == labels[0][0].encode()
     assert [(got[p["id"]]["y_pred"], got[p["id"]]["score"]) for p in later] == [(y, s) for y, s, _ in expected_later]
     assert f'perceptron_labels_total{{outcome="joined"}} {float(len(labels))}' in metrics
-    assert f"perceptron_pending_labels {float(len(first) - len(labels) + len(later))}" in metrics
+    assert pending in metrics, re.findall(r"^perceptron_pending_labels .*$", metrics, re.M)
     assert f"perceptron_mistakes_total {float(sum(e[4] for e in expected))}" in metrics  # the decisions' mistakes
     checkpoint = final_checkpoint(args, "local")
     assert checkpoint.model == learner.to_state()
@@ -297,9 +309,7 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
     predictions = consume(broker.bootstrap_servers, names["output_topic"], len(points), timeout=120)
-    # the metrics are counted once the batch's outputs are acknowledged: wait for them, then read them
-    metrics = wait_until(lambda: (m := http_get(service.metrics_url + "/metrics")[1]) and
-                         "perceptron_pending_labels 0.0" in m and m, 30, what="the metrics of the last batch")
+    metrics = _metrics_once(service, "perceptron_pending_labels 0.0")
     service.stop()
 
     assert f'perceptron_labels_total{{outcome="joined"}} {float(len(points))}' in metrics
