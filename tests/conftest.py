@@ -54,6 +54,16 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: st
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def metrics_once(metrics_url: str, line: str, timeout: float = 30.0) -> str:
+    """A service's /metrics once they show ``line``; after ``timeout``, as they are then (the caller's assertion
+    says what they hold). A batch is counted just after its outputs are acknowledged, so a test that has read
+    the outputs may be a moment ahead of the counts."""
+    try:
+        return wait_until(lambda: (text := http_get(metrics_url + "/metrics")[1]) and line in text and text, timeout, what=line)
+    except AssertionError:
+        return http_get(metrics_url + "/metrics")[1]
+
+
 def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic

@@ -21,7 +21,8 @@ import pytest
 from service.config import ServeSettings, load
 from service.learning import make_learner
 from service.streams import separable
-from tests.conftest import consume, create_topic, http_get, produce, settings_args, start_service_process, wait_until
+from tests.conftest import (consume, create_topic, http_get, metrics_once, produce, settings_args, start_service_process,
+                            wait_until)
 from tests.integration.test_crash import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
 
 pytestmark = pytest.mark.integration
@@ -46,16 +47,6 @@ def _topics(broker, topics: dict) -> dict:
     for name in ("input_topic", "label_topic", "outcome_topic", "output_topic", "dlq_topic"):
         create_topic(broker.bootstrap_servers, out[name])
     return out
-
-
-def _metrics_once(service, line: str, timeout: float = 30.0) -> str:
-    """The service's /metrics once it shows ``line`` (counted after the batch's outputs were acknowledged,
-    so a reader of the outputs may be a moment ahead); after ``timeout``, as they are then."""
-    try:
-        return wait_until(lambda: (text := http_get(service.metrics_url + "/metrics")[1]) and line in text and text,
-                          timeout, what=line)
-    except AssertionError:
-        return http_get(service.metrics_url + "/metrics")[1]  # the caller's assertion shows what they say
 
 
 def _replay(points, labels_in_order, then=(), challenger=None):
@@ -99,7 +90,7 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
     predictions = consume(broker.bootstrap_servers, names["output_topic"], len(first) + len(later))
     # the metrics are counted just after the last batch's outputs are acknowledged: read them once counted
     pending = f"perceptron_pending_labels {float(len(first) - len(labels) + len(later))}"
-    metrics = _metrics_once(service, pending)
+    metrics = metrics_once(service.metrics_url, pending)
     service.stop()
 
     published, expected, expected_later, learner = _replay(first, labels, later, challenger="averaged")
@@ -309,7 +300,7 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
     predictions = consume(broker.bootstrap_servers, names["output_topic"], len(points), timeout=120)
-    metrics = _metrics_once(service, "perceptron_pending_labels 0.0")
+    metrics = metrics_once(service.metrics_url, "perceptron_pending_labels 0.0")
     service.stop()
 
     assert f'perceptron_labels_total{{outcome="joined"}} {float(len(points))}' in metrics

@@ -10,7 +10,7 @@ import pytest
 
 from service.learning import make_learner
 from service.streams import separable
-from tests.conftest import consume, create_topic, http_get, produce, settings_args, start_service_process, wait_until
+from tests.conftest import consume, create_topic, http_get, metrics_once, produce, settings_args, start_service_process, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,8 @@ def test_malformed_messages_become_dead_letters_and_good_ones_flow(broker, topic
     letters = consume(broker.bootstrap_servers, topics["dlq_topic"], 100)
     assert all(len(r.key or b"") + len(r.value) <= 2000 for r in letters)  # within --max-message-bytes, like inputs
     predictions = consume(broker.bootstrap_servers, topics["output_topic"], 300)
-    status, metrics = http_get(service.metrics_url + "/metrics")
+    status = http_get(service.metrics_url + "/metrics")[0]
+    metrics = metrics_once(service.metrics_url, 'perceptron_rejected_events_total{reason="bad_label"} 10.0')
     assert service.thread.is_alive()
     service.stop()
 
