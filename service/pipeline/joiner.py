@@ -175,12 +175,12 @@ class Joiner:
             raise CheckpointError("the checkpoint's pending-table lineage is malformed")
         self.lineage = lineage + [[seq + 1, self.run]]
         self.epoch = seq + 1
-        for partition in partitions:  # read again from the checkpoint's positions: what was read counts no more
+        counts = state.get("pending", {}) if isinstance(state, dict) else {}
+        for partition in partitions:
+            # read again from the checkpoint's positions: what was read counts no more
             self.point_time.pop(partition, None)
             self.all_read_at.pop(partition, None)
             self.labels_through.pop(partition, None)
-        counts = state.get("pending", {}) if isinstance(state, dict) else {}
-        for partition in partitions:
             table = self.table(partition, restoring=True)
             if self.changelog is not None:
                 self.changelog.restore(partition, table, seq, self.lineage)

@@ -74,6 +74,14 @@ def _key(point_id: str | int) -> str:
     return f"i:{point_id}" if type(point_id) is int else f"s:{point_id}"
 
 
+def _undo_value(row: tuple | None) -> bytes | None:
+    """The undo log's ``old`` of a row (state, at, point): JSON ``[state, at, point JSON or null]``; None: absent."""
+    if row is None:
+        return None
+    state, at, point = row
+    return orjson.dumps([state, at, point.decode() if point else None])
+
+
 class PendingTable:
     """A partition's pending points (see the module docstring); ``path`` a file, or ``":memory:"``."""
 
@@ -107,8 +115,7 @@ class PendingTable:
 
     def _log(self, key: str) -> None:
         old = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
-        self.db.execute("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)",
-                        (self.epoch, key, None if old is None else orjson.dumps([old[0], old[1], old[2].decode() if old[2] else None])))
+        self.db.execute("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)", (self.epoch, key, _undo_value(old)))
 
     def add(self, point_id: str | int, point: dict, now: float) -> None:
         """Keep ``point`` until its label comes (older points beyond max_pending are evicted: counted in ``evicted``).
@@ -195,7 +202,7 @@ class PendingTable:
             return "duplicate"
         self._rows[key] = ("labeled", now, None)  # a second label for it in this batch is a duplicate
         self._takes.append((now, key))
-        self._undo.append((self.epoch, key, orjson.dumps([state, at, point.decode() if point else None])))
+        self._undo.append((self.epoch, key, _undo_value(row)))
         self._count -= 1
         return orjson.loads(point)
 

@@ -42,6 +42,28 @@ def _send_labels(broker, topic: str, labels: list[tuple[str, int]]) -> None:
     produce(broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels])
 
 
+def _send_labels_behind(broker, names: dict, points: list[dict], behind: int, **producer_options) -> None:
+    """Point i, then the label of point i - ``behind`` (later CreateTimes), as fast as the producer goes."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, **producer_options)
+    for i in range(len(points) + behind):
+        if i < len(points):
+            p = points[i]
+            producer.send(names["input_topic"], json.dumps({"id": p["id"], "x": p["x"]}).encode(), key=p["id"].encode())
+        if i >= behind:
+            p = points[i - behind]
+            producer.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode())
+    producer.flush()
+    producer.close()
+
+
+def _label_counts(metrics: str) -> dict:
+    """``perceptron_labels_total`` by outcome, from a /metrics text."""
+    return {o: float(metrics.split(f'perceptron_labels_total{{outcome="{o}"}} ')[1].split()[0])
+            for o in ("joined", "unknown_id", "duplicate", "expired", "evicted")}
+
+
 def _topics(broker, topics: dict) -> dict:
     out = {**topics, "label_topic": topics["input_topic"] + "-labels", "outcome_topic": topics["output_topic"] + "-outcomes"}
     for name in ("input_topic", "label_topic", "outcome_topic", "output_topic", "dlq_topic"):
@@ -126,12 +148,8 @@ def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lette
     _send_labels(broker, names["label_topic"], [("p-20", 1)])  # expired: unknown now
     consume(broker.bootstrap_servers, names["dlq_topic"], 4)
 
-    def counted(metrics: str) -> dict:
-        return {o: float(metrics.split(f'perceptron_labels_total{{outcome="{o}"}} ')[1].split()[0])
-                for o in ("joined", "unknown_id", "duplicate", "expired", "evicted")}
-
-    wait_until(lambda: counted(http_get(service.metrics_url + "/metrics")[1])["expired"] == 19, 30, what="19 expired")
-    assert counted(http_get(service.metrics_url + "/metrics")[1]) == {"joined": 1, "unknown_id": 3, "duplicate": 1,
+    wait_until(lambda: _label_counts(http_get(service.metrics_url + "/metrics")[1])["expired"] == 19, 30, what="19 expired")
+    assert _label_counts(http_get(service.metrics_url + "/metrics")[1]) == {"joined": 1, "unknown_id": 3, "duplicate": 1,
                                                                        "expired": 19, "evicted": 10}
     service.stop()
 
@@ -283,20 +301,9 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     sent some points after its own: the service holds the labels back until their points are read and
     must then take them up again (kafka-python 3.0.12 left a resumed partition silent for good:
     service.kafka.kafka_python._resumed_partitions_fetch_again)."""
-    from kafka import KafkaProducer
-
     names = _topics(broker, topics)
-    points, behind = _points(2000, seed=73), 300
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all", linger_ms=5)
-    for i in range(len(points) + behind):  # point i, then the label of point i - behind: later CreateTimes
-        if i < len(points):
-            producer.send(names["input_topic"], json.dumps({"id": points[i]["id"], "x": points[i]["x"]}).encode(),
-                          key=points[i]["id"].encode())
-        if i >= behind:
-            p = points[i - behind]
-            producer.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode())
-    producer.flush()
-    producer.close()
+    points = _points(2000, seed=73)
+    _send_labels_behind(broker, names, points, 300, acks="all", linger_ms=5)
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
     predictions = consume(broker.bootstrap_servers, names["output_topic"], len(points), timeout=120)
@@ -315,35 +322,18 @@ def test_labels_sent_right_after_their_points_to_a_caught_up_service_never_overt
     label comes, and must still not join a label before its point is read (an input lag of 0 from the last
     fetch is no proof: points may have come since; 2.5% of a million such labels were dead-lettered as
     unknown_id before the hold waited for a fetch made after the label)."""
-    from kafka import KafkaProducer
-
     names = _topics(broker, topics)
     points = _points(5000, seed=74)
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=100))
     wait_until(lambda: "perceptron_assigned_partitions 1.0" in http_get(service.metrics_url + "/metrics")[1], 30,
                what="the service's assignment")
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks=1, linger_ms=2)
-    behind = 20
-    for i in range(len(points) + behind):  # as fast as it goes: point i, then the label of point i - 20
-        if i < len(points):
-            p = points[i]
-            producer.send(names["input_topic"], json.dumps({"id": p["id"], "x": p["x"]}).encode(), key=p["id"].encode())
-        if i >= behind:
-            p = points[i - behind]
-            producer.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode())
-    producer.flush()
-    producer.close()
-
-    def labels_counted() -> dict:
-        text = http_get(service.metrics_url + "/metrics")[1]
-        return {o: float(re.search(rf'^perceptron_labels_total{{outcome="{o}"}} (\S+)$', text, re.M).group(1))
-                for o in ("joined", "unknown_id", "duplicate")}
-
-    counted = wait_until(lambda: (c := labels_counted()) and sum(c.values()) >= len(points) and c, 120,
-                         what="every label joined or dead-lettered")
+    _send_labels_behind(broker, names, points, 20, acks=1, linger_ms=2)
+    settled = ("joined", "unknown_id", "duplicate")
+    counted = wait_until(lambda: (c := _label_counts(http_get(service.metrics_url + "/metrics")[1])) and
+                         sum(c[o] for o in settled) >= len(points) and c, 120, what="every label joined or dead-lettered")
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], int(counted["joined"]), timeout=120)
     service.stop()
-    assert counted == {"joined": len(points), "unknown_id": 0, "duplicate": 0}
+    assert {o: counted[o] for o in settled} == {"joined": len(points), "unknown_id": 0, "duplicate": 0}
     assert {json.loads(m.value)["id"] for m in outcomes} == {p["id"] for p in points}
 
 
