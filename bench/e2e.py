@@ -276,14 +276,8 @@ class Kafka:
         """Points to ``topic``.points and labels to ``topic``.labels (see :func:`split_labels`), point i and its
         label in partition i mod ``partitions``, each label sent LABEL_LAG points after its own (later CreateTime)."""
         producer = self.producer(linger_ms=20, batch_size=1024 * 1024)
-        send, points, labels = producer.send, f"{topic}.points", f"{topic}.labels"
-        for i, (key, point, _) in enumerate(split):
-            send(points, value=point, key=key, partition=i % partitions)
-            j = i - LABEL_LAG
-            if j >= 0:
-                send(labels, value=split[j][2], key=split[j][0], partition=j % partitions)
-        for j in range(max(0, len(split) - LABEL_LAG), len(split)):
-            send(labels, value=split[j][2], key=split[j][0], partition=j % partitions)
+        for kind, n, key, value in labels_behind(split):
+            producer.send(f"{topic}.{kind}", value=value, key=key, partition=n % partitions)
         producer.flush()
         producer.close()
 
@@ -355,14 +349,31 @@ class Contender(NamedTuple):
     labels: bool = False  # a service with delayed labels (--client service-labels): points and labels on topics of their own
 
 
-def split_labels(events) -> list[tuple[bytes, bytes, bytes]]:
-    """(key, point, label) per event: the point without its ``y``, the label ``{"id", "y"}``.
+def split_labels(event: dict) -> tuple[bytes, bytes, bytes]:
+    """(key, point, label) of an event: the point without its ``y``, the label ``{"id", "y"}``.
 
-    >>> split_labels([{"id": "e-1", "x": [0.5], "y": -1}])
-    [(b'e-1', b'{"id":"e-1","x":[0.5]}', b'{"id":"e-1","y":-1}')]
+    >>> split_labels({"id": "e-1", "x": [0.5], "y": -1})
+    (b'e-1', b'{"id":"e-1","x":[0.5]}', b'{"id":"e-1","y":-1}')
     """
-    return [(e["id"].encode(), orjson.dumps({"id": e["id"], "x": e["x"]}), orjson.dumps({"id": e["id"], "y": e["y"]}))
-            for e in events]
+    return (event["id"].encode(), orjson.dumps({"id": event["id"], "x": event["x"]}),
+            orjson.dumps({"id": event["id"], "y": event["y"]}))
+
+
+def labels_behind(split, lag: int = LABEL_LAG):
+    """(``"points"`` or ``"labels"``, event number, key, value) in sending order: point n, then the label of point
+    n - ``lag``; the last labels after the last point. ``split``: (key, point, label) per event, in order.
+
+    >>> [(kind, n) for kind, n, _, _ in labels_behind([(b"a", b"pa", b"la"), (b"b", b"pb", b"lb")], lag=1)]
+    [('points', 0), ('points', 1), ('labels', 0), ('labels', 1)]
+    """
+    waiting: deque = deque()
+    for n, (key, point, label) in enumerate(split):
+        yield "points", n, key, point
+        waiting.append((n, key, label))
+        if len(waiting) > lag:
+            yield "labels", *waiting.popleft()
+    while waiting:
+        yield "labels", *waiting.popleft()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -670,19 +681,12 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
 
     def feed_split():  # points, and each label LABEL_LAG points later; ids made unique on every pass over ``records``
         producer = kafka.producer(linger_ms=20, batch_size=1024 * 1024)
-        sent: deque = deque()
-        for i in range(events + LABEL_LAG):
+        n = len(records)
+        laps = ({**records[i % n], "id": f"{records[i % n]['id']}~{i // n}"} for i in range(events))
+        for kind, _, key, value in labels_behind(split_labels(e) for e in laps):
             if stop.is_set():
                 break
-            if i < events:
-                lap, e = divmod(i, len(records))
-                event_id = f"{records[e]['id']}~{lap}"
-                producer.send(f"{input_topic}.points", value=orjson.dumps({"id": event_id, "x": records[e]["x"]}),
-                              key=event_id.encode())
-                sent.append((event_id, records[e]["y"]))
-            if i >= LABEL_LAG:
-                event_id, y = sent.popleft()
-                producer.send(f"{input_topic}.labels", value=orjson.dumps({"id": event_id, "y": y}), key=event_id.encode())
+            producer.send(f"{input_topic}.{kind}", value=value, key=key)
         producer.flush()
         producer.close()
 
@@ -808,7 +812,7 @@ def main() -> int:
                 if any(c.labels for c in contenders):
                     for name in (f"{topic}.points", f"{topic}.labels"):
                         kafka.create(name, p)
-                    kafka.produce_split(topic, split_labels(events), p)
+                    kafka.produce_split(topic, [split_labels(e) for e in events], p)
                 console.print(f"pre-produced {args.events:,} events to {topic} ({p} partition(s)) in {time.monotonic() - t0:.1f} s")
                 runs = []
                 for r in range(args.repeats):
