@@ -206,7 +206,8 @@ class Application:
                 self._cache_dir = tempfile.TemporaryDirectory(prefix="perceptron-pending-")
             directory = Path(self._cache_dir.name) / task
         directory.mkdir(parents=True, exist_ok=True)
-        return PendingTable(directory / f"pending-{partition}.sqlite", ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending)
+        return PendingTable(directory / f"pending-{partition}.sqlite", ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
+                            track_changes=self.changelog is not None)
 
     def _signing_key(self) -> bytes | None:
         key = self.settings.checkpoint_key

@@ -22,7 +22,7 @@ def _snapshot(table: PendingTable) -> dict:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OPS, st.integers(1, 4), st.data())
 def test_a_restore_brings_back_the_table_of_that_checkpoint(ops, max_pending, data):
-    table = PendingTable(":memory:", ttl_seconds=3.0, max_pending=max_pending)
+    table = PendingTable(":memory:", ttl_seconds=3.0, max_pending=max_pending, track_changes=True)
     model: dict = {}  # key -> (state, at): the truth, kept by hand
     snapshots = {0: _snapshot(table)}
     seq, now = 0, 0.0
@@ -67,10 +67,16 @@ def test_a_restore_brings_back_the_table_of_that_checkpoint(ops, max_pending, da
             assert expired == sum(model[k][0] == "pending" for k in old)
             for k in old:
                 del model[k]
-        elif op == "checkpoint":
+        elif op == "checkpoint":  # the changelog's part first: every row the epoch changed, as it is now
+            now_rows = _snapshot(table)
+            changed = dict(table.changed())
+            before = snapshots[seq]
+            assert {k for k in before.keys() | now_rows.keys() if before.get(k) != now_rows.get(k)} <= changed.keys()
+            assert all((row is None and k not in now_rows) or
+                       (row is not None and (row[0], row[1]) == now_rows[k][:2]) for k, row in changed.items())
             seq += 1
             table.checkpoint(seq)
-            snapshots[seq] = _snapshot(table)
+            snapshots[seq] = now_rows
         elif op == "commit":
             table.commit()
         else:  # a read of the table: only here (and at the end), so buffered changes and rows read ahead live on
@@ -112,6 +118,31 @@ def test_the_table_survives_a_reopen_and_undoes_what_came_after_the_checkpoint(t
     again.rollback_to(5)  # the service restores checkpoint 5
     assert again.pending_count() == 1 and again.take("after", now=4.0) is None
     assert again.take("kept", now=4.0) == {"x": [1.0]}
+
+
+def test_a_table_from_before_the_epoch_column_is_read_and_restored(tmp_path):
+    """Its rows count as older than any checkpoint, and its undo entries (without the old row's epoch) still undo."""
+    import sqlite3
+
+    path = tmp_path / "pending.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE pending (id TEXT PRIMARY KEY, state TEXT NOT NULL, at REAL NOT NULL, point BLOB);
+        CREATE TABLE undo (seq INTEGER PRIMARY KEY AUTOINCREMENT, epoch INTEGER NOT NULL, id TEXT NOT NULL, old TEXT);
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('epoch', '3');
+        INSERT INTO pending VALUES ('s:old', 'pending', 1.0, CAST('{"v":1}' AS BLOB)), ('s:new', 'labeled', 2.0, NULL);
+        INSERT INTO undo (epoch, id, old) VALUES (3, 's:new', '["pending",1.5,"{\\"v\\":2}"]');
+    """)
+    db.commit()
+    db.close()
+    table = PendingTable(path, ttl_seconds=60, max_pending=10)
+    assert table.epoch == 3 and table.pending_count() == 1
+    table.rollback_to(2)  # the label of "new" came after checkpoint 2: undone
+    assert table.take("new", now=3.0) == {"v": 2} and table.take("old", now=3.0) == {"v": 1}
+    table.checkpoint(3)
+    table.rollback_to(2)  # and the takes made in the open epoch, on rows from before it
+    assert table.pending_count() == 2
 
 
 def test_ids_of_both_kinds_and_any_text_are_kept_apart():
@@ -189,7 +220,7 @@ def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_la
 
     log = MemoryLog()
     changelog = Changelog(log, "g")
-    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
+    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
     table.add("a", {"v": 1}, now=1.0)
     table.add("b", {"v": 2}, now=2.0)
     changelog.write(0, table.changed(), 1, "run-1")  # checkpoint 1 by run-1

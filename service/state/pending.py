@@ -8,11 +8,17 @@ live only in memory (a million pending points of d = 10 are ~1 GB of Python
 objects).
 
 Restored together with the model: every change is made in the *epoch* of the
-next checkpoint (``epoch = last checkpoint's seq + 1``) and logged with the
-value it replaced (an undo log). Restoring checkpoint N undoes the changes of
-every epoch after N, in reverse order, so the table is exactly what it was
-when checkpoint N was taken, whichever checkpoint the store falls back to.
-Undo entries older than the oldest checkpoint a store keeps are purged.
+next checkpoint (``epoch = last checkpoint's seq + 1``), and a row carries the
+epoch of its last change. The first change in an epoch to a row from an
+earlier epoch is logged with the value it replaced (an undo log); a row made
+in the open epoch needs no entry, since a restore of an earlier checkpoint
+drops it whole. Restoring checkpoint N undoes the entries of every epoch
+after N, in reverse order, then drops the rows still marked after N, so the
+table is exactly what it was when checkpoint N was taken, whichever
+checkpoint the store falls back to. Undo entries older than the oldest
+checkpoint a store keeps are purged. (Most labels come within the epoch of
+their point: its add and its take then write no undo entry, which halved the
+writes of a joined point, bench/README.md.)
 
 States of an id: ``pending`` (waiting), ``labeled`` (its label came: kept
 until the TTL so a second label is a ``duplicate``), gone (expired, evicted,
@@ -55,14 +61,15 @@ CREATE TABLE IF NOT EXISTS pending (
     id TEXT PRIMARY KEY,
     state TEXT NOT NULL,          -- 'pending' | 'labeled'
     at REAL NOT NULL,             -- when it came (pending) or was labeled (labeled): the TTL runs from here
-    point BLOB                    -- JSON of what the join needs (features, published y_pred, score, version...)
+    point BLOB,                   -- JSON of what the join needs (features, published y_pred, score, version...)
+    epoch INTEGER NOT NULL DEFAULT 0  -- of its last change (0: from before the column, as old as any checkpoint)
 );
 CREATE INDEX IF NOT EXISTS pending_by_time ON pending (state, at);  -- ties: rowid, the order of arrival
 CREATE TABLE IF NOT EXISTS undo (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     epoch INTEGER NOT NULL,
     id TEXT NOT NULL,
-    old TEXT                       -- JSON [state, at, point] the change replaced; NULL: the id was absent
+    old TEXT                       -- JSON [state, at, point, epoch] the change replaced; NULL: the id was absent
 );
 CREATE INDEX IF NOT EXISTS undo_by_epoch ON undo (epoch);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -75,17 +82,18 @@ def _key(point_id: str | int) -> str:
 
 
 def _undo_value(row: tuple | None) -> bytes | None:
-    """The undo log's ``old`` of a row (state, at, point): JSON ``[state, at, point JSON or null]``; None: absent."""
+    """The undo log's ``old`` of a row (state, at, point, epoch): JSON ``[state, at, point JSON or null, epoch]``;
+    None: absent."""
     if row is None:
         return None
-    state, at, point = row
-    return orjson.dumps([state, at, point.decode() if point else None])
+    state, at, point, epoch = row
+    return orjson.dumps([state, at, point.decode() if point else None, epoch])
 
 
 class PendingTable:
     """A partition's pending points (see the module docstring); ``path`` a file, or ``":memory:"``."""
 
-    def __init__(self, path: str | Path, *, ttl_seconds: float, max_pending: int):
+    def __init__(self, path: str | Path, *, ttl_seconds: float, max_pending: int, track_changes: bool = False):
         self.path = str(path)
         self.ttl_seconds, self.max_pending = ttl_seconds, max_pending
         # isolation_level None: transactions are begun and committed here, explicitly
@@ -93,6 +101,8 @@ class PendingTable:
         self.db.execute("PRAGMA journal_mode=WAL" if self.path != ":memory:" else "PRAGMA journal_mode=MEMORY")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        if "epoch" not in {column for _, column, *_ in self.db.execute("PRAGMA table_info(pending)")}:
+            self.db.execute("ALTER TABLE pending ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")  # a table from before it
         row = self.db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
         self.epoch = int(row[0]) if row else 1
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
@@ -102,9 +112,12 @@ class PendingTable:
         # flush likewise (their updates and undo entries); at most one of the two buffers holds anything, so
         # the changes reach the table in the order they were made.
         self._adds: dict[str, tuple[float, bytes]] = {}
-        self._takes: list[tuple[float, str]] = []  # (labeled at, id)
+        self._takes: list[tuple[float, int, str]] = []  # (labeled at, epoch, id)
         self._undo: list[tuple[int, str, bytes]] = []  # the takes' undo entries
         self._rows: dict[str, tuple | None] = {}  # rows read ahead for a batch's labels (None: absent); dropped at a flush
+        # The ids changed in the open epoch, for the Kafka store's changelog (:meth:`changed`): in memory, as many
+        # as the epoch's changes (the changelog sends them all at its checkpoint anyway), and only when asked for.
+        self._changed: set[str] | None = set() if track_changes else None
         self.evicted = 0  # pending points evicted to stay within max_pending, since the caller last took the count
 
     # changes (each inside the open transaction, logged for undo) -----------
@@ -114,8 +127,12 @@ class PendingTable:
             self._in_tx = True
 
     def _log(self, key: str) -> None:
-        old = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
-        self.db.execute("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)", (self.epoch, key, _undo_value(old)))
+        """Before a change of ``key``'s row: its value, if this epoch has not logged it yet (see the module docstring)."""
+        old = self.db.execute("SELECT state, at, point, epoch FROM pending WHERE id = ?", (key,)).fetchone()
+        if old is None or old[3] < self.epoch:
+            self.db.execute("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)", (self.epoch, key, _undo_value(old)))
+        if self._changed is not None:
+            self._changed.add(key)
 
     def add(self, point_id: str | int, point: dict, now: float) -> None:
         """Keep ``point`` until its label comes (older points beyond max_pending are evicted: counted in ``evicted``).
@@ -141,8 +158,11 @@ class PendingTable:
         takes, undo = self._takes, self._undo
         self._takes, self._undo = [], []
         self._begin()
-        self.db.executemany("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)", undo)
-        self.db.executemany("UPDATE pending SET state = 'labeled', at = ?, point = NULL WHERE id = ?", takes)
+        if undo:
+            self.db.executemany("INSERT INTO undo (epoch, id, old) VALUES (?, ?, ?)", undo)
+        self.db.executemany("UPDATE pending SET state = 'labeled', at = ?, point = NULL, epoch = ? WHERE id = ?", takes)
+        if self._changed is not None:
+            self._changed.update(key for _, _, key in takes)
 
     def _flush_adds(self) -> None:
         """The points added: one statement for all when their ids are new (the common case)."""
@@ -151,19 +171,21 @@ class PendingTable:
         self._begin()
         self.db.execute("SAVEPOINT adds")
         try:
-            self.db.executemany("INSERT INTO pending (id, state, at, point) VALUES (?, 'pending', ?, ?)",
-                                ((k, at, blob) for k, (at, blob) in adds.items()))
-            self.db.executemany("INSERT INTO undo (epoch, id, old) VALUES (?, ?, NULL)", ((self.epoch, k) for k in adds))
+            epoch = self.epoch
+            self.db.executemany("INSERT INTO pending (id, state, at, point, epoch) VALUES (?, 'pending', ?, ?, ?)",
+                                ((k, at, blob, epoch) for k, (at, blob) in adds.items()))  # new rows: no undo entry
             self.db.execute("RELEASE adds")
             self._count += len(adds)
+            if self._changed is not None:
+                self._changed.update(adds)
         except sqlite3.IntegrityError:  # an id the table holds already: one at a time, logging what each replaces
             self.db.execute("ROLLBACK TO adds")
             self.db.execute("RELEASE adds")
             for key, (at, blob) in adds.items():
                 self._log(key)
                 replaced = self.db.execute("SELECT state FROM pending WHERE id = ?", (key,)).fetchone()
-                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point) VALUES (?, 'pending', ?, ?)",
-                                (key, at, blob))
+                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, 'pending', ?, ?, ?)",
+                                (key, at, blob, self.epoch))
                 if replaced is None or replaced[0] != "pending":
                     self._count += 1
         self.evicted += self._evict()
@@ -173,7 +195,7 @@ class PendingTable:
 
         A take cost five statements (read, read again for the undo entry,
         log, update); with the rows read ahead and the writes buffered, a
-        batch of labels costs a query per READ_AHEAD_CHUNK ids and two
+        batch of labels costs a query per READ_AHEAD_CHUNK ids and one or two
         ``executemany`` (bench/pending.py).
         """
         self.flush()
@@ -182,9 +204,9 @@ class PendingTable:
         for i in range(0, len(keys), READ_AHEAD_CHUNK):
             chunk = keys[i:i + READ_AHEAD_CHUNK]
             rows.update(dict.fromkeys(chunk))  # absent unless found
-            query = f"SELECT id, state, at, point FROM pending WHERE id IN ({','.join('?' * len(chunk))})"
-            for key, state, at, point in self.db.execute(query, chunk):
-                rows[key] = (state, at, point)
+            query = f"SELECT id, state, at, point, epoch FROM pending WHERE id IN ({','.join('?' * len(chunk))})"
+            for key, *row in self.db.execute(query, chunk):
+                rows[key] = tuple(row)
 
     def take(self, point_id: str | int, now: float) -> dict | str | None:
         """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
@@ -194,15 +216,16 @@ class PendingTable:
         key = _key(point_id)
         row = self._rows.get(key, _UNREAD)
         if row is _UNREAD:
-            row = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
+            row = self.db.execute("SELECT state, at, point, epoch FROM pending WHERE id = ?", (key,)).fetchone()
         if row is None:
             return None
-        state, at, point = row
+        state, at, point, epoch = row
         if state == "labeled":
             return "duplicate"
-        self._rows[key] = ("labeled", now, None)  # a second label for it in this batch is a duplicate
-        self._takes.append((now, key))
-        self._undo.append((self.epoch, key, _undo_value(row)))
+        self._rows[key] = ("labeled", now, None, self.epoch)  # a second label for it in this batch is a duplicate
+        self._takes.append((now, self.epoch, key))
+        if epoch < self.epoch:  # a point of an earlier epoch: a restore of it brings the point back
+            self._undo.append((self.epoch, key, _undo_value(row)))
         self._count -= 1
         return orjson.loads(point)
 
@@ -253,6 +276,8 @@ class PendingTable:
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
         self.db.execute("DELETE FROM undo WHERE epoch <= ?", (seq - KEEP_EPOCHS,))
         self.commit()
+        if self._changed is not None:
+            self._changed = set()
 
     def rollback_to(self, seq: int) -> None:
         """Undo every change made after checkpoint ``seq`` (0: since the table was created)."""
@@ -262,14 +287,19 @@ class PendingTable:
             if old is None:
                 self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
             else:
-                state, at, point = orjson.loads(old)
-                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point) VALUES (?, ?, ?, ?)",
-                                (key, state, at, None if point is None else point.encode()))
+                state, at, point, *epoch = orjson.loads(old)  # no epoch: an entry from before the column
+                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
+                                (key, state, at, None if point is None else point.encode(), epoch[0] if epoch else 0))
         self.db.execute("DELETE FROM undo WHERE epoch > ?", (seq,))
+        # rows made after checkpoint seq (never logged): a scan, but a restore is rare and an index on epoch
+        # would cost every add and take
+        self.db.execute("DELETE FROM pending WHERE epoch > ?", (seq,))
         self.epoch = seq + 1
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
         self.commit()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
+        if self._changed is not None:
+            self._changed = set()
 
     def pending_count(self) -> int:
         self.flush()
@@ -277,9 +307,12 @@ class PendingTable:
 
     # the changelog of the Kafka store ---------------------------------------
     def changed(self) -> list[tuple[str, list | None]]:
-        """Each id changed in the open epoch with its row now (``[state, at, point]``, or None: gone), for a changelog."""
+        """Each id changed in the open epoch with its row now (``[state, at, point]``, or None: gone), for a changelog
+        (a table made with ``track_changes``)."""
+        if self._changed is None:
+            raise RuntimeError("changed() needs a PendingTable made with track_changes=True")
         self.flush()
-        keys = [k for (k,) in self.db.execute("SELECT DISTINCT id FROM undo WHERE epoch = ? ORDER BY id", (self.epoch,))]
+        keys = sorted(self._changed)
         out = []
         for key in keys:
             row = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
@@ -293,9 +326,11 @@ class PendingTable:
         self._begin()
         self.db.execute("DELETE FROM pending")
         self.db.execute("DELETE FROM undo")
-        self.db.executemany("INSERT INTO pending (id, state, at, point) VALUES (?, ?, ?, ?)",
-                            ((k, st, at, None if point is None else point.encode()) for k, (st, at, point) in rows.items()))
+        self.db.executemany("INSERT INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
+                            ((k, st, at, None if point is None else point.encode(), epoch - 1) for k, (st, at, point) in rows.items()))
         self.epoch = epoch
+        if self._changed is not None:
+            self._changed = set()
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
         self.commit()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
