@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
+import collections
 from collections import deque
+from functools import partial
 from itertools import islice
 
 from prometheus_client import (
@@ -93,6 +95,29 @@ def observe_many(histogram: Histogram, value: float, count: int) -> None:
     buckets[bisect_left(bounds, value)].inc(count)  # the first bound >= value; the last bound is +Inf
 
 
+def observe_all(histogram: Histogram, values: list[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values``: one increment per bucket hit and one of the sum (a
+    batch's label delays), through the internals :func:`observe_many` uses.
+
+    >>> from prometheus_client import CollectorRegistry
+    >>> h = Histogram("delay_seconds", "", buckets=(1, 10), registry=CollectorRegistry())
+    >>> observe_all(h, [0.5, 1.0, 3.0, 30.0])
+    >>> [(s.labels["le"], s.value) for s in h.collect()[0].samples if s.name.endswith("_bucket")]
+    [('1.0', 2.0), ('10.0', 3.0), ('+Inf', 4.0)]
+    """
+    if not values:
+        return
+    try:
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+    except AttributeError:  # pragma: no cover - another prometheus-client layout
+        for value in values:
+            histogram.observe(value)
+        return
+    total.inc(sum(values))
+    for index, count in collections.Counter(map(partial(bisect_left, bounds), values)).items():
+        buckets[index].inc(count)
+
+
 class ServiceMetrics:
     """The service's metrics, named by Prometheus conventions (``perceptron_`` prefix, base units)."""
 
@@ -164,12 +189,12 @@ class ServiceMetrics:
         """Count what one batch did (a :class:`~service.pipeline.task.Tally`)."""
         self.observe_batch(labeled=tally.labeled, unlabeled=tally.unlabeled, mistake_flags=tally.flags, updates=tally.updates,
                            latency_s=latency_s, dropped_features=tally.dropped)
-        for reason in tally.rejected:
-            self.rejected.labels(reason).inc()
-        for partition in tally.mixes:
-            self.mixes.labels(str(partition)).inc()
-        for outcome in tally.label_outcomes:
-            self.labels.labels(outcome).inc()
+        for reason, count in collections.Counter(tally.rejected).items():
+            self.rejected.labels(reason).inc(count)
+        for partition, count in collections.Counter(tally.mixes).items():
+            self.mixes.labels(str(partition)).inc(count)
+        for outcome, count in collections.Counter(tally.label_outcomes).items():
+            self.labels.labels(outcome).inc(count)
         for name, flags in tally.challenger_flags.items():
             self.challenger_mistakes.labels(name).inc(sum(flags))
             window = self.challenger_windows.setdefault(name, SlidingRate(self.window.window))
@@ -178,8 +203,7 @@ class ServiceMetrics:
         if tally.drifts:
             self.drifts.inc(tally.drifts)
             self.last_drift.set(time.time())
-        for delay in tally.delays:
-            self.label_delay.observe(delay)
+        observe_all(self.label_delay, tally.delays)
 
     def observe_batch(self, *, labeled: int, unlabeled: int, mistake_flags: list[bool], updates: int, latency_s: float,
                       dropped_features: int = 0) -> None:
