@@ -33,6 +33,19 @@ class NullStream:
         return []
 
 
+def label_records(count: int):
+    """The labels of ``records(count, labeled=False)``: ``{"id", "y"}`` on the label topic, in the same order."""
+    from service.streams import separable
+
+    try:
+        from service.kafka.contract import Record
+    except ImportError:
+        from service.kafka.types import Record
+    return [tuple.__new__(Record, ("labels", 0, i, e["id"].encode(), json.dumps({"id": e["id"], "y": e["y"]}, separators=(",", ":")).encode(),
+                                   1_700_000_000_000 + i))
+            for i, (e, _) in enumerate(zip(separable(dimensions=10, noise=0.05, seed=1), range(count)))]
+
+
 def records(count: int, labeled: bool = True):
     from service.streams import separable
 
@@ -49,8 +62,9 @@ def records(count: int, labeled: bool = True):
     return out
 
 
-def runner(args: list[str], recs, tmp: Path):
-    """A function that processes ``recs`` once through the service's own path, in batches of 1,000."""
+def runner(args: list[str], recs, tmp: Path, labels=None):
+    """A function that processes ``recs`` once through the service's own path, in batches of 1,000 (with
+    ``labels``: after each batch of points, the labels of the batch before it, a lag of 1,000 as bench/e2e.py's)."""
     from service.app import Application
     from service.config import ServeSettings, load
 
@@ -65,14 +79,24 @@ def runner(args: list[str], recs, tmp: Path):
 
         app._cache_dir = tempfile.TemporaryDirectory()
     task = app.tasks.group
+    batches = [recs[i:i + 1000] for i in range(0, len(recs), 1000)]
+    if labels is not None:
+        from itertools import chain
+
+        later = [labels[i:i + 1000] for i in range(0, len(labels), 1000)]
+        batches = list(chain.from_iterable(zip(batches, [[]] + later[:-1]))) + [later[-1]]
 
     def run():
-        for i in range(0, len(recs), 1000):
+        for batch in batches:
+            if not batch:
+                continue
             tally = Tally()
-            task.process(recs[i:i + 1000], lambda t, k, v: None, tally)
+            task.process(batch, lambda t, k, v: None, tally)
             if task.joiner is not None:
                 task.joiner.commit(tally)
             app.metrics.observe_tally(tally, 0.001)
+    if labels is not None:  # before each round, untimed: the tables emptied, so the same ids are new points again
+        run.reset = lambda: task.joiner.restore(0, {}, [0])
     return run
 
 
@@ -90,14 +114,19 @@ def main() -> None:
         configs["+ challengers averaged,pocket"] = (["--challengers", "averaged,pocket"], True)
         configs["+ label topic (points kept pending)"] = (["--label-topic", "labels"], False)
         configs["+ both"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], False)
+        configs["+ both, labels joined (an event: point + label)"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], "joined")
     with tempfile.TemporaryDirectory() as tmp:
         recs = {labeled: records(args.events, labeled) for labeled in (True, False)}
-        runs = {name: runner(flags, recs[labeled], Path(tmp) / str(i)) for i, (name, (flags, labeled)) in enumerate(configs.items())}
+        labels = label_records(args.events)
+        runs = {name: runner(flags, recs[labeled is True], Path(tmp) / str(i), labels if labeled == "joined" else None)
+                for i, (name, (flags, labeled)) in enumerate(configs.items())}
         gc.collect()
         gc.freeze()  # as the service does after start-up
         best = {name: float("inf") for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():
+                if hasattr(run, "reset"):
+                    run.reset()
                 started = time.process_time()
                 run()
                 best[name] = min(best[name], time.process_time() - started)
