@@ -27,7 +27,8 @@ round), each in a child process of its own, with a fresh group and output topic:
   per-event work (decode, predict and learn, the prediction's JSON, metrics);
 - service: ``python -m service.cli serve`` with its defaults (local checkpoint
   store with fsync, metrics endpoint); ``--service-tree NAME=DIR`` adds the
-  service of another source tree (a proposed change), measured the same way;
+  service of another source tree (a proposed change), measured the same way,
+  in each configuration asked for (each client, plain and with labels);
   ``--client service-confluent`` adds the service with ``--kafka-client confluent``;
 - ``--client service-labels``: the service with a label topic and two
   challengers (``--challengers averaged,pocket``), on the same events split in
@@ -771,18 +772,20 @@ def main() -> int:
     contenders = [Contender("ceiling kafka-python", "ceiling", "kafka-python", ROOT)]
     contenders += [Contender(f"ceiling {c}", "ceiling", c, ROOT) for c in dict.fromkeys(args.client) if c in CEILINGS]
     contenders += [Contender(f"peer {c}", "peer", c, ROOT) for c in dict.fromkeys(args.client) if c in PEERS]
-    services = [Contender("service", "service", "kafka-python", ROOT)]
-    if "service-confluent" in args.client:
-        services.append(Contender("service confluent", "service", "confluent", ROOT))
-    if "service-labels" in args.client:  # on each client asked for
-        services.append(Contender("service labels+challengers", "service", "kafka-python", ROOT, labels=True))
-        if "service-confluent" in args.client:
-            services.append(Contender("service confluent labels+challengers", "service", "confluent", ROOT, labels=True))
-    for spec in args.service_tree:
+
+    def service_contenders(tag: str, tree: Path) -> list[Contender]:
+        """The service of ``tree`` in each configuration asked for (each client; plain, and with labels)."""
+        clients = ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
+        return [Contender(f"service{tag}" + (" confluent" if client == "confluent" else "") + (" labels+challengers" if labels else ""),
+                          "service", client, tree, labels=labels)
+                for labels in [False] + ([True] if "service-labels" in args.client else []) for client in clients]
+
+    services = service_contenders("", ROOT)
+    for spec in args.service_tree:  # another tree, in the same configurations
         name, _, tree = spec.partition("=")
         if not tree or not (Path(tree) / "service" / "cli.py").is_file():
             parser.error(f"--service-tree {spec}: want NAME=DIR, DIR holding service/cli.py")
-        services.append(Contender(f"service@{name}", "service", "kafka-python", Path(tree).resolve()))
+        services += service_contenders(f"@{name}", Path(tree).resolve())
     contenders += services
     partitions = [int(p) for p in args.partitions.split(",")]
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -6,7 +6,8 @@
 What the poll loop does with a batch once the client handed it over, with
 the client's part left out (the outputs go to a no-op ``send``): 100,000
 events of d = 10 (5% label noise), in batches of 1,000, as the service's
-task processes them (``Task.process``; on a tree from before the task,
+task processes them (``Task.process``, with the pending tables' checkpoint
+every ``--checkpoint-interval-events`` as the service takes it; on a tree from before the task,
 ``Application._process`` over a stream whose sends do nothing). CPU time of
 the process, the best of ``--rounds``; every configuration in turn per round.
 """
@@ -86,7 +87,12 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
         later = [labels[i:i + 1000] for i in range(0, len(labels), 1000)]
         batches = list(chain.from_iterable(zip(batches, [[]] + later[:-1]))) + [later[-1]]
 
+    every = app.settings.checkpoint_interval_events
+    seq = 0
+
     def run():
+        nonlocal seq
+        since = 0
         for batch in batches:
             if not batch:
                 continue
@@ -94,9 +100,17 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
             task.process(batch, lambda t, k, v: None, tally)
             if task.joiner is not None:
                 task.joiner.commit(tally)
+                since += len(batch)
+                if since >= every:  # the pending tables' part of a checkpoint, when the service takes one
+                    seq, since = seq + 1, 0
+                    task.joiner.saved(seq)
             app.metrics.observe_tally(tally, 0.001)
     if labels is not None:  # before each round, untimed: the tables emptied, so the same ids are new points again
-        run.reset = lambda: task.joiner.restore(0, {}, [0])
+        def reset():
+            nonlocal seq
+            task.joiner.restore(0, {}, [0])
+            seq = 0
+        run.reset = reset
     return run
 
 
