@@ -6,6 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from unittest import mock
+
+from service.state import pending
 from service.state.pending import KEEP_EPOCHS, PendingTable
 
 IDS = st.one_of(st.integers(0, 6), st.sampled_from(["0", "1", "a", "b"]))  # 1 and "1" are different ids
@@ -22,6 +25,12 @@ def _snapshot(table: PendingTable) -> dict:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OPS, st.integers(1, 4), st.data())
 def test_a_restore_brings_back_the_table_of_that_checkpoint(ops, max_pending, data):
+    # new rows wait in memory until a checkpoint, or until MEMORY_ROWS changes: drawn small, so they are written mid-epoch too
+    with mock.patch.object(pending, "MEMORY_ROWS", data.draw(st.sampled_from([1, 3, 10**6]))):
+        _restore_against_the_model(ops, max_pending, data)
+
+
+def _restore_against_the_model(ops, max_pending, data):
     table = PendingTable(":memory:", ttl_seconds=3.0, max_pending=max_pending, track_changes=True)
     model: dict = {}  # key -> (state, at): the truth, kept by hand
     snapshots = {0: _snapshot(table)}
@@ -109,12 +118,15 @@ def test_the_table_survives_a_reopen_and_undoes_what_came_after_the_checkpoint(t
     table.add("kept", {"x": [1.0]}, now=1.0)
     table.checkpoint(5)
     table.add("after", {"x": [2.0]}, now=2.0)
+    table.add("in memory", {"x": [3.0]}, now=2.0)  # the epoch's new rows wait in memory until a checkpoint...
+    table.flush()  # ...or until there are too many of them
+    table.add("lost", {"x": [4.0]}, now=2.5)
     assert table.take("kept", now=3.0) == {"x": [1.0]}
-    table.commit()  # written, as a crash would leave it
+    table.commit()  # the label written with its batch; "lost" still in memory, as a crash would leave it
     table.db.close()
 
     again = PendingTable(path, ttl_seconds=60, max_pending=100)
-    assert again.epoch == 6 and again.pending_count() == 1
+    assert again.epoch == 6 and again.pending_count() == 2 and again.take("lost", now=3.5) is None
     again.rollback_to(5)  # the service restores checkpoint 5
     assert again.pending_count() == 1 and again.take("after", now=4.0) is None
     assert again.take("kept", now=4.0) == {"x": [1.0]}

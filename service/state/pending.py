@@ -16,9 +16,15 @@ drops it whole. Restoring checkpoint N undoes the entries of every epoch
 after N, in reverse order, then drops the rows still marked after N, so the
 table is exactly what it was when checkpoint N was taken, whichever
 checkpoint the store falls back to. Undo entries older than the oldest
-checkpoint a store keeps are purged. (Most labels come within the epoch of
-their point: its add and its take then write no undo entry, which halved the
-writes of a joined point, bench/README.md.)
+checkpoint a store keeps are purged.
+
+The points added in the open epoch wait in memory (at most MEMORY_ROWS
+changes) and are written at the checkpoint that closes it: a restore would
+drop them anyway, so a crash loses nothing that counts. Most labels come
+within the epoch of their point, and then the pair costs the table one small
+row (the labeled mark) and no undo entry, where it cost an insert of the
+point, an update and two undo entries (bench/README.md, "Delayed labels and
+two challengers, end to end").
 
 States of an id: ``pending`` (waiting), ``labeled`` (its label came: kept
 until the TTL so a second label is a ``duplicate``), gone (expired, evicted,
@@ -52,6 +58,9 @@ KEEP_EPOCHS = 3
 STATES = ("pending", "labeled")
 #: The most rows one call of :meth:`PendingTable.expire` forgets (it runs every batch: the rest at the next).
 EXPIRE_AT_ONCE = 10_000
+#: How many changes of new rows :class:`PendingTable` keeps in memory before it writes them (at the latest, a
+#: checkpoint writes them): about 40 MB of points of d = 10.
+MEMORY_ROWS = 50_000
 #: Ids per query of :meth:`PendingTable.read_ahead` (SQLite allows 999 parameters a statement before 3.32).
 READ_AHEAD_CHUNK = 500
 _UNREAD = object()  # an id take() finds no read-ahead row for (None is a row known to be absent)
@@ -107,14 +116,23 @@ class PendingTable:
         self.epoch = int(row[0]) if row else 1
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
         self._in_tx = False
-        # Points added since the last flush, written with one executemany: a statement per point was most of
-        # a pending point's cost (bench/own_work.py). Every read flushes them first. Labels taken since the last
-        # flush likewise (their updates and undo entries); at most one of the two buffers holds anything, so
-        # the changes reach the table in the order they were made.
-        self._adds: dict[str, tuple[float, bytes]] = {}
+        # The open epoch's added points, in memory until a checkpoint (or MEMORY_ROWS changes): a point and its
+        # label in one epoch then reach the table as one small row, the labeled mark, instead of an insert of the
+        # point and an update (bench/README.md). key -> (state, at, point JSON or None, arrival n), in the order
+        # they came. A restore drops the epoch's changes anyway, so a crash loses nothing a restore would keep.
+        # ``_by_time``: (at, n, key) of each, for expiry (stale ones skipped). An id added is looked up in the
+        # table once per batch (``_unverified``, :meth:`_verify`): one that is there already (rare) is in
+        # ``_replacing``, and its row is logged for undo when the memory is written over it.
+        self._mem: dict[str, tuple[str, float, bytes | None, int]] = {}
+        self._by_time: list[tuple[float, int, str]] = []
+        self._arrivals = 0
+        self._unverified: list[str] = []
+        self._replacing: set[str] = set()
+        # Labels taken from the table's rows since the batch began: their updates and undo entries, written
+        # with one executemany each at the batch's commit.
         self._takes: list[tuple[float, int, str]] = []  # (labeled at, epoch, id)
         self._undo: list[tuple[int, str, bytes]] = []  # the takes' undo entries
-        self._rows: dict[str, tuple | None] = {}  # rows read ahead for a batch's labels (None: absent); dropped at a flush
+        self._rows: dict[str, tuple | None] = {}  # the table's rows read ahead for a batch's labels (None: absent)
         # The ids changed in the open epoch, for the Kafka store's changelog (:meth:`changed`): in memory, as many
         # as the epoch's changes (the changelog sends them all at its checkpoint anyway), and only when asked for.
         self._changed: set[str] | None = set() if track_changes else None
@@ -134,27 +152,72 @@ class PendingTable:
         if self._changed is not None:
             self._changed.add(key)
 
+    def _verify(self) -> None:
+        """The ids added since the last look, looked up in the table (a query per READ_AHEAD_CHUNK): one found
+        there is replaced by its point in memory, so its row no longer counts (a query per point cost more than
+        the write it saves)."""
+        keys = [k for k in dict.fromkeys(self._unverified) if k in self._mem and k not in self._replacing]
+        self._unverified = []
+        if keys and self._takes:  # the table as the labels taken left it
+            self._flush_takes()
+        for i in range(0, len(keys), READ_AHEAD_CHUNK):
+            chunk = keys[i:i + READ_AHEAD_CHUNK]
+            query = f"SELECT id, state FROM pending WHERE id IN ({','.join('?' * len(chunk))})"
+            for key, state in self.db.execute(query, chunk).fetchall():
+                self._replacing.add(key)
+                self._count -= state == "pending"
+
     def add(self, point_id: str | int, point: dict, now: float) -> None:
         """Keep ``point`` until its label comes (older points beyond max_pending are evicted: counted in ``evicted``).
 
         A second point with the same id replaces the first: the label that
         comes is for the decision published last.
         """
-        key = _key(point_id)
-        if key in self._adds or self._takes:  # twice in one batch: the first goes to the table, the second replaces it
-            self.flush()
-        self._adds[key] = (now, orjson.dumps(point))
+        key, blob, mem = _key(point_id), orjson.dumps(point), self._mem
+        old = mem.pop(key, None)  # popped: a point added again arrives again
+        if old is None:
+            self._unverified.append(key)  # new, unless the table has it (counted as new until looked up)
+        self._count += old is None or old[0] != "pending"
+        self._arrivals += 1
+        mem[key] = ("pending", now, blob, self._arrivals)
+        heapq.heappush(self._by_time, (now, self._arrivals, key))
+        if len(self._by_time) > MEMORY_ROWS:
+            self._write()
 
-    def flush(self) -> None:
-        """Write the buffered changes (points added, or labels taken), and forget the rows read ahead."""
-        self._rows = {}
+    def _write(self) -> None:
+        """Everything to the table: the labels taken, then the new rows in memory (in the order they came)."""
+        self._verify()
         if self._takes:
             self._flush_takes()
-        if self._adds:
-            self._flush_adds()
+        self._rows = {}
+        mem = self._mem
+        if mem:
+            self._mem, self._by_time = {}, []
+            self._begin()
+            for key in self._replacing:
+                self._log(key)
+            self._replacing = set()
+            epoch = self.epoch
+            self.db.executemany("INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
+                                ((k, state, at, point, epoch) for k, (state, at, point, _) in mem.items()))
+            if self._changed is not None:
+                self._changed.update(mem)
+
+    def _make_room(self) -> None:
+        """The ids added looked up; beyond max_pending, the oldest pending points evicted: before anything reads."""
+        if self._unverified:
+            self._verify()
+        if self._count > self.max_pending:
+            self._write()
+            self.evicted += self._evict()
+
+    def flush(self) -> None:
+        """Write every change to the table (evicting beyond max_pending first), and forget the rows read ahead."""
+        self._make_room()
+        self._write()
 
     def _flush_takes(self) -> None:
-        """The labels taken: their undo entries, then their rows marked labeled, one statement each."""
+        """The labels taken from the table's rows: their undo entries, then the rows marked labeled."""
         takes, undo = self._takes, self._undo
         self._takes, self._undo = [], []
         self._begin()
@@ -164,43 +227,18 @@ class PendingTable:
         if self._changed is not None:
             self._changed.update(key for _, _, key in takes)
 
-    def _flush_adds(self) -> None:
-        """The points added: one statement for all when their ids are new (the common case)."""
-        adds = self._adds
-        self._adds = {}
-        self._begin()
-        self.db.execute("SAVEPOINT adds")
-        try:
-            epoch = self.epoch
-            self.db.executemany("INSERT INTO pending (id, state, at, point, epoch) VALUES (?, 'pending', ?, ?, ?)",
-                                ((k, at, blob, epoch) for k, (at, blob) in adds.items()))  # new rows: no undo entry
-            self.db.execute("RELEASE adds")
-            self._count += len(adds)
-            if self._changed is not None:
-                self._changed.update(adds)
-        except sqlite3.IntegrityError:  # an id the table holds already: one at a time, logging what each replaces
-            self.db.execute("ROLLBACK TO adds")
-            self.db.execute("RELEASE adds")
-            for key, (at, blob) in adds.items():
-                self._log(key)
-                replaced = self.db.execute("SELECT state FROM pending WHERE id = ?", (key,)).fetchone()
-                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, 'pending', ?, ?, ?)",
-                                (key, at, blob, self.epoch))
-                if replaced is None or replaced[0] != "pending":
-                    self._count += 1
-        self.evicted += self._evict()
-
     def read_ahead(self, point_ids) -> None:
-        """Read the rows of ``point_ids`` (a batch's labels) in a few queries: their :meth:`take` then reads nothing.
+        """Read the table's rows of ``point_ids`` (a batch's labels) in a few queries: their :meth:`take` then
+        reads nothing. Ids of the open epoch's new rows are in memory already.
 
         A take cost five statements (read, read again for the undo entry,
         log, update); with the rows read ahead and the writes buffered, a
         batch of labels costs a query per READ_AHEAD_CHUNK ids and one or two
         ``executemany`` (bench/pending.py).
         """
-        self.flush()
-        keys = list(dict.fromkeys(map(_key, point_ids)))
-        rows = self._rows
+        self._make_room()
+        mem, rows = self._mem, self._rows
+        keys = [k for k in dict.fromkeys(map(_key, point_ids)) if k not in mem and k not in rows]
         for i in range(0, len(keys), READ_AHEAD_CHUNK):
             chunk = keys[i:i + READ_AHEAD_CHUNK]
             rows.update(dict.fromkeys(chunk))  # absent unless found
@@ -211,9 +249,21 @@ class PendingTable:
     def take(self, point_id: str | int, now: float) -> dict | str | None:
         """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
         already, None when unknown (never seen, expired, evicted)."""
-        if self._adds:
-            self.flush()
+        self._make_room()
         key = _key(point_id)
+        row = self._mem.get(key)
+        if row is not None:  # a point of the open epoch: its row becomes the labeled mark, in memory
+            if row[0] == "labeled":
+                return "duplicate"
+            self._arrivals += 1
+            self._mem[key] = ("labeled", now, None, self._arrivals)
+            heapq.heappush(self._by_time, (now, self._arrivals, key))
+            self._count -= 1
+            if len(self._by_time) > MEMORY_ROWS:
+                point = row[2]
+                self._write()
+                return orjson.loads(point)
+            return orjson.loads(row[2])
         row = self._rows.get(key, _UNREAD)
         if row is _UNREAD:
             row = self.db.execute("SELECT state, at, point, epoch FROM pending WHERE id = ?", (key,)).fetchone()
@@ -231,21 +281,37 @@ class PendingTable:
 
     def expire(self, now: float) -> int:
         """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
-        self.flush()
+        self._make_room()
+        if self._takes:
+            self._flush_takes()
+        self._rows = {}
         cutoff = now - self.ttl_seconds
+        expired = 0
+        mem, by_time = self._mem, self._by_time
+        while by_time and by_time[0][0] < cutoff:  # the open epoch's, in memory: gone without a trace
+            _, n, key = heapq.heappop(by_time)
+            row = mem.get(key)
+            if row is not None and row[3] == n:  # not a stale entry (the row changed since)
+                del mem[key]
+                expired += row[0] == "pending"
+                if key in self._replacing:  # the row it replaces goes too
+                    self._replacing.discard(key)
+                    self._begin()
+                    self._log(key)
+                    self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
         # The oldest first, at most EXPIRE_AT_ONCE: one range of the (state, at) index per state, merged. A
         # query on ``at`` alone scans the whole table (30 ms at 300,000 points), and it runs every batch.
         ranges = [self.db.execute("SELECT at, id, state FROM pending WHERE state = ? AND at < ? ORDER BY at LIMIT ?",
                                   (state, cutoff, EXPIRE_AT_ONCE)) for state in STATES]
         old = list(islice(heapq.merge(*ranges), EXPIRE_AT_ONCE))
-        if not old:
-            return 0
-        self._begin()
-        expired = 0
-        for _, key, state in old:
-            self._log(key)
-            self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
-            expired += state == "pending"
+        if old:
+            self._begin()
+            for _, key, state in old:
+                if key in mem:  # replaced by a point in memory (its expiry is the point's)
+                    continue
+                self._log(key)
+                self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
+                expired += state == "pending"
         self._count -= expired
         return expired
 
@@ -262,15 +328,19 @@ class PendingTable:
 
     # checkpoints ----------------------------------------------------------
     def commit(self) -> None:
-        """Make the changes so far durable (they still belong to the open epoch: a restore may undo them)."""
-        self.flush()
+        """The end of a batch: the labels taken from the table's rows written and committed (the open epoch's new
+        rows stay in memory: a restore would drop them anyway)."""
+        self._make_room()
+        if self._takes:
+            self._flush_takes()
+        self._rows = {}
         if self._in_tx:
             self.db.execute("COMMIT")
             self._in_tx = False
 
     def checkpoint(self, seq: int) -> None:
         """Checkpoint ``seq`` was taken: later changes belong to epoch seq + 1; undo older than KEEP_EPOCHS goes."""
-        self.flush()
+        self.flush()  # the epoch's rows in memory too: they are checkpoint seq's
         self._begin()
         self.epoch = seq + 1
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
@@ -281,6 +351,7 @@ class PendingTable:
 
     def rollback_to(self, seq: int) -> None:
         """Undo every change made after checkpoint ``seq`` (0: since the table was created)."""
+        self.flush()
         self.commit()
         self._begin()
         for key, old in self.db.execute("SELECT id, old FROM undo WHERE epoch > ? ORDER BY seq DESC", (seq,)).fetchall():
@@ -302,7 +373,7 @@ class PendingTable:
             self._changed = set()
 
     def pending_count(self) -> int:
-        self.flush()
+        self._make_room()
         return self._count
 
     # the changelog of the Kafka store ---------------------------------------
@@ -321,7 +392,8 @@ class PendingTable:
 
     def load(self, rows: dict[str, list], epoch: int) -> None:
         """Replace the whole table by ``rows`` (id → [state, at, point JSON or None]), as of checkpoint ``epoch - 1``."""
-        self._adds, self._takes, self._undo, self._rows = {}, [], [], {}
+        self._mem, self._by_time, self._takes, self._undo, self._rows = {}, [], [], [], {}
+        self._unverified, self._replacing = [], set()
         self.commit()
         self._begin()
         self.db.execute("DELETE FROM pending")
@@ -336,5 +408,6 @@ class PendingTable:
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
 
     def close(self) -> None:
+        self.flush()
         self.commit()
         self.db.close()
