@@ -699,10 +699,10 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
     feeder = threading.Thread(target=feed_split if c.labels else feed, daemon=True)
     try:
         service.wait_ready()
-        began = time.time()
+        began, cpu_before = time.time(), cpu_seconds(service.pid)
         feeder.start()
         wait_done(kafka, service, group, events, timeout=3600, interval=0.1, on_progress=progress)
-        seconds = time.time() - began
+        seconds, cpu = time.time() - began, cpu_seconds(service.pid) - cpu_before
         dead_lettered = service.dead_lettered_labels() if c.labels else None
         if dead_lettered:
             raise RuntimeError(f"{c.name}: {dead_lettered} labels dead-lettered; see {logs / (tag + '.log')}")
@@ -711,7 +711,8 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
         service.stop()
         feeder.join(30)
     first, last = samples[min(samples)], samples[max(samples)]
-    return {"name": c.name, "events": events, "seconds": round(seconds, 1),
+    # CPU while fed live (labels a moment after their points), beside the throughput runs' pre-produced backlog
+    return {"name": c.name, "events": events, "seconds": round(seconds, 1), "cpu_us_per_event": round(cpu / events * 1e6, 1),
             **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
             "rss_kib": {str(k): v for k, v in sorted(samples.items())},
             "rss_first_mib": round(first / 1024, 1), "rss_last_mib": round(last / 1024, 1), "growth": round(last / first - 1, 4)}
@@ -916,6 +917,8 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
         for k, v in m["rss_kib"].items():
             mem.add_row(f"{int(k):,}", f"{v / 1024:.1f}")
         mem.add_row("growth, first → last", f"{m['growth'] * 100:+.1f}%")
+        if "cpu_us_per_event" in m:
+            mem.add_row("CPU µs an event (or decision), fed live", f"{m['cpu_us_per_event']:.1f}")
         if "dead_lettered_labels" in m:
             mem.add_row("labels dead-lettered", f"{m['dead_lettered_labels']:,}")
         console.print(mem)

@@ -20,11 +20,13 @@ checkpoint a store keeps are purged.
 
 The points added in the open epoch wait in memory (at most MEMORY_ROWS
 changes) and are written at the checkpoint that closes it: a restore would
-drop them anyway, so a crash loses nothing that counts. Most labels come
-within the epoch of their point, and then the pair costs the table one small
-row (the labeled mark) and no undo entry, where it cost an insert of the
-point, an update and two undo entries (bench/README.md, "Delayed labels and
-two challengers, end to end").
+drop them anyway, so a crash loses nothing that counts. A label that comes
+within the epoch of its point (its delay shorter than the checkpoint
+interval, as on a live stream with labels seconds behind) then costs the
+table, with its point, one small row (the labeled mark) and no undo entry,
+where the pair cost an insert of the point, an update and two undo entries.
+A label that comes later finds its point's row in the table (bench/README.md,
+"Delayed labels and two challengers, end to end").
 
 States of an id: ``pending`` (waiting), ``labeled`` (its label came: kept
 until the TTL so a second label is a ``duplicate``), gone (expired, evicted,
@@ -118,7 +120,8 @@ class PendingTable:
         self._in_tx = False
         # The open epoch's added points, in memory until a checkpoint (or MEMORY_ROWS changes): a point and its
         # label in one epoch then reach the table as one small row, the labeled mark, instead of an insert of the
-        # point and an update (bench/README.md). key -> (state, at, point JSON or None, arrival n), in the order
+        # point and an update. No library keeps a write-behind buffer in front of SQLite with this undo-by-epoch
+        # contract, hence by hand. key -> (state, at, point JSON or None, arrival n), in the order
         # they came. A restore drops the epoch's changes anyway, so a crash loses nothing a restore would keep.
         # ``_by_time``: (at, n, key) of each, for expiry (stale ones skipped). An id added is looked up in the
         # table once per batch (``_unverified``, :meth:`_verify`): one that is there already (rare) is in
