@@ -132,6 +132,33 @@ def test_the_table_survives_a_reopen_and_undoes_what_came_after_the_checkpoint(t
     assert again.take("kept", now=4.0) == {"x": [1.0]}
 
 
+def test_a_crash_right_after_a_checkpoint_was_saved_finds_that_checkpoints_table(tmp_path):
+    """The checkpoint is saved after the joiner's before_save and before the tables move to the next epoch: the
+    points the epoch kept in memory must be on disk by then (the case a review found)."""
+    from service.pipeline.joiner import Joiner
+
+    path = tmp_path / "pending-0.sqlite"
+    joiner = Joiner(lambda p: PendingTable(path, ttl_seconds=60, max_pending=10), ttl_seconds=60, max_pending=10,
+                    outcome_topic="o", dlq_topic="d", max_message_bytes=10**6)
+    table = joiner.table(0)
+    table.add("K", {"v": 1}, now=1.0)
+    joiner.before_save(1)
+    joiner.saved(1)
+    table.add("K", {"v": 2}, now=2.0)  # sent again: replaces the first
+    table.add("X", {"v": 3}, now=2.0)
+    table.add("Y", {"v": 4}, now=2.0)
+    assert table.take("Y", now=2.5) == {"v": 4}
+    table.commit()
+    state = joiner.to_state()  # checkpoint 2's
+    joiner.before_save(2)
+    table.db.close()  # killed once checkpoint 2 was saved, before the tables heard of it
+
+    again = PendingTable(path, ttl_seconds=60, max_pending=10)
+    again.rollback_to(2)
+    assert again.pending_count() == state["pending"]["0"] == 2
+    assert [again.take(i, now=3.0) for i in ("K", "X", "Y")] == [{"v": 2}, {"v": 3}, "duplicate"]
+
+
 def test_a_table_from_before_the_epoch_column_is_read_and_restored(tmp_path):
     """Its rows count as older than any checkpoint, and its undo entries (without the old row's epoch) still undo."""
     import sqlite3

@@ -153,7 +153,12 @@ class Joiner:
 
     # checkpoints ----------------------------------------------------------
     def before_save(self, seq: int) -> None:
-        """Kafka store: the changes of the epoch checkpoint ``seq`` closes, to the changelog, acknowledged."""
+        """Before checkpoint ``seq`` is saved: every table's changes written and committed (the points the open
+        epoch keeps in memory too: a crash after the save must find them on disk); with the Kafka store, the
+        epoch's changes to the changelog, acknowledged."""
+        for table in self.tables.values():
+            table.flush()
+            table.commit()
         if self.changelog is not None:
             for partition, table in sorted(self.tables.items()):
                 self.changelog.write(partition, table.changed(), seq, self.run)

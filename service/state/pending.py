@@ -60,8 +60,8 @@ KEEP_EPOCHS = 3
 STATES = ("pending", "labeled")
 #: The most rows one call of :meth:`PendingTable.expire` forgets (it runs every batch: the rest at the next).
 EXPIRE_AT_ONCE = 10_000
-#: How many changes of new rows :class:`PendingTable` keeps in memory before it writes them (at the latest, a
-#: checkpoint writes them): about 40 MB of points of d = 10.
+#: How many changes of new rows a :class:`PendingTable` keeps in memory before it writes them (at the latest,
+#: the checkpoint writes them): at most about 40 MB of points of d = 10 a table, so a partition.
 MEMORY_ROWS = 50_000
 #: Ids per query of :meth:`PendingTable.read_ahead` (SQLite allows 999 parameters a statement before 3.32).
 READ_AHEAD_CHUNK = 500
@@ -332,11 +332,14 @@ class PendingTable:
     # checkpoints ----------------------------------------------------------
     def commit(self) -> None:
         """The end of a batch: the labels taken from the table's rows written and committed (the open epoch's new
-        rows stay in memory: a restore would drop them anyway)."""
+        rows stay in memory: a restore would drop them anyway; the checkpoint's ``before_save`` writes them)."""
         self._make_room()
         if self._takes:
             self._flush_takes()
         self._rows = {}
+        self._commit_tx()
+
+    def _commit_tx(self) -> None:
         if self._in_tx:
             self.db.execute("COMMIT")
             self._in_tx = False
@@ -348,14 +351,14 @@ class PendingTable:
         self.epoch = seq + 1
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
         self.db.execute("DELETE FROM undo WHERE epoch <= ?", (seq - KEEP_EPOCHS,))
-        self.commit()
+        self._commit_tx()
         if self._changed is not None:
             self._changed = set()
 
     def rollback_to(self, seq: int) -> None:
         """Undo every change made after checkpoint ``seq`` (0: since the table was created)."""
-        self.flush()
-        self.commit()
+        self._write()  # not evicting first: the undo may make room, and an eviction now would be counted
+        self._commit_tx()
         self._begin()
         for key, old in self.db.execute("SELECT id, old FROM undo WHERE epoch > ? ORDER BY seq DESC", (seq,)).fetchall():
             if old is None:
@@ -370,7 +373,7 @@ class PendingTable:
         self.db.execute("DELETE FROM pending WHERE epoch > ?", (seq,))
         self.epoch = seq + 1
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
-        self.commit()
+        self._commit_tx()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
         if self._changed is not None:
             self._changed = set()
@@ -397,7 +400,7 @@ class PendingTable:
         """Replace the whole table by ``rows`` (id → [state, at, point JSON or None]), as of checkpoint ``epoch - 1``."""
         self._mem, self._by_time, self._takes, self._undo, self._rows = {}, [], [], [], {}
         self._unverified, self._replacing = [], set()
-        self.commit()
+        self._commit_tx()
         self._begin()
         self.db.execute("DELETE FROM pending")
         self.db.execute("DELETE FROM undo")
@@ -407,7 +410,7 @@ class PendingTable:
         if self._changed is not None:
             self._changed = set()
         self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
-        self.commit()
+        self._commit_tx()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
 
     def close(self) -> None:
