@@ -163,12 +163,17 @@ class PendingTable:
         self._unverified = []
         if keys and self._takes:  # the table as the labels taken left it
             self._flush_takes()
+        for key, state in self._rows_of(keys, "state"):
+            self._replacing.add(key)
+            self._count -= state == "pending"
+
+    def _rows_of(self, keys: list[str], columns: str) -> list[tuple]:
+        """(id, ``columns``...) of the table's rows of ``keys``, a query per READ_AHEAD_CHUNK ids."""
+        found = []
         for i in range(0, len(keys), READ_AHEAD_CHUNK):
             chunk = keys[i:i + READ_AHEAD_CHUNK]
-            query = f"SELECT id, state FROM pending WHERE id IN ({','.join('?' * len(chunk))})"
-            for key, state in self.db.execute(query, chunk).fetchall():
-                self._replacing.add(key)
-                self._count -= state == "pending"
+            found += self.db.execute(f"SELECT id, {columns} FROM pending WHERE id IN ({','.join('?' * len(chunk))})", chunk)
+        return found
 
     def add(self, point_id: str | int, point: dict, now: float) -> None:
         """Keep ``point`` until its label comes (older points beyond max_pending are evicted: counted in ``evicted``).
@@ -181,18 +186,20 @@ class PendingTable:
         if old is None:
             self._unverified.append(key)  # new, unless the table has it (counted as new until looked up)
         self._count += old is None or old[0] != "pending"
+        self._remember(key, "pending", now, blob)
+
+    def _remember(self, key: str, state: str, at: float, point: bytes | None) -> None:
+        """``key``'s row of the open epoch, in memory (written once MEMORY_ROWS changes are)."""
         self._arrivals += 1
-        mem[key] = ("pending", now, blob, self._arrivals)
-        heapq.heappush(self._by_time, (now, self._arrivals, key))
+        self._mem[key] = (state, at, point, self._arrivals)
+        heapq.heappush(self._by_time, (at, self._arrivals, key))
         if len(self._by_time) > MEMORY_ROWS:
             self._write()
 
     def _write(self) -> None:
         """Everything to the table: the labels taken, then the new rows in memory (in the order they came)."""
         self._verify()
-        if self._takes:
-            self._flush_takes()
-        self._rows = {}
+        self._settle_takes()
         mem = self._mem
         if mem:
             self._mem, self._by_time = {}, []
@@ -219,6 +226,12 @@ class PendingTable:
         self._make_room()
         self._write()
 
+    def _settle_takes(self) -> None:
+        """The labels taken written, and the rows read ahead for them forgotten (the table may change next)."""
+        if self._takes:
+            self._flush_takes()
+        self._rows = {}
+
     def _flush_takes(self) -> None:
         """The labels taken from the table's rows: their undo entries, then the rows marked labeled."""
         takes, undo = self._takes, self._undo
@@ -242,12 +255,9 @@ class PendingTable:
         self._make_room()
         mem, rows = self._mem, self._rows
         keys = [k for k in dict.fromkeys(map(_key, point_ids)) if k not in mem and k not in rows]
-        for i in range(0, len(keys), READ_AHEAD_CHUNK):
-            chunk = keys[i:i + READ_AHEAD_CHUNK]
-            rows.update(dict.fromkeys(chunk))  # absent unless found
-            query = f"SELECT id, state, at, point, epoch FROM pending WHERE id IN ({','.join('?' * len(chunk))})"
-            for key, *row in self.db.execute(query, chunk):
-                rows[key] = tuple(row)
+        rows.update(dict.fromkeys(keys))  # absent unless found
+        for key, *row in self._rows_of(keys, "state, at, point, epoch"):
+            rows[key] = tuple(row)
 
     def take(self, point_id: str | int, now: float) -> dict | str | None:
         """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
@@ -258,14 +268,8 @@ class PendingTable:
         if row is not None:  # a point of the open epoch: its row becomes the labeled mark, in memory
             if row[0] == "labeled":
                 return "duplicate"
-            self._arrivals += 1
-            self._mem[key] = ("labeled", now, None, self._arrivals)
-            heapq.heappush(self._by_time, (now, self._arrivals, key))
             self._count -= 1
-            if len(self._by_time) > MEMORY_ROWS:
-                point = row[2]
-                self._write()
-                return orjson.loads(point)
+            self._remember(key, "labeled", now, None)
             return orjson.loads(row[2])
         row = self._rows.get(key, _UNREAD)
         if row is _UNREAD:
@@ -285,9 +289,7 @@ class PendingTable:
     def expire(self, now: float) -> int:
         """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
         self._make_room()
-        if self._takes:
-            self._flush_takes()
-        self._rows = {}
+        self._settle_takes()
         cutoff = now - self.ttl_seconds
         expired = 0
         mem, by_time = self._mem, self._by_time
@@ -334,9 +336,7 @@ class PendingTable:
         """The end of a batch: the labels taken from the table's rows written and committed (the open epoch's new
         rows stay in memory: a restore would drop them anyway; the checkpoint's ``before_save`` writes them)."""
         self._make_room()
-        if self._takes:
-            self._flush_takes()
-        self._rows = {}
+        self._settle_takes()
         self._commit_tx()
 
     def _commit_tx(self) -> None:
