@@ -350,6 +350,17 @@ class Contender(NamedTuple):
     labels: bool = False  # a service with delayed labels (--client service-labels): points and labels on topics of their own
 
 
+def _label_samples(outcomes) -> tuple[str, ...]:
+    """The /metrics sample names of these label outcomes."""
+    return tuple(f'perceptron_labels_total{{outcome="{o}"}}' for o in outcomes)
+
+
+def fail_on_dead_letters(c: Contender, dead_lettered: int | None, log: Path) -> None:
+    """A label that joined no point: the service lost what it should have joined, so the run is no figure."""
+    if dead_lettered:
+        raise RuntimeError(f"{c.name}: {dead_lettered} labels dead-lettered; see {log}")
+
+
 def split_labels(event: dict) -> tuple[bytes, bytes, bytes]:
     """(key, point, label) of an event: the point without its ``y``, the label ``{"id", "y"}``.
 
@@ -433,7 +444,7 @@ class Service:
     def processed(self) -> int:
         """Events whose outputs the brokers acknowledged (valid and rejected), from /metrics; with delayed
         labels, the labels settled (joined: a point predicted, then learned and scored; or dead-lettered)."""
-        counted = tuple(f'perceptron_labels_total{{outcome="{o}"}}' for o in LABELS_SETTLED) if self.labels else \
+        counted = _label_samples(LABELS_SETTLED) if self.labels else \
             ("perceptron_events_total{", "perceptron_rejected_events_total{")
         return int(sum(self.samples(counted).values()))
 
@@ -449,7 +460,7 @@ class Service:
 
     def dead_lettered_labels(self) -> int:
         """Labels that joined no point (unknown_id, duplicate): none is expected in these runs."""
-        return int(sum(self.samples(tuple(f'perceptron_labels_total{{outcome="{o}"}}' for o in LABELS_SETTLED[1:])).values()))
+        return int(sum(self.samples(_label_samples(LABELS_SETTLED[1:])).values()))
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -564,8 +575,7 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
         dead_lettered = worker.dead_lettered_labels() if c.labels else None
     finally:
         worker.stop()
-    if dead_lettered:  # a label joined no point: the service lost what it should have joined
-        raise RuntimeError(f"{c.name}: {dead_lettered} labels dead-lettered; see {logs / (tag + '.log')}")
+    fail_on_dead_letters(c, dead_lettered, logs / f"{tag}.log")
     said = logged()
     if said:
         if not {1, events} <= said.keys():
@@ -704,8 +714,7 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
         wait_done(kafka, service, group, events, timeout=3600, interval=0.1, on_progress=progress)
         seconds, cpu = time.time() - began, cpu_seconds(service.pid) - cpu_before
         dead_lettered = service.dead_lettered_labels() if c.labels else None
-        if dead_lettered:
-            raise RuntimeError(f"{c.name}: {dead_lettered} labels dead-lettered; see {logs / (tag + '.log')}")
+        fail_on_dead_letters(c, dead_lettered, logs / f"{tag}.log")
     finally:
         stop.set()
         service.stop()

@@ -34,20 +34,9 @@ class NullStream:
         return []
 
 
-def label_records(count: int):
-    """The labels of ``records(count, labeled=False)``: ``{"id", "y"}`` on the label topic, in the same order."""
-    from service.streams import separable
-
-    try:
-        from service.kafka.contract import Record
-    except ImportError:
-        from service.kafka.types import Record
-    return [tuple.__new__(Record, ("labels", 0, i, e["id"].encode(), json.dumps({"id": e["id"], "y": e["y"]}, separators=(",", ":")).encode(),
-                                   1_700_000_000_000 + i))
-            for i, (e, _) in enumerate(zip(separable(dimensions=10, noise=0.05, seed=1), range(count)))]
-
-
-def records(count: int, labeled: bool = True):
+def records(count: int, labeled: bool = True, topic: str = "points"):
+    """``count`` events of d = 10 as the client hands them over: with or without ``y`` on ``topic``; on the label
+    topic (``topic="labels"``) the labels of the same events, ``{"id", "y"}``, in the same order."""
     from service.streams import separable
 
     try:
@@ -56,9 +45,11 @@ def records(count: int, labeled: bool = True):
         from service.kafka.types import Record
     out = []
     for i, (e, _) in enumerate(zip(separable(dimensions=10, noise=0.05, seed=1), range(count))):
-        if not labeled:
+        if topic == "labels":
+            e = {"id": e["id"], "y": e["y"]}
+        elif not labeled:
             e = {"id": e["id"], "x": e["x"]}
-        out.append(tuple.__new__(Record, ("points", 0, i, e["id"].encode(), json.dumps(e, separators=(",", ":")).encode(),
+        out.append(tuple.__new__(Record, (topic, 0, i, e["id"].encode(), json.dumps(e, separators=(",", ":")).encode(),
                                           1_700_000_000_000 + i)))
     return out
 
@@ -131,7 +122,7 @@ def main() -> None:
         configs["+ both, labels joined (an event: point + label)"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], "joined")
     with tempfile.TemporaryDirectory() as tmp:
         recs = {labeled: records(args.events, labeled) for labeled in (True, False)}
-        labels = label_records(args.events)
+        labels = records(args.events, topic="labels")
         runs = {name: runner(flags, recs[labeled is True], Path(tmp) / str(i), labels if labeled == "joined" else None)
                 for i, (name, (flags, labeled)) in enumerate(configs.items())}
         gc.collect()
