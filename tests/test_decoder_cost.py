@@ -85,11 +85,11 @@ def test_a_large_message_is_parsed_once(monkeypatch):
     """From MODEL_FIRST_BYTES the model's parser alone reads the message: the fast path would first parse a
     hostile one, to hand it to the model that parses it again."""
     calls = []
-    fast = schema._fast_decode
-    monkeypatch.setattr(schema, "_fast_decode", lambda raw: calls.append(len(raw)) or fast(raw))
+    decoder = Decoder(1_000_000, 10_000)
+    fast = decoder._fast_decode
+    monkeypatch.setattr(decoder, "_fast_decode", lambda raw: calls.append(len(raw)) or fast(raw))
     small, large = HOSTILE["x of lists"](10), HOSTILE["x of lists"](MODEL_FIRST_BYTES)
     assert len(small) < MODEL_FIRST_BYTES <= len(large)
-    decoder = Decoder(1_000_000, 10_000)
     assert decoder.decode(large) == decoder.decode(small) == Rejection("invalid_event", "x[0] must be a number, got a list [...]")
     assert calls == [len(small)]
 

@@ -86,6 +86,14 @@ def test_the_first_dense_event_fixes_the_dimension():
     assert Decoder(1000, 10, dimension=3).decode(b'{"x": [1, 2]}').reason == "wrong_dimension"
 
 
+def test_a_dimension_beyond_the_feature_limit_takes_no_dense_event():
+    """A checkpoint's dimension from before a lower --max-features: its events have too many features now."""
+    d = Decoder(1000, 2, dimension=3)
+    assert d.decode(b'{"x": [1, 2, 3]}').reason == "too_many_features"
+    assert d.decode(b'{"x": [1, 2]}').reason == "wrong_dimension"
+    assert d.decode(b'{"features": {"a": 1, "b": 2}}') == Event(None, {"a": 1.0, "b": 2.0}, None)
+
+
 def test_dead_letters_keep_the_original():
     text = dead_letter(Rejection("bad_label", "y must be..."), b'{"y": 2}', "points", 3, 99)
     assert text == {"error": "y must be...", "reason": "bad_label", "source": {"topic": "points", "partition": 3, "offset": 99},
@@ -96,7 +104,8 @@ def test_dead_letters_keep_the_original():
     assert huge["raw_truncated"] and len(huge["raw"]) == DEAD_LETTER_RAW_LIMIT
 
 
-# The fast path (orjson and type tests) must decode every message exactly as the model does.
+# The fast path (msgspec, the limits and the fixed dimension in its type) must decode every message exactly as the
+# model and the decoder's own rules do.
 
 _numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.booleans(),
                      st.sampled_from([0, 1, -1, 0.0, 1.0, -0.0, 1e308, 5e-324, 2**53 + 1]))
@@ -108,10 +117,14 @@ _events = st.dictionaries(
 
 
 @settings(max_examples=1500, deadline=None)
-@given(event=_events)
-def test_the_fast_path_decodes_as_the_model_does(event):
+@given(event=_events, dimension=st.sampled_from([2, 2, None, 1, 3]), max_features=st.sampled_from([5, 2]),
+       max_feature_value=st.sampled_from([1e15, 2.5]))
+def test_the_fast_path_decodes_as_the_model_does(event, dimension, max_features, max_feature_value):
+    """Also with no dimension yet, and with a checkpoint's dimension beyond today's --max-features."""
     raw = json.dumps(event).encode()  # NaN and Infinity too, as Python writes them
-    assert repr(Decoder(100_000, 5, dimension=2).decode(raw)) == repr(Decoder(100_000, 5, dimension=2)._decode_model(raw))
+    fast, model = (Decoder(100_000, max_features, dimension=dimension, max_feature_value=max_feature_value) for _ in range(2))
+    assert repr(fast.decode(raw)) == repr(model._decode_model(raw))
+    assert fast.dimension == model.dimension
 
 
 @pytest.mark.parametrize("raw", [

@@ -2,12 +2,13 @@
 
 Decoding has two paths with one outcome. The common event (an object with
 only ``id``, ``x`` or ``features``, and ``y``, every value of the expected
-type) is parsed by orjson and checked by a few type tests; anything else
-(invalid JSON, extra keys, a string where a number belongs, a label to map
-or reject...) goes through the pydantic model, whose first error becomes one
-plain sentence and a short reason code, also the ``reason`` label of
-``perceptron_rejected_events_total``. The fast path only accepts what the
-model accepts, with the same values (orjson and pydantic's parser read every
+type, within the limits and of the fixed dimension) is parsed and checked by
+msgspec in one C pass; anything else (invalid JSON, extra keys, a string where
+a number belongs, a label to map or reject, a value out of range...) goes
+through the pydantic model and the decoder's own rules, whose first error
+becomes one plain sentence and a short reason code, also the ``reason`` label
+of ``perceptron_rejected_events_total``. The fast path only accepts what the
+model accepts, with the same values (msgspec and pydantic's parser read every
 number to the same double, and both refuse non-finite ones), so an event
 decodes to the same :class:`Event` either way (tests/test_schema.py checks it).
 
@@ -15,8 +16,8 @@ Decoding costs a parse or two of the message and its first error, whatever
 the message holds: the model stops at the first bad element of ``x`` or
 ``features`` (:class:`~service.wire.messages.FirstErrorOnly`), and a message of ``MODEL_FIRST_BYTES``
 or more goes to the model alone, whose parser builds no Python object per
-element (orjson's did, for a hostile message, before the model parsed it
-again). bench/decoder.py measures the worst shapes (bench/README.md).
+element (the fast path's does, for a hostile message, before the model parses
+it again). bench/decoder.py measures the worst shapes (bench/README.md).
 
 >>> decoder = Decoder(max_message_bytes=1000, max_features=10)
 >>> decoder.decode(b'{"id": "c-1", "x": [0.5, -1.0], "y": 1}')
@@ -29,8 +30,10 @@ Rejection(reason='bad_label', error='y must be -1 or +1 (0/1 and false/true are 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from math import hypot
-from typing import Any
+from typing import Annotated, Any, Optional, Union
 
 import msgspec
 import orjson
@@ -38,32 +41,41 @@ from pydantic import ValidationError
 
 from service.wire.messages import Event, InputEvent, Label, LabelEvent, Rejection, _show
 
-class _FastEvent(msgspec.Struct, forbid_unknown_fields=True):
-    """The common event, as the fast path takes it: these keys only, each of the expected type.
+@functools.lru_cache(maxsize=64)
+def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | None) -> Callable[[bytes], Any]:
+    """msgspec's decoder of the common event, as the fast path takes it, with this decoder's limits in its type.
 
-    msgspec's float takes JSON integers (as the model does) and refuses
-    booleans and strings; an event with another key, a value of another type,
-    or JSON msgspec refuses goes to the model, which explains the first
-    problem. Non-finite values cannot come through (JSON has none, and a
-    number too large for a double is refused: the model says why).
+    These keys only, each of the expected type, and the rules beyond the
+    model checked in the same C pass: at least one feature and at most
+    ``max_features``, every |value| at most ``max_feature_value`` (a finite
+    1e308 would overflow the score), and a dense ``x`` of the fixed
+    ``dimension`` once there is one. msgspec's float takes JSON integers (as
+    the model does) and refuses booleans and strings. Whatever it refuses
+    goes to the model, whose checks explain the first problem; non-finite
+    values cannot come through (JSON has none, and a number too large for a
+    double is refused: the model says why). Cached: the tasks of one service
+    share their limits, and a dimension changes once.
     """
+    value = Annotated[float, msgspec.Meta(ge=-max_feature_value, le=max_feature_value)]
+    if dimension is None:
+        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=1, max_length=max_features)]]
+    elif dimension <= max_features:
+        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)]]
+    else:  # a checkpoint's dimension beyond today's --max-features: no dense event passes, the model says why
+        dense = None
+    event = msgspec.defstruct("FastEvent", [
+        ("id", Union[str, int, None], None),
+        ("x", dense, None),
+        ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=max_features)]], None),
+        ("y", Union[bool, int, None], None),
+    ], forbid_unknown_fields=True)
+    return msgspec.json.Decoder(event).decode
 
-    id: str | int | None = None
-    x: list[float] | None = None
-    features: dict[str, float] | None = None
-    y: bool | int | None = None
 
-
-_fast_decode = msgspec.json.Decoder(_FastEvent).decode
-
-#: The keys of the events the fast path takes; an event with others is decoded by the model.
-_FAST_KEYS = frozenset(("id", "x", "features", "y"))
-_ONLY_FLOATS = frozenset((float,)).issuperset
-_NUMBERS = frozenset((float, int)).issuperset  # bool is not int here: type(True) is bool
 _LABELS = {1: 1, -1: -1, 0: -1}  # True == 1 and False == 0 hash alike: the booleans map too
 _new = tuple.__new__
 
-#: Messages at least this long skip the orjson fast path. Its gain is a fixed
+#: Messages at least this long skip the fast path. Its gain is a fixed
 #: cost per event (about 1-2 µs, the model's instance and validators); from a
 #: few KiB the model decodes a valid event about as fast per byte (dense x the
 #: same, features up to 20% slower, integers twice as fast), and a hostile one
@@ -87,9 +99,19 @@ class Decoder:
                  max_feature_value: float = 1e15, model_first_bytes: int = MODEL_FIRST_BYTES):
         self.max_message_bytes = max_message_bytes
         self.max_features = max_features
-        self.dimension = dimension
         self.max_feature_value = max_feature_value
         self.model_first_bytes = model_first_bytes
+        self.dimension = dimension
+
+    @property
+    def dimension(self) -> int | None:
+        """The dimension of dense events, fixed by the first one (None: none yet)."""
+        return self._dimension
+
+    @dimension.setter
+    def dimension(self, dimension: int | None) -> None:
+        self._dimension = dimension
+        self._fast_decode = _fast_decoder(self.max_features, self.max_feature_value, dimension)
 
     def decode(self, raw: bytes | None, key: bytes | None = None) -> Event | Rejection:
         """The event in ``raw``, or why it is rejected; the Kafka ``key`` counts toward the size limit
@@ -102,10 +124,10 @@ class Decoder:
             return Rejection("too_large", f"the message is {size} bytes{what}, more than the limit of {self.max_message_bytes}")
         if len(raw) >= self.model_first_bytes:
             return self._decode_model(raw)
-        # The fast path: msgspec parses and type-checks the common event in one C pass (about a third of the
-        # Python checks it replaced); whatever it does not take, or might judge unlike the model, goes to the model.
+        # The fast path: msgspec parses, type-checks and bounds the common event in one C pass; whatever it
+        # does not take, or might judge unlike the model, goes to the model (and _checked explains a bound).
         try:
-            doc = _fast_decode(raw)
+            doc = self._fast_decode(raw)
         except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec raises the latter for invalid UTF-8 in a key
             return self._decode_model(raw)
         y = doc.y
@@ -115,9 +137,11 @@ class Decoder:
                 return self._decode_model(raw)
         x, features = doc.x, doc.features
         if features is None and x is not None:
-            return self._checked(doc.id, x, True, y)
+            if self._dimension is None:
+                self.dimension = len(x)
+            return _new(Event, (doc.id, x, y))
         if x is None and features is not None:
-            return self._checked(doc.id, features, False, y)
+            return _new(Event, (doc.id, features, y))
         return self._decode_model(raw)
 
     def _decode_model(self, raw: bytes) -> Event | Rejection:
@@ -143,9 +167,9 @@ class Decoder:
             return Rejection("out_of_range", f"{'x' if dense else 'features'} has a value of magnitude {largest:.3g}, more than "
                                              f"the limit of {limit:.3g}; rescale the feature")
         if dense:
-            if self.dimension is None:
+            if self._dimension is None:
                 self.dimension = n
-            elif n != self.dimension:
+            elif n != self._dimension:
                 return Rejection(
                     "wrong_dimension",
                     f"x has {n} values but this model takes {self.dimension} (the first dense event fixed the dimension)",
