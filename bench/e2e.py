@@ -58,8 +58,11 @@ Latency (``--latency-seconds``, per partition count): on a fresh topic, once the
 contender is assigned, events are produced at half the service's measured rate
 (each service contender: half its own) with a key of their own; latency =
 output CreateTime − input CreateTime (both stamped by the producers at send),
-matched by key; the first second is dropped. The ceiling runs at the service's
-rate, as the reference of what the broker and client give.
+matched by key; the first second is dropped. After each service, the bare loop
+of its own client (the kafka-python ceiling; the confluent one for the service
+on confluent-kafka, when ``--client confluent`` is asked for) runs at that
+service's rate, as the reference of what the broker and client give; the
+report gives the ratio of the two p99s.
 
 Memory (``--memory-events``): the service consumes a topic that a producer
 feeds continuously; VmRSS (/proc/<pid>/status) is sampled each time its
@@ -668,6 +671,18 @@ def latency_run(kafka: Kafka, c: Contender, payloads, partitions: int, rate: flo
             "p99_ms": percentile(latencies, 0.99), "max_ms": latencies[-1] if latencies else None}
 
 
+def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
+    """Each service's latency run with its bare client's at the same rate (the run right after it).
+
+    >>> runs = [{"name": "service", "rate_of": "service", "p99_ms": 90},
+    ...         {"name": "ceiling kafka-python", "rate_of": "service", "p99_ms": 80}]
+    >>> [(s["name"], r["name"]) for s, r in latency_pairs(runs)]
+    [('service', 'ceiling kafka-python')]
+    """
+    return [(s, r) for s, r in zip(runs, runs[1:])
+            if s["name"] == s.get("rate_of") == r.get("rate_of") != r["name"] and s["p99_ms"] is not None and r["p99_ms"]]
+
+
 def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, batch: int, tag: str, logs: Path,
                every: int = 100_000) -> dict:
     """VmRSS of the service each time its acknowledged events pass another ``every``, while a producer feeds it."""
@@ -797,6 +812,7 @@ def main() -> int:
             parser.error(f"--service-tree {spec}: want NAME=DIR, DIR holding service/cli.py")
         services += service_contenders(f"@{name}", Path(tree).resolve())
     contenders += services
+    bare = {c.client: c for c in contenders if c.kind == "ceiling" and c.client in ("kafka-python", "confluent")}
     partitions = [int(p) for p in args.partitions.split(",")]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = ROOT / "bench" / "results"
@@ -838,14 +854,18 @@ def main() -> int:
                                       + (f", {run['dead_lettered_labels']} labels dead-lettered" if c.labels else ""))
                 results["throughput"].append(summarise(runs, contenders, p))
             for p in partitions if args.latency_seconds and not args.no_throughput else ():
-                rates = {c.name: service_rate(results, c.name, p) / 2 for c in services}
-                for c in [c for c in services if not c.labels] + [contenders[0]]:  # points with inline labels
-                    rate = rates.get(c.name, rates["service"])
-                    console.print(f"latency: {c.name}, {p} partition(s), {rate:,.0f} events/s for {args.latency_seconds:.0f} s ...")
-                    run = latency_run(kafka, c, payloads, p, rate, args.latency_seconds, args.batch_size,
-                                      f"p{p}-{len(results['latency'])}", logs)
-                    console.print(f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms")
-                    results["latency"].append(run)
+                for c in [c for c in services if not c.labels]:  # points with inline labels
+                    rate = service_rate(results, c.name, p) / 2
+                    # the service, then the bare loop of its own client at the same rate: the reference of its p99
+                    for runner in (c, bare.get(c.client)):
+                        if runner is None:
+                            continue
+                        console.print(f"latency: {runner.name}, {p} partition(s), {rate:,.0f} events/s for {args.latency_seconds:.0f} s ...")
+                        run = latency_run(kafka, runner, payloads, p, rate, args.latency_seconds, args.batch_size,
+                                          f"p{p}-{len(results['latency'])}", logs)
+                        run["rate_of"] = c.name
+                        console.print(f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms")
+                        results["latency"].append(run)
             for i, c in enumerate(services if args.memory_events else ()):
                 console.print(f"memory: {c.name}, {args.memory_events:,} events fed continuously ...")
                 results["memory"].append(memory_run(kafka, c, events, args.memory_events, args.batch_size, f"m{i}", logs))
@@ -913,12 +933,15 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
                               + ", ".join(f"{r:.2f}" for r in ratios))
     if results["latency"]:
         lat = Table(title="latency, input CreateTime → output CreateTime, at half the service's max rate")
-        for name in ("contender", "partitions", "events/s", "events", "p50 ms", "p99 ms", "max ms"):
+        for name in ("contender", "at the rate of", "partitions", "events/s", "events", "p50 ms", "p99 ms", "max ms"):
             lat.add_column(name, justify="right")
         for r in results["latency"]:
-            lat.add_row(r["name"], str(r["partitions"]), f"{r['achieved_rate']:,.0f}", f"{r['measured']:,}",
+            lat.add_row(r["name"], r.get("rate_of", ""), str(r["partitions"]), f"{r['achieved_rate']:,.0f}", f"{r['measured']:,}",
                         f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['max_ms']:.0f}")
         console.print(lat)
+        for service, reference in latency_pairs(results["latency"]):
+            console.print(f"{service['partitions']} partition(s): {service['name']} p99 / {reference['name']} p99 at the same "
+                          f"rate: {service['p99_ms'] / reference['p99_ms']:.2f}")
     for m in results["memory"]:
         mem = Table(title=f"{m['name']}: resident memory (VmRSS), {m['events']:,} events fed continuously")
         mem.add_column("events done", justify="right")

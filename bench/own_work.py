@@ -2,6 +2,7 @@
 
     python3 bench/own_work.py                          # this tree, every configuration
     python3 bench/own_work.py --tree /tmp/old          # another tree (e.g. git archive c769d4d | tar -x -C /tmp/old)
+    python3 bench/own_work.py --only plain --rounds 9  # one configuration (A/B of a small change: alternate the trees)
 
 What the poll loop does with a batch once the client handed it over, with
 the client's part left out (the outputs go to a no-op ``send``): 100,000
@@ -110,6 +111,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tree", type=Path, default=ROOT, help="source tree whose service is measured")
+    parser.add_argument("--only", action="append", default=[], metavar="PREFIX",
+                        help="only the configurations whose name starts with PREFIX (e.g. plain); repeatable")
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     import tempfile
@@ -120,6 +123,8 @@ def main() -> None:
         configs["+ label topic (points kept pending)"] = (["--label-topic", "labels"], False)
         configs["+ both"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], False)
         configs["+ both, labels joined (an event: point + label)"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], "joined")
+    if args.only:
+        configs = {name: config for name, config in configs.items() if name.startswith(tuple(args.only))}
     with tempfile.TemporaryDirectory() as tmp:
         recs = {labeled: records(args.events, labeled) for labeled in (True, False)}
         labels = records(args.events, topic="labels")
