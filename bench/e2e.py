@@ -66,7 +66,10 @@ report gives the ratio of the two p99s.
 
 Memory (``--memory-events``): the service consumes a topic that a producer
 feeds continuously; VmRSS (/proc/<pid>/status) is sampled each time its
-acknowledged events pass another 100k.
+acknowledged events pass another 100k. With delayed labels, also the most
+points pending so far (``perceptron_pending_labels``, read from the same
+/metrics scrapes as the progress): they hold the memory when the service falls
+behind its feeder.
 
 The machine has 2 cores shared with other work: read the ratios, taken within
 a round, and the medians. Results: bench/results/e2e-<time>.json (gitignored).
@@ -414,6 +417,7 @@ class Service:
         from service.broker import free_port
 
         self.labels = labels  # done: labels joined, not events
+        self.pending: float | None = None  # points waiting for their label, at the last progress read (labels only)
 
         self.state = tempfile.TemporaryDirectory(prefix="e2e-state-")
         self.port = free_port()
@@ -449,7 +453,9 @@ class Service:
         labels, the labels settled (joined: a point predicted, then learned and scored; or dead-lettered)."""
         counted = _label_samples(LABELS_SETTLED) if self.labels else \
             ("perceptron_events_total{", "perceptron_rejected_events_total{")
-        return int(sum(self.samples(counted).values()))
+        samples = self.samples(counted + (("perceptron_pending_labels",) if self.labels else ()))
+        self.pending = samples.pop("perceptron_pending_labels", None)  # read by the same scrape: the memory run's
+        return int(sum(samples.values()))
 
     def samples(self, prefixes: tuple[str, ...]) -> dict[str, float]:
         """The /metrics samples whose names (with labels) start with one of ``prefixes``."""
@@ -716,8 +722,12 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
         producer.flush()
         producer.close()
 
+    pending: dict[int, int] = {}  # with labels: the most points pending seen up to each mark (they hold the memory)
+
     def progress(done: int) -> None:
         mark = done // every * every
+        if service.labels and service.pending is not None:
+            pending[mark + every] = max(pending.get(mark + every, 0), int(service.pending))
         if mark and mark not in samples:
             samples[mark] = rss_kib(service.pid)
 
@@ -739,6 +749,7 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
     return {"name": c.name, "events": events, "seconds": round(seconds, 1), "cpu_us_per_event": round(cpu / events * 1e6, 1),
             **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
             "rss_kib": {str(k): v for k, v in sorted(samples.items())},
+            **({"pending_max": {str(k): v for k, v in sorted(pending.items()) if k in samples}} if c.labels else {}),
             "rss_first_mib": round(first / 1024, 1), "rss_last_mib": round(last / 1024, 1), "growth": round(last / first - 1, 4)}
 
 
@@ -946,8 +957,11 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
         mem = Table(title=f"{m['name']}: resident memory (VmRSS), {m['events']:,} events fed continuously")
         mem.add_column("events done", justify="right")
         mem.add_column("VmRSS MiB", justify="right")
+        if "pending_max" in m:
+            mem.add_column("most points pending so far", justify="right")
         for k, v in m["rss_kib"].items():
-            mem.add_row(f"{int(k):,}", f"{v / 1024:.1f}")
+            mem.add_row(f"{int(k):,}", f"{v / 1024:.1f}", *([f"{max((n for j, n in m['pending_max'].items() if int(j) <= int(k)), default=0):,}"]
+                                                             if m.get("pending_max") else []))
         mem.add_row("growth, first → last", f"{m['growth'] * 100:+.1f}%")
         if "cpu_us_per_event" in m:
             mem.add_row("CPU µs an event (or decision), fed live", f"{m['cpu_us_per_event']:.1f}")
