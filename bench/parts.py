@@ -1,0 +1,79 @@
+"""The pieces of a plain event's own work, each timed alone: decode, step, the prediction's JSON, drift detection.
+
+    python3 bench/parts.py                      # this tree
+    python3 bench/parts.py --tree /tmp/old      # another checkout (git archive <commit> service | tar -x -C /tmp/old)
+
+100,000 events of d = 10 (5% label noise) as the client hands them over
+(bench/own_work.py's records), each piece over all of them: the service's
+``Decoder.decode``, the learner's fused ``step``, the prediction's builder,
+and river's DDM fed the mistake flags as the task feeds it. CPU time, the
+best of ``--rounds``, the pieces in turn each round. With bench/own_work.py
+(the whole task) this says where a plain event's microseconds go
+(bench/README.md, "The floor").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--tree", type=Path, default=ROOT, help="source tree whose service is measured")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.tree.resolve()))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from own_work import records
+
+    from service.learning import make_learner
+    from service.pipeline.models import DriftWatch
+    from service.wire.inputs import Decoder
+    from service.wire.outputs import prediction
+
+    recs = records(args.events)
+    events = [Decoder(1 << 20, 10_000).decode(r.value, r.key) for r in recs]
+    learner = make_learner("plain", 0.0, False)
+    flags = [learner.step(e.x, e.y)[2] for e in events]
+
+    def decode():
+        d = Decoder(1 << 20, 10_000).decode  # a new decoder each round: the first event fixes its dimension
+        for r in recs:
+            d(r.value, r.key)
+
+    def step():
+        s = make_learner("plain", 0.0, False).step
+        for e in events:
+            s(e.x, e.y)
+
+    def encode():
+        for i, e in enumerate(events):
+            prediction(e.id, "points", 0, i, 1, 0.5, e.y, False, 42, i, 7)
+
+    def drift():
+        DriftWatch().update(flags)
+
+    pieces = {"decode and validate": decode, "step (predict, then learn)": step, "the prediction's JSON": encode,
+              "drift detection (river's DDM)": drift}
+    gc.collect()
+    gc.freeze()  # as the service does after start-up
+    best = dict.fromkeys(pieces, float("inf"))
+    for _ in range(args.rounds):
+        for name, piece in pieces.items():
+            started = time.process_time()
+            piece()
+            best[name] = min(best[name], time.process_time() - started)
+    print(f"# {args.tree}: {args.events:,} events of d = 10, CPU µs an event (best of {args.rounds})")
+    for name, seconds in best.items():
+        print(f"{name:32s} {seconds / args.events * 1e6:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
