@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from own_work import records
+    from own_work import best_cpu, records, report
 
     from service.learning import make_learner
     from service.pipeline.models import DriftWatch
@@ -64,15 +63,7 @@ def main() -> None:
               "drift detection (river's DDM)": drift}
     gc.collect()
     gc.freeze()  # as the service does after start-up
-    best = dict.fromkeys(pieces, float("inf"))
-    for _ in range(args.rounds):
-        for name, piece in pieces.items():
-            started = time.process_time()
-            piece()
-            best[name] = min(best[name], time.process_time() - started)
-    print(f"# {args.tree}: {args.events:,} events of d = 10, CPU µs an event (best of {args.rounds})")
-    for name, seconds in best.items():
-        print(f"{name:32s} {seconds / args.events * 1e6:6.2f}")
+    report(args.tree, args.events, args.rounds, best_cpu(pieces, args.rounds))
 
 
 if __name__ == "__main__":
