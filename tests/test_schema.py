@@ -94,6 +94,14 @@ def test_a_dimension_beyond_the_feature_limit_takes_no_dense_event():
     assert d.decode(b'{"features": {"a": 1, "b": 2}}') == Event(None, {"a": 1.0, "b": 2.0}, None)
 
 
+def test_the_fast_path_takes_any_limit_and_no_dimension_a_dense_event_cannot_have():
+    """A review's edge cases: a dimension of 0 let an empty x through the fast path; a limit beyond a C size
+    made the decoder itself raise."""
+    assert Decoder(1000, 5, dimension=0).decode(b'{"x": []}').reason == "invalid_event"
+    assert Decoder(1000, 5, dimension=0).decode(b'{"x": [1]}').reason == "wrong_dimension"
+    assert Decoder(1000, 2**63).decode(b'{"x": [1, 2]}') == Event(None, [1.0, 2.0], None)
+
+
 def test_dead_letters_keep_the_original():
     text = dead_letter(Rejection("bad_label", "y must be..."), b'{"y": 2}', "points", 3, 99)
     assert text == {"error": "y must be...", "reason": "bad_label", "source": {"topic": "points", "partition": 3, "offset": 99},

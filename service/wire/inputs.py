@@ -31,6 +31,7 @@ Rejection(reason='bad_label', error='y must be -1 or +1 (0/1 and false/true are 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from math import hypot
 from typing import Annotated, Any, Optional, Union
@@ -57,16 +58,17 @@ def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | 
     share their limits, and a dimension changes once.
     """
     value = Annotated[float, msgspec.Meta(ge=-max_feature_value, le=max_feature_value)]
+    most = min(max_features, sys.maxsize)  # msgspec's lengths are C sizes; no list is longer anyway
     if dimension is None:
-        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=1, max_length=max_features)]]
-    elif dimension <= max_features:
+        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=1, max_length=most)]]
+    elif 1 <= dimension <= max_features:
         dense = Optional[Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)]]
-    else:  # a checkpoint's dimension beyond today's --max-features: no dense event passes, the model says why
+    else:  # a checkpoint's dimension beyond today's --max-features (or none a dense event can have): the model says why
         dense = None
     event = msgspec.defstruct("FastEvent", [
         ("id", Union[str, int, None], None),
         ("x", dense, None),
-        ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=max_features)]], None),
+        ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)]], None),
         ("y", Union[bool, int, None], None),
     ], forbid_unknown_fields=True)
     return msgspec.json.Decoder(event).decode
@@ -98,10 +100,17 @@ class Decoder:
     def __init__(self, max_message_bytes: int, max_features: int, dimension: int | None = None,
                  max_feature_value: float = 1e15, model_first_bytes: int = MODEL_FIRST_BYTES):
         self.max_message_bytes = max_message_bytes
-        self.max_features = max_features
-        self.max_feature_value = max_feature_value
+        self._max_features, self._max_feature_value = max_features, max_feature_value  # in the fast path's type
         self.model_first_bytes = model_first_bytes
         self.dimension = dimension
+
+    @property
+    def max_features(self) -> int:
+        return self._max_features
+
+    @property
+    def max_feature_value(self) -> float:
+        return self._max_feature_value
 
     @property
     def dimension(self) -> int | None:
