@@ -348,10 +348,14 @@ class PendingTable:
         """Checkpoint ``seq`` was taken: later changes belong to epoch seq + 1; undo older than KEEP_EPOCHS goes."""
         self.flush()  # the epoch's rows in memory too: they are checkpoint seq's
         self._begin()
-        self.epoch = seq + 1
-        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
+        self._open_epoch(seq + 1)
         self.db.execute("DELETE FROM undo WHERE epoch <= ?", (seq - KEEP_EPOCHS,))
         self._commit_tx()
+
+    def _open_epoch(self, epoch: int) -> None:
+        """Changes from now on belong to ``epoch`` (stored with the table; inside the open transaction)."""
+        self.epoch = epoch
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(epoch),))
         if self._changed is not None:
             self._changed = set()
 
@@ -371,12 +375,9 @@ class PendingTable:
         # rows made after checkpoint seq (never logged): a scan, but a restore is rare and an index on epoch
         # would cost every add and take
         self.db.execute("DELETE FROM pending WHERE epoch > ?", (seq,))
-        self.epoch = seq + 1
-        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
+        self._open_epoch(seq + 1)
         self._commit_tx()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
-        if self._changed is not None:
-            self._changed = set()
 
     def pending_count(self) -> int:
         self._make_room()
@@ -390,11 +391,9 @@ class PendingTable:
             raise RuntimeError("changed() needs a PendingTable made with track_changes=True")
         self.flush()
         keys = sorted(self._changed)
-        out = []
-        for key in keys:
-            row = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
-            out.append((key, None if row is None else [row[0], row[1], row[2].decode() if row[2] else None]))
-        return out
+        rows = {key: [state, at, point.decode() if point else None]
+                for key, state, at, point in self._rows_of(keys, "state, at, point")}
+        return [(key, rows.get(key)) for key in keys]
 
     def load(self, rows: dict[str, list], epoch: int) -> None:
         """Replace the whole table by ``rows`` (id → [state, at, point JSON or None]), as of checkpoint ``epoch - 1``."""
@@ -406,10 +405,7 @@ class PendingTable:
         self.db.execute("DELETE FROM undo")
         self.db.executemany("INSERT INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
                             ((k, st, at, None if point is None else point.encode(), epoch - 1) for k, (st, at, point) in rows.items()))
-        self.epoch = epoch
-        if self._changed is not None:
-            self._changed = set()
-        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (str(self.epoch),))
+        self._open_epoch(epoch)
         self._commit_tx()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
 
