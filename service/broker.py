@@ -66,6 +66,8 @@ class EmbeddedBroker:
     (True, True)
     """
 
+    name = "embedded"  # as the tests' parametrized broker fixture names it
+
     def __init__(self, host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None, advertised_port: int | None = None):
         self.host = host
         self.port = port or free_port(host)

@@ -1,14 +1,26 @@
-"""Fixtures shared by the suite: one embedded broker per test session, and
-small helpers to produce, consume and run the service against it over TCP."""
+"""Fixtures shared by the suite: the brokers, and small helpers to produce,
+consume and run the service against them over TCP.
+
+Two brokers serve the tests. Apache Kafka (``apache_kafka``), what users run:
+one KRaft broker for the whole run, started by pytest-xdist's controller before
+its workers (or by the first test that asks, without xdist), shared by tests
+with topics and groups of their own. The embedded broker (``broker``), one per
+worker: it needs no Java and serves the tests about the product rather than
+the broker. Tests of a guarantee take ``kafka_broker``, which runs them on
+both, the broker's name in the test id (``[apache-kafka]``, ``[embedded]``).
+Tests of the embedded broker's own quirks carry the ``embedded_only`` marker.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -17,13 +29,55 @@ from pathlib import Path
 import pytest
 
 from service.broker import EmbeddedBroker, free_port
+from tests.support.apache_kafka import ApacheKafka, from_json, to_json, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
+#: how the xdist controller tells its workers where the run's Apache Kafka listens (JSON of BrokerAddresses)
+APACHE_KAFKA_ENV = "PERCEPTRON_STREAM_TESTS_APACHE_KAFKA"
+_run_broker = pytest.StashKey[ApacheKafka]()
 
 # Settings from the developer's environment must not leak into the tests.
 for name in list(os.environ):
-    if name.startswith("PERCEPTRON_STREAM_"):
+    if name.startswith("PERCEPTRON_STREAM_") and name != APACHE_KAFKA_ENV:
         del os.environ[name]
+
+
+def _xdist_controller(config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", 0))
+
+
+def pytest_configure(config):
+    """The xdist controller launches the run's one Apache Kafka before the workers start; they wait for it."""
+    if _xdist_controller(config) and APACHE_KAFKA_ENV not in os.environ:
+        broker = ApacheKafka(Path(tempfile.mkdtemp(prefix="perceptron-stream-apache-kafka-"))).start(wait=False)
+        config.stash[_run_broker] = broker
+        os.environ[APACHE_KAFKA_ENV] = to_json(broker.info)
+
+
+def pytest_unconfigure(config):
+    broker = config.stash.get(_run_broker, None)
+    if broker is not None:
+        broker.stop()
+        os.environ.pop(APACHE_KAFKA_ENV, None)
+        shutil.rmtree(broker.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory):
+    """The run's Apache Kafka broker (its addresses, cluster id and certificates: BrokerAddresses)."""
+    if APACHE_KAFKA_ENV in os.environ:
+        info = from_json(os.environ[APACHE_KAFKA_ENV])
+        wait_ready(info)
+        yield info
+    else:
+        with ApacheKafka(tmp_path_factory.mktemp("apache-kafka")) as started:
+            yield started.info
+
+
+@pytest.fixture(params=["apache-kafka", "embedded"])
+def kafka_broker(request):
+    """Each broker in turn, for the tests of a guarantee (both have ``name`` and ``bootstrap_servers``)."""
+    return request.getfixturevalue("apache_kafka" if request.param == "apache-kafka" else "broker")
 
 
 @pytest.fixture(scope="session")

@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # The test command of README.md: installs what the suite needs on a fresh
 # machine (the project with its test extras, Debian's prometheus for the
-# promtool checks and the real-Prometheus tests), then runs pytest.
+# promtool checks and the real-Prometheus tests, Debian's Java and Maven for
+# Apache Kafka, whose jars Maven fetches once into ~/.cache), then runs pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-    echo "installing Debian's prometheus (server + promtool) for the tests" >&2
+missing=()
+command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
+command -v java >/dev/null || missing+=(default-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing Debian's ${missing[*]} for the tests" >&2
     export DEBIAN_FRONTEND=noninteractive
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-    # the package may start a system instance where an init system runs; the tests start their own
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # the prometheus package may start a system instance where an init system runs; the tests start their own
     $SUDO systemctl stop prometheus 2>/dev/null || true
 fi
 
-# One worker per core, each with its own embedded broker; idle workers take
+# Apache Kafka's jars (the version pinned in tests/apache_kafka/pom.xml), fetched once
+python3 tests/support/apache_kafka.py --fetch >/dev/null
+
+# One worker per core, each with its own embedded broker (Apache Kafka is one
+# for the run, started by the controller: tests/conftest.py); idle workers take
 # queued tests from busy ones (worksteal), so the long crash and fuzz tests
 # do not end up on one worker. `-n 0` runs everything in this process.
 exec python3 -m pytest -n auto --dist worksteal "$@"

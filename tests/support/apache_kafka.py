@@ -1,0 +1,326 @@
+"""Apache Kafka for the tests: one KRaft broker (combined broker + controller) on loopback.
+
+The broker is the one users run (compose runs ``apache/kafka``), fetched from
+Maven Central with the version pinned in ``tests/apache_kafka/pom.xml`` and
+run from its jars with the machine's Java 17: no Docker engine is needed.
+``tests/run.sh`` installs Java and Maven when missing and calls
+``python3 tests/support/apache_kafka.py --fetch`` so the download happens
+before pytest; :func:`kafka_lib` does the same on demand.
+
+One broker serves a whole test run (the xdist controller starts it, see
+``tests/conftest.py``); tests share it with topics and groups of their own.
+It listens on five loopback ports, each a way users connect:
+
+- ``PLAINTEXT``; ``SSL`` (server certificate only) and ``MTLS`` (a client
+  certificate required), with the certificates of :mod:`tests.support.pki`;
+- ``SASL_PLAINTEXT`` and ``SASL_SSL`` with SCRAM-SHA-256/512, for the user
+  :data:`SCRAM_USER` (created at format time, as ``kafka-storage format
+  --add-scram`` does).
+
+Settings are those of a single node (replication factors 1, no initial
+rebalance delay) plus a log cleaner that wakes every second, so compaction
+tests see it run on topics created with small segments.
+
+Run alone, it starts a broker and prints its addresses until Ctrl-C::
+
+    python3 tests/support/apache_kafka.py
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+POM = HERE.parent / "apache_kafka" / "pom.xml"
+SCRAM_USER, SCRAM_PASSWORD = "perceptron", "scram secret of the tests"
+LISTENERS = ("PLAINTEXT", "SSL", "MTLS", "SASL_PLAINTEXT", "SASL_SSL")
+#: the API key of ConsumerGroupHeartbeat (KIP-848): Apache Kafka 4.x answers it, the embedded broker does not
+CONSUMER_GROUP_HEARTBEAT = 68
+
+
+class ApacheKafkaError(RuntimeError):
+    """The broker could not be fetched or did not come up; the message says what to look at."""
+
+
+def cache_dir() -> Path:
+    """Where the jars live: a folder per pom.xml, so a version change fetches anew."""
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "perceptron-stream" / f"apache-kafka-{digest}"
+
+
+def kafka_lib() -> Path:
+    """The folder of the broker's jars, fetched with Maven the first time."""
+    lib = cache_dir() / "lib"
+    if (lib / ".complete").exists():
+        return lib
+    if shutil.which("mvn") is None or shutil.which("java") is None:
+        raise ApacheKafkaError("Apache Kafka's tests need Java 17 and Maven: run `bash tests/run.sh` once "
+                               "(it installs Debian's default-jre-headless and maven)")
+    partial = lib.with_name(f"lib.{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    result = subprocess.run(["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+                             f"-DoutputDirectory={partial}", "-DincludeScope=runtime"],
+                            capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise ApacheKafkaError(f"mvn could not fetch Apache Kafka ({POM}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    (partial / ".complete").touch()
+    try:
+        partial.rename(lib)
+    except OSError:  # another process fetched it meanwhile
+        shutil.rmtree(partial, ignore_errors=True)
+    return lib
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports nobody listens on right now (held open together, so the OS gives distinct ones)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class BrokerAddresses:
+    """What a test needs to reach a running broker; JSON-able, so xdist workers get it from the controller."""
+
+    name: str
+    cluster_id: str
+    ports: dict[str, int]
+    pki_dir: str
+    log_path: str
+    pid: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.address("PLAINTEXT")
+
+    def address(self, listener: str) -> str:
+        return f"127.0.0.1:{self.ports[listener]}"
+
+    @property
+    def pki(self):
+        from tests.support.pki import pki_in
+
+        return pki_in(Path(self.pki_dir))
+
+
+class ApacheKafka:
+    """One KRaft broker in ``root``; a context manager.
+
+    ``start(wait=False)`` only launches the JVM (the xdist controller does so
+    and lets the workers wait); :meth:`wait_ready` waits until a client gets
+    metadata from it.
+    """
+
+    name = "apache-kafka"
+
+    def __init__(self, root: Path, heap: str = "512m", properties: dict[str, str] | None = None):
+        from tests.support.pki import make_pki
+
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        pki_dir = self.root / "pki"
+        pki_dir.mkdir(exist_ok=True)
+        self.pki = make_pki(pki_dir)
+        self.heap = heap
+        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        ports = free_ports(len(LISTENERS) + 1)
+        self.controller_port = ports.pop()
+        self.info = BrokerAddresses(self.name, self.cluster_id, dict(zip(LISTENERS, ports)), str(pki_dir),
+                                    str(self.root / "broker.log"))
+        self.extra_properties = properties or {}
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.info.bootstrap_servers
+
+    def address(self, listener: str) -> str:
+        return self.info.address(listener)
+
+    # configuration ---------------------------------------------------------
+    def _properties(self) -> dict[str, str]:
+        ports, pki = self.info.ports, self.pki
+        listeners = ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items())
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "listeners": f"{listeners},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": listeners,
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,MTLS:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,"
+                                              "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "log.dirs": str(self.root / "data"),
+            # a single node
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",  # 50 by default: the first group join would wait for them all
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "num.partitions": "1",
+            # the cleaner wakes every second (15 s by default): compaction tests see it run
+            "log.cleaner.backoff.ms": "1000",
+            # TLS: PEM files, as the clients use
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.certificate.chain": pki.server_cert.read_text().strip().replace("\n", "\\n"),
+            "ssl.keystore.key": pki.server_key.read_text().strip().replace("\n", "\\n"),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.certificates": pki.ca.read_text().strip().replace("\n", "\\n"),
+            "listener.name.mtls.ssl.client.auth": "required",
+            # SASL/SCRAM
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
+            **{f"listener.name.{lst}.{mech}.sasl.jaas.config": scram
+               for lst in ("sasl_plaintext", "sasl_ssl") for mech in ("scram-sha-256", "scram-sha-512")},
+        }
+        props.update(self.extra_properties)
+        return props
+
+    def _write_config(self) -> Path:
+        path = self.root / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self._properties().items()))
+        (self.root / "log4j2.properties").write_text(
+            "appender.file.type = File\n"
+            f"appender.file.name = file\nappender.file.fileName = {self.info.log_path}\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = WARN\nrootLogger.appenderRef.file.ref = file\n"
+            "logger.started.name = kafka.server.KafkaRaftServer\nlogger.started.level = INFO\n")
+        return path
+
+    # life -----------------------------------------------------------------
+    def start(self, wait: bool = True, timeout: float = 120.0) -> ApacheKafka:
+        lib = kafka_lib()
+        config = self._write_config()
+        java = ["java", f"-Xmx{self.heap}", "-Xss1m", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}", "-cp", f"{lib}/*"]
+        scram = [f"SCRAM-SHA-{bits}=[name={SCRAM_USER},password={SCRAM_PASSWORD}]" for bits in (256, 512)]
+        fmt = subprocess.run([*java, "kafka.tools.StorageTool", "format", "--standalone", "--cluster-id", self.cluster_id,
+                              "-c", str(config), *[arg for s in scram for arg in ("--add-scram", s)]],
+                             capture_output=True, text=True, timeout=120)
+        if fmt.returncode != 0:
+            raise ApacheKafkaError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
+        self._stdout = open(self.root / "stdout.log", "ab")
+        self.process = subprocess.Popen([*java, "kafka.Kafka", str(config)], stdin=subprocess.DEVNULL,
+                                        stdout=self._stdout, stderr=subprocess.STDOUT, start_new_session=True)
+        self.info.pid = self.process.pid
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> ApacheKafka:
+        wait_ready(self.info, timeout, self.process)
+        return self
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker stops answering but keeps its state (outage tests)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self.process is None or self.process.poll() is not None:
+            raise ApacheKafkaError("the broker is not running")
+        self.process.send_signal(sig)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if getattr(self, "_stdout", None) is not None:
+            self._stdout.close()
+            self._stdout = None
+
+    def __enter__(self) -> ApacheKafka:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def wait_ready(info: BrokerAddresses, timeout: float = 120.0, process: subprocess.Popen | None = None) -> None:
+    """Until the broker answers a metadata request on its PLAINTEXT listener with itself as a live broker."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    deadline = time.monotonic() + timeout
+    last = "nothing yet"
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise ApacheKafkaError(f"Apache Kafka exited with code {process.returncode}; see {info.log_path}")
+        try:  # a plain connect first: the client would log every refusal and back off for seconds
+            socket.create_connection(("127.0.0.1", info.ports["PLAINTEXT"]), timeout=1).close()
+        except OSError:
+            time.sleep(0.1)
+            continue
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=info.bootstrap_servers, request_timeout_ms=5000)
+        except (KafkaError, OSError) as exc:
+            last = repr(exc)
+            time.sleep(0.3)
+            continue
+        try:
+            if admin.describe_cluster().get("cluster_id") == info.cluster_id:
+                return
+            last = "another cluster answered"
+        except (KafkaError, OSError) as exc:
+            last = repr(exc)
+        finally:
+            admin.close()
+        time.sleep(0.3)
+    raise ApacheKafkaError(f"Apache Kafka not ready after {timeout:.0f} s ({last}); see {info.log_path}")
+
+
+def to_json(info: BrokerAddresses) -> str:
+    return json.dumps(asdict(info))
+
+
+def from_json(text: str) -> BrokerAddresses:
+    return BrokerAddresses(**json.loads(text))
+
+
+if __name__ == "__main__":  # pragma: no cover - a developer's tool
+    sys.path.insert(0, str(HERE.parent.parent))
+    if sys.argv[1:] == ["--fetch"]:
+        print(kafka_lib())
+        sys.exit(0)
+    import tempfile
+
+    with ApacheKafka(Path(tempfile.mkdtemp(prefix="apache-kafka-"))) as broker:
+        print(json.dumps(asdict(broker.info), indent=2), flush=True)
+        try:
+            broker.process.wait()
+        except KeyboardInterrupt:
+            pass
