@@ -80,6 +80,18 @@ def kafka_broker(request):
     return request.getfixturevalue("apache_kafka" if request.param == "apache-kafka" else "broker")
 
 
+@pytest.fixture(params=["apache-kafka", "embedded"])
+def own_broker(request, tmp_path):
+    """A broker of this test's own, of each kind in turn, for tests that freeze or stop it
+    (``pause``/``resume``: SIGSTOP/SIGCONT); the run's shared brokers are never frozen."""
+    if request.param == "apache-kafka":
+        started = ApacheKafka(tmp_path / "apache-kafka", heap="256m")
+    else:
+        started = EmbeddedBroker(log_path=tmp_path / "tansu.log")
+    with started:
+        yield started
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     """A Tansu broker on a free port for the whole session (one per pytest-xdist worker)."""

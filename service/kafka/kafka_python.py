@@ -468,6 +468,34 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     fetcher.fetched_records = fetched_records
 
 
+def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None:
+    """Mend kafka-python 3.0.12's group join on ``consumer``: a join that finishes between two polls is never applied.
+
+    A poll whose time runs out during a rebalance leaves the JoinGroup/SyncGroup
+    task running, for the next poll to await; the next poll awaits it only if
+    ``need_rejoin()`` still holds. When the rebalance was asked for by a
+    metadata change (a topic the first join had no metadata for: the first
+    start on a new Apache Kafka cluster), the leader's assignment in that
+    task makes ``need_rejoin()`` false, so the finished join is skipped: no
+    partition is ever assigned, the heartbeat stays disabled, and the broker
+    drops the member after its session timeout without the consumer knowing.
+    Seen on Apache Kafka 4.3 (about one start in two with --poll-timeout-ms
+    100); the embedded broker answers too slowly to hit it. Here a join task
+    still held means a rejoin is needed: kafka-python then joins once more
+    (a JoinGroup from a known member: one extra quick rebalance) and applies
+    that one. Only where the coordinator has these attributes.
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    if not hasattr(coordinator, "_join_task") or not callable(getattr(coordinator, "need_rejoin", None)):
+        return
+    need_rejoin = coordinator.need_rejoin
+
+    def rejoin_needed_while_a_join_is_held():
+        return coordinator._join_task is not None or need_rejoin()
+
+    coordinator.need_rejoin = rejoin_needed_while_a_join_is_held
+
+
 class KafkaIO:
     """One consumer in a group on the input topics, and one producer (the :class:`~service.kafka.contract.Stream`).
 
@@ -491,6 +519,7 @@ class KafkaIO:
         )
         self.consumer.subscribe(topics, listener=_Listener(on_assigned, on_revoked))
         _resumed_partitions_fetch_again(self.consumer)
+        _joins_finished_between_polls_are_completed(self.consumer)
         try:
             self.producer = self._new_producer()
         except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind

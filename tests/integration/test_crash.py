@@ -1,4 +1,4 @@
-"""Faults with real processes on the embedded broker: SIGKILL at random
+"""Faults with real processes on both brokers: SIGKILL at random
 moments, and the broker frozen mid-stream.
 
 What must hold after any of them (DESIGN.md, "Delivery and state"):
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from service.broker import EmbeddedBroker, free_port
+from service.broker import free_port
 from service.config import ServeSettings, load
 from service.kafka import CompactedTopic
 from service.learning import make_learner
@@ -270,7 +270,8 @@ def _start_run(args: list[str], tmp_path: Path, name: str, until):
 
 
 @pytest.mark.parametrize("store", ["local", "kafka"])
-def test_sigkill_at_random_moments_learns_each_event_exactly_once(broker, topics, tmp_path, store):
+def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, topics, tmp_path, store):
+    broker = kafka_broker
     count = 20_000
     rng = random.Random(f"crash-{store}")
     events = make_events(count, seed=11)
@@ -359,91 +360,89 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(broker, topics
 
 
 # the broker frozen mid-stream -----------------------------------------------
-def test_broker_frozen_for_20_seconds_mid_stream(tmp_path, topics):
+def test_broker_frozen_for_20_seconds_mid_stream(own_broker, tmp_path, topics):
     """SIGSTOP/SIGCONT of a broker of this test's own (the session's broker is shared)."""
     count = 20_000
     events = make_events(count, seed=12)
     expected, model = offline(events)
     port = free_port()
-    with EmbeddedBroker(log_path=tmp_path / "tansu.log") as own_broker:
-        produce(own_broker.bootstrap_servers, topics["input_topic"], events)
-        args = settings_args(own_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000,
-                             metrics_port=port)
-        readyz = f"http://127.0.0.1:{port}/readyz"
-        watcher = OutputWatcher(own_broker.bootstrap_servers, topics["output_topic"]).start()
-        log_path = tmp_path / "serve.log"
-        process = start_service_process(args, log_path)
+    produce(own_broker.bootstrap_servers, topics["input_topic"], events)
+    args = settings_args(own_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000,
+                         metrics_port=port)
+    readyz = f"http://127.0.0.1:{port}/readyz"
+    watcher = OutputWatcher(own_broker.bootstrap_servers, topics["output_topic"]).start()
+    log_path = tmp_path / "serve.log"
+    process = start_service_process(args, log_path)
+    try:
+        wait_until(lambda: http_get(readyz)[0] == 200, 60, what="ready")
+        wait_until(lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream")
+        assert process.poll() is None, tail(log_path)
+        own_broker.pause()
+        paused_at = time.monotonic()
         try:
-            wait_until(lambda: http_get(readyz)[0] == 200, 60, what="ready")
-            wait_until(lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream")
+            status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(http_get(readyz)), 19,
+                                      what="/readyz to report the outage")
+            assert json.loads(body)["broker_reachable"] is False, body
             assert process.poll() is None, tail(log_path)
-            own_broker.pause()
-            paused_at = time.monotonic()
-            try:
-                status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(http_get(readyz)), 19,
-                                          what="/readyz to report the outage")
-                assert json.loads(body)["broker_reachable"] is False, body
-                assert process.poll() is None, tail(log_path)
-                time.sleep(max(0.0, 20.0 - (time.monotonic() - paused_at)))
-                assert process.poll() is None, tail(log_path)  # an outage is waited out, not a crash
-            finally:
-                own_broker.resume()
-            wait_until(lambda: http_get(readyz)[0] == 200, 60, what="ready again after the outage")
-            wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
-            assert json.loads(http_get(readyz)[1])["broker_reachable"] is True
-            assert stop_process(process, log_path) == 0, tail(log_path)
+            time.sleep(max(0.0, 20.0 - (time.monotonic() - paused_at)))
+            assert process.poll() is None, tail(log_path)  # an outage is waited out, not a crash
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            by_source = watcher.stop()
-        check_outputs(by_source, expected)
-        checkpoint = final_checkpoint(args, "local")
+            own_broker.resume()
+        wait_until(lambda: http_get(readyz)[0] == 200, 60, what="ready again after the outage")
+        wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
+        assert json.loads(http_get(readyz)[1])["broker_reachable"] is True
+        assert stop_process(process, log_path) == 0, tail(log_path)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        by_source = watcher.stop()
+    check_outputs(by_source, expected)
+    checkpoint = final_checkpoint(args, "local")
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model
     assert not has_traceback(log_path.read_text()), tail(log_path)
 
 
-def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(tmp_path, topics):
+def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(own_broker, tmp_path, topics):
     """Stopping in the middle of a batch the broker never acknowledged must not save that batch:
     the next start, with the broker back, publishes it and ends with the exact model."""
     count = 10_000
     events = make_events(count, seed=13)
     expected, model = offline(events)
-    with EmbeddedBroker(log_path=tmp_path / "tansu.log") as own_broker:
-        produce(own_broker.bootstrap_servers, topics["input_topic"], events[: count // 4])
-        args = settings_args(own_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000)
-        watcher = OutputWatcher(own_broker.bootstrap_servers, topics["output_topic"]).start()
+    produce(own_broker.bootstrap_servers, topics["input_topic"], events[: count // 4])
+    args = settings_args(own_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000)
+    watcher = OutputWatcher(own_broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        process = start_service_process(args, tmp_path / "serve-1.log")
         try:
-            process = start_service_process(args, tmp_path / "serve-1.log")
+            wait_until(lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream")
+            # the rest arrives and the broker freezes at once: the service is mid-stream, whatever its speed
+            produce(own_broker.bootstrap_servers, topics["input_topic"], events[count // 4:])
+            own_broker.pause()
             try:
-                wait_until(lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream")
-                # the rest arrives and the broker freezes at once: the service is mid-stream, whatever its speed
-                produce(own_broker.bootstrap_servers, topics["input_topic"], events[count // 4:])
-                own_broker.pause()
-                try:
-                    time.sleep(1.0)  # the batch in hand waits for its acknowledgements
-                    process.send_signal(signal.SIGTERM)
-                    code = process.wait(60)  # bounded even with the broker away
-                finally:
-                    own_broker.resume()
+                time.sleep(1.0)  # the batch in hand waits for its acknowledgements
+                process.send_signal(signal.SIGTERM)
+                code = process.wait(60)  # bounded even with the broker away
             finally:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-            assert code == 0, tail(tmp_path / "serve-1.log")
-            saved = final_checkpoint(args, "local")
-            process = start_service_process(args, tmp_path / "serve-2.log")
-            try:
-                wait_assigned(process, tmp_path / "serve-2.log", topics["input_topic"])  # SIGTERM handled from here on
-                wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
-            finally:
-                assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
-            watcher.settle()
+                own_broker.resume()
         finally:
-            by_source = watcher.stop()
-        check_outputs(by_source, expected)
-        checkpoint = final_checkpoint(args, "local")
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        assert code == 0, tail(tmp_path / "serve-1.log")
+        saved = final_checkpoint(args, "local")
+        process = start_service_process(args, tmp_path / "serve-2.log")
+        try:
+            wait_assigned(process, tmp_path / "serve-2.log", topics["input_topic"])  # SIGTERM handled from here on
+            wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
+        finally:
+            assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    check_outputs(by_source, expected)
+    checkpoint = final_checkpoint(args, "local")
     assert saved is not None and saved.positions[(topics["input_topic"], 0)] < count
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model
