@@ -1,7 +1,7 @@
 """Scale-out: several service processes share one consumer group in ``--model-scope partition``.
 
-Real processes on the embedded broker: instances join, one is killed with
-SIGKILL, another starts mid-stream. What must hold (DESIGN.md "Scale-out"):
+Real processes on both brokers: instances join, one is killed with SIGKILL,
+another starts mid-stream. What must hold (DESIGN.md "Scale-out"):
 
 - every (partition, offset) is predicted at least once;
 - each partition's replica learns each of its events exactly once: with
@@ -110,13 +110,17 @@ def _start(args, tmp_path, name: str):
     return start_service_process(args + ["--metrics-port", "0"], tmp_path / f"serve-{name}.log")
 
 
-@pytest.mark.parametrize("store", ["kafka", "local"])
-def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(broker, topics, tmp_path, store):
+# Both stores and both clients on Apache Kafka; both stores on the embedded broker (the runs cost a minute each).
+@pytest.mark.parametrize(("kafka_broker", "store", "client"), [("apache-kafka", "kafka", "kafka-python"), ("apache-kafka", "local", "confluent"),
+                                                              ("embedded", "kafka", "kafka-python"), ("embedded", "local", "confluent")],
+                         indirect=["kafka_broker"])
+def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(kafka_broker, topics, tmp_path, store, client):
+    broker = kafka_broker
     count = 6000
     events = _events(count, seed=61)
     first, second = events[: count // 2], events[count // 2:]
     _produce(broker, topics["input_topic"], first)
-    args = _args(broker, topics, tmp_path, store, mix_every=0, challengers="averaged")
+    args = _args(broker, topics, tmp_path, store, mix_every=0, challengers="averaged", kafka_client=client)
     watcher = Watcher(broker.bootstrap_servers, topics["output_topic"])
     processes = {}
     try:
@@ -164,7 +168,8 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(b
     print(f"repeated predictions after the kill: {repeats}")
 
 
-def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(broker, topics, tmp_path):
+def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka_broker, topics, tmp_path):
+    broker = kafka_broker
     count = 3000
     events = _events(count, seed=62)
     _produce(broker, topics["input_topic"], events)
