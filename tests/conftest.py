@@ -80,15 +80,19 @@ def kafka_broker(request):
     return request.getfixturevalue("apache_kafka" if request.param == "apache-kafka" else "broker")
 
 
+def new_broker(kind: str, root: Path):
+    """A broker of ``kind`` ("apache-kafka" or "embedded") of a test's own, files under ``root``; use it with ``with``."""
+    root.mkdir(parents=True, exist_ok=True)
+    if kind == "apache-kafka":
+        return ApacheKafka(root / "apache-kafka", heap="256m")
+    return EmbeddedBroker(log_path=root / "tansu.log")
+
+
 @pytest.fixture(params=["apache-kafka", "embedded"])
 def own_broker(request, tmp_path):
     """A broker of this test's own, of each kind in turn, for tests that freeze or stop it
-    (``pause``/``resume``: SIGSTOP/SIGCONT); the run's shared brokers are never frozen."""
-    if request.param == "apache-kafka":
-        started = ApacheKafka(tmp_path / "apache-kafka", heap="256m")
-    else:
-        started = EmbeddedBroker(log_path=tmp_path / "tansu.log")
-    with started:
+    (``pause``/``resume``: SIGSTOP/SIGCONT) or need a cluster of their own; the run's shared brokers are never frozen."""
+    with new_broker(request.param, tmp_path) as started:
         yield started
 
 

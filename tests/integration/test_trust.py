@@ -17,13 +17,12 @@ import time
 
 import pytest
 
-from service.broker import EmbeddedBroker
 from service.config import ServeSettings, load
 from service.kafka import CompactedTopic
 from service.state.checkpoint import encode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
-from tests.conftest import ROOT, produce, settings_args
+from tests.conftest import ROOT, new_broker, produce, settings_args
 from tests.integration.test_crash import (
     OutputWatcher,
     check_outputs,
@@ -77,28 +76,33 @@ def test_another_group_on_the_same_state_dir_starts_its_own_model(broker, topics
 
 
 @pytest.mark.parametrize("how", ["fresh cluster", "topic created again"])
-def test_the_same_group_on_a_new_log_refuses_then_starts_over_when_told(tmp_path, topics, how):
+def test_the_same_group_on_a_new_log_refuses_then_starts_over_when_told(own_broker, tmp_path, topics, how):
     """Measured on 0.1: 0 of 1,000 events predicted, ready and healthy. Now: exit 1 naming the topic's
-    new id; with --start-over, every event predicted by a new model."""
+    new id (and, on Apache Kafka, whose every cluster has an id of its own, the cluster's); with
+    --start-over, every event predicted by a new model."""
     events = make_events(1000, seed=42)
-    with EmbeddedBroker(log_path=tmp_path / "tansu-1.log") as first:
-        _first_run(first, topics, tmp_path, seed=42)
-        if how == "topic created again":
-            from kafka import KafkaAdminClient
+    _first_run(own_broker, topics, tmp_path, seed=42)
+    if how == "topic created again":
+        from kafka import KafkaAdminClient
 
-            admin = KafkaAdminClient(bootstrap_servers=first.bootstrap_servers)
-            admin.delete_topics([topics["input_topic"]])
-            admin.close()
-            time.sleep(1.0)
-            produce(first.bootstrap_servers, topics["input_topic"], events)
-            _check_refused_then_start_over(first, topics, tmp_path, events)
-            return
-    with EmbeddedBroker(log_path=tmp_path / "tansu-2.log") as second:
+        admin = KafkaAdminClient(bootstrap_servers=own_broker.bootstrap_servers)
+        admin.delete_topics([topics["input_topic"]])
+        admin.close()
+        time.sleep(1.0)
+        produce(own_broker.bootstrap_servers, topics["input_topic"], events)
+        log = _check_refused_then_start_over(own_broker, topics, tmp_path, events)
+        assert "cluster's id" not in log, log[-3000:]
+        return
+    own_broker.stop()
+    with new_broker(own_broker.name, tmp_path / "second") as second:
         produce(second.bootstrap_servers, topics["input_topic"], events)
-        _check_refused_then_start_over(second, topics, tmp_path, events)
+        log = _check_refused_then_start_over(second, topics, tmp_path, events)
+    # the embedded broker reports one cluster id for every instance: only the topic's id tells them apart there
+    assert ("the Kafka cluster's id is" in log) == (own_broker.name == "apache-kafka"), log[-3000:]
 
 
-def _check_refused_then_start_over(broker, topics, tmp_path, events):
+def _check_refused_then_start_over(broker, topics, tmp_path, events) -> str:
+    """The refusal's log, after checking that --start-over then learns every event afresh."""
     topics = {**topics, "output_topic": topics["output_topic"] + "-again"}  # the first run's predictions stay apart
     args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200)
     log = _refused(args, tmp_path / "serve-2.log")
@@ -114,6 +118,7 @@ def _check_refused_then_start_over(broker, topics, tmp_path, events):
     expected, model = offline(events)
     check_outputs(by_source, expected)
     assert final_checkpoint(args, "local").model == model
+    return log
 
 
 def test_a_checkpoint_record_with_positions_past_the_log_end_is_refused(broker, topics, tmp_path):

@@ -215,6 +215,33 @@ class ApacheKafka:
 
     # life -----------------------------------------------------------------
     def start(self, wait: bool = True, timeout: float = 120.0) -> ApacheKafka:
+        """Format the log dir and launch the JVM; with ``wait``, until it serves clients.
+
+        A free port can be taken by another process between our choosing it and
+        the broker binding it (the suite's workers start brokers and services at
+        once): a broker that exits for want of its port is started again on
+        new ports, up to three times."""
+        for attempt in range(3):
+            self._launch()
+            if not wait:
+                return self
+            try:
+                return self.wait_ready(timeout)
+            except ApacheKafkaError:
+                if attempt == 2 or not self._lost_a_port():
+                    raise
+                self.stop()
+                shutil.rmtree(self.root / "data", ignore_errors=True)
+                ports = free_ports(len(LISTENERS) + 1)
+                self.controller_port = ports.pop()
+                self.info.ports = dict(zip(LISTENERS, ports))
+        raise AssertionError("unreachable")
+
+    def _lost_a_port(self) -> bool:
+        logs = [self.root / "stdout.log", Path(self.info.log_path)]
+        return any("Address already in use" in path.read_text(errors="replace") for path in logs if path.exists())
+
+    def _launch(self) -> None:
         lib = kafka_lib()
         config = self._write_config()
         java = ["java", f"-Xmx{self.heap}", "-Xss1m", "-Djava.awt.headless=true",
@@ -229,9 +256,6 @@ class ApacheKafka:
         self.process = subprocess.Popen([*java, "kafka.Kafka", str(config)], stdin=subprocess.DEVNULL,
                                         stdout=self._stdout, stderr=subprocess.STDOUT, start_new_session=True)
         self.info.pid = self.process.pid
-        if wait:
-            self.wait_ready(timeout)
-        return self
 
     def wait_ready(self, timeout: float = 120.0) -> ApacheKafka:
         wait_ready(self.info, timeout, self.process)
@@ -279,7 +303,9 @@ def wait_ready(info: BrokerAddresses, timeout: float = 120.0, process: subproces
     last = "nothing yet"
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise ApacheKafkaError(f"Apache Kafka exited with code {process.returncode}; see {info.log_path}")
+            lines = Path(info.log_path).read_text(errors="replace").splitlines() if Path(info.log_path).exists() else []
+            last_lines = "\n".join(line for line in lines if " ERROR " in line or "Exception" in line)[-2000:]
+            raise ApacheKafkaError(f"Apache Kafka exited with code {process.returncode}; see {info.log_path}:\n{last_lines}")
         try:  # a plain connect first: the client would log every refusal and back off for seconds
             socket.create_connection(("127.0.0.1", info.ports["PLAINTEXT"]), timeout=1).close()
         except OSError:
