@@ -1,5 +1,7 @@
 """Checkpoints on disk and in Kafka, with real service processes: damaged
-checkpoints, incompatible ones, no checkpoint yet, and a second instance.
+checkpoints, incompatible ones, no checkpoint yet, a second instance, and the
+log cleaner compacting the checkpoint topic under a running service. The
+guarantees run on both brokers.
 
 The end state is always held to the same bar as the crash tests: every input
 offset predicted, repeats identical, and the final model exactly the one an
@@ -93,7 +95,8 @@ def _damage_kafka(args) -> list[str]:
 
 
 @pytest.mark.parametrize("store", ["local", "kafka"])
-def test_damaged_newest_checkpoints_fall_back_to_an_older_one_and_end_exact(broker, topics, tmp_path, store):
+def test_damaged_newest_checkpoints_fall_back_to_an_older_one_and_end_exact(kafka_broker, topics, tmp_path, store):
+    broker = kafka_broker
     count, first_part = 8000, 5000
     events = make_events(count, seed=21)
     expected, model = offline(events)
@@ -180,7 +183,8 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
 
 # no checkpoint yet ----------------------------------------------------------
 @pytest.mark.parametrize("store", ["local", "kafka"])
-def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(broker, topics, tmp_path, store):
+def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(kafka_broker, topics, tmp_path, store):
+    broker = kafka_broker
     """Offsets committed with no checkpoint behind them would skip events the lost model had learned."""
     count = 3000
     events = make_events(count, seed=24)
@@ -210,7 +214,8 @@ def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(broker, top
 
 # one instance per model -----------------------------------------------------
 @pytest.mark.parametrize("store", ["local", "kafka"])
-def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(broker, topics, tmp_path, store):
+def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(kafka_broker, topics, tmp_path, store):
+    broker = kafka_broker
     count, first_part = 6000, 3000
     events = make_events(count, seed=25)
     expected, model = offline(events)
@@ -325,3 +330,71 @@ def test_a_storeless_service_is_ready_and_resumes_from_its_commits(broker, topic
     time.sleep(1.0)
     outputs = consume(broker.bootstrap_servers, topics["output_topic"], 600)
     assert sorted(json.loads(m.value)["source"]["offset"] for m in outputs) == list(range(600))  # resumed at 500, no repeats
+
+
+# the log cleaner ---------------------------------------------------------------
+#: The checkpoint topic as a test makes it so that Apache Kafka's cleaner runs within seconds: a segment rolled for
+#: nearly every record (compaction never touches the active one) and any dirty share worth cleaning.
+FAST_COMPACTION = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+                   "max.message.bytes": str(16 * 1024 * 1024)}
+
+
+def _records_left(bootstrap: str, topic: str) -> tuple[int, int]:
+    """(records readable from the start of partition 0, its end offset: every record ever written)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        read = 0
+        while consumer.position(tp) < end:
+            read += sum(len(messages) for messages in consumer.poll(timeout_ms=500).values())
+        return read, end
+    finally:
+        consumer.close()
+
+
+def test_the_log_cleaner_compacts_the_checkpoint_topic_and_the_newest_checkpoint_is_still_restored(apache_kafka, topics,
+                                                                                                  tmp_path):
+    """Apache Kafka only: the embedded broker never compacts. The topic holds one record per slot's newest
+    checkpoint (and the active segment) once the cleaner has run; a restart restores the newest and ends exact."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    count, first_part = 6000, 3000
+    events = make_events(count, seed=25)
+    expected, model = offline(events)
+    args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, checkpoint_interval_events=200,
+                         **store_args("kafka", topics))
+    checkpoint_topic = load(ServeSettings, args).checkpoint_topic
+    admin = KafkaAdminClient(bootstrap_servers=apache_kafka.bootstrap_servers)
+    try:
+        admin.create_topics([NewTopic(checkpoint_topic, 1, 1, topic_configs=FAST_COMPACTION)])
+    finally:
+        admin.close()
+    watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[:first_part])
+        _run_to_the_end(args, watcher, first_part, tmp_path / "serve-1.log")
+        newest = final_checkpoint(args, "kafka")
+        written = _records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[1]
+        assert written > 10, f"only {written} checkpoints written"
+        # the cleaner wakes every second on the suite's broker; every segment but the active (newest) one is cleanable
+        left = wait_until(lambda: (n := _records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written // 2 and n,
+                          60, interval=1.0, what=f"the cleaner to compact {checkpoint_topic}")
+
+        produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[first_part:])
+        _run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    print(f"checkpoint records: {written} written, {left} left after compaction")
+    log = (tmp_path / "serve-2.log").read_text()
+    assert f"restored checkpoint {newest.seq} of model" in log, log[-3000:]
+    assert check_outputs(by_source, expected) == 0  # restored where the first run stopped: nothing predicted twice
+    checkpoint = final_checkpoint(args, "kafka")
+    assert checkpoint.positions == {(topics["input_topic"], 0): count}
+    assert checkpoint.model == model
