@@ -282,7 +282,7 @@ class Application:
                                 topics=[s.input_topic] + ([s.label_topic] if s.label_topic else []),
                                 auto_offset_reset=s.auto_offset_reset, on_assigned=self.assignments.on_assigned,
                                 on_revoked=self.assignments.on_revoked, max_poll_records=s.batch_size,
-                                fetch_max_wait_ms=s.fetch_max_wait_ms),
+                                fetch_max_wait_ms=s.fetch_max_wait_ms, group_protocol=s.group_protocol),
             "connect the consumer and producer",
         )
         self.assignments.stream = self.stream

@@ -146,6 +146,10 @@ class ServeSettings(KafkaSettings):
     kafka_client: Literal["kafka-python", "confluent"] = Field(
         "kafka-python", description="Client of the poll loop: kafka-python, or confluent (librdkafka, the confluent extra; "
         "several times faster).")
+    group_protocol: Literal["classic", "consumer"] = Field(
+        "classic", description="Consumer group protocol: classic (JoinGroup/SyncGroup; every broker), or consumer (KIP-848, "
+        "Apache Kafka 4.0+ and --kafka-client confluent only: incremental rebalances, partitions that stay where they are "
+        "are never stopped; session timeout and heartbeat are the brokers' group.consumer.* settings).")
     model_scope: Literal["group", "partition"] = Field(
         "group", description="group: one model over every partition, one active instance per group. partition: one replica "
         "per input partition, checkpointed and moved with it; any number of instances share the group (needs the kafka "
@@ -296,6 +300,9 @@ class ServeSettings(KafkaSettings):
                 raise ValueError("mix_topic must differ from the input, output and dead-letter topics")
         if self.kafka_client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
             raise ValueError("kafka_client confluent needs confluent-kafka: pip install 'perceptron-stream[confluent]'")
+        if self.group_protocol == "consumer" and self.kafka_client != "confluent":
+            raise ValueError("group_protocol consumer (KIP-848) needs --kafka-client confluent: kafka-python speaks only the "
+                             "classic group protocol")
         return self
 
 

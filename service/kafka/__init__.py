@@ -83,16 +83,22 @@ __all__ = [
 
 
 def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: list[str], auto_offset_reset: str,
-                on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int) -> Stream:
+                on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int,
+                group_protocol: str = "classic") -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
     ``on_assigned``/``on_revoked`` get sorted ``(topic, partition)`` lists and
-    run inside ``poll``, between batches.
+    run inside ``poll``, between batches: the partitions added and taken away.
+    The classic protocol takes every partition away and hands out the new
+    assignment whole; the ``consumer`` protocol (KIP-848, confluent only) only
+    the partitions that move.
     """
     options = dict(group_id=group_id, topics=topics, auto_offset_reset=auto_offset_reset, on_assigned=on_assigned,
                    on_revoked=on_revoked, max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms)
     if client == "confluent":
         from service.kafka.confluent import ConfluentIO  # the optional extra: imported only when chosen
 
-        return ConfluentIO(settings, **options)
+        return ConfluentIO(settings, **options, group_protocol=group_protocol)
+    if group_protocol != "classic":
+        raise ValueError("kafka-python speaks only the classic group protocol")
     return KafkaIO(settings, **options)

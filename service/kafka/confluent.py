@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import kafka.errors as kerrors
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
@@ -114,6 +115,16 @@ def client_config(settings: KafkaSettings) -> dict:
     return config
 
 
+def _group_config(protocol: str) -> dict:
+    """The consumer's group settings. Both protocols give partition p of every topic to one member (the join of
+    labels to points needs it): the classic one with the client-side range assignor, KIP-848's with the brokers'
+    range assignor. Under KIP-848 the brokers own the session timeout and heartbeat (group.consumer.*)."""
+    if protocol == "consumer":
+        return {"group.protocol": "consumer", "group.remote.assignor": "range",
+                "max.poll.interval.ms": GROUP_TIMINGS["max_poll_interval_ms"]}
+    return {"partition.assignment.strategy": "range", **{name.replace("_", "."): value for name, value in GROUP_TIMINGS.items()}}
+
+
 class ConfluentIO:
     """One consumer in a group on one input topic, and one producer (see KafkaIO).
 
@@ -125,7 +136,7 @@ class ConfluentIO:
     @_translated
     def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
-                 client_id: str = "perceptron-stream"):
+                 client_id: str = "perceptron-stream", group_protocol: str = "classic"):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
         self.on_assigned, self.on_revoked, self.auto_offset_reset = on_assigned, on_revoked, auto_offset_reset
@@ -136,10 +147,9 @@ class ConfluentIO:
             "fetch.wait.max.ms": fetch_max_wait_ms, "on_commit": self._committed,
             # kafka-python's default: librdkafka's read_committed would wait for transactions nobody writes here
             "isolation.level": "read_uncommitted",
-            # partition p of every topic to one member (the join of labels to points needs it)
-            "partition.assignment.strategy": "range",
-            **{name.replace("_", "."): value for name, value in GROUP_TIMINGS.items()},
+            **_group_config(group_protocol),
         })
+        self.incremental = group_protocol == "consumer"
         self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
         self.producer = Producer(self._producer_config)
         self._seeks: dict | None = None  # inside on_assigned: where the application wants each partition to start
@@ -208,11 +218,17 @@ class ConfluentIO:
         # librdkafka cannot seek a partition before it is assigned: the seeks
         # on_assigned makes are collected and become the assignment's offsets
         # (the others start at the committed offset, or auto_offset_reset).
-        self._seeks, self._stash, self._pauses = {}, [], []  # stashed messages are from before: fetched again from the new start
+        # Stashed messages of these partitions are from before: fetched again from the new start. Under KIP-848
+        # the partitions that stay are not in the list and keep theirs.
+        self._seeks, self._pauses = {}, []
+        self._drop_stashed(partitions)
         _notify(self.on_assigned, partitions)
         seeks, self._seeks = self._seeks, None
-        consumer.assign([TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset))
-                         for tp in partitions])
+        starts = [TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset)) for tp in partitions]
+        if self.incremental:
+            consumer.incremental_assign(starts)
+        else:
+            consumer.assign(starts)
         if self._pauses:  # paused inside on_assigned: only an assigned partition can be
             consumer.pause(self._pauses)
 
@@ -220,9 +236,13 @@ class ConfluentIO:
         # confluent-kafka unassigns after this returns. Not on close: the
         # application has taken its final checkpoint already (kafka-python does
         # call its listener at close, where the application finds nothing new).
-        self._stash = []
+        self._drop_stashed(partitions)
         if not self._closing:
             _notify(self.on_revoked, partitions)
+
+    def _drop_stashed(self, partitions: list[TopicPartition]) -> None:
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self._stash = [m for m in self._stash if (m.topic(), m.partition()) not in gone]
 
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
@@ -338,9 +358,16 @@ class ConfluentIO:
                 out[key] = max(0, high - position)
         return out
 
+    @_translated
     def group_members(self) -> list[str]:
-        """Member ids of the live members of this consumer's group, this one included (kafka-python's admin)."""
-        return group_members(self.settings, self.group_id)
+        """Member ids of the live members of this consumer's group, this one included: kafka-python's admin for a
+        classic group, librdkafka's for a KIP-848 one (the brokers answer the classic DescribeGroups for classic
+        groups only)."""
+        if not self.incremental:
+            return group_members(self.settings, self.group_id)
+        admin = AdminClient(client_config(self.settings))
+        description = admin.describe_consumer_groups([self.group_id], request_timeout=10)[self.group_id].result()
+        return [member.member_id for member in description.members]
 
     # producing -----------------------------------------------------------
     def send(self, topic: str, key: bytes | None, value: bytes) -> None:

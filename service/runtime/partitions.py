@@ -116,7 +116,6 @@ class Assignments:
             for tp in partitions:
                 self._seek(task, tp)
             self.guard.to_check = True
-        self.metrics.set_assigned(len({p for _, p in partitions}))
         self.lag.soon()
         self._ready()
 
@@ -139,8 +138,7 @@ class Assignments:
         elif self.stream is not None and self.guard.passed and not self.batch_open:
             self.checkpointer.checkpoint(self.tasks.all())  # committed by the loop once the group is stable again
         self.metrics.forget_partitions(partitions)
-        self.health.assigned = False
-        self.metrics.set_assigned(0)
+        self.health.assigned = False  # until the loop's next settle() looks at what is left (KIP-848 takes only some)
 
     # the loop -------------------------------------------------------------
     def settle(self) -> None:
@@ -189,6 +187,10 @@ class Assignments:
             self.stream.seek(tp[0], tp[1], BEGINNING if self.settings.auto_offset_reset == "earliest" else END)
 
     def _ready(self) -> None:
-        assigned = bool(self.stream is not None and self.stream.assignment())
+        """Readiness and the assigned-partitions gauge from the consumer's whole assignment (the callbacks get
+        only what moved)."""
+        assignment = self.stream.assignment() if self.stream is not None else []
+        self.metrics.set_assigned(len({p for _, p in assignment}))
+        assigned = bool(assignment)
         self.health.assigned = assigned and not self.waiting and self.may_process()
         self.health.restored = not self.waiting

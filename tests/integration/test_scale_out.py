@@ -18,6 +18,7 @@ the broker notices (~3 s): the sizes keep each test within a minute or so.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -106,21 +107,35 @@ def _replicas(args) -> dict:
         store.close()
 
 
+def _partitions_logged(log_path, what: str) -> set[int]:
+    """The partitions of every "assigned ..." or "revoked ..." line of a service's log."""
+    found = set()
+    for line in log_path.read_text().splitlines():
+        if f" {what} " in line:
+            found |= {int(p) for p in re.findall(r"\[(\d+)\]", line.split(f" {what} ", 1)[1])}
+    return found
+
+
 def _start(args, tmp_path, name: str):
     return start_service_process(args + ["--metrics-port", "0"], tmp_path / f"serve-{name}.log")
 
 
-# Both stores and both clients on Apache Kafka; both stores on the embedded broker (the runs cost a minute each).
-@pytest.mark.parametrize(("kafka_broker", "store", "client"), [("apache-kafka", "kafka", "kafka-python"), ("apache-kafka", "local", "confluent"),
-                                                              ("embedded", "kafka", "kafka-python"), ("embedded", "local", "confluent")],
+# Both stores and both clients on Apache Kafka, and its KIP-848 group protocol; both stores on the embedded broker
+# (the runs cost a minute each).
+@pytest.mark.parametrize(("kafka_broker", "store", "client"),
+                         [("apache-kafka", "kafka", "kafka-python"), ("apache-kafka", "local", "confluent"),
+                          ("apache-kafka", "kafka", "confluent-kip-848"),
+                          ("embedded", "kafka", "kafka-python"), ("embedded", "local", "confluent")],
                          indirect=["kafka_broker"])
 def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(kafka_broker, topics, tmp_path, store, client):
     broker = kafka_broker
+    protocol = "consumer" if client == "confluent-kip-848" else "classic"
+    client = client.removesuffix("-kip-848")
     count = 6000
     events = _events(count, seed=61)
     first, second = events[: count // 2], events[count // 2:]
     _produce(broker, topics["input_topic"], first)
-    args = _args(broker, topics, tmp_path, store, mix_every=0, challengers="averaged", kafka_client=client)
+    args = _args(broker, topics, tmp_path, store, mix_every=0, challengers="averaged", kafka_client=client, group_protocol=protocol)
     watcher = Watcher(broker.bootstrap_servers, topics["output_topic"])
     processes = {}
     try:
@@ -147,6 +162,9 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(k
     for name in ("b", "c"):
         assert not has_traceback((tmp_path / f"serve-{name}.log").read_text()), tail(tmp_path / f"serve-{name}.log")
     assert "assigned" in (tmp_path / "serve-c.log").read_text()  # the newcomer got partitions
+    if protocol == "consumer":  # KIP-848: b gave up only what went to c; what stayed with b never stopped
+        moved = _partitions_logged(tmp_path / "serve-b.log", "revoked")
+        assert moved and moved <= _partitions_logged(tmp_path / "serve-c.log", "assigned"), (moved, tail(tmp_path / "serve-b.log"))
     replicas = _replicas(args)
     repeats = 0
     for p in range(PARTITIONS):

@@ -183,6 +183,11 @@ class ApacheKafka:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
+            # KIP-848 groups: the brokers own the session and heartbeat; the service's classic timings (6 s, 1 s)
+            "group.consumer.min.session.timeout.ms": "6000",
+            "group.consumer.session.timeout.ms": "6000",
+            "group.consumer.min.heartbeat.interval.ms": "1000",
+            "group.consumer.heartbeat.interval.ms": "1000",
             "num.partitions": "1",
             # the cleaner wakes every second (15 s by default): compaction tests see it run
             "log.cleaner.backoff.ms": "1000",
