@@ -43,6 +43,8 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
         (["--max-model-features", "-1"], {}, "invalid setting max_model_features (--max-model-features, PERCEPTRON_STREAM_MAX_MODEL_FEATURES)"),
         (["--hash-features", "-1"], {}, "invalid setting hash_features (--hash-features, PERCEPTRON_STREAM_HASH_FEATURES)"),
         (["--hash-features", "1024"], {"PERCEPTRON_STREAM_MAX_MODEL_FEATURES": "1000"}, "hash_features 1024 is more than max_model_features 1000"),
+        (["--group-protocol", "consumer"], {}, "group_protocol consumer (KIP-848) needs --kafka-client confluent"),
+        (["--group-protocol", "eager"], {}, "invalid setting group_protocol"),
     ],
 )
 def test_bad_values_name_the_setting(args, env, named, monkeypatch):
