@@ -1,6 +1,7 @@
-"""End to end: the service against a bare Kafka client, on the same embedded broker.
+"""End to end: the service against a bare Kafka client, on the same broker: Apache Kafka, or the embedded one.
 
-    python3 bench/e2e.py                              # the table of bench/README.md (about 5 min)
+    python3 bench/e2e.py                              # the table of bench/README.md (about 5 min), on Apache Kafka
+    python3 bench/e2e.py --broker embedded            # the same on the embedded broker (Tansu)
     python3 bench/e2e.py --memory-events 1000000      # also resident memory from 100k to 1M events
     python3 bench/e2e.py --client confluent           # also the confluent-kafka ceiling
     python3 bench/e2e.py --client service-confluent   # also the service on confluent-kafka (--kafka-client confluent)
@@ -10,7 +11,10 @@
     python3 bench/e2e.py --service-tree new=../other  # also the service of another source tree, side by side
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
 
-One fresh embedded broker (Tansu) per invocation. N events (default 200,000;
+One fresh broker per invocation: Apache Kafka (``--broker apache-kafka``, the
+default: the version pinned in tests/apache_kafka/pom.xml, KRaft on loopback,
+as the test suite runs it; Java and Maven needed) or the embedded broker
+(``--broker embedded``, Tansu). N events (default 200,000;
 d = 10, 5% label noise, JSON, ``service.streams.separable``) are pre-produced
 to an input topic created with 1 and with 4 partitions. On each, the
 contenders take turns (``--repeats`` rounds, the order reversed every other
@@ -768,6 +772,8 @@ def describe_tree(tree: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--broker", choices=["apache-kafka", "embedded"], default="apache-kafka",
+                        help="the broker the runs share (default apache-kafka: what users run)")
     parser.add_argument("--events", type=int, default=200_000, help="events per throughput run (default 200000)")
     parser.add_argument("--partitions", default="1,4", help="partition counts, comma-separated (default 1,4)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per partition count; medians are reported")
@@ -795,7 +801,6 @@ def main() -> int:
 
     from rich.console import Console
 
-    from service.broker import EmbeddedBroker
     from service.streams import separable
 
     for client in dict.fromkeys(args.client):
@@ -830,7 +835,7 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix=f"e2e-{stamp}-"))
     results: dict = {
-        "command": " ".join(["python3", "bench/e2e.py", *sys.argv[1:]]), "started": stamp,
+        "command": " ".join(["python3", "bench/e2e.py", *sys.argv[1:]]), "started": stamp, "broker": args.broker,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_at_start": os.getloadavg()},
         "trees": {c.name: {"path": str(c.tree), "commit": describe_tree(c.tree)} for c in services},
         "events": args.events, "dimensions": 10, "batch_size": args.batch_size, "repeats": args.repeats,
@@ -841,7 +846,8 @@ def main() -> int:
     events = list(itertools.islice(separable(dimensions=10, noise=0.05), args.events))
     payloads = [(e["id"].encode(), orjson.dumps(e)) for e in events]
 
-    with EmbeddedBroker(log_path=logs / "broker.log") as broker:
+    with new_broker(args.broker, logs) as broker:
+        console.print(f"broker: {args.broker} at {broker.bootstrap_servers}")
         kafka = Kafka(broker.bootstrap_servers)
         try:
             for p in partitions if not args.no_throughput else ():
@@ -890,6 +896,19 @@ def main() -> int:
     return 0
 
 
+def new_broker(kind: str, logs: Path):
+    """A fresh broker of ``kind`` for the whole invocation (a context manager): the test suite's Apache Kafka launcher
+    (the pinned jars, fetched by Maven once) or the embedded broker."""
+    if kind == "apache-kafka":
+        sys.path.insert(0, str(ROOT))
+        from tests.support.apache_kafka import ApacheKafka
+
+        return ApacheKafka(logs / "apache-kafka", heap="1g")
+    from service.broker import EmbeddedBroker
+
+    return EmbeddedBroker(log_path=logs / "broker.log")
+
+
 def summarise(runs: list[dict], contenders: list[Contender], partitions: int) -> dict:
     """Median events/s of each contender; each service's ratio to the kafka-python ceiling, median over repeats."""
     medians = {c.name: statistics.median(r["events_per_s"] for r in runs if r["name"] == c.name) for c in contenders}
@@ -922,7 +941,7 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
     from rich.table import Table
 
     if results["throughput"]:
-        table = Table(title=f"end to end, {results['events']:,} events, d=10, batch {results['batch_size']}, "
+        table = Table(title=f"end to end on {results.get('broker', 'embedded')}, {results['events']:,} events, d=10, batch {results['batch_size']}, "
                             f"median of {results['repeats']} (× = median same-round ratio to the kafka-python ceiling)")
         table.add_column("contender")
         for t in results["throughput"]:
