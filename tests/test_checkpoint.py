@@ -452,7 +452,7 @@ UNSAFE = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpic
 
 
 def test_no_module_of_the_service_can_unpickle():
-    """A store that unpickles what it reads lets anyone who can write to it run code (DESIGN.md)."""
+    """A store that unpickles what it reads lets anyone who can write to it run code (README "Security")."""
     found = []
     for path in sorted((ROOT / "service").rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))

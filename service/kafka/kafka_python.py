@@ -405,7 +405,7 @@ def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> 
 
     The end is the larger of ListOffsets' answer and the high watermark of a
     fetch at it: the embedded broker answers ListOffsets with the start of the
-    last batch + 1 (DESIGN.md), a fetch tells the true end.
+    last batch + 1 (README "Brokers"), a fetch tells the true end.
     """
     consumer = KafkaConsumer(**_options(settings), enable_auto_commit=False, group_id=None,
                              max_poll_records=1, fetch_max_bytes=64 * 1024, max_partition_fetch_bytes=64 * 1024,
@@ -685,7 +685,7 @@ class CompactedTopic:
             ends = consumer.end_offsets(tps)
             out: dict[bytes, bytes | None] = {}
             deadline, quiet_polls = time.monotonic() + timeout_s, 0
-            # end_offsets can read short on some brokers (see DESIGN.md): read
+            # end_offsets reads short on the embedded broker (README "Brokers"): read
             # until past it AND one poll came back empty.
             while time.monotonic() < deadline:
                 batches = consumer.poll(timeout_ms=200)
@@ -784,7 +784,7 @@ class PartitionedLog:
                     for m in messages:
                         yield m.key, m.value
                 quiet = quiet + 1 if not batches else 0
-                if consumer.position(tp) >= end and quiet >= 1:  # end_offsets may read short (DESIGN.md): one quiet poll too
+                if consumer.position(tp) >= end and quiet >= 1:  # end_offsets may read short (the embedded broker): one quiet poll too
                     return
             raise KafkaError(f"reading {self.topic}[{partition}] did not finish within {timeout_s:.0f} s")
         finally:

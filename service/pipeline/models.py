@@ -11,7 +11,7 @@
   for the error rate going *up* (Gama et al.'s warning and drift levels); on
   our streams it flagged a label flip after 20 events and nothing during the
   warm-up, where ADWIN, which tests both ways, also flagged the falling
-  error rate of a model still learning (DESIGN.md records the same).
+  error rate of a model still learning.
   Edge-triggered: one drift, one count; the detector starts afresh after it.
 
 >>> models = ModelSet.parse("averaged, margin:0.5")

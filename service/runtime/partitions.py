@@ -27,7 +27,7 @@ from service.state.local import StateLockedError
 log = logging.getLogger("perceptron_stream")
 
 #: A crashed member leaves the group when its session times out, and the
-#: broker needs a few seconds more to notice (DESIGN.md): how long a newcomer
+#: broker needs a few seconds more to notice (measured on both brokers): how long a newcomer
 #: waits for the others to leave before it calls them another live instance.
 OTHERS_LEAVE_GRACE_S = 6.0
 OTHERS_LEAVE_WAIT_S = GROUP_TIMINGS["session_timeout_ms"] / 1000 + OTHERS_LEAVE_GRACE_S

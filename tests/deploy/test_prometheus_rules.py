@@ -45,7 +45,7 @@ EXPECTED_ALERTS = {
     "PerceptronLabelsUnmatched",
 }
 
-#: The service's metric contract (DESIGN.md, metrics; issue 4), as the sample
+#: The service's metric contract (README "Metrics and dashboards"), as the sample
 #: names Prometheus stores: a rule naming anything else under perceptron_ has a
 #: typo and would never fire. tests/test_metrics.py checks that ServiceMetrics
 #: exports exactly these, so this list cannot drift from the code.

@@ -1,4 +1,4 @@
-"""The learning core stays free of Kafka, HTTP and pickle (DESIGN.md, "Layout")."""
+"""The learning core stays free of Kafka, HTTP and pickle (README "Layout")."""
 
 from __future__ import annotations
 
