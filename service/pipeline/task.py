@@ -217,7 +217,9 @@ class Task:
             if self.mixer is not None:
                 self.mixer.restore(cp.task)
             if self.joiner is not None:
-                partitions = sorted({p for t, p in cp.positions if t == self.owner.input_topic})
+                # a partition read on either side has a table (labels alone, before their points, leave early rows)
+                sides = (self.owner.input_topic, self.outputs.get("label_topic"))
+                partitions = sorted({p for t, p in cp.positions if t in sides})
                 self.joiner.restore(cp.seq, cp.task.get("labels", {}), partitions)
 
 
