@@ -8,9 +8,20 @@ published at once and kept in its partition's pending table
 label comes, the model learns (x, y) with its current weights (the update
 condition is the current y·score ≤ 0: that keeps the (R/γ)² bound), the
 *published* prediction's outcome is counted (the mistake rate is that of the
-decisions made), and an outcome message is published. A label for an id
-never seen, expired or evicted is ``unknown_id``; a second one ``duplicate``:
-dead letters, nothing learned twice.
+decisions made), and an outcome message is published.
+
+A label may also reach the brokers before its point: the point's producer
+holds it in a batch (``linger.ms``), retries it, or takes a slower path. No
+end offset can know of a record on no broker, so the join waits on both
+sides, as Kafka Streams' stream-stream joins do: a label that finds no point
+is kept in the same table (an *early* row) and, when its point comes, the
+point is predicted and published first and then joined at once. A label
+still alone once the partition's points' stream time has passed its own time
+by the grace period (``--label-grace-seconds``: a producer's delivery
+timeout, after which a point sent before the label is on the brokers or
+never will be) is ``unknown_id``, as is one beyond ``--max-early-labels``; a
+second label for a point, whether it came after the join or while the first
+waited, is a ``duplicate``: dead letters, nothing learned twice.
 
 The tables belong to the task and are restored with its checkpoint: the
 local store keeps them beside the checkpoints and undoes what came after the

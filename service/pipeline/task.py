@@ -56,7 +56,7 @@ class Tally:
         self.flags: list[bool] = []  # mistake or not, one per labeled event (or joined label: the decision's), in order
         self.rejected: list[str] = []  # reasons
         self.mixes: list[int] = []  # partitions that mixed
-        self.label_outcomes: list[str] = []  # delayed labels: joined, unknown_id, duplicate; points expired, evicted
+        self.label_outcomes: list[str] = []  # delayed labels: joined, unknown_id, duplicate, early; points expired, evicted
         self.delays: list[float] = []  # seconds from a point to its label, per joined label
         self.challenger_flags: dict[str, list[bool]] = {}  # challenger → its mistakes on the labeled events, in order
         self.drifts = 0  # drifts the champions' mistake streams showed
