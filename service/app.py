@@ -380,7 +380,8 @@ class Application:
                 batches = []
             if batches:
                 self.lag.records_came()
-            if batches or self._labels_due():  # (labels past their grace period go in a batch of no records)
+            if batches or (self._labels_due() and self.assignments.may_process()):  # (labels past their grace period
+                # go in a batch of no records)
                 try:
                     self._process(batches)
                 except DeliveryError:  # raised only once stopping: _close leaves the checkpoints as they were
@@ -419,8 +420,8 @@ class Application:
             task.process(records, send, tally)
         tasks = self.tasks.all()
         if labels is not None:  # the labels still alone after the grace period: dead letters, acknowledged with the batch
-            for task in tasks:
-                task.joiner.expire_early(send, tally)
+            for task in tasks:  # a change of the task's state, as an event is: a checkpoint will cover it
+                task.unsaved += task.joiner.expire_early(send, tally)
         self._flush()
         self.assignments.batch_open = False
         for task in tasks:

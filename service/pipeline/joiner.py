@@ -168,9 +168,10 @@ class Joiner:
         send(self.outcome_topic, key, outcome(label_id, y, got["y_pred"], got["score"], got["source"], topic, partition,
                                               offset, delay, learner.updates, learner.seen, learner.mistakes, replica))
 
-    def expire_early(self, send, tally) -> None:
+    def expire_early(self, send, tally) -> int:
         """Labels still alone once their partition's points' stream time passed their time by the grace period:
-        dead letters ``unknown_id`` (their point was never sent, or came long before: expired, evicted)."""
+        dead letters ``unknown_id`` (their point was never sent, or came long before: expired, evicted). How many."""
+        count = 0
         for partition, table in self.tables.items():
             at = table.next_early()
             if at is None:
@@ -180,6 +181,8 @@ class Joiner:
                 for label in table.pop_early(cutoff):
                     self._let_go(label, f"no point came within --label-grace-seconds {self.grace_seconds:g} of stream "
                                         "time after it", send, tally, partition)
+                    count += 1
+        return count
 
     def early_due(self) -> bool:
         """Whether :meth:`expire_early` has a label to let go."""

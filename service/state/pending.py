@@ -117,8 +117,10 @@ class PendingTable:
     """A partition's pending points (see the module docstring); ``path`` a file, or ``":memory:"``."""
 
     def __init__(self, path: str | Path, *, ttl_seconds: float, max_pending: int, track_changes: bool = False):
-        # early labels: id -> label time, and (time, id) by time (stale entries skipped), as the table holds them
-        self._early: dict[str, float] = {}
+        # early labels: id -> (label time, label JSON), and (time, id) by time (stale entries skipped), as the table
+        # holds them: in memory too, so a point finds its label without a query (a query a point cost a replay,
+        # whose labels are read far ahead of their points, a third of its CPU); at most --max-early-labels a table
+        self._early: dict[str, tuple[float, bytes]] = {}
         self._early_by_time: list[tuple[float, str]] = []
         self.path = str(path)
         self.ttl_seconds, self.max_pending = ttl_seconds, max_pending
@@ -211,22 +213,18 @@ class PendingTable:
 
     def _join_early(self, key: str, now: float) -> dict:
         """The early label of ``key``, its row now the labeled mark (a row of the table is replaced, logged for undo)."""
-        del self._early[key]
-        row = self._mem.pop(key, None)
-        if row is not None:  # held in this epoch: the row was never written
-            label = row[2]
-        else:
-            label = self.db.execute("SELECT point FROM pending WHERE id = ?", (key,)).fetchone()[0]
-            self._unverified.append(key)  # looked up at the next write: logged and replaced there
+        label = self._early.pop(key)[1]
+        if self._mem.pop(key, None) is None:  # not held in this epoch: the table's row is replaced, logged for undo
+            self._unverified.append(key)  # (looked up at the next write, with the other ids added)
         self._remember(key, "labeled", now, None)
         return orjson.loads(label)
 
     def hold(self, label_id: str | int, label: dict, at: float) -> None:
         """Keep ``label``, whose point has not come (:meth:`take` found no row), until :meth:`add` brings the point
         or :meth:`pop_early` lets it go. A second label for it is a duplicate (:meth:`take`)."""
-        key = _key(label_id)
-        self._remember(key, EARLY, at, orjson.dumps(label))
-        self._early[key] = at
+        key, blob = _key(label_id), orjson.dumps(label)
+        self._remember(key, EARLY, at, blob)
+        self._early[key] = (at, blob)
         heapq.heappush(self._early_by_time, (at, key))
 
     def early_count(self) -> int:
@@ -236,7 +234,7 @@ class PendingTable:
     def next_early(self) -> float | None:
         """The time of the oldest label waiting (None: none waits)."""
         by_time, early = self._early_by_time, self._early
-        while by_time and early.get(by_time[0][1]) != by_time[0][0]:
+        while by_time and early.get(by_time[0][1], (None,))[0] != by_time[0][0]:
             heapq.heappop(by_time)  # stale: joined, let go, or held again since
         return by_time[0][0] if by_time else None
 
@@ -248,22 +246,21 @@ class PendingTable:
             if at is None or (cutoff is not None and at > cutoff):
                 break
             _, key = heapq.heappop(self._early_by_time)
-            del self._early[key]
+            blob = self._early.pop(key)[1]
             self._rows.pop(key, None)
-            row = self._mem.pop(key, None)
-            if row is None:  # in the table: deleted, logged for undo
+            if self._mem.pop(key, None) is None:  # in the table: deleted, logged for undo
                 self._settle_takes()
                 self._begin()
                 self._log(key)
-                row = self.db.execute("SELECT state, at, point FROM pending WHERE id = ?", (key,)).fetchone()
                 self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
-            out.append(orjson.loads(row[2]))
+            out.append(orjson.loads(blob))
         return out
 
     def _reload_early(self) -> None:
         """The early labels' ids and times, from the table (at open and after a restore)."""
-        self._early = dict(self.db.execute("SELECT id, at FROM pending WHERE state = ?", (EARLY,)))
-        self._early_by_time = [(at, key) for key, at in self._early.items()]
+        self._early = {key: (at, bytes(point)) for key, at, point in
+                       self.db.execute("SELECT id, at, point FROM pending WHERE state = ?", (EARLY,))}
+        self._early_by_time = [(at, key) for key, (at, _) in self._early.items()]
         heapq.heapify(self._early_by_time)
 
     def _remember(self, key: str, state: str, at: float, point: bytes | None) -> None:
