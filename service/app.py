@@ -79,10 +79,10 @@ __all__ = ["Application", "StartupError", "CHECKPOINT_TOPIC_CONFIG"]
 CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000), "max.message.bytes": str(16 * 1024 * 1024)}
 #: How often the loop reads the mix topic's new records.
 MIX_READ_EVERY_S = 0.25
-#: How long a label held back must wait before the input's end, as the client last saw it, lets it through:
-#: longer than a fetch waits on the brokers (fetch.max.wait.ms, 500 ms), so that end was fetched after the
-#: label was read, not before its point was written (service.app.Application._release_held).
-HOLD_CONFIRM_S = 1.0
+#: How often the loop looks whether input partitions with labels waiting for their point are read to their end,
+#: moving their grace clock on when no point comes (service.app.Application._points_all_read); at least twice a
+#: fetch's wait on the brokers (fetch.max.wait.ms), so the zero lag read is from a fetch made after the last look.
+ALL_READ_CHECK_S = 1.0
 #: How long one flush waits before the loop logs an outage and waits again.
 FLUSH_WAIT_S = 10.0
 #: The pending changelog: compacted, and no record younger than a day compacted away, so a change a crashed
@@ -118,8 +118,9 @@ class Application:
         self.changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
         self._cache_dir: tempfile.TemporaryDirectory | None = None  # pending tables rebuilt from the changelog
         self._next_mix_read = 0.0
-        # label partition → (the first label held back's timestamp, when it was held: both ms, the last offset put back)
-        self._held: dict[int, tuple[int, int, int]] = {}
+        # input partition with labels waiting → when (ms) its lag last read 0 (service.app.Application._points_all_read)
+        self._all_read_since: dict[int, int] = {}
+        self._next_all_read_check = 0.0
         if not self.per_partition:
             self.tasks.add(self._new_task(None))  # made again at start-up, with the cluster's ids
         self.lag = LagProbe(self.health, self.metrics, self.retry)
@@ -152,7 +153,8 @@ class Application:
         if s.label_topic is not None:
             joiner = Joiner(lambda p: self._pending_table(name, p), ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
                             outcome_topic=s.outcome_topic, dlq_topic=s.dlq_topic, max_message_bytes=s.max_message_bytes,
-                            changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id))
+                            changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id),
+                            label_topic=s.label_topic, grace_seconds=s.label_grace_seconds, max_early=s.max_early_labels)
         models = None
         if self.challenger_specs:
             models = ModelSet(self.challenger_specs, self._make_learner)
@@ -372,12 +374,14 @@ class Application:
                 continue
             self.assignments.settle()
             self._follow_mixes()
-            self._release_held()
+            self._points_all_read()
             if batches and not self.assignments.may_process():  # other members are still in the group: nothing yet
                 self.assignments.put_back([r for records in batches for r in records])
                 batches = []
             if batches:
                 self.lag.records_came()
+            if batches or (self._labels_due() and self.assignments.may_process()):  # (labels past their grace period
+                # go in a batch of no records)
                 try:
                     self._process(batches)
                 except DeliveryError:  # raised only once stopping: _close leaves the checkpoints as they were
@@ -406,21 +410,20 @@ class Application:
             for task in self.tasks.all():
                 if task.joiner is not None:
                     task.joiner.expire(now, tally)
-        if labels is not None:  # a label after the points of its partition: its point may be among them
+        if labels is not None:  # a label after the points of its partition: a point of this poll is kept first
             batches = sorted(batches, key=lambda records: records[0].topic == labels)
         for records in batches:
             task = self.tasks.for_partition(records[0].partition)
             if task is None:  # assigned, not restored yet: read again once it is
                 self.assignments.put_back(records)
                 continue
-            if records[0].topic == labels:
-                records = self._points_first(task, records)
-                if not records:
-                    continue
             task.process(records, send, tally)
+        tasks = self.tasks.all()
+        if labels is not None:  # the labels still alone after the grace period: dead letters, acknowledged with the batch
+            for task in tasks:  # a change of the task's state, as an event is: a checkpoint will cover it
+                task.unsaved += task.joiner.expire_early(send, tally)
         self._flush()
         self.assignments.batch_open = False
-        tasks = self.tasks.all()
         for task in tasks:
             if task.joiner is not None:
                 task.joiner.commit(tally)
@@ -430,65 +433,46 @@ class Application:
             self.metrics.set_model(task.learner.weight_norm, task.learner.radius, task.partition)
         if labels is not None:
             self.metrics.pending.set(sum(t.joiner.pending() for t in tasks))
+            self.metrics.early.set(sum(t.joiner.early() for t in tasks))
 
-    def _points_first(self, task, records) -> list:
-        """The labels that may be joined now; the rest are put back and their partition paused until the points come.
+    def _labels_due(self) -> bool:
+        """Whether a label waited for its point past the grace period (checked when no record came: with the
+        points' stream time moved on by :meth:`_points_all_read`)."""
+        if self.settings.label_topic is None:
+            return False
+        return any(task.joiner.early_due() for task in self.tasks.all())
 
-        A label is joined once its partition's points are read up to the
-        label's time, or to the end of the partition as fetched after the
-        label was held (:meth:`_release_held`): so a label never overtakes
-        its point, not even when a restart replays points and labels from a
-        checkpoint (labels are sent after their points; the clocks of the
-        producers must roughly agree). Stream-time synchronisation, as Kafka
-        Streams does between the inputs of a join.
+    def _points_all_read(self) -> None:
+        """Move the grace clock of the input partitions read to their end, whose labels wait for points.
+
+        The grace clock is the points' stream time (:meth:`Joiner.stream_time`):
+        it stands still when no point comes, as at the end of a stream, and a
+        label whose point never comes would wait for good. When a partition's
+        input lag, read from the last fetch, is 0 at two looks ALL_READ_CHECK_S
+        apart, a fetch made after the first look found no more points: every
+        point written before that look is read, so the clock may move there.
+        A zero lag from one look proves nothing (the fetch may predate points
+        written since).
         """
-        partition = records[0].partition
-        ready_to, through = task.joiner.joinable(partition)
-        for i, r in enumerate(records):
-            if r.timestamp > ready_to and r.offset > through:
-                self.assignments.put_back(records[i:])
-                self.stream.pause([(r.topic, partition)])
-                self._held[partition] = (r.timestamp, int(time.time() * 1000), records[-1].offset)
-                return records[:i]
-        return records
-
-    def _input_lags(self) -> dict:
-        """The lag of each input partition: from the last fetches' high watermarks, else (none yet, as right
-        after a restore at the end of the log) asked of the brokers."""
-        lags = self.stream.lag(ask_broker=False)
-        topic = self.settings.input_topic
-        if any((t, p) not in lags for t, p in self.stream.assignment() if t == topic):
-            ok, asked = self.retry.once(lambda: self.stream.lag(timeout_s=3.0, ask_broker=True), "read the input's end offsets")
-            lags = {**(asked or {}), **lags}
-        return lags
-
-    def _release_held(self) -> None:
-        """Resume the label partitions whose points have come, or whose points are all read.
-
-        All read: the input's lag is 0 HOLD_CONFIRM_S after the hold began,
-        so from a fetch made after the held label was read; every point
-        written before the hold is read then, and with it the point of every
-        label sent before the hold, or read before it (the labels put back:
-        by offset, so a label stamped in the future by a fast clock is held
-        once, not until that time). A lag of 0 from an older fetch proves
-        nothing: points may have been written since (a fast live stream lost
-        2.5% of its labels as unknown_id that way).
-        """
-        if not self._held:
+        now = time.monotonic()
+        if self.settings.label_topic is None or now < self._next_all_read_check:
             return
-        lags, owned = self._input_lags(), set(self.stream.assignment())
+        self._next_all_read_check = now + max(ALL_READ_CHECK_S, 2 * self.settings.fetch_max_wait_ms / 1000)
+        waiting = {p: task for task in self.tasks.all() for p, table in task.joiner.tables.items() if table.early_count()}
+        for p in [p for p in self._all_read_since if p not in waiting]:
+            del self._all_read_since[p]
+        if not waiting:
+            return
+        ok, lags = self.retry.once(lambda: self.stream.lag(ask_broker=False), "read the input's lag")
         now_ms = int(time.time() * 1000)
-        for partition, (timestamp, since_ms, last_offset) in list(self._held.items()):
-            task, tp = self.tasks.for_partition(partition), (self.settings.label_topic, partition)
-            if tp not in owned:  # revoked meanwhile: its next owner decides
-                del self._held[partition]
-                continue
-            all_read = lags.get((self.settings.input_topic, partition)) == 0 and now_ms - since_ms >= HOLD_CONFIRM_S * 1000
-            if task is not None and all_read:  # the labels put back were read before the hold: their points too
-                task.joiner.read_to(partition, since_ms, last_offset)
-            if task is None or all_read or task.joiner.joinable(partition)[0] >= timestamp:
-                del self._held[partition]
-                self.stream.resume([tp])
+        for p, task in waiting.items():
+            if ok and (lags or {}).get((self.settings.input_topic, p)) == 0:
+                since = self._all_read_since.get(p)
+                if since is not None:
+                    task.joiner.read_to(p, since)
+                self._all_read_since[p] = now_ms
+            else:
+                self._all_read_since.pop(p, None)
 
     def _flush(self) -> None:
         """Wait for every acknowledgement, however long the brokers are away (or until stopped)."""

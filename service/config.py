@@ -174,6 +174,18 @@ class ServeSettings(KafkaSettings):
     outcome_topic: str = Field("predictions.outcomes", min_length=1, description="Topic of the outcomes of joined delayed labels.")
     label_ttl_seconds: float = Field(604_800.0, gt=0, description="How long a point waits for its label before it expires.")
     max_pending: int = Field(1_000_000, gt=0, description="Most points waiting for a label, per partition; the oldest are evicted beyond it.")
+    # 300 s: the longest a producer's defaults let a record be delivered after its send() (librdkafka's
+    # message.timeout.ms 300,000; the Java client's and kafka-python's delivery.timeout.ms 120,000, which bound
+    # linger.ms, retries and back-pressure alike): a point sent before its label is on the brokers by then, or never.
+    label_grace_seconds: float = Field(
+        300.0, ge=0, allow_inf_nan=False,
+        description="How long a label whose point has not come waits for it (stream time: the partition's points' "
+        "timestamps, or the input read to its end). Then it is dead-lettered unknown_id. Default: the longest delivery "
+        "timeout of the producers' defaults (librdkafka's message.timeout.ms, 300 s): a point sent before its label is "
+        "on the brokers by then, or never.")
+    max_early_labels: int = Field(
+        100_000, gt=0, description="Most labels waiting for their point, per partition; beyond it the oldest is dead-lettered "
+        "unknown_id at once.")
     pending_topic: str = Field(
         "perceptron-stream.pending", min_length=1,
         description="Compacted changelog of the pending points (--state-store kafka with --label-topic; partitioned like the input).")

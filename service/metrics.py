@@ -147,12 +147,15 @@ class ServiceMetrics:
                                  self.replica_labels, registry=registry)
         self.radius = Gauge("perceptron_data_radius", "R: the largest ‖x‖ seen, the constant 1 included.", self.replica_labels,
                             registry=registry)
-        self.labels = Counter("perceptron_labels", "Delayed labels by outcome (joined, unknown_id, duplicate), and pending "
-                              "points dropped unlabeled (expired, evicted).", ["outcome"], registry=registry)
-        for outcome in ("joined", "unknown_id", "duplicate", "expired", "evicted"):
+        self.labels = Counter("perceptron_labels", "Delayed labels by outcome (joined, unknown_id, duplicate; early: came "
+                              "before their point and waited for it, then counted again as joined or unknown_id), and "
+                              "pending points dropped unlabeled (expired, evicted).", ["outcome"], registry=registry)
+        for outcome in ("joined", "unknown_id", "duplicate", "early", "expired", "evicted"):
             self.labels.labels(outcome)
         self.pending = Gauge("perceptron_pending_labels", "Points predicted and published, waiting for their label.",
                              registry=registry)
+        self.early = Gauge("perceptron_early_labels", "Labels that came before their point, waiting for it (at most "
+                           "--label-grace-seconds of stream time).", registry=registry)
         self.label_delay = Histogram("perceptron_label_delay_seconds", "Seconds from a point to its label, per joined label.",
                                      buckets=LABEL_DELAY_BUCKETS, registry=registry)
         self.challenger_mistakes = Counter("perceptron_challenger_mistakes", "Mistakes a challenger variant made on the "

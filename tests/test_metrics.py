@@ -87,6 +87,7 @@ ISSUE_METRICS = {
     "perceptron_drift_detected": "counter",
     "perceptron_last_drift_timestamp_seconds": "gauge",
     "perceptron_pending_labels": "gauge",
+    "perceptron_early_labels": "gauge",
     "perceptron_label_delay_seconds": "histogram",
     "perceptron_mix_records_rejected": "counter",  # reason
 }

@@ -12,7 +12,8 @@ from service.state import pending
 from service.state.pending import KEEP_EPOCHS, PendingTable
 
 IDS = st.one_of(st.integers(0, 6), st.sampled_from(["0", "1", "a", "b"]))  # 1 and "1" are different ids
-OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "labels", "expire", "checkpoint", "commit", "check"]), IDS,
+OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "labels", "early", "grace", "expire", "checkpoint", "commit",
+                                          "check"]), IDS,
                          st.integers(0, 5)),
                max_size=60)
 
@@ -43,7 +44,7 @@ def _restore_against_the_model(ops, max_pending, data):
         want = model.get(key)
         if want is None:
             assert got is None
-        elif want[0] == "labeled":
+        elif want[0] in ("labeled", "early"):
             assert got == "duplicate"
         else:
             assert got == {"v": point_id}
@@ -51,13 +52,19 @@ def _restore_against_the_model(ops, max_pending, data):
 
     def check():
         assert table.pending_count() == sum(s == "pending" for s, _ in model.values())
+        assert table.early_count() == sum(s == "early" for s, _ in model.values())
         assert {k: (s, a) for k, (s, a, _) in _snapshot(table).items()} == model
 
     for op, point_id, step in ops:
         now += step
         key = f"i:{point_id}" if type(point_id) is int else f"s:{point_id}"
         if op == "add":
-            table.add(point_id, {"v": point_id}, now)
+            got = table.add(point_id, {"v": point_id}, now)
+            if model.get(key, ("",))[0] == "early":  # its label came first: joined now
+                assert got == {"y": point_id}
+                model[key] = ("labeled", now)
+                continue
+            assert got is None
             model[key] = ("pending", now)
             arrival[key] = next(adds)
             live = sorted((a, arrival[k], k) for k, (s, a) in model.items() if s == "pending")
@@ -70,9 +77,20 @@ def _restore_against_the_model(ops, max_pending, data):
             table.read_ahead(batch + [point_id])
             for label_id in batch:
                 take(label_id, f"i:{label_id}" if type(label_id) is int else f"s:{label_id}")
+        elif op == "early":  # a label whose point is not there: it waits (as the joiner does: after a take found none)
+            take(point_id, key)
+            if key not in model:
+                table.hold(point_id, {"y": point_id}, at=now)
+                model[key] = ("early", now)
+        elif op == "grace":  # the early labels of time <= now - step let go, oldest first
+            got = table.pop_early(cutoff=now - step)
+            due = sorted((a, k) for k, (s, a) in model.items() if s == "early" and a <= now - step)
+            assert [g["y"] for g in got] == [model_id(k) for _, k in due]
+            for _, k in due:
+                del model[k]
         elif op == "expire":
             expired = table.expire(now)
-            old = [k for k, (s, a) in model.items() if a < now - 3.0]
+            old = [k for k, (s, a) in model.items() if a < now - 3.0 and s != "early"]  # early: the grace's
             assert expired == sum(model[k][0] == "pending" for k in old)
             for k in old:
                 del model[k]
@@ -96,6 +114,12 @@ def _restore_against_the_model(ops, max_pending, data):
     table.rollback_to(back)
     assert _snapshot(table) == snapshots[back]
     assert table.pending_count() == sum(s == "pending" for s, _, _ in snapshots[back].values())
+    assert table.early_count() == sum(s == "early" for s, _, _ in snapshots[back].values())
+
+
+def model_id(key: str):
+    """The id of a table key (``i:3`` → 3, ``s:a`` → "a")."""
+    return int(key[2:]) if key.startswith("i:") else key[2:]
 
 
 def test_rows_read_ahead_are_forgotten_once_the_table_changes():

@@ -8,9 +8,20 @@ published at once and kept in its partition's pending table
 label comes, the model learns (x, y) with its current weights (the update
 condition is the current y·score ≤ 0: that keeps the (R/γ)² bound), the
 *published* prediction's outcome is counted (the mistake rate is that of the
-decisions made), and an outcome message is published. A label for an id
-never seen, expired or evicted is ``unknown_id``; a second one ``duplicate``:
-dead letters, nothing learned twice.
+decisions made), and an outcome message is published.
+
+A label may also reach the brokers before its point: the point's producer
+holds it in a batch (``linger.ms``), retries it, or takes a slower path. No
+end offset can know of a record on no broker, so the join waits on both
+sides, as Kafka Streams' stream-stream joins do: a label that finds no point
+is kept in the same table (an *early* row) and, when its point comes, the
+point is predicted and published first and then joined at once. A label
+still alone once the partition's points' stream time has passed its own time
+by the grace period (``--label-grace-seconds``: a producer's delivery
+timeout, after which a point sent before the label is on the brokers or
+never will be) is ``unknown_id``, as is one beyond ``--max-early-labels``; a
+second label for a point, whether it came after the join or while the first
+waited, is a ``duplicate``: dead letters, nothing learned twice.
 
 The tables belong to the task and are restored with its checkpoint: the
 local store keeps them beside the checkpoints and undoes what came after the
@@ -24,6 +35,7 @@ changelog.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import uuid
@@ -42,11 +54,14 @@ REPAIR = "repair"
 
 
 class Joiner:
-    """One task's pending points, by input partition, and the join of their labels."""
+    """One task's pending points and early labels, by input partition, and the join of the two."""
 
     def __init__(self, open_table, *, ttl_seconds: float, max_pending: int, outcome_topic: str, dlq_topic: str,
-                 max_message_bytes: int, changelog=None):
+                 max_message_bytes: int, changelog=None, label_topic: str = "labels", grace_seconds: float = 300.0,
+                 max_early: int = 100_000):
         self.open_table, self.ttl_seconds, self.max_pending = open_table, ttl_seconds, max_pending
+        self.label_topic = label_topic  # the label_source of a label joined when its point came
+        self.grace_seconds, self.max_early = grace_seconds, max_early
         self.outcome_topic, self.dlq_topic, self.max_message_bytes = outcome_topic, dlq_topic, max_message_bytes
         self.changelog = changelog  # the Kafka store's (Changelog); None: the tables are on a disk the store keeps
         self.tables: dict[int, PendingTable] = {}
@@ -54,7 +69,6 @@ class Joiner:
         self.lineage: list[list] = [[1, self.run]]  # [first epoch, run]: whose changes count, epoch by epoch
         self.point_time: dict[int, int] = {}  # partition → the latest point timestamp processed (ms)
         self.all_read_at: dict[int, int] = {}  # partition → a time (ms) by which every point written was read
-        self.labels_through: dict[int, int] = {}  # partition → the last label offset read before that time
         self.epoch = 1  # the next checkpoint's seq: the epoch of the changes made now
 
     def table(self, partition: int, restoring: bool = False) -> PendingTable:
@@ -69,71 +83,124 @@ class Joiner:
     def pending(self) -> int:
         return sum(t.pending_count() for t in self.tables.values())
 
+    def early(self) -> int:
+        """Labels waiting for their point."""
+        return sum(t.early_count() for t in self.tables.values())
+
     # points and labels ----------------------------------------------------
-    def keep(self, r, event_id, x, y_pred: int, score: float, version: int, tally, challengers: dict | None = None) -> None:
+    def keep(self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None) -> dict | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
-        predictions of it, which their own mistakes are scored by)."""
+        predictions of it, which their own mistakes are scored by). Returns ``(point, label)`` when its label came
+        first and waited (:meth:`join_early` joins them once the prediction is sent), else None."""
         point = {"x": x, "y_pred": y_pred, "score": score, "version": version,
                  "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset}, "at": r.timestamp / 1000}
         if challengers:
             point["challengers"] = challengers
-        self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
+        label = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
+        return None if label is None else (point, label)
 
     def saw_point(self, partition: int, timestamp: int) -> None:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
 
-    def read_to(self, partition: int, moment_ms: int, label_offset: int) -> None:
-        """Every point of ``partition`` written before ``moment_ms`` has been read (its end was reached after
-        it); so has the point of every label up to ``label_offset``, read before that moment (whatever the
-        label's own timestamp says: a producer's clock may run ahead)."""
+    def read_to(self, partition: int, moment_ms: int) -> None:
+        """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
+        a fetch made after it): the grace clock may move there though no point came (service.app)."""
         if moment_ms > self.all_read_at.get(partition, -1):
             self.all_read_at[partition] = moment_ms
-        if label_offset > self.labels_through.get(partition, -1):
-            self.labels_through[partition] = label_offset
 
-    def joinable(self, partition: int) -> tuple[int, int]:
-        """(time ms, label offset): labels sent up to that time, or up to that offset, find their point read if
-        it was ever sent (service.app's hold)."""
-        return (max(self.point_time.get(partition, -1), self.all_read_at.get(partition, -1)),
-                self.labels_through.get(partition, -1))
+    def stream_time(self, partition: int) -> int:
+        """The points' stream time of ``partition`` (ms): the latest point read, or a moment by which all were. The
+        grace clock: a point sent before a label is read once this passes the label's time by the grace period."""
+        return max(self.point_time.get(partition, -1), self.all_read_at.get(partition, -1))
 
     def read_ahead(self, partition: int, label_ids: list) -> None:
         """The pending rows of a batch's labels, read at once (:meth:`PendingTable.read_ahead`)."""
         self.table(partition).read_ahead(label_ids)
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
-        """A label record: joined (learn, count the decision, publish the outcome), or a dead letter."""
+        """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
+        (early), or a dead letter."""
         if type(label) is Rejection:
-            return self._dead_letter(r, label, send, tally)
-        got = self.table(r.partition).take(label.id, now=r.timestamp / 1000)
-        if got is None or got == "duplicate":
-            reason = "unknown_id" if got is None else "duplicate"
-            error = (f"no pending point has id {label.id!r} in partition {r.partition} (never seen, expired after "
-                     f"{self.ttl_seconds:g} s, or evicted beyond {self.max_pending:,} pending): send the label with its "
-                     "point's key, after the point" if got is None else
-                     f"the point with id {label.id!r} was labeled already: a label is learned once")
-            tally.label_outcomes.append(reason)
-            return self._dead_letter(r, Rejection(reason, error), send, tally)
-        mistake = got["y_pred"] != label.y
-        learner.relabel(got["x"], label.y, mistake)
+            return self._dead_letter(r.value, r.key, r.topic, r.partition, r.offset, label, send, tally)
+        table = self.table(r.partition)
+        got = table.take(label.id, now=r.timestamp / 1000)
+        if got is None:  # its point has not come (or is gone): the label waits for it, up to the grace period
+            if table.early_count() >= self.max_early:
+                for old in table.pop_early(most=table.early_count() - self.max_early + 1):
+                    self._let_go(old, f"more than --max-early-labels {self.max_early:,} labels waited for their point "
+                                      "in this partition: the oldest goes", send, tally, r.partition)
+            table.hold(label.id, {"id": label.id, "y": label.y, "offset": r.offset, "at": r.timestamp / 1000,
+                                  "key": None if r.key is None else base64.b64encode(r.key).decode(),
+                                  "value": r.value.decode()}, at=r.timestamp / 1000)
+            tally.label_outcomes.append("early")
+            return
+        if got == "duplicate":
+            tally.label_outcomes.append("duplicate")
+            return self._dead_letter(r.value, r.key, r.topic, r.partition, r.offset, Rejection(
+                "duplicate", f"the point with id {label.id!r} was labeled already (or a label for it waits for it): a "
+                             "label is learned once"), send, tally)
+        self._join(label.id, label.y, got, r.key, r.topic, r.partition, r.offset, r.timestamp / 1000, learner, send, tally,
+                   replica, models)
+
+    def join_early(self, r, point: dict, label: dict, learner, send, tally, replica: dict | None, models=None) -> None:
+        """A point whose label came first (``keep`` returned them), its prediction sent: joined now."""
+        key = None if label["key"] is None else base64.b64decode(label["key"])
+        self._join(label["id"], label["y"], point, key, self.label_topic, r.partition, label["offset"], label["at"], learner,
+                   send, tally, replica, models)
+
+    def _join(self, label_id, y: int, got: dict, key, topic: str, partition: int, offset: int, at: float, learner, send,
+              tally, replica, models) -> None:
+        """Learn (x, y) with the current weights, count the published decision's outcome, publish it."""
+        mistake = got["y_pred"] != y
+        learner.relabel(got["x"], y, mistake)
         if models is not None:
             predicted = got.get("challengers", {})
             for name, challenger in models.challengers.items():
                 theirs = predicted.get(name)  # None: a challenger added since the point came (scored as a mistake)
-                challenger.relabel(got["x"], label.y, theirs != label.y)
-                tally.challenger_flags.setdefault(name, []).append(theirs != label.y)
+                challenger.relabel(got["x"], y, theirs != y)
+                tally.challenger_flags.setdefault(name, []).append(theirs != y)
         tally.labeled += 1
         tally.flags.append(mistake)
         tally.label_outcomes.append("joined")
-        delay = max(0.0, r.timestamp / 1000 - got["at"])
+        delay = max(0.0, at - got["at"])  # 0: the label came first
         tally.delays.append(delay)
-        send(self.outcome_topic, r.key, outcome(label.id, label.y, got["y_pred"], got["score"], got["source"], r.topic,
-                                                r.partition, r.offset, delay, learner.updates, learner.seen, learner.mistakes,
-                                                replica))
+        send(self.outcome_topic, key, outcome(label_id, y, got["y_pred"], got["score"], got["source"], topic, partition,
+                                              offset, delay, learner.updates, learner.seen, learner.mistakes, replica))
 
-    def _dead_letter(self, r, rejection: Rejection, send, tally) -> None:
-        key, value = dead_letter_record(rejection, r.value, r.key, r.topic, r.partition, r.offset, self.max_message_bytes)
+    def expire_early(self, send, tally) -> int:
+        """Labels still alone once their partition's points' stream time passed their time by the grace period:
+        dead letters ``unknown_id`` (their point was never sent, or came long before: expired, evicted). How many."""
+        count = 0
+        for partition, table in self.tables.items():
+            at = table.next_early()
+            if at is None:
+                continue
+            cutoff = self.stream_time(partition) / 1000 - self.grace_seconds
+            if at <= cutoff:
+                for label in table.pop_early(cutoff):
+                    self._let_go(label, f"no point came within --label-grace-seconds {self.grace_seconds:g} of stream "
+                                        "time after it", send, tally, partition)
+                    count += 1
+        return count
+
+    def early_due(self) -> bool:
+        """Whether :meth:`expire_early` has a label to let go."""
+        return any((at := t.next_early()) is not None and at <= self.stream_time(p) / 1000 - self.grace_seconds
+                   for p, t in self.tables.items())
+
+    def _let_go(self, label: dict, why: str, send, tally, partition: int) -> None:
+        """An early label that will not be joined: dead-lettered ``unknown_id``, as a label whose point is unknown."""
+        error = (f"no pending point has id {label['id']!r} in partition {partition} ({why}; or its point expired after "
+                 f"{self.ttl_seconds:g} s, or was evicted beyond {self.max_pending:,} pending): send the label with its "
+                 "point's key")
+        tally.label_outcomes.append("unknown_id")
+        key = None if label["key"] is None else base64.b64decode(label["key"])
+        self._dead_letter(label["value"].encode(), key, self.label_topic, partition, label["offset"],
+                          Rejection("unknown_id", error), send, tally)
+
+    def _dead_letter(self, value, key, topic, partition, offset, rejection: Rejection, send, tally) -> None:
+        key, value = dead_letter_record(rejection, value, key, topic, partition, offset, self.max_message_bytes)
         send(self.dlq_topic, key, value)
         tally.rejected.append(rejection.reason)
 
@@ -165,7 +232,8 @@ class Joiner:
             self.changelog.flush()
 
     def to_state(self) -> dict:
-        return {"lineage": self.lineage, "pending": {str(p): t.pending_count() for p, t in sorted(self.tables.items())}}
+        return {"lineage": self.lineage, "pending": {str(p): t.pending_count() for p, t in sorted(self.tables.items())},
+                "early": {str(p): t.early_count() for p, t in sorted(self.tables.items())}}
 
     def saved(self, seq: int) -> None:
         self.epoch = seq + 1
@@ -185,7 +253,6 @@ class Joiner:
             # read again from the checkpoint's positions: what was read counts no more
             self.point_time.pop(partition, None)
             self.all_read_at.pop(partition, None)
-            self.labels_through.pop(partition, None)
             table = self.table(partition, restoring=True)
             if self.changelog is not None:
                 self.changelog.restore(partition, table, seq, self.lineage)
@@ -194,6 +261,11 @@ class Joiner:
             want = counts.get(str(partition)) if isinstance(counts, dict) else None
             if want is not None and want != table.pending_count():
                 raise CheckpointError(f"the pending table of partition {partition} holds {table.pending_count()} points, "
+                                      f"checkpoint {seq} says {want}: it is not that checkpoint's (restore the state whole)")
+            early = state.get("early", {}) if isinstance(state, dict) else {}  # none in a checkpoint from before them
+            want = early.get(str(partition)) if isinstance(early, dict) else None
+            if want is not None and want != table.early_count():
+                raise CheckpointError(f"the pending table of partition {partition} holds {table.early_count()} early labels, "
                                       f"checkpoint {seq} says {want}: it is not that checkpoint's (restore the state whole)")
 
     def close(self) -> None:
@@ -221,7 +293,7 @@ def decode_change(value: bytes | None) -> tuple[int, str, list | None]:
         raise ValueError("not a pending-table change")
     row = doc.get("row")
     if row is not None:
-        ok = (type(row) is list and len(row) == 3 and row[0] in ("pending", "labeled") and type(row[1]) in (int, float)
+        ok = (type(row) is list and len(row) == 3 and row[0] in ("pending", "labeled", "early") and type(row[1]) in (int, float)
               and math.isfinite(row[1]) and (row[2] is None or type(row[2]) is str))
         if not ok:
             raise ValueError("a pending-table change with a malformed row")

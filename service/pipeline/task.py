@@ -56,7 +56,7 @@ class Tally:
         self.flags: list[bool] = []  # mistake or not, one per labeled event (or joined label: the decision's), in order
         self.rejected: list[str] = []  # reasons
         self.mixes: list[int] = []  # partitions that mixed
-        self.label_outcomes: list[str] = []  # delayed labels: joined, unknown_id, duplicate; points expired, evicted
+        self.label_outcomes: list[str] = []  # delayed labels: joined, unknown_id, duplicate, early; points expired, evicted
         self.delays: list[float] = []  # seconds from a point to its label, per joined label
         self.challenger_flags: dict[str, list[bool]] = {}  # challenger → its mistakes on the labeled events, in order
         self.drifts = 0  # drifts the champions' mistake streams showed
@@ -105,14 +105,14 @@ class Task:
                     send(dlq_topic, key, value)
                     tally.rejected.append(event.reason)
                 else:
-                    y = event.y
+                    y, early = event.y, None
                     y_pred, score, mistake = step(event.x, y)
                     others = None if models is None else models.step(event.x, y)  # stepped on the same events
                     if y is None:
                         tally.unlabeled += 1
                         if joiner is not None and event.id is not None:  # its label comes later: kept until then
-                            joiner.keep(r, event.id, event.x, y_pred, score, learner.updates, tally,
-                                        None if others is None else {n: o[0] for n, o in others.items()})
+                            early = joiner.keep(r, event.id, event.x, y_pred, score, learner.updates,
+                                                None if others is None else {n: o[0] for n, o in others.items()})
                     else:
                         tally.labeled += 1
                         tally.flags.append(mistake)
@@ -123,8 +123,10 @@ class Task:
                         replica["mixes"] = 0 if mixer is None else mixer.mixes
                     send(out_topic, r.key, prediction(event.id, r.topic, r.partition, r.offset, y_pred, score, y, mistake,
                                                       learner.updates, learner.seen, learner.mistakes, replica))
+                    if early is not None:  # its label came first: joined now that its decision is published
+                        joiner.join_early(r, *early, learner, send, tally, replica, models)
                     positions[(r.topic, r.partition)] = r.offset + 1
-                    if y is not None and mixer is not None and mixer.learned():
+                    if (y is not None or early is not None) and mixer is not None and mixer.learned():
                         # replace the weights by the mix; the next events are stepped by the mixed model
                         tally.updates += learner.updates - updates_before
                         tally.dropped += learner.dropped_features - dropped_before
@@ -215,7 +217,9 @@ class Task:
             if self.mixer is not None:
                 self.mixer.restore(cp.task)
             if self.joiner is not None:
-                partitions = sorted({p for t, p in cp.positions if t == self.owner.input_topic})
+                # a partition read on either side has a table (labels alone, before their points, leave early rows)
+                sides = (self.owner.input_topic, self.outputs.get("label_topic"))
+                partitions = sorted({p for t, p in cp.positions if t in sides})
                 self.joiner.restore(cp.seq, cp.task.get("labels", {}), partitions)
 
 

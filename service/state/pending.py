@@ -29,8 +29,14 @@ A label that comes later finds its point's row in the table (bench/README.md,
 "Delayed labels and two challengers, end to end").
 
 States of an id: ``pending`` (waiting), ``labeled`` (its label came: kept
-until the TTL so a second label is a ``duplicate``), gone (expired, evicted,
-never seen: a label for it is ``unknown_id``).
+until the TTL so a second label is a ``duplicate``), ``early`` (its label came
+before it: the label waits for its point, :meth:`PendingTable.hold`, until the
+joiner's grace period ends, :meth:`PendingTable.pop_early`), gone (expired,
+evicted, never seen: a label for it is ``unknown_id``, or waits as ``early``).
+Early rows are in the same table, epochs and undo log as the points, so a
+restore brings back the labels that waited at that checkpoint, exactly; their
+ids are also kept in memory (a point added looks there for its label without
+a query: they are few, and capped by the joiner).
 
 >>> table = PendingTable(":memory:", ttl_seconds=60, max_pending=2)
 >>> table.add("a", {"x": [1.0], "y_pred": 1, "score": 0.5, "version": 3, "offset": 7}, now=100.0)
@@ -43,6 +49,10 @@ never seen: a label for it is ``unknown_id``).
 (2, 1)
 >>> table.take(0, now=110.0), table.rollback_to(1), table.pending_count()
 (None, None, 0)
+>>> table.hold("b", {"y": -1}, at=111.0), table.take("b", now=112.0), table.early_count()   # a label before its point
+(None, 'duplicate', 1)
+>>> table.add("b", {"x": [2.0]}, now=113.0), table.early_count(), table.pending_count()    # the point finds it
+({'y': -1}, 0, 0)
 """
 
 from __future__ import annotations
@@ -56,8 +66,10 @@ import orjson
 
 #: How many checkpoints back a restore may go (the stores keep the last 3).
 KEEP_EPOCHS = 3
-#: The states of a row: a point waiting for its label, or the mark of a labeled one (a second label is a duplicate).
+#: The states of a row the TTL expires: a point waiting for its label, or the mark of a labeled one (a second label
+#: is a duplicate). The third, ``early`` (a label waiting for its point), ends by the joiner's grace period instead.
 STATES = ("pending", "labeled")
+EARLY = "early"
 #: The most rows one call of :meth:`PendingTable.expire` forgets (it runs every batch: the rest at the next).
 EXPIRE_AT_ONCE = 10_000
 #: How many changes of new rows a :class:`PendingTable` keeps in memory before it writes them (at the latest,
@@ -70,9 +82,9 @@ _UNREAD = object()  # an id take() finds no read-ahead row for (None is a row kn
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
     id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,          -- 'pending' | 'labeled'
-    at REAL NOT NULL,             -- when it came (pending) or was labeled (labeled): the TTL runs from here
-    point BLOB,                   -- JSON of what the join needs (features, published y_pred, score, version...)
+    state TEXT NOT NULL,          -- 'pending' | 'labeled' | 'early'
+    at REAL NOT NULL,             -- when it came (pending, early) or was labeled (labeled): the TTL (grace) runs from here
+    point BLOB,                   -- JSON of what the join needs (features, published y_pred, score...; early: the label)
     epoch INTEGER NOT NULL DEFAULT 0  -- of its last change (0: from before the column, as old as any checkpoint)
 );
 CREATE INDEX IF NOT EXISTS pending_by_time ON pending (state, at);  -- ties: rowid, the order of arrival
@@ -105,6 +117,11 @@ class PendingTable:
     """A partition's pending points (see the module docstring); ``path`` a file, or ``":memory:"``."""
 
     def __init__(self, path: str | Path, *, ttl_seconds: float, max_pending: int, track_changes: bool = False):
+        # early labels: id -> (label time, label JSON), and (time, id) by time (stale entries skipped), as the table
+        # holds them: in memory too, so a point finds its label without a query (a query a point cost a replay,
+        # whose labels are read far ahead of their points, a third of its CPU); at most --max-early-labels a table
+        self._early: dict[str, tuple[float, bytes]] = {}
+        self._early_by_time: list[tuple[float, str]] = []
         self.path = str(path)
         self.ttl_seconds, self.max_pending = ttl_seconds, max_pending
         # isolation_level None: transactions are begun and committed here, explicitly
@@ -117,6 +134,7 @@ class PendingTable:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
         self.epoch = int(row[0]) if row else 1
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
+        self._reload_early()
         self._in_tx = False
         # The open epoch's added points, in memory until a checkpoint (or MEMORY_ROWS changes): a point and its
         # label in one epoch then reach the table as one small row, the labeled mark, instead of an insert of the
@@ -175,18 +193,75 @@ class PendingTable:
             found += self.db.execute(f"SELECT id, {columns} FROM pending WHERE id IN ({','.join('?' * len(chunk))})", chunk)
         return found
 
-    def add(self, point_id: str | int, point: dict, now: float) -> None:
-        """Keep ``point`` until its label comes (older points beyond max_pending are evicted: counted in ``evicted``).
+    def add(self, point_id: str | int, point: dict, now: float) -> dict | None:
+        """Keep ``point`` until its label comes (older points beyond max_pending are evicted: counted in ``evicted``);
+        or, when its label came first and waits (:meth:`hold`), mark it labeled and return that label: the caller
+        joins them.
 
         A second point with the same id replaces the first: the label that
         comes is for the decision published last.
         """
-        key, blob, mem = _key(point_id), orjson.dumps(point), self._mem
+        key, mem = _key(point_id), self._mem
+        if key in self._early:
+            return self._join_early(key, now)
+        blob = orjson.dumps(point)
         old = mem.pop(key, None)  # popped: a point added again arrives again
         if old is None:
             self._unverified.append(key)  # new, unless the table has it (counted as new until looked up)
         self._count += old is None or old[0] != "pending"
         self._remember(key, "pending", now, blob)
+
+    def _join_early(self, key: str, now: float) -> dict:
+        """The early label of ``key``, its row now the labeled mark (a row of the table is replaced, logged for undo)."""
+        label = self._early.pop(key)[1]
+        if self._mem.pop(key, None) is None:  # not held in this epoch: the table's row is replaced, logged for undo
+            self._unverified.append(key)  # (looked up at the next write, with the other ids added)
+        self._remember(key, "labeled", now, None)
+        return orjson.loads(label)
+
+    def hold(self, label_id: str | int, label: dict, at: float) -> None:
+        """Keep ``label``, whose point has not come (:meth:`take` found no row), until :meth:`add` brings the point
+        or :meth:`pop_early` lets it go. A second label for it is a duplicate (:meth:`take`)."""
+        key, blob = _key(label_id), orjson.dumps(label)
+        self._remember(key, EARLY, at, blob)
+        self._early[key] = (at, blob)
+        heapq.heappush(self._early_by_time, (at, key))
+
+    def early_count(self) -> int:
+        """Labels waiting for their point."""
+        return len(self._early)
+
+    def next_early(self) -> float | None:
+        """The time of the oldest label waiting (None: none waits)."""
+        by_time, early = self._early_by_time, self._early
+        while by_time and early.get(by_time[0][1], (None,))[0] != by_time[0][0]:
+            heapq.heappop(by_time)  # stale: joined, let go, or held again since
+        return by_time[0][0] if by_time else None
+
+    def pop_early(self, cutoff: float | None = None, most: int | None = None) -> list[dict]:
+        """The labels that waited since ``cutoff`` or before (None: the oldest ``most``), oldest first, forgotten."""
+        out: list[dict] = []
+        while most is None or len(out) < most:
+            at = self.next_early()
+            if at is None or (cutoff is not None and at > cutoff):
+                break
+            _, key = heapq.heappop(self._early_by_time)
+            blob = self._early.pop(key)[1]
+            self._rows.pop(key, None)
+            if self._mem.pop(key, None) is None:  # in the table: deleted, logged for undo
+                self._settle_takes()
+                self._begin()
+                self._log(key)
+                self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
+            out.append(orjson.loads(blob))
+        return out
+
+    def _reload_early(self) -> None:
+        """The early labels' ids and times, from the table (at open and after a restore)."""
+        self._early = {key: (at, bytes(point)) for key, at, point in
+                       self.db.execute("SELECT id, at, point FROM pending WHERE state = ?", (EARLY,))}
+        self._early_by_time = [(at, key) for key, (at, _) in self._early.items()]
+        heapq.heapify(self._early_by_time)
 
     def _remember(self, key: str, state: str, at: float, point: bytes | None) -> None:
         """``key``'s row of the open epoch, in memory (written once MEMORY_ROWS changes are)."""
@@ -261,12 +336,12 @@ class PendingTable:
 
     def take(self, point_id: str | int, now: float) -> dict | str | None:
         """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
-        already, None when unknown (never seen, expired, evicted)."""
+        already (or a label for it waits, early), None when unknown (never seen, expired, evicted: see :meth:`hold`)."""
         self._make_room()
         key = _key(point_id)
         row = self._mem.get(key)
         if row is not None:  # a point of the open epoch: its row becomes the labeled mark, in memory
-            if row[0] == "labeled":
+            if row[0] != "pending":  # labeled, or its label waits already (early)
                 return "duplicate"
             self._count -= 1
             self._remember(key, "labeled", now, None)
@@ -277,7 +352,7 @@ class PendingTable:
         if row is None:
             return None
         state, at, point, epoch = row
-        if state == "labeled":
+        if state != "pending":
             return "duplicate"
         self._rows[key] = ("labeled", now, None, self.epoch)  # a second label for it in this batch is a duplicate
         self._takes.append((now, self.epoch, key))
@@ -296,7 +371,7 @@ class PendingTable:
         while by_time and by_time[0][0] < cutoff:  # the open epoch's, in memory: gone without a trace
             _, n, key = heapq.heappop(by_time)
             row = mem.get(key)
-            if row is not None and row[3] == n:  # not a stale entry (the row changed since)
+            if row is not None and row[3] == n and row[0] != EARLY:  # not stale (changed since); early: the grace's
                 del mem[key]
                 expired += row[0] == "pending"
                 if key in self._replacing:  # the row it replaces goes too
@@ -378,6 +453,7 @@ class PendingTable:
         self._open_epoch(seq + 1)
         self._commit_tx()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
+        self._reload_early()
 
     def pending_count(self) -> int:
         self._make_room()
@@ -408,6 +484,7 @@ class PendingTable:
         self._open_epoch(epoch)
         self._commit_tx()
         self._count = self.db.execute("SELECT count(*) FROM pending WHERE state = 'pending'").fetchone()[0]
+        self._reload_early()
 
     def close(self) -> None:
         self.flush()

@@ -205,7 +205,9 @@ def test_the_scale_out_panels(dashboard: dict[str, Any]) -> None:
 def test_the_delayed_label_and_model_operation_panels(dashboard: dict[str, Any]) -> None:
     """Pending labels, label delay p50/p99, labels by outcome; the champion's mistake rate beside the challengers'; drift."""
     compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
-    assert any(e.startswith("sumby(instance)(perceptron_pending_labels{") for e in compact(_panel_exprs(dashboard, "pending labels")))
+    pending = compact(_panel_exprs(dashboard, "pending labels"))
+    assert any(e.startswith("sumby(instance)(perceptron_pending_labels{") for e in pending), pending
+    assert any(e.startswith("sumby(instance)(perceptron_early_labels{") for e in pending), pending  # labels before their point
     delay = compact(_panel_exprs(dashboard, "label delay"))
     for q in ("0.5", "0.99"):
         assert any(e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_label_delay_seconds_bucket{{") for e in delay), (q, delay)

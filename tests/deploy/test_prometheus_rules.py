@@ -61,6 +61,7 @@ SERVICE_METRICS = {
     "perceptron_drift_detected_total",
     "perceptron_last_drift_timestamp_seconds",
     "perceptron_pending_labels",
+    "perceptron_early_labels",
     "perceptron_label_delay_seconds_bucket",
     "perceptron_label_delay_seconds_sum",
     "perceptron_label_delay_seconds_count",

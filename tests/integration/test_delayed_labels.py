@@ -61,7 +61,7 @@ def _send_labels_behind(broker, names: dict, points: list[dict], behind: int, **
 def _label_counts(metrics: str) -> dict:
     """``perceptron_labels_total`` by outcome, from a /metrics text."""
     return {o: float(metrics.split(f'perceptron_labels_total{{outcome="{o}"}} ')[1].split()[0])
-            for o in ("joined", "unknown_id", "duplicate", "expired", "evicted")}
+            for o in ("joined", "unknown_id", "duplicate", "early", "expired", "evicted")}
 
 
 def _topics(broker, topics: dict) -> dict:
@@ -136,7 +136,8 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
 def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lettered(broker, topics, tmp_path, service_thread):
     names = _topics(broker, topics)
     points = _points(30, seed=73)
-    args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=10)
+    # a label finding no point waits for it 1 s of the points' stream time (the input read to its end moves it)
+    args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=10, label_grace_seconds=1)
     service = service_thread(args)
     _send_points(broker, names["input_topic"], points)  # the first 10 are evicted: 20 pending at most
     consume(broker.bootstrap_servers, names["output_topic"], len(points))
@@ -150,7 +151,7 @@ def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lette
 
     wait_until(lambda: _label_counts(http_get(service.metrics_url + "/metrics")[1])["expired"] == 19, 30, what="19 expired")
     assert _label_counts(http_get(service.metrics_url + "/metrics")[1]) == {"joined": 1, "unknown_id": 3, "duplicate": 1,
-                                                                       "expired": 19, "evicted": 10}
+                                                                       "early": 3, "expired": 19, "evicted": 10}
     service.stop()
 
 
@@ -298,9 +299,8 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(broker, topics, tmp_path, service_thread, client):
     """Both topics written before the service starts (a restart after a pause, a replay), each label
-    sent some points after its own: the service holds the labels back until their points are read and
-    must then take them up again (kafka-python 3.0.12 left a resumed partition silent for good:
-    service.kafka.kafka_python._resumed_partitions_fetch_again)."""
+    sent some points after its own: the consumer reads the short labels faster than the points, so many
+    labels come before their point and wait for it (as early labels); every one is joined."""
     names = _topics(broker, topics)
     points = _points(2000, seed=73)
     _send_labels_behind(broker, names, points, 300, acks="all", linger_ms=5)
@@ -316,44 +316,117 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     assert scored == {p["id"]: (p["_y"], published[p["id"]]) for p in points}  # each label scored its point's decision
 
 
-def test_labels_sent_right_after_their_points_to_a_caught_up_service_never_overtake_them(broker, topics, tmp_path,
-                                                                                        service_thread):
-    """A live stream whose labels follow their points closely: the service is at the end of the points when a
-    label comes, and must still not join a label before its point is read (an input lag of 0 from the last
-    fetch is no proof: points may have come since; 2.5% of a million such labels were dead-lettered as
-    unknown_id before the hold waited for a fetch made after the label)."""
-    names = _topics(broker, topics)
-    points = _points(5000, seed=74)
-    service = service_thread(settings_args(broker, names, tmp_path, batch_size=100))
-    wait_until(lambda: "perceptron_assigned_partitions 1.0" in http_get(service.metrics_url + "/metrics")[1], 30,
-               what="the service's assignment")
-    _send_labels_behind(broker, names, points, 20, acks=1, linger_ms=2)
-    settled = ("joined", "unknown_id", "duplicate")
-    counted = wait_until(lambda: (c := _label_counts(http_get(service.metrics_url + "/metrics")[1])) and
-                         sum(c[o] for o in settled) >= len(points) and c, 120, what="every label joined or dead-lettered")
-    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], int(counted["joined"]), timeout=120)
-    service.stop()
-    assert {o: counted[o] for o in settled} == {"joined": len(points), "unknown_id": 0, "duplicate": 0}
-    assert {json.loads(m.value)["id"] for m in outcomes} == {p["id"] for p in points}
-
-
-def test_a_label_stamped_in_the_future_is_held_once_not_until_its_time(broker, topics, tmp_path, service_thread):
-    """A label producer whose clock runs an hour ahead: its label waits for the points once (read before the
-    hold, so its point is read when the input's end is), and is then joined, as are the labels after it."""
+# labels that come before their points (issue 28) ------------------------------------------------------------------
+def _send_lingering_points_and_labels(broker, names: dict, points: list[dict]) -> None:
+    """The run of the issue: points from a producer that batches (linger_ms 3000: a point waits in its buffer
+    up to 3 s), each label 1 ms after its point from one that does not (linger_ms 0): labels reach the brokers
+    before their points."""
     from kafka import KafkaProducer
 
+    slow = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=3000, acks="all")
+    fast = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=0, acks="all")
+    try:
+        for p in points:
+            slow.send(names["input_topic"], json.dumps({"id": p["id"], "x": p["x"]}).encode(), key=p["id"].encode())
+            time.sleep(0.001)
+            fast.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode())
+        slow.flush()
+        fast.flush()
+    finally:
+        slow.close()
+        fast.close()
+
+
+def _read_all(broker, topic: str) -> list[dict]:
+    """Every record of a one-partition topic: read to its end offset, then until it is quiet (the embedded
+    broker's end offset may read short by a batch; a first fetch may come back empty)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        out, quiet, deadline = [], 0, time.monotonic() + 60
+        while (quiet < 3 or consumer.position(tp) < end) and time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=300)
+            quiet = 0 if batch else quiet + 1
+            out += [json.loads(m.value) for ms in batch.values() for m in ms]
+        return out
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_points_held_in_their_producer_find_their_labels_waiting(broker, topics, tmp_path, service_thread, client):
+    """Issue 28: 813 of these 3,000 labels were dead-lettered unknown_id when a label reaching the brokers before
+    its point was one whose point was unknown. Now each waits for its point and is joined when it comes."""
     names = _topics(broker, topics)
-    points = _points(20, seed=75)
-    service = service_thread(settings_args(broker, names, tmp_path, batch_size=50))
-    _send_points(broker, names["input_topic"], points)
-    consume(broker.bootstrap_servers, names["output_topic"], len(points), timeout=120)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
-    ahead = int(time.time() * 1000) + 3_600_000
-    for i, p in enumerate(points):
-        producer.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode(),
-                      timestamp_ms=ahead if i == 5 else None)
-    producer.flush()
-    producer.close()
-    outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
+    points = _points(3000, seed=77)
+    service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
+    wait_until(lambda: "perceptron_assigned_partitions 1.0" in http_get(service.metrics_url + "/metrics")[1], 60,
+               what="the service's assignment")
+    _send_lingering_points_and_labels(broker, names, points)
+    settled = ("joined", "unknown_id", "duplicate")
+    wait_until(lambda: sum(_label_counts(http_get(service.metrics_url + "/metrics")[1])[o] for o in settled) >= len(points),
+               120, what="every label joined or dead-lettered")
+    metrics = metrics_once(service.metrics_url, "perceptron_early_labels 0.0")
     service.stop()
-    assert {json.loads(m.value)["id"] for m in outcomes} == {p["id"] for p in points}
+    counted = _label_counts(metrics)
+    assert {o: counted[o] for o in settled} == {"joined": len(points), "unknown_id": 0, "duplicate": 0}
+    assert counted["early"] > 0  # the run did what the issue's did: labels came before their points
+    assert "perceptron_pending_labels 0.0" in metrics and "perceptron_early_labels 0.0" in metrics
+    published = {p["id"]: (p["y_pred"], p["score"]) for p in _read_all(broker, names["output_topic"])}
+    scored = {o["id"]: (o["y"], (o["y_pred"], o["score"])) for o in _read_all(broker, names["outcome_topic"])}
+    assert scored == {p["id"]: (p["_y"], published[p["id"]]) for p in points}  # each label scored its point's decision
+
+
+@pytest.mark.parametrize("store,client", [("local", "kafka-python"), ("kafka", "confluent")])
+def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(kafka_broker, topics, tmp_path, store,
+                                                                               client):
+    """The run above with the service SIGKILLed mid-stream and started again: the early labels are restored with the
+    pending points and the model (the changelog for the Kafka store); every label's outcome is published, each is
+    learned and counted once (the last outcome of each label is the one the final model holds)."""
+    import threading
+
+    names = _topics(kafka_broker, topics)
+    points = _points(3000, seed=78)
+    extra = {"state_store": "kafka", "checkpoint_topic": f"ckpt-{topics['group_id']}",
+             "pending_topic": f"pending-{topics['group_id']}"} if store == "kafka" else {}
+    args = settings_args(kafka_broker, names, tmp_path, batch_size=100, checkpoint_interval_events=300,
+                         checkpoint_interval_seconds=0.3, kafka_client=client, **extra)
+    logs = [tmp_path / "serve-1.log", tmp_path / "serve-2.log"]
+    process = start_service_process(args, logs[0])
+    sender = threading.Thread(target=_send_lingering_points_and_labels, args=(kafka_broker, names, points))
+    try:
+        wait_assigned(process, logs[0], names["input_topic"])
+        sender.start()
+        wait_until(lambda: "checkpoint" in logs[0].read_text() and _outcomes(kafka_broker, names) >= len(points) // 3, 60,
+                   what="a third of the labels joined")
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process = start_service_process(args, logs[1])
+        wait_assigned(process, logs[1], names["input_topic"])
+        sender.join()
+        wait_until(lambda: _outcomes(kafka_broker, names, distinct=True) >= len(points) or process.poll() is not None, 120,
+                   what="every label joined")
+        assert stop_process(process, logs[1]) == 0, tail(logs[1])
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        sender.join()
+    assert not has_traceback(logs[1].read_text()), tail(logs[1])
+    last_prediction = {p["source"]["offset"]: p for p in _read_all(kafka_broker, names["output_topic"])}
+    last = {o["label_source"]["offset"]: o for o in _read_all(kafka_broker, names["outcome_topic"])}
+    assert sorted(last) == list(range(len(points)))  # every label's outcome published
+    assert all((o["y_pred"], o["score"]) == (last_prediction[o["source"]["offset"]]["y_pred"],
+                                             last_prediction[o["source"]["offset"]]["score"]) for o in last.values())
+    checkpoint = final_checkpoint(args, store)
+    counters = checkpoint.model["counters"]
+    assert (counters["seen"], counters["labeled"]) == (len(points), len(points))  # each point seen once, each label learned once
+    assert counters["mistakes"] == sum(o["mistake"] for o in last.values())  # each outcome counted once
+    assert checkpoint.task["labels"]["pending"] == {"0": 0} and checkpoint.task["labels"]["early"] == {"0": 0}
+    letters = _dead_letters(kafka_broker, names)
+    assert "unknown_id" not in letters and "duplicate" not in letters
