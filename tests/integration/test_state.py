@@ -32,6 +32,7 @@ from tests.integration.test_crash import (
     tail,
     wait_assigned,
 )
+from tests.support.apache_kafka import create_compacting_topic, records_left
 
 pytestmark = pytest.mark.integration
 
@@ -333,57 +334,26 @@ def test_a_storeless_service_is_ready_and_resumes_from_its_commits(broker, topic
 
 
 # the log cleaner ---------------------------------------------------------------
-#: The checkpoint topic as a test makes it so that Apache Kafka's cleaner runs within seconds: a segment rolled for
-#: nearly every record (compaction never touches the active one) and any dirty share worth cleaning.
-FAST_COMPACTION = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-                   "max.message.bytes": str(16 * 1024 * 1024)}
-
-
-def _records_left(bootstrap: str, topic: str) -> tuple[int, int]:
-    """(records readable from the start of partition 0, its end offset: every record ever written)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        end = consumer.end_offsets([tp])[tp]
-        read = 0
-        while consumer.position(tp) < end:
-            read += sum(len(messages) for messages in consumer.poll(timeout_ms=500).values())
-        return read, end
-    finally:
-        consumer.close()
-
-
 def test_the_log_cleaner_compacts_the_checkpoint_topic_and_the_newest_checkpoint_is_still_restored(apache_kafka, topics,
                                                                                                   tmp_path):
     """Apache Kafka only: the embedded broker never compacts. The topic holds one record per slot's newest
     checkpoint (and the active segment) once the cleaner has run; a restart restores the newest and ends exact."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-
     count, first_part = 6000, 3000
     events = make_events(count, seed=25)
     expected, model = offline(events)
     args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, checkpoint_interval_events=200,
                          **store_args("kafka", topics))
     checkpoint_topic = load(ServeSettings, args).checkpoint_topic
-    admin = KafkaAdminClient(bootstrap_servers=apache_kafka.bootstrap_servers)
-    try:
-        admin.create_topics([NewTopic(checkpoint_topic, 1, 1, topic_configs=FAST_COMPACTION)])
-    finally:
-        admin.close()
+    create_compacting_topic(apache_kafka.bootstrap_servers, checkpoint_topic)
     watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"]).start()
     try:
         produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[:first_part])
         _run_to_the_end(args, watcher, first_part, tmp_path / "serve-1.log")
         newest = final_checkpoint(args, "kafka")
-        written = _records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[1]
+        written = records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[1]
         assert written > 10, f"only {written} checkpoints written"
         # the cleaner wakes every second on the suite's broker; every segment but the active (newest) one is cleanable
-        left = wait_until(lambda: (n := _records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written // 2 and n,
+        left = wait_until(lambda: (n := records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written // 2 and n,
                           60, interval=1.0, what=f"the cleaner to compact {checkpoint_topic}")
 
         produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[first_part:])

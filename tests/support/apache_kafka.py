@@ -334,6 +334,43 @@ def wait_ready(info: BrokerAddresses, timeout: float = 120.0, process: subproces
     raise ApacheKafkaError(f"Apache Kafka not ready after {timeout:.0f} s ({last}); see {info.log_path}")
 
 
+#: Topic settings under which Apache Kafka's cleaner compacts within seconds (the suite's broker wakes it every
+#: second): a segment rolled for nearly every record (the active one is never compacted), any dirty share worth
+#: cleaning. The service's own settings for a topic go on top (e.g. the changelog's min.compaction.lag.ms).
+FAST_COMPACTION = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+                   "max.message.bytes": str(16 * 1024 * 1024)}
+
+
+def create_compacting_topic(bootstrap: str, name: str, partitions: int = 1, **config: str) -> None:
+    """``name`` with :data:`FAST_COMPACTION` and ``config``, before the service would create it with its own settings."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs={**FAST_COMPACTION, **config})])
+    finally:
+        admin.close()
+
+
+def records_left(bootstrap: str, topic: str) -> tuple[int, int]:
+    """(records readable from the start of ``topic``'s partition 0, its end offset: every record ever written)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        read = 0
+        while consumer.position(tp) < end:
+            read += sum(len(messages) for messages in consumer.poll(timeout_ms=500).values())
+        return read, end
+    finally:
+        consumer.close()
+
+
 def to_json(info: BrokerAddresses) -> str:
     return json.dumps(asdict(info))
 
