@@ -163,9 +163,10 @@ class ServiceMetrics:
         for name in challengers:  # the series exist from the start: the dashboard compares them with the champion
             self.challenger_mistakes.labels(name)
             self.challenger_rate.labels(name)
-        self.drifts = Counter("perceptron_drift_detected", "Drifts river's DDM detected in the champion's mistake stream.",
+        self.drifts = Counter("perceptron_drift_detected", "Drift episodes river's DDM opened in the champion's mistake stream "
+                              "(one change, one count: detections while the model relearns are the same drift).",
                               registry=registry)
-        self.last_drift = Gauge("perceptron_last_drift_timestamp_seconds", "Unix time of the last drift detected (0: none).",
+        self.last_drift = Gauge("perceptron_last_drift_timestamp_seconds", "Unix time the last drift episode began (0: none).",
                                 registry=registry)
         self.mixes = Counter("perceptron_mixes", "Mixes of a replica's weights with the other partitions' (--mix-every).",
                              ["partition"], registry=registry)
