@@ -178,7 +178,8 @@ class Application:
         doc = orjson.loads(s.initial_model.read_bytes())  # checked against the ModelFile contract with the settings
         try:
             learner = model_file.to_learner(doc, variant=s.variant, margin=s.margin, standardize=s.standardize,
-                                            hash_features=s.hash_features, max_features=s.max_model_features or None)
+                                            hash_features=s.hash_features, max_features=s.max_model_features or None,
+                                            max_event_features=s.max_features)
         except ValueError as exc:
             raise StartupError(f"invalid setting initial_model (--initial-model): {exc}") from None
         task.learner = Frozen(learner) if s.learning == "off" else learner

@@ -133,6 +133,11 @@ class ServiceMetrics:
             "perceptron_dropped_features",
             "New features of labeled events left out of learning because the model held --max-model-features features.",
             registry=registry)
+        self.unknown_features = Counter(
+            "perceptron_events_without_known_features",
+            "Valid events that shared no feature with a model holding some, so scored by its bias alone: a model trained "
+            "on named features served dense x, or the reverse, or producers sending other names (the log says which, once).",
+            registry=registry)
         self.rejected = Counter("perceptron_rejected_events", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=registry)
         for reason in REASONS:  # every series exists from the start, so rate() and dashboards see zeros, not gaps
             self.rejected.labels(reason)
@@ -201,6 +206,8 @@ class ServiceMetrics:
             window = self.challenger_windows.setdefault(name, SlidingRate(self.window.window))
             window.add_many(flags)
             self.challenger_rate.labels(name).set(window.value)
+        if tally.unknown:
+            self.unknown_features.inc(tally.unknown)
         if tally.drifts:
             self.drifts.inc(tally.drifts)
             self.last_drift.set(time.time())

@@ -318,6 +318,27 @@ class Perceptron(base.Classifier):
     # False (0/1 labels given as they are) on their first use, since 0·score is
     # always <= 0, and any other value that would move the weights.
 
+    def knows_none_of(self, x: dict | list) -> bool:
+        """Whether the model holds features and ``x`` has none of them: its score is then the bias alone.
+
+        A dense list's values are the features 0..len-1, a dict's keys are
+        names: a model of names never shares one with a dense event, nor a
+        model of positions with a named one (what a model trained on one form
+        and served the other does, silently, without this check).
+
+        >>> p = Perceptron.from_weights({"x1": 1.0})
+        >>> p.knows_none_of([1.0, 2.0]), p.knows_none_of({"x1": 1.0, "x3": 0.5}), Perceptron().knows_none_of([1.0])
+        (True, False, False)
+        """
+        index = self._index
+        if not index:
+            return False
+        if type(x) is list:
+            if self._dense:  # position 0 is known: any value shares it
+                return not x
+            return not any(i in index for i in range(len(x)))
+        return index.keys().isdisjoint(x)
+
     def step(self, x: dict | list, y: int | None) -> StepResult:
         """Score with the predicting weights, predict, then learn if ``y`` is given.
 

@@ -217,6 +217,10 @@ class ModelFile(BaseModel):
     margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     standardize: bool = Field(False, description="A StandardScaler in front (its moments are in state).")
     hash_features: Annotated[int, Field(ge=0)] = Field(0, description="Buckets the features are hashed into (0: none).")
+    input: Literal["dense", "named", "mixed"] | None = Field(
+        None, description="The form of input the features come from: dense (x, numbered 0..d-1: features are integers), "
+        "named (features by name: strings), mixed (both). serve refuses a file whose features do not fit it. Absent "
+        "(files written before it existed, or hashed models): told by the features' types where it can be.")
     features: list[str | int] = Field(description="Feature names: strings for named features, 0..d-1 for dense x.")
     weights: list[FiniteNumber] = Field(description="The predicting weights, one per feature.")
     bias: FiniteNumber

@@ -151,3 +151,72 @@ def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broke
         assert model["task"] == f"partition-{p}" and model["champion"]["weights"] == {str(k): v for k, v in champion.weights.items()}
         assert model["challengers"]["pocket"]["weights"] == {str(k): v for k, v in pocket.weights.items()}
     service.stop()
+
+
+def _readme_warm_start() -> list[list[str]]:
+    """The README's warm-start example, its `$ ` lines as argument lists (the printf line as its file's text)."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("- **Warm start**"):]
+    block = block[block.index("```sh") + 5:block.index("```", block.index("```sh") + 5)]
+    return [shlex.split(re.sub(r"\s*&$", "", line.strip()[2:])) for line in block.splitlines() if line.strip().startswith("$ ")]
+
+
+def _cli(args: list[str], cwd, broker=None, topic=None) -> subprocess.CompletedProcess:
+    assert args[0] == "perceptron-stream"
+    extra = [] if broker is None else ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--no-progress"]
+    done = subprocess.run([sys.executable, "-m", "service.cli", *args[1:], *extra], capture_output=True, text=True, cwd=cwd,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_the_readme_warm_start_example_predicts_the_seeds_points_right(broker, topics, tmp_path, service_thread):
+    """The README's lines, run as they are: printf, train --dense, serve --initial-model --learning off, produce --dense."""
+    printf, train, serve, send = _readme_warm_start()
+    assert printf[:1] == ["printf"] and printf[-2:] == [">", "d.csv"]
+    (tmp_path / "d.csv").write_text(printf[1].encode().decode("unicode_escape"))
+    _cli(train, tmp_path)
+    assert json.loads((tmp_path / "model.json").read_text())["input"] == "dense"
+    assert serve[:2] == ["perceptron-stream", "serve"]
+    args = [a if a != "model.json" else str(tmp_path / "model.json") for a in serve[2:]]
+    create_topic(broker.bootstrap_servers, topics["input_topic"])
+    service = service_thread(settings_args(broker, topics, tmp_path) + args)
+    _cli(send, tmp_path, broker, topics["input_topic"])
+    predictions = [json.loads(m.value) for m in consume(broker.bootstrap_servers, topics["output_topic"], 5)]
+    assert [(p["y_pred"], p["y"], p["mistake"]) for p in predictions] == \
+        [(1, 1, False), (1, 1, False), (1, 1, False), (-1, -1, False), (-1, -1, False)]
+    assert [p["score"] for p in predictions] == [1.0, 2.0, 1.0, -1.0, -2.0]  # w = (-1, 1), b = 0 (seed 003)
+    assert _metric(service.metrics_url, "perceptron_events_without_known_features_total") == 0
+    service.stop()
+
+
+def test_a_model_of_names_served_dense_events_shows_in_the_metric_within_a_batch_and_in_the_log(
+        broker, topics, tmp_path, service_thread, caplog):
+    (tmp_path / "d.csv").write_text("x1,x2,y\n1,2,1\n2,4,1\n3,4,1\n2,1,-1\n4,2,-1\n")
+    _cli(["perceptron-stream", "train", "--data", "d.csv", "--output", "model.json"], tmp_path)  # no --dense: named
+    assert json.loads((tmp_path / "model.json").read_text())["input"] == "named"
+    events = [{"x": [1, 2], "y": 1}, {"x": [2, 4], "y": 1}, {"x": [3, 4], "y": 1}, {"features": {"x1": 1, "x2": 2}, "y": 1}]
+    create_topic(broker.bootstrap_servers, topics["input_topic"])
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    service = service_thread(settings_args(broker, topics, tmp_path, initial_model=str(tmp_path / "model.json"), learning="off"))
+    predictions = [json.loads(m.value) for m in consume(broker.bootstrap_servers, topics["output_topic"], 4)]
+    assert [(p["score"], p["y_pred"]) for p in predictions] == [(0.0, -1)] * 3 + [(1.0, 1)]  # the bias alone, then named
+    wait_until(lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 4, 30, what="4 counted")
+    assert _metric(service.metrics_url, "perceptron_events_without_known_features_total") == 3
+    told = [r.getMessage() for r in caplog.records if "shares no feature with the model" in r.getMessage()]
+    assert len(told) == 1 and "train the model on dense x (train --dense for a CSV)" in told[0], told
+    service.stop()
+
+
+def test_a_model_file_whose_features_cannot_meet_its_input_is_refused_at_start_up(broker, topics, tmp_path):
+    (tmp_path / "d.csv").write_text("x1,x2,y\n1,2,1\n2,1,-1\n")
+    _cli(["perceptron-stream", "train", "--data", "d.csv", "--output", "model.json"], tmp_path)
+    doc = json.loads((tmp_path / "model.json").read_text())
+    (tmp_path / "bad.json").write_text(json.dumps({**doc, "input": "dense"}))  # says dense, holds names
+    refused = subprocess.run([sys.executable, "-m", "service.cli", "serve", *settings_args(broker, topics, tmp_path),
+                              "--initial-model", str(tmp_path / "bad.json")], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert refused.returncode == 1
+    assert "invalid setting initial_model (--initial-model): the model file says its features come from dense x" in refused.stderr
