@@ -110,6 +110,7 @@ class HashedPerceptron(base.Classifier):
     radius = property(lambda self: self.model.radius)
     weight_norm = property(lambda self: self.model.weight_norm)
     weights = property(lambda self: self.model.weights)
+    weight_snapshot = property(lambda self: self.model.weight_snapshot)
     bias = property(lambda self: self.model.bias)
 
     @property

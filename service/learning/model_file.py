@@ -97,8 +97,10 @@ def to_learner(doc: dict, *, variant: str, margin: float, standardize: bool, has
     """The learner a model file starts; ValueError naming what does not fit the service's settings
     (``max_event_features``: the decoder's ``--max-features``)."""
     check_input(doc, max_event_features)
-    for name, theirs, ours in (("variant", doc["variant"], variant), ("margin", doc["margin"], margin),
-                               ("standardize", doc["standardize"], standardize), ("hash_features", doc["hash_features"], hash_features)):
+    # margin, standardize and hash_features have defaults in the ModelFile contract (0, false, 0): a file may leave them out
+    for name, theirs, ours in (("variant", doc["variant"], variant), ("margin", doc.get("margin", 0.0), margin),
+                               ("standardize", doc.get("standardize", False), standardize),
+                               ("hash_features", doc.get("hash_features", 0), hash_features)):
         if theirs != ours:
             what = {"variant": f"a {theirs} perceptron, and --variant is {ours}",
                     "margin": f"margin {theirs}, and --margin is {ours}",

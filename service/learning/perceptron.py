@@ -639,6 +639,27 @@ class Perceptron(base.Classifier):
             return self._p, self._pb
         return self._w, self._b
 
+    def weight_snapshot(self):
+        """The predicting weights as they are now, for a reader in another thread (GET /model).
+
+        Takes only list copies now (C speed: about 0.1 ms for 50,000 features,
+        under the lock the loop waits on) and returns a function that computes
+        ``(features, weights, bias)`` from them later, off the lock (the
+        averaged variant's average is O(d) Python).
+
+        >>> p = Perceptron("averaged"); _ = p.step([1.0], 1); later = p.weight_snapshot()
+        >>> _ = p.step([-1.0], 1)  # learns on: the snapshot keeps the weights it was taken with
+        >>> later()
+        ([0], [0.5], 0.5)
+        """
+        keys = self._keys.copy()
+        if self._mode == 1:
+            w, u, c, b, ub = self._w.copy(), self._u.copy(), self._c, self._b, self._ub
+            return lambda: (keys, [wi - ui / c for wi, ui in zip(w, u)], b - ub / c)
+        w, b = self._predicting()
+        w = w.copy()
+        return lambda: (keys, w, b)
+
     @property
     def weights(self) -> dict:
         """Feature → weight of the predicting weights."""

@@ -113,6 +113,7 @@ class ScaledPerceptron(base.Classifier):
     radius = property(lambda self: self.perceptron.radius)
     weight_norm = property(lambda self: self.perceptron.weight_norm)
     weights = property(lambda self: self.perceptron.weights)
+    weight_snapshot = property(lambda self: self.perceptron.weight_snapshot)
     bias = property(lambda self: self.perceptron.bias)
     dropped_features = property(lambda self: self.perceptron.dropped_features)
 

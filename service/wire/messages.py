@@ -237,13 +237,19 @@ class ModelFile(BaseModel):
 
 class ChampionReport(BaseModel):
     variant: str
-    weights: dict[str, float] = Field(description="The predicting weights by feature name.")
+    weights: dict[str, float] = Field(description="A page of the predicting weights by feature name: at most the report's "
+                                                  "limit, from its offset, in the order the model first learned them.")
     bias: float
     version: int
     seen: int
     mistakes: int
     radius: float
     weight_norm: float
+    features: int = Field(description="How many features the model holds (every page together).")
+    weights_version: int = Field(description="The version the weights, bias and weight norm are of: the model's version "
+                                             "when a request first saw it (copied once per version).")
+    weights_seen: int = Field(description="Events seen when they were copied: the averaged variant's average moves with "
+                                          "every event, so its weights are as of then; the other variants' are exact.")
 
 
 class ReplicaReport(BaseModel):
@@ -260,6 +266,9 @@ class ModelReport(BaseModel):
 
     scope: Literal["group", "partition"]
     learning: Literal["on", "off"]
+    offset: int = Field(description="The first feature of each model's page (?offset=, default 0).")
+    limit: int = Field(description="Most weights per model in this response (?limit=, default 1000, at most 10000).")
+    next_offset: int | None = Field(description="The offset of the next page, null when no model has more features.")
     models: list[ReplicaReport]
 
 

@@ -220,3 +220,64 @@ def test_a_model_file_whose_features_cannot_meet_its_input_is_refused_at_start_u
                               "--initial-model", str(tmp_path / "bad.json")], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert refused.returncode == 1
     assert "invalid setting initial_model (--initial-model): the model file says its features come from dense x" in refused.stderr
+
+
+def _poll_model(url: str, stop, got: list, offset: int = 0) -> None:
+    """One client asking for /model in a loop until ``stop`` is set: the reports it got appended to ``got``."""
+    while not stop.is_set():
+        status, body = http_get(f"{url}/model?offset={offset}")
+        if status == 200:
+            got.append(json.loads(body))
+
+
+@pytest.mark.parametrize("learning", ["off", "on"])
+def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(broker, topics, tmp_path, service_thread, learning):
+    """A 50,000-feature model, a backlog of 10-feature events, 8 clients asking for /model all along: every event is
+    predicted, and the weights were copied once per model version the clients saw (learning off: once), however many
+    reports they got; the pages together are the model's weights, each feature once. (The events/s: bench/e2e.py.)"""
+    import threading
+
+    width = 50_000
+    weights = {f"feature-{i:05d}": round(0.001 * ((i * 7919) % 2001 - 1000), 3) for i in range(width)}
+    model = tmp_path / "wide.json"
+    model.write_text(json.dumps({"kind": "perceptron-stream.model", "format": 1, "variant": "plain", "input": "named",
+                                 "features": list(weights), "weights": list(weights.values()), "bias": 0.0, "source": "test"}))
+    events = [{"id": i, "features": {f"feature-{(i * 13 + j) % width:05d}": 1.0 for j in range(10)}, "y": 1 if i % 3 else -1}
+              for i in range(3000)]
+    create_topic(broker.bootstrap_servers, topics["input_topic"])
+    produce(broker.bootstrap_servers, topics["input_topic"], events)
+    service = service_thread(settings_args(broker, topics, tmp_path, initial_model=str(model), learning=learning))
+    def started():
+        status, body = http_get(service.metrics_url + "/model")
+        return status == 200 and json.loads(body)["models"][0]["champion"]["features"] == width
+
+    wait_until(started, 30, what="/model shows the initial model")
+    before = service.app.reports.builds  # a request before start-up saw the placeholder model: another model, another build
+    stop, got = threading.Event(), [[] for _ in range(8)]
+    clients = [threading.Thread(target=_poll_model, args=(service.metrics_url, stop, got[i], 1000 * i), daemon=True) for i in range(8)]
+    for c in clients:
+        c.start()
+    try:
+        assert len(consume(broker.bootstrap_servers, topics["output_topic"], 3000)) == 3000
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(30)
+    reports = [r for client in got for r in client]
+    assert len(reports) >= 8 and all(client for client in got)  # every client was answered, some many times
+    seen_versions = {r["models"][0]["champion"]["weights_version"] for r in reports}
+    builds = service.app.reports.builds - before
+    if learning == "off":
+        assert seen_versions == {0} and builds == 0  # the copy the start-up request took served them all
+    else:
+        assert builds <= len(seen_versions)  # one build per version a request saw first; every other reused it
+    # the pages walk the whole model, in its order, each feature once (learning off: the file's weights)
+    walked, offset = {}, 0
+    while offset is not None:
+        page = json.loads(http_get(f"{service.metrics_url}/model?offset={offset}&limit=10000")[1])
+        champion = page["models"][0]["champion"]
+        assert champion["features"] == len(walked) + len(champion["weights"]) + max(0, champion["features"] - offset - 10000)
+        walked.update(champion["weights"])
+        offset = page["next_offset"]
+    assert len(walked) == width and (learning == "on" or walked == weights)
+    service.stop()
