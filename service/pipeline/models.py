@@ -28,6 +28,7 @@ ValueError: challenger pocket is named twice
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from typing import Any
 
@@ -225,27 +226,32 @@ class DriftWatch:
 
 #: GET /model's page: weights per model in one response by default, and at most (?limit=).
 REPORT_PAGE, REPORT_MAX_PAGE = 1_000, 10_000
+#: A model's weights are copied again for /model at its next version, but not more often than this: a model that
+#: updates on every event would otherwise be copied for every request (the report says the version they are of).
+REPORT_COPY_EVERY_S = 1.0
 
 
 class _Snapshot:
     """One model's weights as of one version: copied once, encoded a page at a time, each page once."""
 
-    __slots__ = ("learner", "version", "seen", "take", "items", "bias", "norm", "pages")
+    __slots__ = ("learner", "version", "seen", "taken_at", "take", "keys", "weights", "bias", "norm", "pages")
 
     def __init__(self, learner, take):
         self.learner, self.version, self.seen, self.take = learner, learner.updates, learner.seen, take
-        self.items = self.bias = self.norm = None
+        self.taken_at = time.monotonic()
+        self.keys = self.weights = self.bias = self.norm = None
         self.pages: dict[tuple[int, int], orjson.Fragment] = {}
 
     def page(self, offset: int, limit: int) -> orjson.Fragment:
-        if self.items is None:  # off the lock: the lists were copied under it
-            keys, weights, self.bias = self.take()
-            self.items = list(zip(keys, weights))
-            self.norm = math.hypot(self.bias, *weights)
+        if self.keys is None:  # off the lock: the lists were copied under it
+            self.keys, self.weights, self.bias = self.take()
+            self.norm = math.hypot(self.bias, *self.weights)
             self.take = None
         key = (offset, limit)
         if key not in self.pages:
-            self.pages[key] = orjson.Fragment(orjson.dumps(dict(self.items[offset:offset + limit]), option=orjson.OPT_NON_STR_KEYS))
+            end = offset + limit
+            page = dict(zip(self.keys[offset:end], self.weights[offset:end]))
+            self.pages[key] = orjson.Fragment(orjson.dumps(page, option=orjson.OPT_NON_STR_KEYS))
         return self.pages[key]
 
 
@@ -258,8 +264,12 @@ class ModelReports:
 
     - under the task's lock, only the counters and, when the model's version
       (its updates; its object, for a model replaced by a mix or a restore)
-      changed since the last request, C-speed copies of its weight lists
-      (:meth:`~service.learning.Perceptron.weight_snapshot`, ``builds`` + 1);
+      changed since the last copy, and that copy is :data:`REPORT_COPY_EVERY_S`
+      old, C-speed copies of its weight lists
+      (:meth:`~service.learning.Perceptron.weight_snapshot`, ``builds`` + 1):
+      at most one copy per version, and one a second of a model that updates
+      all the time (the report's ``weights_version`` says which version the
+      weights are of, ``version`` the model's now);
     - off the lock, the weights of the page asked for are encoded once per
       version and page and kept; every other request of that version reuses
       the bytes;
@@ -291,10 +301,10 @@ class ModelReports:
             reports = {}
             for name, learner, snap, numbers in taken:
                 weights = snap.page(offset, limit)
-                widest = max(widest, len(snap.items))
+                widest = max(widest, len(snap.keys))
                 variant = learner.variant if hasattr(learner, "variant") else learner.model.variant
                 reports[name] = {"variant": variant, "weights": weights,
-                                 "bias": snap.bias, **numbers, "weight_norm": snap.norm, "features": len(snap.items),
+                                 "bias": snap.bias, **numbers, "weight_norm": snap.norm, "features": len(snap.keys),
                                  "weights_version": snap.version, "weights_seen": snap.seen}
             models.append({"task": task.name, "partition": task.partition, "champion": reports.pop(""), "challengers": reports})
         return {"scope": scope, "learning": learning, "offset": offset, "limit": limit,
@@ -302,7 +312,8 @@ class ModelReports:
 
     def _snapshot(self, task: str, name: str, learner) -> _Snapshot:
         snap = self._snapshots.get((task, name))
-        if snap is None or snap.learner is not learner or snap.version != learner.updates:
+        if snap is None or snap.learner is not learner or (
+                snap.version != learner.updates and time.monotonic() - snap.taken_at >= REPORT_COPY_EVERY_S):
             snap = self._snapshots[(task, name)] = _Snapshot(learner, learner.weight_snapshot())
             self.builds += 1
         return snap
