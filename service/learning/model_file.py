@@ -78,8 +78,8 @@ def check_input(doc: dict, max_event_features: int | None = None) -> None:
         names = [f for f in features if type(f) is not int]
         if names:
             raise ValueError(f"the model file says its features come from dense x (numbered 0, 1, ...), and they are names "
-                             f"({', '.join(map(repr, names[:3]))}{', ...' if len(names) > 3 else ''}): no event can meet them "
-                             "that way. Write it again with train (--dense for a CSV read as x)")
+                             f"({_some(names)}): no event can meet them that way. Write it again with train (--dense for a "
+                             "CSV read as x)")
         if max_event_features is not None and features and max(features) >= max_event_features:
             raise ValueError(f"the model file's dense features go up to position {max(features)}, and events with more than "
                              f"--max-features {max_event_features:,} values are dead-lettered: raise --max-features to at "
@@ -88,8 +88,12 @@ def check_input(doc: dict, max_event_features: int | None = None) -> None:
         numbers = [f for f in features if type(f) is not str]
         if numbers:
             raise ValueError(f"the model file says its features are named, and some are positions of dense x "
-                             f"({', '.join(map(repr, numbers[:3]))}{', ...' if len(numbers) > 3 else ''}): write it again "
-                             "with train, or give it \"input\": \"mixed\"")
+                             f"({_some(numbers)}): write it again with train, or give it \"input\": \"mixed\"")
+
+
+def _some(values: list) -> str:
+    """The first three, for a message."""
+    return ", ".join(map(repr, values[:3])) + (", ..." if len(values) > 3 else "")
 
 
 def to_learner(doc: dict, *, variant: str, margin: float, standardize: bool, hash_features: int, max_features: int | None,
