@@ -53,7 +53,7 @@ from service.metrics import ServiceMetrics
 from service.pipeline.joiner import Changelog, Joiner
 from service.learning import model_file
 from service.pipeline.mixer import MixBoard, Mixer
-from service.pipeline.models import DriftWatch, Frozen, ModelSet, learner_report
+from service.pipeline.models import REPORT_PAGE, DriftWatch, Frozen, ModelReports, ModelSet
 from service.pipeline.task import Tally, Task, TaskSet, partition_task
 from service.runtime.checkpointer import Checkpointer
 from service.runtime.health import Health, LagProbe
@@ -111,6 +111,7 @@ class Application:
         self.owner = Owner(s.group_id, s.input_topic)  # the cluster's and topic's ids are added at start-up
         self.tasks = TaskSet(s.input_topic, self.per_partition)
         self.http: HttpEndpoints | None = None
+        self.reports = ModelReports()  # GET /model, read by the HTTP thread only
         self.stream = None  # the poll loop's consumer and producer (service.kafka.open_stream)
         self.store = None
         self.board: MixBoard | None = None
@@ -180,22 +181,18 @@ class Application:
         doc = orjson.loads(s.initial_model.read_bytes())  # checked against the ModelFile contract with the settings
         try:
             learner = model_file.to_learner(doc, variant=s.variant, margin=s.margin, standardize=s.standardize,
-                                            hash_features=s.hash_features, max_features=s.max_model_features or None)
+                                            hash_features=s.hash_features, max_features=s.max_model_features or None,
+                                            max_event_features=s.max_features)
         except ValueError as exc:
             raise StartupError(f"invalid setting initial_model (--initial-model): {exc}") from None
         task.learner = Frozen(learner) if s.learning == "off" else learner
         log.info("%s starts from --initial-model %s (%s): %d features", task.name, s.initial_model, doc["source"],
                  len(doc["features"]))
 
-    def model_report(self) -> dict:
-        """GET /model: the champion's and the challengers' weights and numbers, per model this instance serves."""
-        models = []
-        for task in self.tasks.all():
-            with task.lock:
-                models.append({"task": task.name, "partition": task.partition, "champion": learner_report(task.learner),
-                               "challengers": {} if task.models is None else
-                               {n: learner_report(c) for n, c in task.models.challengers.items()}})
-        return {"scope": self.settings.model_scope, "learning": self.settings.learning, "models": models}
+    def model_report(self, offset: int = 0, limit: int = REPORT_PAGE) -> dict:
+        """GET /model: a page of the champion's and the challengers' weights and their numbers, per model this instance
+        serves; at most one copy of a model's weights per version (:class:`~service.pipeline.models.ModelReports`)."""
+        return self.reports.report(self.tasks.all(), self.settings.model_scope, self.settings.learning, offset, limit)
 
     def _pending_table(self, task: str, partition: int) -> PendingTable:
         """A partition's pending table: beside the task's checkpoints (local store), else in a cache directory

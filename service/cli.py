@@ -132,33 +132,37 @@ def run_produce(settings: ProduceSettings) -> int:
 
 def run_train(settings: TrainSettings) -> int:
     from service.learning.batch import train_report
-    from service.streams import load_dataset
+    from service.streams import is_csv, load_dataset
 
     try:
-        X, y, names = load_dataset(settings.data)
-    except (OSError, ValueError) as exc:
+        data = load_dataset(settings.data, dense=settings.dense)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
         return 2
     try:
-        report = train_report(X, y, algorithm=settings.algorithm, order=settings.order, seed=settings.seed,
-                              max_passes=settings.max_passes, feature_names=names)
+        report = train_report(data.X, data.y, algorithm=settings.algorithm, order=settings.order, seed=settings.seed,
+                              max_passes=settings.max_passes, feature_names=data.names)
     except ValueError as exc:
         print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
         return 2
     if settings.output is not None:
         from service.learning import model_file
 
-        # dense x events are features 0..d-1 to the service (load_dataset names them x0..x{d-1})
-        dense = all(n == f"x{i}" for i, n in enumerate(names))
-        features = list(range(len(names))) if dense else names
+        # dense x events are features 0..d-1 to the service (load_dataset names them x0..x{d-1} in the report)
+        features = list(range(len(data.names))) if data.form == "dense" else data.names
         doc = model_file.from_weights(dict(zip(features, report["weights"])), report["bias"],
-                                      source=f"train {settings.algorithm} {settings.order} on {settings.data} "
-                                             f"({report['updates']} updates, {report['training_mistakes']} training mistakes)")
+                                      source=f"train {settings.algorithm} {settings.order} on {settings.data}"
+                                             f"{' --dense' if settings.dense else ''} ({report['updates']} updates, "
+                                             f"{report['training_mistakes']} training mistakes)")
         try:
             settings.output.write_text(json.dumps(doc, indent=2) + "\n")
         except OSError as exc:
             print(f"{PROG} train: invalid setting output (--output): cannot write {settings.output}: {exc.strerror}", file=sys.stderr)
             return 2
+        meets = ('dense events, {"x": [...]} (values in column order)' if data.form == "dense" else
+                 'named events, {"features": {' + ", ".join(f'"{n}": ...' for n in data.names[:3]) + (", ..." if len(data.names) > 3 else "")
+                 + "}}" + (" (for dense x events: --dense)" if is_csv(settings.data) else ""))
+        print(f"wrote {settings.output}: a model for {meets}", file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0
 

@@ -326,6 +326,8 @@ class ProduceSettings(KafkaSettings):
     topic: str = Field("points", min_length=1, description="Topic to write to.")
     stream: Literal["separable", "noisy", "drift", "credit"] = Field("separable", description="Synthetic stream to generate (ignored with --file).")
     file: Path | None = Field(None, description="Replay a CSV or JSONL file instead of generating (JSONL lines are sent as they are).")
+    dense: bool = Field(False, description="With a CSV --file: send each row's feature columns as a dense x, in column order "
+                        "(as train --dense reads them), not as named features.")
     count: int = Field(
         10_000, ge=0, description="Events to write (0: forever). With --file the whole file is sent unless --count is given.")
     rate: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="Events per second (0: as fast as possible).")
@@ -393,6 +395,10 @@ class TrainSettings(CommandSettings):
     seed: int | None = Field(None, description="Seed of the random order.")
     max_passes: int = Field(100, gt=0, description="τ: most passes over the data.")
     output: Path | None = Field(None, description="Also write the result as a model file (serve --initial-model takes it).")
+    dense: bool = Field(
+        False, description="Read a CSV's feature columns as a dense x, in column order, as the service numbers the values of "
+        "{\"x\": [...]} events (features 0..d-1), rather than as named features (the column names, which only "
+        "{\"features\": {...}} events share). The model file says which (its input). A JSONL file's events say it themselves.")
 
 
 class ModelExportSettings(KafkaSettings):

@@ -124,6 +124,29 @@ def response(status: str, content_type: str | None, body: bytes, headers: tuple 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body if send_body else b"")
 
 
+def model_page(query: str) -> tuple[int, int] | str:
+    """(offset, limit) of a GET /model query, or the error to answer (400).
+
+    >>> model_page(""), model_page("offset=2000&limit=500"), model_page("limit=0")
+    ((0, 1000), (2000, 500), 'limit must be a whole number from 1 to 10000, got 0\\n')
+    """
+    from service.pipeline.models import REPORT_MAX_PAGE, REPORT_PAGE
+
+    args = parse_qs(query)
+    out = []
+    for name, default, low, high in (("offset", 0, 0, None), ("limit", REPORT_PAGE, 1, REPORT_MAX_PAGE)):
+        text = args.get(name, [str(default)])[-1]
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f"of {low} or more"
+            return f"{name} must be a whole number {bound}, got {text}\n"
+        out.append(value)
+    return out[0], out[1]
+
+
 class _Connection:
     __slots__ = ("sock", "deadline", "received", "out", "sent")
 
@@ -367,7 +390,10 @@ class HttpEndpoints:
         if path == "/model" and self.model_report is not None:
             if method not in ("GET", "HEAD"):
                 return response("405 Method Not Allowed", "text/plain", b"/model is read-only: GET\n", (("Allow", "GET"),))
-            return response("200 OK", "application/json", orjson.dumps(self.model_report()), send_body=method != "HEAD")
+            page = model_page(query)
+            if isinstance(page, str):
+                return response("400 Bad Request", "text/plain", page.encode())
+            return response("200 OK", "application/json", orjson.dumps(self.model_report(*page)), send_body=method != "HEAD")
         checks = {"/healthz": self.health.live, "/readyz": self.health.ready}
         send_body = method != "HEAD"
         if path not in checks:

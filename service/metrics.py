@@ -133,6 +133,11 @@ class ServiceMetrics:
             "perceptron_dropped_features",
             "New features of labeled events left out of learning because the model held --max-model-features features.",
             registry=registry)
+        self.unknown_features = Counter(
+            "perceptron_events_without_known_features",
+            "Valid events that shared no feature with a model holding some, so scored by its bias alone: a model trained "
+            "on named features served dense x, or the reverse, or producers sending other names (the log says which, once).",
+            registry=registry)
         self.rejected = Counter("perceptron_rejected_events", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=registry)
         for reason in REASONS:  # every series exists from the start, so rate() and dashboards see zeros, not gaps
             self.rejected.labels(reason)
@@ -166,9 +171,10 @@ class ServiceMetrics:
         for name in challengers:  # the series exist from the start: the dashboard compares them with the champion
             self.challenger_mistakes.labels(name)
             self.challenger_rate.labels(name)
-        self.drifts = Counter("perceptron_drift_detected", "Drifts river's DDM detected in the champion's mistake stream.",
+        self.drifts = Counter("perceptron_drift_detected", "Drift episodes river's DDM opened in the champion's mistake stream "
+                              "(one change, one count: detections while the model relearns are the same drift).",
                               registry=registry)
-        self.last_drift = Gauge("perceptron_last_drift_timestamp_seconds", "Unix time of the last drift detected (0: none).",
+        self.last_drift = Gauge("perceptron_last_drift_timestamp_seconds", "Unix time the last drift episode began (0: none).",
                                 registry=registry)
         self.mixes = Counter("perceptron_mixes", "Mixes of a replica's weights with the other partitions' (--mix-every).",
                              ["partition"], registry=registry)
@@ -203,6 +209,8 @@ class ServiceMetrics:
             window = self.challenger_windows.setdefault(name, SlidingRate(self.window.window))
             window.add_many(flags)
             self.challenger_rate.labels(name).set(window.value)
+        if tally.unknown:
+            self.unknown_features.inc(tally.unknown)
         if tally.drifts:
             self.drifts.inc(tally.drifts)
             self.last_drift.set(time.time())

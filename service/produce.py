@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from service.config import ProduceSettings
 from service.kafka import KafkaFatal, KafkaUnavailable, TopicSpec, close_producer, ensure_topics, make_producer, partition_counts
 from service.kafka.kafka_python import REFUSED_ERRORS
-from service.streams import delayed_labels, read_file, synthetic
+from service.streams import csv_columns, delayed_labels, is_csv, read_file, synthetic
 
 log = logging.getLogger(__name__)
 PROG = "perceptron-stream produce"
@@ -81,7 +81,7 @@ def messages(settings: ProduceSettings) -> Iterator[tuple[bytes | None, bytes]]:
     A file is sent whole unless ``--count`` is given (its default is for the synthetic streams).
     """
     if settings.file is not None:
-        source = read_file(settings.file)
+        source = read_file(settings.file, settings.dense)
         if settings.count and "count" in settings.model_fields_set:
             source = itertools.islice(source, settings.count)
         for value in source:
@@ -267,12 +267,37 @@ def _ensure_label_topic(settings: ProduceSettings) -> None:
                     "nothing was written", 2)
 
 
+def _check_file(settings: ProduceSettings, console: Console) -> None:
+    """A file's header before anything is sent: a CSV that is not comma-separated is refused (exit 2), one without a
+    ``y`` column is said to go out unlabeled (its rows are predicted, never learned from; a label column named
+    otherwise would be sent as a feature)."""
+    if settings.file is None:
+        if settings.dense:
+            raise _fail("invalid setting dense (--dense): it reads a CSV --file's columns as x; the synthetic streams "
+                        "have their own form", 2)
+        return
+    if not is_csv(settings.file):
+        if settings.dense:
+            raise _fail(f"invalid setting dense (--dense): it reads a CSV's columns as x, and {settings.file} is JSONL "
+                        "(its lines are sent as they are)", 2)
+        return
+    try:
+        columns = csv_columns(settings.file)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _fail(f"invalid setting file (--file): {exc}", 2) from None
+    if "y" not in columns:
+        console.print(f"note: {settings.file} has no y column (its columns: {', '.join(columns)}): its rows are sent "
+                      "unlabeled, each column a feature; name the label column y to send labels", markup=False, highlight=False,
+                      soft_wrap=True)
+
+
 def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda: False, console: Console | None = None) -> Written:
     """Write the messages; returns how many the brokers acknowledged (:class:`Written`), raises :class:`ProduceError`
     when any was not."""
     servers = f"the brokers at {settings.bootstrap_servers} (--bootstrap-servers)"
     if settings.file is not None and not settings.file.is_file():
         raise _fail(f"invalid setting file (--file): {settings.file} is not a readable file", 2)
+    _check_file(settings, console or Console(stderr=True))
     try:
         ensure_topics(settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S)
         if settings.label_topic is not None:

@@ -23,7 +23,11 @@ points without ``y`` and their labels ``{"id", "y"}`` (``produce
 --label-topic`` sends the labels later, on a topic of their own).
 
 Files: CSV with a header (a ``y`` column for the label, an optional ``id``
-column, every other column a named feature) or JSONL in the wire format.
+column, every other column a named feature, or with ``dense`` the values of
+a dense ``x`` in column order) or JSONL in the wire format. A CSV is read as
+spreadsheets write it: a byte-order mark (Excel's "CSV UTF-8") is not part of
+the first column's name, and a file separated by ``;`` or tabs is refused
+naming its separator (a ``;`` file's numbers often have decimal commas too).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from service.wire.messages import InputEvent
 
@@ -224,27 +229,33 @@ def delayed_labels(events: Iterable[dict], missing: float = 0.0, seed: int = 42)
         yield point, ({"id": event["id"], "y": event["y"]} if kept else None)
 
 
-def read_file(path: Path) -> Iterator[bytes]:
+def read_file(path: Path, dense: bool = False) -> Iterator[bytes]:
     """The messages of a CSV or JSONL file, as wire-format JSON bytes.
 
     JSONL lines are passed on as they are (a bad line is the consumer's to
-    reject); CSV rows become ``{"id", "features", "y"}`` events.
+    reject); CSV rows become ``{"id", "features", "y"}`` events, or with
+    ``dense`` ``{"id", "x", "y"}`` events.
     """
-    for _, message in _numbered_messages(path):
+    for _, message in _numbered_messages(path, dense):
         yield message
 
 
-def _numbered_messages(path: Path) -> Iterator[tuple[int, bytes]]:
+def is_csv(path: Path) -> bool:
+    """Whether :func:`read_file` reads ``path`` as CSV (anything not named .jsonl, .ndjson or .json)."""
+    return Path(path).suffix.lower() not in (".jsonl", ".ndjson", ".json")
+
+
+def _numbered_messages(path: Path, dense: bool = False, label_column: bool = False) -> Iterator[tuple[int, bytes]]:
     """(line number in the file, message) for each message of :func:`read_file`."""
     path = Path(path)
-    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+    if not is_csv(path):
         with path.open("rb") as f:
             for lineno, line in enumerate(f, start=1):
                 line = line.strip()
                 if line:
                     yield lineno, line
         return
-    for lineno, row in _csv_rows(path):
+    for lineno, row in _csv_rows(path, dense, label_column):
         yield lineno, json.dumps(row).encode()
 
 
@@ -270,20 +281,72 @@ def csv_label(text: str) -> int:
     return label
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, event) for each row of a CSV file with a header."""
-    with path.open(newline="", encoding="utf-8") as f:
+#: Separators a spreadsheet may have written instead of ",", by the name an error gives them.
+OTHER_SEPARATORS = {";": "';' (semicolon)", "\t": "tab", "|": "'|' (pipe)"}
+
+
+def _check_header(path: Path, fieldnames: list[str] | None, first_line: str) -> list[str]:
+    """The header's column names, or a ValueError when the file has none or is not comma-separated."""
+    if not fieldnames:
+        raise ValueError(f"{path} is empty; a CSV needs a header row")
+    if len(fieldnames) == 1 and any(sep in first_line for sep in OTHER_SEPARATORS):
+        try:
+            separator = csv.Sniffer().sniff(first_line, delimiters="".join(OTHER_SEPARATORS)).delimiter
+        except csv.Error:  # the sniffer gives up on some one-line samples: the most frequent candidate, then
+            separator = max(OTHER_SEPARATORS, key=first_line.count)
+        raise ValueError(f"{path}: the header {first_line.strip()!r} is one column: the file is separated by "
+                         f"{OTHER_SEPARATORS[separator]}, and CSV files are read comma-separated: save or export it "
+                         "with ',' between columns (and '.' as the decimal point)")
+    return fieldnames
+
+
+def csv_columns(path: Path) -> list[str]:
+    """The column names of a CSV file's header (a byte-order mark left out); ValueError as :func:`_csv_rows` gives.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = (Path(d) / "a.csv").write_bytes("\\ufeffage,salary,y\\n31,52000,1\\n".encode())  # Excel's "CSV UTF-8"
+    ...     csv_columns(Path(d) / "a.csv")
+    ['age', 'salary', 'y']
+    """
+    with Path(path).open(newline="", encoding="utf-8-sig") as f:
+        first = f.readline()
+        return _check_header(path, next(csv.reader([first]), None), first)
+
+
+def _csv_rows(path: Path, dense: bool = False, label_column: bool = False) -> Iterator[tuple[int, dict]]:
+    """(line number, event) for each row of a CSV file with a header.
+
+    utf-8-sig: a byte-order mark, which Excel writes at the start of a "CSV
+    UTF-8" file, is skipped; read as utf-8 it became part of the first
+    column's name (``\\ufeffage``), a feature no event ever shares.
+    ``label_column``: a header without ``y`` is an error naming the columns
+    found (``train`` needs labels); otherwise its rows are unlabeled events.
+    ``dense``: the feature columns' values, in column order, as ``x``.
+    """
+    with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
-        if reader.fieldnames is None:
-            raise ValueError(f"{path} is empty; a CSV needs a header row")
+        fields = reader.fieldnames
+        columns = _check_header(path, fields, fields[0] if fields and len(fields) == 1 else "")  # one column: the whole line
+        if label_column and "y" not in columns:
+            like = [c for c in columns if c.strip().lower() in ("y", "label", "target", "class", "outcome")]
+            hint = f" (rename {like[0]!r} to y)" if like else ""
+            raise ValueError(f"{path}: no label column: the header has {', '.join(map(repr, columns))}, and the label "
+                             f"(-1/+1, 0/1 or false/true) is expected in a column named y{hint}")
         for row in reader:
             lineno = reader.line_num  # the row's last line (a quoted cell may span lines)
             event: dict = {}
             if "id" in row:
                 event["id"] = row.pop("id")
             label = row.pop("y", None)
+            if None in row:  # more cells than the header has columns
+                raise ValueError(f"{path}:{lineno}: {len(columns) + len(row[None])} cells, and the header has {len(columns)} columns")
             try:
-                event["features"] = {k: float(v) for k, v in row.items()}
+                values = {k: float(v) for k, v in row.items()}
+                if dense:
+                    event["x"] = list(values.values())
+                else:
+                    event["features"] = values
                 if label not in (None, ""):
                     event["y"] = csv_label(label)
             except (TypeError, ValueError) as exc:
@@ -291,8 +354,20 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, dict]]:
             yield lineno, event
 
 
-def load_dataset(path: Path) -> tuple[list[list[float]], list[int], list[str]]:
-    """A labeled file as (X, y, feature names) for the batch algorithms.
+class Dataset(NamedTuple):
+    """A labeled file for the batch algorithms: the points, their labels, the features' names and their form."""
+
+    X: list[list[float]]
+    y: list[int]
+    names: list[str]  # the named features; x0..x{d-1} for dense x
+    form: str  # "dense": x (the service numbers its values 0..d-1); "named": features by name
+
+
+def load_dataset(path: Path, dense: bool = False) -> Dataset:
+    """A labeled file as a :class:`Dataset` for the batch algorithms.
+
+    A CSV's feature columns are named features, or with ``dense`` a dense
+    ``x`` in column order; a JSONL file's events say their form themselves.
 
     Every event must carry a label.  All events must have the same form: every
     one dense (``x``, all of the same length) or every one named
@@ -306,7 +381,7 @@ def load_dataset(path: Path) -> tuple[list[list[float]], list[int], list[str]]:
     rows: list[tuple[list[float] | dict[str, float], int]] = []
     names: dict[str, None] = {}
     first: tuple[int, str, int] | None = None  # (line, form, dense length) of the first event
-    for lineno, raw in _numbered_messages(path):
+    for lineno, raw in _numbered_messages(path, dense, label_column=True):
         where = f"{path}:{lineno}"
         try:
             event = InputEvent.model_validate_json(raw)
@@ -316,6 +391,9 @@ def load_dataset(path: Path) -> tuple[list[list[float]], list[int], list[str]]:
             raise ValueError(f"{where}: the event has no label; train needs labeled data")
         form = "features" if event.features is not None else "x"
         size = len(event.x) if event.x is not None else 0
+        if dense and form == "features":
+            raise ValueError(f"{where}: the event names its features, and --dense reads a CSV's columns as a dense x: "
+                             "drop --dense, or write the events with x")
         if first is None:
             first = (lineno, form, size)
         elif form != first[1]:
@@ -336,4 +414,4 @@ def load_dataset(path: Path) -> tuple[list[list[float]], list[int], list[str]]:
     else:
         order = [f"x{i}" for i in range(len(rows[0][0]))]
         X = [list(r) for r, _ in rows]
-    return X, [y for _, y in rows], order
+    return Dataset(X, [y for _, y in rows], order, "named" if names else "dense")

@@ -111,8 +111,8 @@ def test_train_takes_the_wire_label_spellings_in_csv(tmp_path):
 
     data = tmp_path / "d.csv"
     data.write_text("x1,y\n1,1\n2,+1\n3,true\n4,TRUE\n5,-1\n6,0\n7,false\n8, False \n")
-    X, y, names = load_dataset(data)
-    assert (X, y, names) == ([[float(i)] for i in range(1, 9)], [1, 1, 1, 1, -1, -1, -1, -1], ["x1"])
+    X, y, names, form = load_dataset(data)
+    assert (X, y, names, form) == ([[float(i)] for i in range(1, 9)], [1, 1, 1, 1, -1, -1, -1, -1], ["x1"], "named")
     assert main(["train", "--data", str(data)]) == 0
 
 

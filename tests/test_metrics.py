@@ -69,6 +69,7 @@ ISSUE_METRICS = {
     "perceptron_mistakes": "counter",
     "perceptron_updates": "counter",
     "perceptron_dropped_features": "counter",
+    "perceptron_events_without_known_features": "counter",
     "perceptron_rejected_events": "counter",  # reason
     "perceptron_mistake_rate": "gauge",
     "perceptron_mistake_rate_window_events": "gauge",

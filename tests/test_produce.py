@@ -621,3 +621,26 @@ def test_the_label_topic_is_created_with_the_point_topics_partition_count(broker
     settings = load(ProduceSettings, args)
     assert partition_counts(settings, [label_topic]) == {label_topic: 3}
     assert {r.partition for r in records} <= {0, 1, 2}
+
+
+def test_a_csv_with_a_byte_order_mark_sends_its_first_column_by_its_name(fake_kafka, tmp_path):
+    data = tmp_path / "excel.csv"
+    data.write_bytes("\ufeffage,salary,y\r\n31,52000,1\r\n".encode())
+    producer = fake_kafka()
+    assert produce(load(ProduceSettings, ["--file", str(data), "--no-progress"])) == 1
+    assert json.loads(producer.sent[0][1]) == {"features": {"age": 31.0, "salary": 52000.0}, "y": 1}
+    assert produce(load(ProduceSettings, ["--file", str(data), "--no-progress", "--dense"])) == 1
+    assert json.loads(producer.sent[1][1]) == {"x": [31.0, 52000.0], "y": 1}
+
+
+def test_a_csv_of_another_separator_is_refused_before_anything_is_sent_and_one_without_y_is_said_unlabeled(fake_kafka, tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("age;salary;y\n31;52000;1\n")
+    producer = fake_kafka()
+    with pytest.raises(ProduceError) as caught:
+        produce(load(ProduceSettings, ["--file", str(data), "--no-progress"]))
+    assert caught.value.status == 2 and "separated by ';' (semicolon)" in str(caught.value) and producer.sent == []
+    data.write_text("age,salary,label\n31,52000,1\n")
+    out = io.StringIO()
+    assert produce(load(ProduceSettings, ["--file", str(data), "--no-progress"]), console=Console(file=out)) == 1
+    assert "has no y column (its columns: age, salary, label): its rows are sent unlabeled" in out.getvalue()

@@ -88,6 +88,11 @@ class HashedPerceptron(base.Classifier):
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         return self.model.relabel(self.hash(x), y, mistake)
 
+    def knows_none_of(self, x: dict | list) -> bool:
+        """Always False: buckets are shared by unrelated names (a shared bucket says nothing of a shared feature),
+        and telling would cost a second hashing of every event."""
+        return False
+
     def predict_one(self, x: dict, **kwargs: Any) -> int | bool:
         return self.model.predict_one(self.hash(x))
 
@@ -105,6 +110,7 @@ class HashedPerceptron(base.Classifier):
     radius = property(lambda self: self.model.radius)
     weight_norm = property(lambda self: self.model.weight_norm)
     weights = property(lambda self: self.model.weights)
+    weight_snapshot = property(lambda self: self.model.weight_snapshot)
     bias = property(lambda self: self.model.bias)
 
     @property

@@ -318,6 +318,27 @@ class Perceptron(base.Classifier):
     # False (0/1 labels given as they are) on their first use, since 0·score is
     # always <= 0, and any other value that would move the weights.
 
+    def knows_none_of(self, x: dict | list) -> bool:
+        """Whether the model holds features and ``x`` has none of them: its score is then the bias alone.
+
+        A dense list's values are the features 0..len-1, a dict's keys are
+        names: a model of names never shares one with a dense event, nor a
+        model of positions with a named one (what a model trained on one form
+        and served the other does, silently, without this check).
+
+        >>> p = Perceptron.from_weights({"x1": 1.0})
+        >>> p.knows_none_of([1.0, 2.0]), p.knows_none_of({"x1": 1.0, "x3": 0.5}), Perceptron().knows_none_of([1.0])
+        (True, False, False)
+        """
+        index = self._index
+        if not index:
+            return False
+        if type(x) is list:
+            if self._dense:  # position 0 is known: any value shares it
+                return not x
+            return not any(i in index for i in range(len(x)))
+        return index.keys().isdisjoint(x)
+
     def step(self, x: dict | list, y: int | None) -> StepResult:
         """Score with the predicting weights, predict, then learn if ``y`` is given.
 
@@ -617,6 +638,27 @@ class Perceptron(base.Classifier):
         if self.variant == "pocket":
             return self._p, self._pb
         return self._w, self._b
+
+    def weight_snapshot(self):
+        """The predicting weights as they are now, for a reader in another thread (GET /model).
+
+        Takes only list copies now (C speed: about 0.1 ms for 50,000 features,
+        under the lock the loop waits on) and returns a function that computes
+        ``(features, weights, bias)`` from them later, off the lock (the
+        averaged variant's average is O(d) Python).
+
+        >>> p = Perceptron("averaged"); _ = p.step([1.0], 1); later = p.weight_snapshot()
+        >>> _ = p.step([-1.0], 1)  # learns on: the snapshot keeps the weights it was taken with
+        >>> later()
+        ([0], [0.5], 0.5)
+        """
+        keys = self._keys.copy()
+        if self._mode == 1:
+            w, u, c, b, ub = self._w.copy(), self._u.copy(), self._c, self._b, self._ub
+            return lambda: (keys, [wi - ui / c for wi, ui in zip(w, u)], b - ub / c)
+        w, b = self._predicting()
+        w = w.copy()
+        return lambda: (keys, w, b)
 
     @property
     def weights(self) -> dict:

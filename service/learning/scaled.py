@@ -86,6 +86,10 @@ class ScaledPerceptron(base.Classifier):
             self.scaler.learn_one(new)
         return self.perceptron.relabel(self.scaler.transform_one(x), y, mistake)
 
+    def knows_none_of(self, x: dict | list) -> bool:
+        """:meth:`Perceptron.knows_none_of`: the scaler keeps the features' names."""
+        return self.perceptron.knows_none_of(x)
+
     def _admitted(self, x: dict | list, y: int | None) -> dict:
         """x as a dict, without the new features the perceptron does not take (unlabeled, or past its cap)."""
         x = _as_dict(x)
@@ -109,6 +113,7 @@ class ScaledPerceptron(base.Classifier):
     radius = property(lambda self: self.perceptron.radius)
     weight_norm = property(lambda self: self.perceptron.weight_norm)
     weights = property(lambda self: self.perceptron.weights)
+    weight_snapshot = property(lambda self: self.perceptron.weight_snapshot)
     bias = property(lambda self: self.perceptron.bias)
     dropped_features = property(lambda self: self.perceptron.dropped_features)
 

@@ -49,10 +49,11 @@ class Tally:
     """What one batch did, for the metrics: counted in the loop, observed once per batch."""
 
     __slots__ = ("labeled", "unlabeled", "flags", "rejected", "updates", "dropped", "mixes", "label_outcomes", "delays",
-                 "challenger_flags", "drifts")
+                 "challenger_flags", "drifts", "unknown")
 
     def __init__(self):
         self.labeled = self.unlabeled = self.updates = self.dropped = 0
+        self.unknown = 0  # valid events that shared no feature with a model holding some (scored by its bias alone)
         self.flags: list[bool] = []  # mistake or not, one per labeled event (or joined label: the decision's), in order
         self.rejected: list[str] = []  # reasons
         self.mixes: list[int] = []  # partitions that mixed
@@ -81,6 +82,7 @@ class Task:
         self.seq = 0  # the last checkpoint's (written or restored)
         self.unsaved = 0  # events processed since it
         self.started_over = False  # --start-over set another model's state aside: committed offsets are not ours
+        self.told_unknown = False  # the log said once that events share no feature with the model, and what to do
         self.lock = threading.Lock()  # the HTTP thread reads the model (/model) while the loop steps it
 
     # processing -----------------------------------------------------------
@@ -93,7 +95,7 @@ class Task:
         flags_before = len(tally.flags)
         with self.lock:
             learner = self.learner
-            step = learner.step
+            step, knows_none_of = learner.step, learner.knows_none_of
             updates_before, dropped_before = learner.updates, learner.dropped_features
             replica = None if self.partition is None else {"scope": "partition", "partition": self.partition}
             for r in records:
@@ -106,6 +108,10 @@ class Task:
                     tally.rejected.append(event.reason)
                 else:
                     y, early = event.y, None
+                    if knows_none_of(event.x):  # before the step: a labeled event would add its features
+                        tally.unknown += 1
+                        if not self.told_unknown:
+                            self._tell_unknown(learner, event.x)
                     y_pred, score, mistake = step(event.x, y)
                     others = None if models is None else models.step(event.x, y)  # stepped on the same events
                     if y is None:
@@ -131,7 +137,7 @@ class Task:
                         tally.updates += learner.updates - updates_before
                         tally.dropped += learner.dropped_features - dropped_before
                         learner = self.learner = mixer.mix(self, send, time.time())
-                        step = learner.step
+                        step, knows_none_of = learner.step, learner.knows_none_of
                         updates_before, dropped_before = learner.updates, learner.dropped_features
                         tally.mixes.append(self.partition)
                     continue
@@ -143,6 +149,25 @@ class Task:
                 joiner.saw_point(records[0].partition, records[-1].timestamp)
         if self.drift is not None:
             tally.drifts += self.drift.update(tally.flags[flags_before:])
+
+    def _tell_unknown(self, learner, x) -> None:
+        """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model
+        trained on one form of input (names, or dense positions) served events of the other."""
+        self.told_unknown = True
+        features = list(learner.weights)
+        shown = ", ".join(map(repr, features[:5])) + (", ..." if len(features) > 5 else "")
+        if type(x) is list and all(type(f) is str for f in features):
+            fix = ('this event is dense ({"x": [...]}: features 0..d-1) and the model\'s features are names: send '
+                   '{"features": {name: value}} events, or train the model on dense x (train --dense for a CSV)')
+        elif type(x) is not list and all(type(f) is int for f in features):
+            fix = ('this event names its features ({"features": {...}}) and the model\'s are positions of dense x: send '
+                   '{"x": [...]} events in the model\'s order, or train the model on named features (train without --dense)')
+        else:
+            names = ", ".join(map(repr, list(x)[:5])) if type(x) is not list else f"positions 0..{len(x) - 1}"
+            fix = f"the event's features ({names}) are none of them: check the names the producers send"
+        log.warning("%s: an event shares no feature with the model (%d features: %s), so the model scores it by its bias "
+                    "alone; %s. Counted in perceptron_events_without_known_features_total; said once.", self.name,
+                    len(features), shown, fix)
 
     def _labels(self, records, send, tally: Tally) -> None:
         """Delayed labels: each joins its pending point (the model learns, the decision is scored) or is a dead letter."""

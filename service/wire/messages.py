@@ -217,6 +217,10 @@ class ModelFile(BaseModel):
     margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     standardize: bool = Field(False, description="A StandardScaler in front (its moments are in state).")
     hash_features: Annotated[int, Field(ge=0)] = Field(0, description="Buckets the features are hashed into (0: none).")
+    input: Literal["dense", "named", "mixed"] | None = Field(
+        None, description="The form of input the features come from: dense (x, numbered 0..d-1: features are integers), "
+        "named (features by name: strings), mixed (both). serve refuses a file whose features do not fit it. Absent "
+        "(files written before it existed, or hashed models): told by the features' types where it can be.")
     features: list[str | int] = Field(description="Feature names: strings for named features, 0..d-1 for dense x.")
     weights: list[FiniteNumber] = Field(description="The predicting weights, one per feature.")
     bias: FiniteNumber
@@ -233,13 +237,19 @@ class ModelFile(BaseModel):
 
 class ChampionReport(BaseModel):
     variant: str
-    weights: dict[str, float] = Field(description="The predicting weights by feature name.")
+    weights: dict[str, float] = Field(description="A page of the predicting weights by feature name: at most the report's "
+                                                  "limit, from its offset, in the order the model first learned them.")
     bias: float
     version: int
     seen: int
     mistakes: int
     radius: float
     weight_norm: float
+    features: int = Field(description="How many features the model holds (every page together).")
+    weights_version: int = Field(description="The version the weights, bias and weight norm are of: the model's version "
+                                             "when a request first saw it (copied once per version).")
+    weights_seen: int = Field(description="Events seen when they were copied: the averaged variant's average moves with "
+                                          "every event, so its weights are as of then; the other variants' are exact.")
 
 
 class ReplicaReport(BaseModel):
@@ -256,6 +266,9 @@ class ModelReport(BaseModel):
 
     scope: Literal["group", "partition"]
     learning: Literal["on", "off"]
+    offset: int = Field(description="The first feature of each model's page (?offset=, default 0).")
+    limit: int = Field(description="Most weights per model in this response (?limit=, default 1000, at most 10000).")
+    next_offset: int | None = Field(description="The offset of the next page, null when no model has more features.")
     models: list[ReplicaReport]
 
 

@@ -43,6 +43,7 @@ EXPECTED_ALERTS = {
     "PerceptronMixRecordsRejected",
     "PerceptronDriftDetected",
     "PerceptronLabelsUnmatched",
+    "PerceptronEventsWithoutKnownFeatures",
 }
 
 #: The service's metric contract (README "Metrics and dashboards"), as the sample
@@ -54,6 +55,7 @@ SERVICE_METRICS = {
     "perceptron_mistakes_total",
     "perceptron_updates_total",
     "perceptron_dropped_features_total",
+    "perceptron_events_without_known_features_total",
     "perceptron_mixes_total",
     "perceptron_labels_total",
     "perceptron_challenger_mistakes_total",
