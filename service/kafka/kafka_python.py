@@ -155,6 +155,11 @@ class _RejectionsAreFinal(KafkaConnectionManager):
                                          and self._rejected.__setitem__(node_id, rejection))
         return conn
 
+    async def _build_transport(self, node, timeout_at=None):
+        transport = await super()._build_transport(node, timeout_at=timeout_at)
+        transport._sock_recv = functools.partial(_recv_then_eof, transport._sock_recv)
+        return transport
+
     def maybe_raise_auth_failure(self, node_id):
         super().maybe_raise_auth_failure(node_id)
         error = self._rejected.get(node_id)
@@ -174,6 +179,22 @@ def _rejection(error: BaseException) -> KafkaError | None:
     if isinstance(error, kerrors.KafkaConnectionError) and isinstance(cause, ssl.SSLCertVerificationError):
         return SslAuthenticationError(f"the brokers' certificate did not verify: {cause.verify_message or cause}")
     return None
+
+
+def _recv_then_eof(receive: Callable) -> tuple[bytes, Exception | None]:
+    """A transport's ``_sock_recv`` that hands over the bytes read before the peer closed; the close is met at
+    the next read (the socket stays readable at its end).
+
+    kafka-python 3.0.12 drops the bytes of a read that ends at the peer's close
+    (the transport aborts with "socket disconnected" instead of passing them
+    on). Apache Kafka answers a SaslHandshake for a mechanism it has not
+    enabled with error 33 and closes the connection at once: the answer was
+    lost, the client saw brokers that hang up, and retried forever.
+    """
+    data, error = receive()
+    if data and isinstance(error, kerrors.KafkaConnectionError) and str(error).endswith("socket disconnected"):
+        return data, None
+    return data, error
 
 
 def _net_client(**configs) -> KafkaNetClient:
