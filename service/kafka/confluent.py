@@ -26,6 +26,7 @@ from service.kafka.kafka_python import (
     FATAL_ERRORS,
     LINGER_UNTIL_FLUSH_MS,
     REFUSED_ERRORS,
+    ClientCertificateRefused,
     SslAuthenticationError,
     group_members,
     service_error,
@@ -455,11 +456,15 @@ def authentication_error(err: CKafkaError) -> kerrors.KafkaError | None:
     mechanism: broker's supported mechanisms: PLAIN" (error 33), "SASL
     authentication error: Authentication failed ..." (58). So is a broker
     certificate that did not verify (_SSL, "SSL handshake failed: ...
-    certificate verify failed: broker certificate could not be verified").
+    certificate verify failed: broker certificate could not be verified"),
+    and a client certificate the brokers refused (_TRANSPORT, "Receive
+    failed: ... sslv3 alert bad certificate: SSL alert number 42").
     """
     text = err.str()
     if err.code() == CKafkaError._SSL and "certificate verify failed" in text:
         return SslAuthenticationError(text)
+    if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(f"SSL alert number {n}" in text for n in (42, 46, 48, 116)):
+        return ClientCertificateRefused(text)  # bad_certificate, certificate_unknown, unknown_ca, certificate_required
     if err.code() != CKafkaError._AUTHENTICATION:
         return None
     if "Unsupported SASL mechanism" in text:

@@ -55,6 +55,16 @@ class SslAuthenticationError(KafkaError):
     handshake's ssl.SSLCertVerificationError in a KafkaConnectionError, like any connection that failed."""
 
 
+class ClientCertificateRefused(SslAuthenticationError):
+    """The brokers refused the client's certificate, or its absence (a listener with ``ssl.client.auth=required``):
+    TLS alert 42, bad_certificate, at the first read after the handshake (TLS 1.3 sends it there)."""
+
+
+#: TLS alerts with which the brokers refuse the client's certificate (OpenSSL's reasons)
+CERTIFICATE_REFUSED_ALERTS = ("SSLV3_ALERT_BAD_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA",
+                              "SSLV3_ALERT_CERTIFICATE_UNKNOWN")
+
+
 #: The brokers rejected the SASL mechanism (error 33), the SASL exchange (34)
 #: or the credentials (58): sasl_mechanism, sasl_username or sasl_password must change;
 #: or the client rejected the brokers' certificate: ssl_cafile must change.
@@ -176,8 +186,13 @@ def _rejection(error: BaseException) -> KafkaError | None:
     if isinstance(error, AUTHENTICATION_ERRORS):
         return error
     cause = error.__cause__ or error.__context__
-    if isinstance(error, kerrors.KafkaConnectionError) and isinstance(cause, ssl.SSLCertVerificationError):
+    if not isinstance(error, kerrors.KafkaConnectionError):
+        return None
+    if isinstance(cause, ssl.SSLCertVerificationError):
         return SslAuthenticationError(f"the brokers' certificate did not verify: {cause.verify_message or cause}")
+    alert = next((a for a in error.args if isinstance(a, ssl.SSLError)), None)  # a read's: KafkaConnectionError(e)
+    if alert is not None and alert.reason in CERTIFICATE_REFUSED_ALERTS:
+        return ClientCertificateRefused(f"the brokers refused the client's certificate: {alert.reason}")
     return None
 
 
@@ -220,6 +235,9 @@ def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
     if isinstance(exc, kerrors.SaslAuthenticationFailedError):
         return (f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
                 f"and {named('sasl_mechanism')}")
+    if isinstance(exc, ClientCertificateRefused):
+        return (f"the brokers require a client certificate signed by a CA they trust: check "
+                f"{named('ssl_certfile', 'ssl_keyfile')}")
     if isinstance(exc, SslAuthenticationError):
         return (f"the brokers' TLS certificate is not signed by a CA of {named('ssl_cafile')}, or not for the "
                 f"address in {named('bootstrap_servers')}")
