@@ -110,10 +110,14 @@ def read_outputs_tls(bootstrap: str, options: dict, topic: str, count: int, proc
     return by_source, keys
 
 
-#: Lines kafka-python logs that say nothing went wrong with TLS or the service: the metadata refresh the kafka
-#: store's reader cancels when it closes its consumer, and the network thread's wall-clock check of its own
-#: steps (``slow_task_threshold_secs``, 0.1 s), which fires whenever the machine or the GIL is busy for that long.
-KAFKA_PYTHON_NOISE = ("kafka.cluster: Metadata refresh: failed Cancelled", "(>0.100s threshold). It is blocking the event loop")
+#: Lines that say nothing went wrong with TLS or the service: the metadata refresh the kafka store's reader
+#: cancels when it closes its consumer; the network thread's wall-clock check of its own steps
+#: (``slow_task_threshold_secs``, 0.1 s), which fires whenever the machine or the GIL is busy for that long; and,
+#: on an Apache Kafka no group has used yet, its "no coordinator yet" and "coordinator loading" while it creates
+#: __consumer_offsets, which the service retries (seen by the first tests of a run that read a group's offsets).
+KAFKA_PYTHON_NOISE = ("kafka.cluster: Metadata refresh: failed Cancelled", "(>0.100s threshold). It is blocking the event loop",
+                      "could not read the group's committed offsets: CoordinatorNotAvailableError",
+                      "could not read the group's committed offsets: CoordinatorLoadInProgressError")
 
 
 def serve_failure(args: list[str], tmp_path: Path) -> tuple[int, str]:
