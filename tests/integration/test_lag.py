@@ -107,6 +107,8 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(apach
 
     total, processed = 500, 200
     bootstrap = apache_kafka.bootstrap_servers
+    other_topic = f"other-{topics['input_topic']}"  # the other member's, made first: its metadata is there when it joins
+    create_topic(bootstrap, other_topic)
     produce(bootstrap, topics["input_topic"], events(processed))
     args = settings_args(apache_kafka, topics, tmp_path, kafka_client=client)
     first = service_thread(args)
@@ -115,8 +117,6 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(apach
     assert first.stop() == 0  # its final checkpoint and commit: at `processed`
     produce(bootstrap, topics["input_topic"], events(total - processed, start=processed))
 
-    other_topic = f"other-{topics['input_topic']}"
-    create_topic(bootstrap, other_topic)
     squatter = KafkaConsumer(other_topic, bootstrap_servers=bootstrap, group_id=topics["group_id"], enable_auto_commit=False)
     stop = threading.Event()
     try:
@@ -130,11 +130,13 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(apach
         poller.start()
         stalled = service_thread(args)
         log_line = f"consumer group {topics['group_id']} has 1 other member(s): processing nothing until they leave"
+        wait_until(lambda: log_line in caplog.text, 30, what="the service to wait for the other member")
+        # the lag is probed at the assignment, then every LAG_EVERY_S (5 s); 12 s after the first, the service
+        # would conclude that another instance runs, and stop
         wait_until(lambda: lag_gauge(stalled.metrics_url, topics["input_topic"]) is not None, 10, what="the lag gauge")
         text = http_get(stalled.metrics_url + "/metrics")[1]
         assert lag_gauge(stalled.metrics_url, topics["input_topic"]) == total - processed, text
         assert 'perceptron_events_total{kind="labeled"} 0.0' in text  # stalled indeed: nothing processed by it
-        assert log_line in caplog.text
         assert stalled.stop() == 0
     finally:
         stop.set()
