@@ -23,7 +23,15 @@ from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
 from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
-from service.kafka.kafka_python import FATAL_ERRORS, LINGER_UNTIL_FLUSH_MS, REFUSED_ERRORS, group_members, service_error
+from service.kafka.kafka_python import (
+    FATAL_ERRORS,
+    LINGER_UNTIL_FLUSH_MS,
+    REFUSED_ERRORS,
+    ClientCertificateRefused,
+    SslAuthenticationError,
+    group_members,
+    service_error,
+)
 from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
 
 log = logging.getLogger(__name__)
@@ -140,7 +148,7 @@ class ConfluentIO:
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
         self.on_assigned, self.on_revoked, self.auto_offset_reset = on_assigned, on_revoked, auto_offset_reset
-        self._rejected: kerrors.KafkaError | None = None  # the brokers rejected the SASL mechanism or credentials
+        self._rejected: kerrors.KafkaError | None = None  # SASL mechanism or credentials rejected, or certificate
         common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
         self.consumer = Consumer({
             **common, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": auto_offset_reset,
@@ -206,11 +214,12 @@ class ConfluentIO:
 
     def _client_error(self, err: CKafkaError) -> None:
         _client_error(err)
-        if err.code() == CKafkaError._AUTHENTICATION and self._rejected is None:
+        if self._rejected is None:
             self._rejected = authentication_error(err)
 
     def _raise_rejection(self) -> None:
-        """Raise the brokers' SASL rejection, if librdkafka reported one (it retries them forever by itself)."""
+        """Raise the brokers' SASL rejection or the certificate that did not verify, if librdkafka reported one
+        (it retries them forever by itself)."""
         if self._rejected is not None:
             raise self._rejected
 
@@ -465,16 +474,26 @@ def _client_error(err: CKafkaError) -> None:
     log.log(logging.ERROR if err.fatal() else logging.WARNING, "kafka client: %s", err.str())
 
 
-def authentication_error(err: CKafkaError) -> kerrors.KafkaError:
-    """kafka-python's class for librdkafka's _AUTHENTICATION report (a FATAL_ERRORS one).
+def authentication_error(err: CKafkaError) -> kerrors.KafkaError | None:
+    """kafka-python's class (a FATAL_ERRORS one) for a report of librdkafka's that retrying cannot cure; None for others.
 
     librdkafka (2.16) reports a rejected SASL mechanism or credentials only to
     ``error_cb``, as a local, non-fatal error, and tries again forever:
     "SASL SCRAM-SHA-256 mechanism handshake failed: Broker: Unsupported SASL
     mechanism: broker's supported mechanisms: PLAIN" (error 33), "SASL
-    authentication error: Authentication failed ..." (58).
+    authentication error: Authentication failed ..." (58). So is a broker
+    certificate that did not verify (_SSL, "SSL handshake failed: ...
+    certificate verify failed: broker certificate could not be verified"),
+    and a client certificate the brokers refused (_TRANSPORT, "Receive
+    failed: ... sslv3 alert bad certificate: SSL alert number 42").
     """
     text = err.str()
+    if err.code() == CKafkaError._SSL and "certificate verify failed" in text:
+        return SslAuthenticationError(text)
+    if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(f"SSL alert number {n}" in text for n in (42, 46, 48, 116)):
+        return ClientCertificateRefused(text)  # bad_certificate, certificate_unknown, unknown_ca, certificate_required
+    if err.code() != CKafkaError._AUTHENTICATION:
+        return None
     if "Unsupported SASL mechanism" in text:
         return kerrors.UnsupportedSaslMechanismError(text)
     return kerrors.SaslAuthenticationFailedError(text)

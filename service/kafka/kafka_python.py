@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import ssl
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -47,17 +48,36 @@ def _errors(*names: str) -> tuple[type, ...]:
     return tuple(getattr(kerrors, name) for name in names if hasattr(kerrors, name))
 
 
+class SslAuthenticationError(KafkaError):
+    """The brokers' TLS certificate failed verification (not signed by a CA of ``ssl_cafile``, or not for the
+    address connected to): Kafka's Java client calls it SslAuthenticationException and, as for a SASL
+    rejection, gives up instead of retrying. kafka-python has no class of its own for it: it wraps the
+    handshake's ssl.SSLCertVerificationError in a KafkaConnectionError, like any connection that failed."""
+
+
+class ClientCertificateRefused(SslAuthenticationError):
+    """The brokers refused the client's certificate, or its absence (a listener with ``ssl.client.auth=required``):
+    TLS alert 42, bad_certificate, at the first read after the handshake (TLS 1.3 sends it there)."""
+
+
+#: TLS alerts with which the brokers refuse the client's certificate (OpenSSL's reasons)
+CERTIFICATE_REFUSED_ALERTS = ("SSLV3_ALERT_BAD_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA",
+                              "SSLV3_ALERT_CERTIFICATE_UNKNOWN")
+
+
 #: The brokers rejected the SASL mechanism (error 33), the SASL exchange (34)
-#: or the credentials (58): sasl_mechanism, sasl_username or sasl_password must change.
-AUTHENTICATION_ERRORS = _errors("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError")
+#: or the credentials (58): sasl_mechanism, sasl_username or sasl_password must change;
+#: or the client rejected the brokers' certificate: ssl_cafile must change.
+AUTHENTICATION_ERRORS = (*_errors("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError"),
+                         SslAuthenticationError)
 
 #: Errors that retrying cannot cure: a setting or the brokers' permissions
 #: must change. The service stops with the error instead of retrying forever.
-FATAL_ERRORS = _errors(
+FATAL_ERRORS = (*_errors(
     "AuthorizationError", "SaslAuthenticationFailedError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",
     "InvalidReplicationFactorError", "InvalidPartitionsError", "InvalidTopicError", "PolicyViolationError",
     "KafkaConfigurationError",  # e.g. librdkafka refusing an unreadable PEM file
-)
+), SslAuthenticationError)
 
 #: Errors of one message that sending it again cannot cure: the brokers
 #: refuse it for good (larger than the topic allows, invalid).
@@ -112,7 +132,7 @@ def client_options(settings: KafkaSettings) -> dict:
 
 
 class _RejectionsAreFinal(KafkaConnectionManager):
-    """kafka-python's connection manager, for which a SASL rejection is final.
+    """kafka-python's connection manager, for which a SASL rejection, or a broker certificate that did not verify, is final.
 
     kafka-python 3.0.12 retries a bootstrap connection that the brokers
     rejected at the SASL handshake (UnsupportedSaslMechanismError, error 33)
@@ -125,7 +145,10 @@ class _RejectionsAreFinal(KafkaConnectionManager):
     ``KafkaConnection.initialize`` closes the connection with the error instead
     of raising it. Here each new connection's ``init_future`` reports them, so
     the next attempt on that node raises the rejection (bootstrap fails with
-    it) until a connection to it succeeds again.
+    it) until a connection to it succeeds again. A TLS handshake that failed
+    verifying the brokers' certificate is the same case seen from the client
+    (:class:`SslAuthenticationError`): retried, it failed forever as "Unable to
+    bootstrap" on Apache Kafka's SSL listener, with either client.
     """
 
     def __init__(self, net, **configs):
@@ -138,15 +161,55 @@ class _RejectionsAreFinal(KafkaConnectionManager):
         if conn not in self._watched:
             self._watched.add(conn)
             conn.init_future.add_callback(lambda _: self._rejected.pop(node_id, None))
-            conn.init_future.add_errback(lambda error: isinstance(error, AUTHENTICATION_ERRORS)
-                                         and self._rejected.__setitem__(node_id, error))
+            conn.init_future.add_errback(lambda error: (rejection := _rejection(error)) is not None
+                                         and self._rejected.__setitem__(node_id, rejection))
         return conn
+
+    async def _build_transport(self, node, timeout_at=None):
+        transport = await super()._build_transport(node, timeout_at=timeout_at)
+        transport._sock_recv = functools.partial(_recv_then_eof, transport._sock_recv)
+        return transport
 
     def maybe_raise_auth_failure(self, node_id):
         super().maybe_raise_auth_failure(node_id)
         error = self._rejected.get(node_id)
         if error is not None:
             raise error
+
+
+def _rejection(error: BaseException) -> KafkaError | None:
+    """The AUTHENTICATION_ERRORS error a failed connection stands for, if any.
+
+    kafka-python raises its KafkaConnectionError("Handshake failed: ...") from
+    inside the ``except`` of the TLS handshake, so the ssl error is its context.
+    """
+    if isinstance(error, AUTHENTICATION_ERRORS):
+        return error
+    cause = error.__cause__ or error.__context__
+    if not isinstance(error, kerrors.KafkaConnectionError):
+        return None
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return SslAuthenticationError(f"the brokers' certificate did not verify: {cause.verify_message or cause}")
+    alert = next((a for a in error.args if isinstance(a, ssl.SSLError)), None)  # a read's: KafkaConnectionError(e)
+    if alert is not None and alert.reason in CERTIFICATE_REFUSED_ALERTS:
+        return ClientCertificateRefused(f"the brokers refused the client's certificate: {alert.reason}")
+    return None
+
+
+def _recv_then_eof(receive: Callable) -> tuple[bytes, Exception | None]:
+    """A transport's ``_sock_recv`` that hands over the bytes read before the peer closed; the close is met at
+    the next read (the socket stays readable at its end).
+
+    kafka-python 3.0.12 drops the bytes of a read that ends at the peer's close
+    (the transport aborts with "socket disconnected" instead of passing them
+    on). Apache Kafka answers a SaslHandshake for a mechanism it has not
+    enabled with error 33 and closes the connection at once: the answer was
+    lost, the client saw brokers that hang up, and retried forever.
+    """
+    data, error = receive()
+    if data and isinstance(error, kerrors.KafkaConnectionError) and str(error).endswith("socket disconnected"):
+        return data, None
+    return data, error
 
 
 def _net_client(**configs) -> KafkaNetClient:
@@ -172,6 +235,12 @@ def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
     if isinstance(exc, kerrors.SaslAuthenticationFailedError):
         return (f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
                 f"and {named('sasl_mechanism')}")
+    if isinstance(exc, ClientCertificateRefused):
+        return (f"the brokers require a client certificate signed by a CA they trust: check "
+                f"{named('ssl_certfile', 'ssl_keyfile')}")
+    if isinstance(exc, SslAuthenticationError):
+        return (f"the brokers' TLS certificate is not signed by a CA of {named('ssl_cafile')}, or not for the "
+                f"address in {named('bootstrap_servers')}")
     return "check the Kafka settings (security, credentials, ACLs, replication factor)"
 
 
@@ -186,6 +255,8 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
         return exc
     text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())  # kafka-python's own prefix: the name says it
     text = text if text.startswith(exc.__class__.__name__) else f"{exc.__class__.__name__}: {text}".rstrip(": ")
+    # kafka-python names a rejection's class twice ("SaslAuthenticationFailedError: SaslAuthenticationFailedError: ...")
+    text = text.replace(f"{exc.__class__.__name__}: {exc.__class__.__name__}: ", f"{exc.__class__.__name__}: ", 1)
     if isinstance(exc, FATAL_ERRORS):
         return KafkaFatal(text, _hint(exc, settings))
     return KafkaUnavailable(text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError))

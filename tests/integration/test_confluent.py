@@ -65,8 +65,7 @@ def test_poll_send_flush_commit_and_lag(broker, topics):
             (topic, 0, i, b"k%d" % i, b"v%d" % i) for i in range(100)]
         assert all(r[5] > 1_600_000_000_000 for r in records)  # CreateTime, ms
         assert io.lag(ask_broker=False) == {(topic, 0): 200}  # the fetch responses' high watermark
-        # Tansu's ListOffsets reads short (the start of the last batch + 1, README "Brokers")
-        assert 0 <= io.lag(timeout_s=5, ask_broker=True)[(topic, 0)] <= 200
+        # lag(ask_broker=True), exact on Apache Kafka and short on this broker: tests/integration/test_lag.py
 
         for r in records:
             io.send(topics["output_topic"], r.key, r.value)
