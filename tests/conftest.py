@@ -17,7 +17,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from service.broker import EmbeddedBroker, free_port
+from service.broker import EmbeddedBroker
 from tests.support.apache_kafka import ApacheKafka, from_json, to_json, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -299,7 +299,7 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
     from service.state.local import LocalStore
     from service.streams import separable
     from tests.conftest import consume, produce, settings_args, start_service_process
-    from tests.integration.test_crash import stop_process, tail
+    from tests.support.service import stop_process, tail
 
     hostile = POISON + _collect(service_messages, 400)
     good = [json.dumps(e).encode() for e, _ in zip(separable(dimensions=3, seed=31), range(100))]

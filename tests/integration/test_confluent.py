@@ -282,7 +282,7 @@ def test_a_restart_right_after_a_kill_waits_for_the_dead_member_then_goes_on(bro
     """A restart while the killed run is still in the group goes on once it is gone, and ends exactly where an
     uninterrupted run does (kafka-python: test_crash, where the newcomer waits with its partitions paused)."""
     from tests.conftest import produce, settings_args, start_service_process, wait_until
-    from tests.integration.test_crash import (
+    from tests.support.service import (
         OutputWatcher,
         check_outputs,
         final_checkpoint,

@@ -24,7 +24,7 @@ from service.learning import make_learner
 from service.streams import separable
 from tests.conftest import (consume, create_topic, http_get, metrics_once, produce, settings_args, start_service_process,
                             wait_until)
-from tests.integration.test_crash import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
+from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
 from tests.support.apache_kafka import create_compacting_topic, records_left
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 from service.learning import make_learner
 from service.streams import separable
 from tests.conftest import ROOT, consume, create_topic, http_get, produce, settings_args, wait_until
-from tests.integration.test_crash import final_checkpoint
+from tests.support.service import final_checkpoint
 
 pytestmark = pytest.mark.integration
 

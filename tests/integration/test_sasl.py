@@ -28,7 +28,7 @@ from service.broker import free_port
 from service.config import KafkaSettings, ServeSettings, load
 from service.kafka import KafkaFatal
 from tests.conftest import consume, http_get, produce, start_service_process
-from tests.integration.test_crash import has_traceback, stop_process, tail
+from tests.support.service import has_traceback, stop_process, tail
 from tests.support.apache_kafka import SCRAM_PASSWORD, SCRAM_USER
 from tests.support.streams import open_test_stream
 

@@ -33,7 +33,7 @@ from service.state.checkpoint import decode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.streams import separable
 from tests.conftest import create_topic, produce, settings_args, start_service_process, wait_until
-from tests.integration.test_crash import has_traceback, stop_process, tail
+from tests.support.service import has_traceback, stop_process, tail
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,9 @@ from service.state.checkpoint import encode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
 from tests.conftest import produce, settings_args, start_service_process, wait_until
-from tests.integration.test_crash import (
+from tests.support.service import (
+    exit_code,
+    run_to_the_end,
     OutputWatcher,
     check_outputs,
     final_checkpoint,
@@ -30,35 +32,10 @@ from tests.integration.test_crash import (
     stop_process,
     store_args,
     tail,
-    wait_assigned,
 )
 from tests.support.apache_kafka import create_compacting_topic, records_left
 
 pytestmark = pytest.mark.integration
-
-
-def _run_to_the_end(args, watcher, count, log_path, records: int = 0) -> None:
-    """Start the service, wait for every offset (and ``records`` outputs in all), stop it with SIGTERM (exit 0)."""
-    process = start_service_process(args, log_path)
-    try:
-        wait_assigned(process, log_path, load(ServeSettings, args).input_topic)
-        wait_until(lambda: (watcher.distinct() >= count and watcher.records >= records) or process.poll() is not None, 120,
-                   what=f"{count} offsets predicted")
-        assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
-    finally:
-        code = stop_process(process, log_path)
-    assert code == 0, tail(log_path)
-
-
-def _exit_code(args, log_path, timeout=60.0) -> int:
-    """Run a service that must stop by itself; its exit code."""
-    process = start_service_process(args, log_path)
-    try:
-        return process.wait(timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 # damaged checkpoints ------------------------------------------------------
@@ -106,11 +83,11 @@ def test_damaged_newest_checkpoints_fall_back_to_an_older_one_and_end_exact(kafk
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
         produce(broker.bootstrap_servers, topics["input_topic"], events[:first_part])
-        _run_to_the_end(args, watcher, first_part, tmp_path / "serve-1.log")
+        run_to_the_end(args, watcher, first_part, tmp_path / "serve-1.log")
         damaged = (_damage_local if store == "local" else _damage_kafka)(args)
 
         produce(broker.bootstrap_servers, topics["input_topic"], events[first_part:])
-        _run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")
+        run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")
         watcher.settle()
     finally:
         by_source = watcher.stop()
@@ -134,7 +111,7 @@ def _restart_refused(broker, topics, tmp_path, count: int, seed: int, damage) ->
     args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500)
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        _run_to_the_end(args, watcher, count, tmp_path / "serve-1.log")  # checkpoints, then commits them
+        run_to_the_end(args, watcher, count, tmp_path / "serve-1.log")  # checkpoints, then commits them
         settings = load(ServeSettings, args)
         store = LocalStore(settings.state_dir, settings.group_id)
         state_dir = store.task_dir("model")
@@ -142,7 +119,7 @@ def _restart_refused(broker, topics, tmp_path, count: int, seed: int, damage) ->
         before = watcher.settle()
         records_before = watcher.records
 
-        code = _exit_code(args, tmp_path / "serve-2.log")
+        code = exit_code(args, tmp_path / "serve-2.log")
         time.sleep(1.0)
     finally:
         watcher.stop()
@@ -169,12 +146,12 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
     args = settings_args(broker, topics, tmp_path, checkpoint_interval_events=500)
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")
+        run_to_the_end(args, watcher, len(events), tmp_path / "serve-1.log")
     finally:
         watcher.stop()
     saved = final_checkpoint(args, "local")
 
-    code = _exit_code(args + ["--variant", "averaged"], tmp_path / "serve-2.log")
+    code = exit_code(args + ["--variant", "averaged"], tmp_path / "serve-2.log")
     log = (tmp_path / "serve-2.log").read_text()
     assert code == 1, log[-3000:]
     assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[-3000:]
@@ -203,7 +180,7 @@ def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(kafka_broke
             process.kill()
             process.wait()
         assert final_checkpoint(args, store) is None
-        _run_to_the_end(args, watcher, count, tmp_path / "serve-2.log", records=2 * count)
+        run_to_the_end(args, watcher, count, tmp_path / "serve-2.log", records=2 * count)
         watcher.settle()
     finally:
         by_source = watcher.stop()
@@ -228,7 +205,7 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(ka
     try:
         wait_until(lambda: watcher.distinct() >= first_part or first.poll() is not None, 120, what="the first part predicted")
         # the same model again (same group, same state), e.g. a second replica by mistake
-        code = _exit_code(args, tmp_path / "serve-2.log")
+        code = exit_code(args, tmp_path / "serve-2.log")
         log = (tmp_path / "serve-2.log").read_text()
         assert code == 1, log[-3000:]
         if store == "local":
@@ -348,7 +325,7 @@ def test_the_log_cleaner_compacts_the_checkpoint_topic_and_the_newest_checkpoint
     watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"]).start()
     try:
         produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[:first_part])
-        _run_to_the_end(args, watcher, first_part, tmp_path / "serve-1.log")
+        run_to_the_end(args, watcher, first_part, tmp_path / "serve-1.log")
         newest = final_checkpoint(args, "kafka")
         written = records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[1]
         assert written > 10, f"only {written} checkpoints written"
@@ -357,7 +334,7 @@ def test_the_log_cleaner_compacts_the_checkpoint_topic_and_the_newest_checkpoint
                           60, interval=1.0, what=f"the cleaner to compact {checkpoint_topic}")
 
         produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[first_part:])
-        _run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")
+        run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")
         watcher.settle()
     finally:
         by_source = watcher.stop()

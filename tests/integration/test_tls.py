@@ -23,7 +23,7 @@ import pytest
 
 from service.broker import free_port
 from tests.conftest import http_get, settings_args, start_service_process, wait_until
-from tests.integration.test_crash import (
+from tests.support.service import (
     check_outputs,
     has_traceback,
     make_events,

@@ -23,7 +23,9 @@ from service.state.checkpoint import encode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
 from tests.conftest import ROOT, new_broker, produce, settings_args
-from tests.integration.test_crash import (
+from tests.support.service import (
+    exit_code,
+    run_to_the_end,
     OutputWatcher,
     check_outputs,
     final_checkpoint,
@@ -32,7 +34,6 @@ from tests.integration.test_crash import (
     offline,
     store_args,
 )
-from tests.integration.test_state import _exit_code, _run_to_the_end
 
 pytestmark = pytest.mark.integration
 
@@ -43,14 +44,14 @@ def _first_run(broker, topics, tmp_path, count=1000, seed=41, **extra) -> list[s
     args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200, **extra)
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        _run_to_the_end(args, watcher, count, tmp_path / "serve-1.log")
+        run_to_the_end(args, watcher, count, tmp_path / "serve-1.log")
     finally:
         watcher.stop()
     return args
 
 
 def _refused(args, log_path) -> str:
-    code = _exit_code(args, log_path)
+    code = exit_code(args, log_path)
     log = log_path.read_text()
     assert code == 1, log[-3000:]
     assert not has_traceback(log), log[-3000:]
@@ -65,7 +66,7 @@ def test_another_group_on_the_same_state_dir_starts_its_own_model(broker, topics
     args = settings_args(broker, other, tmp_path, batch_size=100, checkpoint_interval_events=200)
     watcher = OutputWatcher(broker.bootstrap_servers, other["output_topic"]).start()
     try:
-        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-b.log")
+        run_to_the_end(args, watcher, len(events), tmp_path / "serve-b.log")
         watcher.settle()
     finally:
         by_source = watcher.stop()
@@ -111,7 +112,7 @@ def _check_refused_then_start_over(broker, topics, tmp_path, events) -> str:
 
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        _run_to_the_end(args + ["--start-over"], watcher, len(events), tmp_path / "serve-3.log")
+        run_to_the_end(args + ["--start-over"], watcher, len(events), tmp_path / "serve-3.log")
         watcher.settle()
     finally:
         by_source = watcher.stop()
@@ -147,7 +148,7 @@ def test_with_a_key_forged_unsigned_and_garbage_records_fall_back_to_the_signed_
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     os.environ.update(key)  # the child processes inherit it, never as a flag
     try:
-        _run_to_the_end(args, watcher, 600, tmp_path / "serve-1.log")
+        run_to_the_end(args, watcher, 600, tmp_path / "serve-1.log")
         settings = load(ServeSettings, args)
         topic = CompactedTopic(settings, settings.checkpoint_topic)
         store = KafkaStore(topic, settings.group_id)
@@ -165,7 +166,7 @@ def test_with_a_key_forged_unsigned_and_garbage_records_fall_back_to_the_signed_
         finally:
             store.close()
         produce(broker.bootstrap_servers, topics["input_topic"], events[600:])
-        _run_to_the_end(args, watcher, len(events), tmp_path / "serve-2.log")
+        run_to_the_end(args, watcher, len(events), tmp_path / "serve-2.log")
         watcher.settle()
     finally:
         for name in key:
@@ -224,7 +225,7 @@ def test_a_fifo_where_a_checkpoint_belongs_neither_hangs_nor_stops_the_service(b
     produce(broker.bootstrap_servers, topics["input_topic"], events[400:])
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        _run_to_the_end(args, watcher, 800, tmp_path / "serve-2.log")
+        run_to_the_end(args, watcher, 800, tmp_path / "serve-2.log")
     finally:
         watcher.stop()
     log = (tmp_path / "serve-2.log").read_text()
@@ -255,7 +256,7 @@ def test_version_0_1s_flat_state_dir_is_adopted_by_its_group_and_refused_by_anot
     produce(broker.bootstrap_servers, topics["input_topic"], make_events(100, seed=47))
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        _run_to_the_end(args, watcher, 600, tmp_path / "serve-2.log")
+        run_to_the_end(args, watcher, 600, tmp_path / "serve-2.log")
     finally:
         watcher.stop()
     assert not store.legacy_files() and store.files("model")

@@ -1,0 +1,242 @@
+"""Running the service as a real process and checking what it did: the helpers the integration tests share.
+
+The events a test feeds and what an uninterrupted run makes of them
+(:func:`make_events`, :func:`offline`), a reader of the output topic
+(:class:`OutputWatcher`) and the check every crash-style test ends with
+(:func:`check_outputs`), the newest checkpoint (:func:`final_checkpoint`),
+and the service's process and log (:func:`stop_process`,
+:func:`run_to_the_end`, :func:`has_traceback`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from service.config import ServeSettings, load
+from service.kafka import CompactedTopic
+from service.learning import make_learner
+from service.state.kafka_store import KafkaStore
+from service.state.local import LocalStore
+from service.streams import separable
+from tests.conftest import create_topic, start_service_process, wait_until
+
+DEFAULT_MAX_MODEL_FEATURES = ServeSettings.model_fields["max_model_features"].default
+
+
+def make_events(count: int, seed: int, dimensions: int = 10, noise: float = 0.05) -> list[dict]:
+    return [dict(e) for e, _ in zip(separable(dimensions=dimensions, noise=noise, seed=seed), range(count))]
+
+
+def offline(events: list[dict], variant: str = "plain") -> tuple[list[dict], dict]:
+    """What an uninterrupted run publishes for each event, and its final model state (the service's default cap)."""
+    learner = make_learner(variant, max_features=DEFAULT_MAX_MODEL_FEATURES)
+    expected = []
+    for e in events:
+        y_pred, score, mistake = learner.step(e["x"], e.get("y"))
+        expected.append({"id": e["id"], "y_pred": y_pred, "score": score, "y": e.get("y"), "mistake": mistake,
+                         "model": {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes}})
+    return expected, learner.to_state()
+
+
+class OutputWatcher:
+    """Reads a one-partition output topic from its start, in a thread, while the test runs."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from kafka import KafkaConsumer, TopicPartition
+
+        create_topic(bootstrap, topic)  # one partition, before the service would create it
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                      request_timeout_ms=10_000)
+        tp = TopicPartition(topic, 0)
+        self.consumer.assign([tp])
+        self.consumer.seek_to_beginning(tp)
+        self.by_source: dict[int, list[bytes]] = {}  # input offset -> every output value for it
+        self.keys: dict[int, list[bytes | None]] = {}  # input offset -> the Kafka key of each of those outputs
+        self.records = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> OutputWatcher:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batches = self.consumer.poll(timeout_ms=200)
+            except Exception:  # the broker may be frozen on purpose; keep trying
+                time.sleep(0.2)
+                continue
+            with self._lock:
+                for messages in batches.values():
+                    for m in messages:
+                        offset = json.loads(m.value)["source"]["offset"]
+                        self.by_source.setdefault(offset, []).append(m.value)
+                        self.keys.setdefault(offset, []).append(m.key)
+                        self.records += 1
+
+    def settle(self, quiet_s: float = 0.5, timeout: float = 60.0) -> int:
+        """Wait until nothing new arrived for ``quiet_s`` (the topic read to its end); the distinct count."""
+        last, since = -1, time.monotonic()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.records != last:
+                last, since = self.records, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                return self.distinct()
+            time.sleep(0.05)
+        raise AssertionError(f"the output topic kept growing for {timeout:.0f} s")
+
+    def distinct(self) -> int:
+        with self._lock:
+            return len(self.by_source)
+
+    def stop(self) -> dict[int, list[bytes]]:
+        self._stop.set()
+        self._thread.join(30)
+        self.consumer.close()
+        return self.by_source
+
+
+OUTPUT_FIELDS = ("id", "source", "y_pred", "score", "y", "mistake", "model")
+
+
+def check_outputs(by_source: dict[int, list[bytes]], expected: list[dict], *, input_topic: str | None = None,
+                  keys: dict[int, list[bytes | None]] | None = None, input_keys: list[bytes | None] | None = None) -> int:
+    """Every offset predicted, every copy identical and equal to the uninterrupted run; returns the repeats.
+
+    Each output must have exactly the wire contract's fields, name its input
+    (``source``: the input topic, partition 0 and the offset it is filed
+    under) and match ``expected`` in value AND type (``true`` is not ``1``,
+    ``1`` is not ``1.0``, ``-0.0`` is not ``0.0``). With ``keys`` (an
+    OutputWatcher's), each output's Kafka key must be its input's
+    (``input_keys``, None when the input had none).
+    """
+    missing = [o for o in range(len(expected)) if o not in by_source]
+    assert not missing, f"{len(missing)} input offsets have no prediction, first {missing[:10]}"
+    assert sorted(by_source) == list(range(len(expected))), "predictions for offsets that were never produced"
+    topics = set()
+    repeats = 0
+    for offset, values in by_source.items():
+        first = json.loads(values[0])
+        for value in values[1:]:
+            again = json.loads(value)
+            for field in ("y_pred", "score", "mistake", "model"):
+                assert json.dumps(again[field]) == json.dumps(first[field]), (offset, field, first, again)
+            assert value == values[0], (offset, values[0], value)  # the whole message, byte for byte
+        repeats += len(values) - 1
+        assert sorted(first) == sorted(OUTPUT_FIELDS), (offset, "fields", sorted(first))
+        source = first["source"]
+        assert sorted(source) == ["offset", "partition", "topic"], (offset, source)
+        assert source["partition"] == 0 and source["offset"] == offset, (offset, source)
+        topics.add(source["topic"])
+        got = {k: first[k] for k in OUTPUT_FIELDS if k != "source"}
+        # json.dumps tells the types apart where == does not (True == 1 == 1.0, -0.0 == 0.0)
+        assert json.dumps(got, sort_keys=True) == json.dumps(expected[offset], sort_keys=True), (offset, got, expected[offset])
+        if keys is not None:
+            want = None if input_keys is None else input_keys[offset]
+            assert keys[offset] == [want] * len(values), (offset, "keys", keys[offset], want)
+    assert topics == ({input_topic} if input_topic else topics) and len(topics) == 1, f"source topics {topics}"
+    return repeats
+
+
+def final_checkpoint(args: list[str], store: str):
+    settings = load(ServeSettings, args)
+    if store == "local":
+        return LocalStore(settings.state_dir, settings.group_id).load("model")
+    kafka_store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
+    try:
+        return kafka_store.load("model")
+    finally:
+        kafka_store.close()
+
+
+def stop_process(process: subprocess.Popen, log_path: Path, timeout: float = 30.0) -> int:
+    """SIGTERM and wait; the exit code (the log's tail in the failure message)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"the service did not stop on SIGTERM:\n{tail(log_path)}") from None
+    return process.returncode
+
+
+#: Where a service starts closing its clients: SIGTERM, or its refusal to run as a second instance.
+CLOSING = re.compile(r"stopping: finishing the batch in hand|consumer group \S+ still has \d+ other active member")
+LOG_RECORD = re.compile(r"(?m)^(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} )")  # where each record of the log starts
+KAFKA_PYTHON_RECORD = re.compile(r"\S+ \S+ [A-Z]+ +kafka\.")
+
+
+def without_close_noise(log: str) -> str:
+    """``log`` without what kafka-python's own loggers wrote once the service began to close its clients.
+
+    kafka-python 3.0.12 races with itself closing connections and logs it as
+    ERROR with a traceback, now and then (seen: kafka/net/transport.py
+    ``_sock_recv`` after ``close()`` set ``_sock`` to None; kafka/net/selector.py
+    ``register_event`` for a socket already closed). Not the service's; every
+    other record stays, and the run must still end as it should.
+    """
+    closing = CLOSING.search(log)
+    if closing is None:
+        return log
+    after = LOG_RECORD.split(log[closing.end():])
+    return log[:closing.end()] + "".join(r for r in after if not KAFKA_PYTHON_RECORD.match(r))
+
+
+def has_traceback(log: str) -> bool:
+    """Whether a service's ``log`` holds a traceback (see without_close_noise)."""
+    return "Traceback" in without_close_noise(log)
+
+
+def tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+def wait_assigned(process: subprocess.Popen, log_path: Path, topic: str, timeout: float = 120.0) -> None:
+    """Until the service has restored its state and holds its partition (it logs "assigned <topic>[0]")."""
+    wait_until(lambda: process.poll() is not None or f"assigned {topic}[0]" in log_path.read_text(errors="replace"),
+               timeout, what="the service's assignment")
+    assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
+
+
+def store_args(store: str, topics: dict) -> dict:
+    if store == "kafka":
+        return {"state_store": "kafka", "checkpoint_topic": f"ckpt-{topics['group_id']}"}
+    return {}
+
+
+def run_to_the_end(args, watcher, count, log_path, records: int = 0) -> None:
+    """Start the service, wait for every offset (and ``records`` outputs in all), stop it with SIGTERM (exit 0)."""
+    process = start_service_process(args, log_path)
+    try:
+        wait_assigned(process, log_path, load(ServeSettings, args).input_topic)
+        wait_until(lambda: (watcher.distinct() >= count and watcher.records >= records) or process.poll() is not None, 120,
+                   what=f"{count} offsets predicted")
+        assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
+    finally:
+        code = stop_process(process, log_path)
+    assert code == 0, tail(log_path)
+
+
+def exit_code(args, log_path, timeout=60.0) -> int:
+    """Run a service that must stop by itself; its exit code."""
+    process = start_service_process(args, log_path)
+    try:
+        return process.wait(timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
