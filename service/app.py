@@ -47,6 +47,7 @@ from service.kafka import (
     ensure_topics,
     open_stream,
     partition_counts,
+    require_codecs,
 )
 from service.learning import make_learner
 from service.metrics import ServiceMetrics
@@ -237,6 +238,10 @@ class Application:
 
     def _open(self) -> None:
         s, until = self.settings, self.retry.until_it_works
+        try:
+            require_codecs()
+        except KafkaFatal as exc:
+            raise fatal(exc, "read compressed records") from None
         topics = [TopicSpec(name, s.topic_partitions, s.topic_replication_factor) for name in (s.input_topic, s.output_topic, s.dlq_topic)]
         if s.state_store == "kafka":
             topics.append(TopicSpec(s.checkpoint_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
