@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
 from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
-from service.kafka.kafka_python import FATAL_ERRORS, LINGER_UNTIL_FLUSH_MS, REFUSED_ERRORS, group_members, service_error
+from service.kafka.kafka_python import FATAL_ERRORS, ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS, REFUSED_ERRORS, group_members, service_error
 from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ _LOCAL_ERRORS = {
     CKafkaError._UNKNOWN_PARTITION: kerrors.UnknownTopicOrPartitionError,
     CKafkaError._INVALID_ARG: kerrors.KafkaConfigurationError,
     CKafkaError._STATE: kerrors.IllegalStateError,
+    CKafkaError._BAD_COMPRESSION: kerrors.UnsupportedCodecError,  # a batch librdkafka cannot decompress: fatal
 }
 
 
@@ -134,8 +135,8 @@ class ConfluentIO:
         self.consumer = Consumer({
             **common, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": auto_offset_reset,
             "fetch.wait.max.ms": fetch_max_wait_ms, "on_commit": self._committed,
-            # kafka-python's default: librdkafka's read_committed would wait for transactions nobody writes here
-            "isolation.level": "read_uncommitted",
+            # librdkafka's default too, explicit: committed records only, as KafkaIO reads
+            "isolation.level": ISOLATION_LEVEL,
             # partition p of every topic to one member (the join of labels to points needs it)
             "partition.assignment.strategy": "range",
             **{name.replace("_", "."): value for name, value in GROUP_TIMINGS.items()},

@@ -116,6 +116,13 @@ REFUSED_ERRORS = _errors("MessageSizeTooLargeError", "RecordListTooLargeError", 
 LINGER_UNTIL_FLUSH_MS = 60_000
 
 
+#: What the poll loop reads, with either client: committed records only. An upstream that writes points in
+#: transactions (Kafka Streams or Quix Streams with exactly-once) aborts some; their records stay in the log,
+#: and a read_uncommitted reader (kafka-python's default) would predict them and learn from them. The reader
+#: waits at the first open transaction (the last stable offset) until it commits or aborts.
+ISOLATION_LEVEL = "read_committed"
+
+
 class _NotSent:
     """In place of the future of a message the producer did not take: ``exception`` None
     (no metadata while the brokers are away: send it again) or the error it was refused with."""
@@ -594,6 +601,8 @@ class KafkaIO:
         self.consumer = KafkaConsumer(
             **_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
+            # records of aborted transactions are never predicted nor learned (kafka-python's default would read them)
+            isolation_level=ISOLATION_LEVEL,
             max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms, request_timeout_ms=10_000,
             # the range assignor gives partition p of every topic to one member (the join of labels to points needs it)
             partition_assignment_strategy=[RangePartitionAssignor],
