@@ -235,13 +235,14 @@ class Application:
         """
         tasks = self.tasks.all()
         unsaved = sum(task.unsaved for task in tasks)
-        in_hand = " (a batch whose outputs were not all acknowledged among them)" if self.assignments.batch_open else ""
-        if self.store is not None and unsaved:
-            left = (f"{unsaved} event(s) processed since the last checkpoint{in_hand} are not checkpointed: the next "
-                    "start learns and publishes them again from the last checkpoint")
-        elif self.store is None and self.assignments.batch_open:
-            left = (f"the batch in hand{in_hand} is not committed: the next start reads it again from the last "
-                    "committed offsets")
+        in_hand = self.assignments.batch_open  # its outputs not all acknowledged
+        if self.store is not None and (unsaved or in_hand):
+            events = f"{unsaved} event(s) processed since the last checkpoint" if unsaved else "the batch in hand"
+            among = " (a batch whose outputs were not all acknowledged among them)" if unsaved and in_hand else ""
+            left = (f"{events}{among} {'are' if unsaved else 'is'} not checkpointed: the next start learns and publishes "
+                    f"{'them' if unsaved else 'it'} again from the last checkpoint")
+        elif self.store is None and in_hand:
+            left = "the batch in hand is not committed: the next start reads it again from the last committed offsets"
         elif self.checkpointer.pending_commit():
             left = ("the last positions were not committed to the consumer group (the next start "
                     + ("seeks to the last checkpoint anyway)" if self.store is not None else "reads again from the last committed offsets)"))
@@ -400,9 +401,10 @@ class Application:
     # the loop ------------------------------------------------------------
     def _loop(self) -> int:
         s, stream = self.settings, self.stream
+        polling = f"in the {s.kafka_client} client's poll"
         while not self._stopping:
             self.health.beat()
-            self._doing = f"in the {s.kafka_client} client's poll"
+            self._doing = polling
             ok, batches = self.retry.once(lambda: stream.poll(s.poll_timeout_ms, s.batch_size),
                                           f"read {s.input_topic} in group {s.group_id}", probe=True)
             if not ok:

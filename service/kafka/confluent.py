@@ -22,7 +22,14 @@ from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
 from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
-from service.kafka.kafka_python import FATAL_ERRORS, ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS, REFUSED_ERRORS, group_members, service_error
+from service.kafka.kafka_python import (
+    FATAL_ERRORS,
+    ISOLATION_LEVEL,
+    LINGER_UNTIL_FLUSH_MS,
+    REFUSED_ERRORS,
+    group_members,
+    service_error,
+)
 from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
 
 log = logging.getLogger(__name__)
