@@ -53,7 +53,7 @@ class StopDeadline:
 
     def __init__(self, seconds: float, request_stop: Callable[[str], None], undone: Callable[[], str]):
         self.seconds, self.request_stop, self.undone = seconds, request_stop, undone
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the Python handler may run again inside itself, on a second signal
         self.signal_name: str | None = None  # the first stop signal received
 
     def install(self) -> None:
