@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from service.kafka import (
     ensure_topics,
     open_stream,
     partition_counts,
+    require_codecs,
 )
 from service.learning import make_learner
 from service.metrics import ServiceMetrics
@@ -60,6 +60,7 @@ from service.runtime.health import Health, LagProbe
 from service.runtime.partitions import Assignments
 from service.runtime.restore import Restorer
 from service.runtime.retry import Retry, StartupError, fatal
+from service.runtime.shutdown import StopDeadline
 from service.state.checkpoint import GROUP_TASK, Owner
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
@@ -129,6 +130,7 @@ class Application:
         self.assignments = Assignments(s, self.tasks, self._new_task, None, self.checkpointer, None, self.health,
                                        self.metrics, self.lag, self.retry)
         self._stopping = False
+        self._doing = "connecting to the brokers"  # what the loop is doing, for a stop that does not finish in time
 
     @property
     def learner(self):
@@ -219,11 +221,41 @@ class Application:
             log.info("stopping: finishing the batch in hand")
         self._stopping = True
 
+    def _stop_signalled(self, name: str) -> None:
+        if not self._stopping:
+            log.info("stopping: finishing the batch in hand (%s; the process exits within %g s)",
+                     name, self.settings.stop_timeout_seconds)
+        self._stopping = True
+
+    def undone(self) -> str:
+        """What the loop is doing and what it would leave undone if the process ended now (the stop deadline's message).
+
+        Read on another thread while the loop runs: plain reads of counters and flags.
+        """
+        tasks = self.tasks.all()
+        unsaved = sum(task.unsaved for task in tasks)
+        in_hand = self.assignments.batch_open  # its outputs not all acknowledged
+        if self.store is not None and (unsaved or in_hand):
+            events = f"{unsaved} event(s) processed since the last checkpoint" if unsaved else "the batch in hand"
+            among = " (a batch whose outputs were not all acknowledged among them)" if unsaved and in_hand else ""
+            left = (f"{events}{among} {'are' if unsaved else 'is'} not checkpointed: the next start learns and publishes "
+                    f"{'them' if unsaved else 'it'} again from the last checkpoint")
+        elif self.store is None and in_hand:
+            left = "the batch in hand is not committed: the next start reads it again from the last committed offsets"
+        elif self.checkpointer.pending_commit():
+            left = ("the last positions were not committed to the consumer group (the next start "
+                    + ("seeks to the last checkpoint anyway)" if self.store is not None else "reads again from the last committed offsets)"))
+        elif self.stream is None:
+            left = "nothing was read yet"
+        else:
+            left = ("nothing to checkpoint or commit; the clients were not closed: the group notices this member is "
+                    "gone at its session timeout")
+        return f"stuck {self._doing}; left undone: {left}"
+
     def run(self, install_signal_handlers: bool = True) -> int:
         s = self.settings
         if install_signal_handlers:
-            signal.signal(signal.SIGTERM, self.stop)
-            signal.signal(signal.SIGINT, self.stop)
+            StopDeadline(s.stop_timeout_seconds, self._stop_signalled, self.undone).install()
         self.http = HttpEndpoints(self.metrics, self.health, s.metrics_host, s.metrics_port, model_report=self.model_report).start()
         log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.http.port)
         try:
@@ -236,6 +268,10 @@ class Application:
 
     def _open(self) -> None:
         s, until = self.settings, self.retry.until_it_works
+        try:
+            require_codecs()
+        except KafkaFatal as exc:
+            raise fatal(exc, "read compressed records") from None
         topics = [TopicSpec(name, s.topic_partitions, s.topic_replication_factor) for name in (s.input_topic, s.output_topic, s.dlq_topic)]
         if s.state_store == "kafka":
             topics.append(TopicSpec(s.checkpoint_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
@@ -341,8 +377,10 @@ class Application:
                         log.warning("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
                                     "the next start learns and publishes it again from the last checkpoint")
                     else:
+                        self._doing = "writing the final checkpoint and committing"
                         self.checkpointer.maybe(self.tasks.all(), self.stream, final=True)
                 finally:
+                    self._doing = "closing the clients"
                     self.stream.close()
         finally:
             if self.mix_tail is not None:
@@ -362,8 +400,10 @@ class Application:
     # the loop ------------------------------------------------------------
     def _loop(self) -> int:
         s, stream = self.settings, self.stream
+        polling = f"in the {s.kafka_client} client's poll"
         while not self._stopping:
             self.health.beat()
+            self._doing = polling
             ok, batches = self.retry.once(lambda: stream.poll(s.poll_timeout_ms, s.batch_size),
                                           f"read {s.input_topic} in group {s.group_id}", probe=True)
             if not ok:
@@ -375,6 +415,7 @@ class Application:
             if batches and not self.assignments.may_process():  # other members are still in the group: nothing yet
                 self.assignments.put_back([r for records in batches for r in records])
                 batches = []
+            self._doing = "processing a batch"
             if batches:
                 self.lag.records_came()
             if batches or (self._labels_due() and self.assignments.may_process()):  # (labels past their grace period
@@ -383,7 +424,9 @@ class Application:
                     self._process(batches)
                 except DeliveryError:  # raised only once stopping: _close leaves the checkpoints as they were
                     return 0
+            self._doing = "checkpointing or committing"
             self.checkpointer.maybe(self.tasks.all(), stream)
+            self._doing = "reading the lag"
             self.lag.refresh(stream)
         return 0
 
@@ -473,6 +516,7 @@ class Application:
 
     def _flush(self) -> None:
         """Wait for every acknowledgement, however long the brokers are away (or until stopped)."""
+        self._doing = "waiting for the brokers to acknowledge the batch's outputs"
         while True:
             try:
                 refused = self.stream.flush(timeout_s=FLUSH_WAIT_S)

@@ -50,6 +50,7 @@ from service.kafka.kafka_python import (
     log_ranges,
     make_producer,
     partition_counts,
+    require_codecs,
 )
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "make_producer",
     "open_stream",
     "partition_counts",
+    "require_codecs",
 ]
 
 

@@ -25,6 +25,7 @@ from service.config import KafkaSettings
 from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
 from service.kafka.kafka_python import (
     FATAL_ERRORS,
+    ISOLATION_LEVEL,
     LINGER_UNTIL_FLUSH_MS,
     REFUSED_ERRORS,
     ClientCertificateRefused,
@@ -74,6 +75,7 @@ _LOCAL_ERRORS = {
     CKafkaError._UNKNOWN_PARTITION: kerrors.UnknownTopicOrPartitionError,
     CKafkaError._INVALID_ARG: kerrors.KafkaConfigurationError,
     CKafkaError._STATE: kerrors.IllegalStateError,
+    CKafkaError._BAD_COMPRESSION: kerrors.UnsupportedCodecError,  # a batch librdkafka cannot decompress: fatal
 }
 
 
@@ -153,8 +155,8 @@ class ConfluentIO:
         self.consumer = Consumer({
             **common, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": auto_offset_reset,
             "fetch.wait.max.ms": fetch_max_wait_ms, "on_commit": self._committed,
-            # kafka-python's default: librdkafka's read_committed would wait for transactions nobody writes here
-            "isolation.level": "read_uncommitted",
+            # librdkafka's default too, explicit: committed records only, as KafkaIO reads
+            "isolation.level": ISOLATION_LEVEL,
             **_group_config(group_protocol),
         })
         self.incremental = group_protocol == "consumer"

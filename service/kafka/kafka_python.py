@@ -77,7 +77,51 @@ FATAL_ERRORS = (*_errors(
     "AuthorizationError", "SaslAuthenticationFailedError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",
     "InvalidReplicationFactorError", "InvalidPartitionsError", "InvalidTopicError", "PolicyViolationError",
     "KafkaConfigurationError",  # e.g. librdkafka refusing an unreadable PEM file
+    # records the client cannot decompress: every read of the partition fails alike until a package is installed
+    "UnsupportedCodecError", "UnsupportedCompressionTypeError",
 ), SslAuthenticationError)
+
+#: The package kafka-python decompresses each codec with (what kafka/codec.py of 3.0.12 imports: ``snappy``,
+#: ``lz4.frame``, ``zstandard``; gzip is in the standard library). Dependencies of the service, as crc32c is:
+#: without one, kafka-python cannot read a topic its producers compressed with that codec.
+CODEC_PACKAGES = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
+
+
+def missing_codecs() -> dict[str, str]:
+    """Codec → package, for each codec Kafka defines that kafka-python cannot decompress here (none: {})."""
+    from kafka import codec
+
+    available = {"snappy": codec.has_snappy, "lz4": codec.has_lz4, "zstd": codec.has_zstd}
+    return {name: CODEC_PACKAGES[name] for name, has in available.items() if not has()}
+
+
+def require_codecs() -> None:
+    """Raise KafkaFatal, naming the packages, when kafka-python cannot decompress every codec Kafka defines.
+
+    Checked at start-up whichever client runs the loop (kafka-python reads
+    the checkpoint and mix topics in any case): a missing package would
+    otherwise show only when a producer first compresses with its codec.
+    """
+    missing = missing_codecs()
+    if missing:
+        packages = sorted(set(missing.values()))
+        raise KafkaFatal(f"kafka-python cannot decompress {', '.join(missing)} (not installed: {', '.join(packages)})",
+                         f"pip install {' '.join(packages)} (dependencies of perceptron-stream: reinstalling the service "
+                         "installs them)")
+
+
+def _codec_hint(exc: BaseException) -> str:
+    """What to do about a record batch kafka-python cannot decompress: the package its codec needs, if any.
+
+    >>> _codec_hint(kerrors.UnsupportedCodecError("Libraries for zstd compression codec not found"))
+    'install zstandard (pip install zstandard), a dependency of perceptron-stream: reinstall the service'
+    """
+    match = re.search(r"for (\w+) compression codec", str(exc))
+    package = CODEC_PACKAGES.get(match.group(1)) if match else None
+    if package:
+        return f"install {package} (pip install {package}), a dependency of perceptron-stream: reinstall the service"
+    return "the records are compressed in a way this client cannot read: check the producers' compression.type"
+
 
 #: Errors of one message that sending it again cannot cure: the brokers
 #: refuse it for good (larger than the topic allows, invalid).
@@ -90,6 +134,13 @@ REFUSED_ERRORS = _errors("MessageSizeTooLargeError", "RecordListTooLargeError", 
 #: expensive (py-spy, bench/README.md "End to end"). A batch that outgrows
 #: ``batch_size`` is still sent at once.
 LINGER_UNTIL_FLUSH_MS = 60_000
+
+
+#: What the poll loop reads, with either client: committed records only. An upstream that writes points in
+#: transactions (Kafka Streams or Quix Streams with exactly-once) aborts some; their records stay in the log,
+#: and a read_uncommitted reader (kafka-python's default) would predict them and learn from them. The reader
+#: waits at the first open transaction (the last stable offset) until it commits or aborts.
+ISOLATION_LEVEL = "read_committed"
 
 
 class _NotSent:
@@ -229,6 +280,8 @@ def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
     def named(*names: str) -> str:
         return " and ".join(f"{name} ({flag(name)}, {env_var(name)})" for name in names)
 
+    if isinstance(exc, (kerrors.UnsupportedCodecError, kerrors.UnsupportedCompressionTypeError)):
+        return _codec_hint(exc)
     mechanism = f"SASL mechanism {settings.sasl_mechanism}" if settings is not None and settings.sasl_mechanism else "the SASL mechanism"
     if isinstance(exc, (kerrors.UnsupportedSaslMechanismError, kerrors.IllegalSaslStateError)):
         return f"the brokers do not accept {mechanism}: check {named('sasl_mechanism')}"
@@ -539,6 +592,42 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     fetcher.fetched_records = fetched_records
 
 
+def _failed_batches_are_fetched_again(consumer: KafkaConsumer) -> None:
+    """Mend kafka-python 3.0.12's fetcher on ``consumer``: after a batch fails to parse, every poll spins forever.
+
+    Records are parsed lazily, as the poll takes them: when a batch cannot
+    be read (UnsupportedCodecError when a codec's package is missing, a
+    CorruptRecordError) the first poll raises, but the partition's parsed
+    records stay in line, their generator dead and never drained. The next
+    poll takes nothing from them, counts nothing taken and tries again, in
+    ``Fetcher.fetched_records``' ``while records_remaining > 0`` loop, with
+    no timeout: 100% of a core, a poll that never returns, a SIGTERM that is
+    never acted on (seen with lz4, zstd and snappy topics; issue 29). The
+    thread dump showed that spin under :func:`_resumed_partitions_fetch_again`
+    only because it wraps ``fetched_records``: without it the spin is the
+    same. Here records that raised are drained: the position stays at the
+    record that failed, so the next poll fetches it again and raises again
+    (as the Java consumer does), and a fault that goes away (a damaged
+    response) is read past. Only where the fetcher has ``fetched_records``
+    and ``_next_partition_records``.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records")):
+        return
+    drain = fetcher.fetched_records
+
+    def fetched_records(*args, **kwargs):
+        try:
+            return drain(*args, **kwargs)
+        except Exception:
+            failed, fetcher._next_partition_records = fetcher._next_partition_records, None
+            if failed is not None:
+                failed.drain()
+            raise
+
+    fetcher.fetched_records = fetched_records
+
+
 def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None:
     """Mend kafka-python 3.0.12's group join on ``consumer``: a join that finishes between two polls is never applied.
 
@@ -583,6 +672,8 @@ class KafkaIO:
         self.consumer = KafkaConsumer(
             **_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
+            # records of aborted transactions are never predicted nor learned (kafka-python's default would read them)
+            isolation_level=ISOLATION_LEVEL,
             max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms, request_timeout_ms=10_000,
             # the range assignor gives partition p of every topic to one member (the join of labels to points needs it)
             partition_assignment_strategy=[RangePartitionAssignor],
@@ -590,6 +681,7 @@ class KafkaIO:
         )
         self.consumer.subscribe(topics, listener=_Listener(on_assigned, on_revoked))
         _resumed_partitions_fetch_again(self.consumer)
+        _failed_batches_are_fetched_again(self.consumer)
         _joins_finished_between_polls_are_completed(self.consumer)
         try:
             self.producer = self._new_producer()

@@ -84,6 +84,10 @@ class Checkpointer:
         self._last_at = time.monotonic()
         return True
 
+    def pending_commit(self) -> bool:
+        """Positions saved (or, storeless, acknowledged) and not committed yet."""
+        return bool(self._to_commit)
+
     def commit(self, stream) -> None:
         to_commit = self._to_commit
         if not to_commit or stream is None:

@@ -343,6 +343,14 @@ def test_service_env_values_load_as_serve_settings(compose, monkeypatch):
         assert settings.checkpoint_topic in _created_topics(compose)
 
 
+@pytest.mark.parametrize("name", [SERVICE, SCALED])
+def test_docker_waits_for_the_service_to_stop_before_it_kills_it(compose, name, monkeypatch):
+    """Docker sends SIGKILL stop_grace_period after SIGTERM (10 s by default): after the service's own deadline."""
+    settings = serve_settings(monkeypatch, container_env(compose, name))
+    grace = compose["services"][name]["stop_grace_period"]
+    assert re.fullmatch(r"\d+s", grace) and int(grace[:-1]) > settings.stop_timeout_seconds
+
+
 def test_service_is_built_from_the_dockerfile_and_waits_for_kafka_and_topics(compose):
     service = compose["services"][SERVICE]
     assert service["build"]["context"] == "."

@@ -412,6 +412,12 @@ def test_one_image_name_and_tag_in_readme_compose_and_manifests(objects, contain
 # --------------------------------------------------------------------------- settings
 
 
+def test_the_kubelet_waits_for_the_service_to_stop_before_it_kills_it(objects, monkeypatch):
+    """SIGKILL comes terminationGracePeriodSeconds after SIGTERM: after the service's own stop deadline."""
+    settings = serve_settings(monkeypatch, pod_env(objects))
+    assert objects["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > settings.stop_timeout_seconds
+
+
 def test_configmap_keys_are_serve_settings(objects):
     data = objects["ConfigMap"]["data"]
     assert data

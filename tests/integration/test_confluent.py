@@ -234,6 +234,9 @@ def test_confluent_errors_are_classified_as_kafka_pythons_then_leave_as_the_serv
     assert isinstance(info.value.__cause__, KafkaException)
     with pytest.raises(KafkaFatal, match="TopicAuthorizationFailedError"):
         Stream().failing(29)
+    with pytest.raises(KafkaFatal, match="UnsupportedCodecError") as info:  # a batch librdkafka cannot decompress
+        Stream().failing(CKafkaError._BAD_COMPRESSION)
+    assert "compression.type" in info.value.hint
 
 
 def test_security_settings_in_librdkafka_names(tmp_path):

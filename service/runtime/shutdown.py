@@ -1,0 +1,103 @@
+"""A stop that always works: SIGTERM or SIGINT asks the loop to stop, and a deadline ends the process regardless.
+
+Asked to stop, the loop finishes the batch in hand, waits for its
+acknowledgements, writes the final checkpoint, commits and closes the
+clients: about a second when the brokers answer. But the loop sees the
+request only between two client calls, and a call may never return:
+kafka-python 3.0.12 spun forever inside a poll after a batch it could not
+decompress (issue 29), and a close waits for brokers that may be frozen. The
+pod then burnt its CPU until Kubernetes killed it at the end of its grace
+period. So the signal also starts a deadline, on a thread of its own: when it
+passes, the process exits with :data:`EXIT_CODE` and a message saying what
+the loop was doing and what was left undone.
+
+Ending the process there is safe by the order the loop keeps (see
+:mod:`service.runtime.checkpointer`): a checkpoint holds only positions whose
+outputs the brokers acknowledged, written atomically, and the group's
+offsets are only ever a checkpoint's. Whatever the loop was in the middle of,
+the state left behind is an earlier consistent point, from which the next
+start learns and publishes again; nothing past what was acknowledged is ever
+checkpointed, because the deadline writes nothing.
+
+The signal is seen even while the main thread cannot run Python code:
+CPython's C-level handler writes each signal to a wakeup fd
+(:func:`signal.set_wakeup_fd`) that a watcher thread reads, besides running
+the Python handler in the main thread when it can.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("perceptron_stream")
+
+#: The exit code of a stop cut short by the deadline (a clean stop exits 0).
+EXIT_CODE = 1
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopDeadline:
+    """On the first SIGTERM/SIGINT: ``request_stop(name)`` at once, and after ``seconds`` the process's exit.
+
+    ``undone()`` describes, when the deadline passes, what the loop was doing
+    and what it leaves undone; it runs on the deadline's thread while the loop
+    may still be changing what it reads, so it must not raise (a failure gives
+    a plainer message).
+    """
+
+    def __init__(self, seconds: float, request_stop: Callable[[str], None], undone: Callable[[], str]):
+        self.seconds, self.request_stop, self.undone = seconds, request_stop, undone
+        self._lock = threading.RLock()  # the Python handler may run again inside itself, on a second signal
+        self.signal_name: str | None = None  # the first stop signal received
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT (from the main thread, as Python requires), and watch the wakeup fd."""
+        for signum in SIGNALS:
+            signal.signal(signum, lambda number, _frame: self.signalled(number))
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)  # set_wakeup_fd's requirement: the C handler must never block
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._sockets = (reader, writer)  # kept open for the life of the process
+        threading.Thread(target=self._watch, args=(reader,), name="stop-signals", daemon=True).start()
+
+    def _watch(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:  # pragma: no cover - the socket is never closed while the process lives
+                return
+            if not data:  # pragma: no cover
+                return
+            for number in data:
+                if number in SIGNALS:
+                    self.signalled(number)
+
+    def signalled(self, number: int) -> None:
+        """A stop signal: the loop is asked to stop; the first one starts the deadline."""
+        with self._lock:
+            first = self.signal_name is None
+            if first:
+                self.signal_name = signal.Signals(number).name
+        if first:
+            threading.Thread(target=self._expire, name="stop-deadline", daemon=True).start()
+        self.request_stop(self.signal_name)
+
+    def _expire(self) -> None:
+        threading.Event().wait(self.seconds)
+        try:
+            undone = self.undone()
+        except Exception as exc:  # never let the description keep the process up
+            undone = f"what was left undone is unknown ({exc!r})"
+        message = (f"did not stop within {self.seconds:g} s of {self.signal_name}: {undone}; "
+                   f"exiting with code {EXIT_CODE}")
+        log.error("%s", message)
+        try:
+            print(f"perceptron-stream serve: {message}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(EXIT_CODE)  # the main thread is stuck: sys.exit would only end this thread
