@@ -29,4 +29,4 @@ python3 tests/support/apache_kafka.py --fetch >/dev/null
 # for the run, started by the controller: tests/conftest.py); idle workers take
 # queued tests from busy ones (worksteal), so the long crash and fuzz tests
 # do not end up on one worker. `-n 0` runs everything in this process.
-exec python3 -m pytest -n auto --dist worksteal "$@"
+exec python3 -m pytest -n auto --dist worksteal --durations=30 "$@"
