@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ from service.kafka import CompactedTopic
 from service.state.checkpoint import encode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
-from tests.conftest import produce, settings_args, start_service_process, wait_until
+from tests.conftest import new_broker, produce, settings_args, start_service_process, wait_until
 from tests.support.service import (
     exit_code,
     run_to_the_end,
@@ -36,6 +37,9 @@ from tests.support.service import (
 from tests.support.apache_kafka import create_compacting_topic, records_left
 
 pytestmark = pytest.mark.integration
+
+#: Both stores on Apache Kafka, the local one on the embedded broker (whose Kafka store the crash tests cover).
+STORES_ON_BROKERS = [("apache-kafka", "kafka"), ("apache-kafka", "local"), ("embedded", "local")]
 
 
 # damaged checkpoints ------------------------------------------------------
@@ -160,7 +164,7 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
 
 
 # no checkpoint yet ----------------------------------------------------------
-@pytest.mark.parametrize("store", ["local", "kafka"])
+@pytest.mark.parametrize(("kafka_broker", "store"), STORES_ON_BROKERS, indirect=["kafka_broker"])
 def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(kafka_broker, topics, tmp_path, store):
     broker = kafka_broker
     """Offsets committed with no checkpoint behind them would skip events the lost model had learned."""
@@ -191,7 +195,7 @@ def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(kafka_broke
 
 
 # one instance per model -----------------------------------------------------
-@pytest.mark.parametrize("store", ["local", "kafka"])
+@pytest.mark.parametrize(("kafka_broker", "store"), STORES_ON_BROKERS, indirect=["kafka_broker"])
 def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(kafka_broker, topics, tmp_path, store):
     broker = kafka_broker
     count, first_part = 6000, 3000
@@ -311,10 +315,14 @@ def test_a_storeless_service_is_ready_and_resumes_from_its_commits(broker, topic
 
 
 # the log cleaner ---------------------------------------------------------------
-def test_the_log_cleaner_compacts_the_checkpoint_topic_and_the_newest_checkpoint_is_still_restored(apache_kafka, topics,
-                                                                                                  tmp_path):
+def test_the_log_cleaner_compacts_the_checkpoint_topic_and_the_newest_checkpoint_is_still_restored(topics, tmp_path):
     """Apache Kafka only: the embedded broker never compacts. The topic holds one record per slot's newest
     checkpoint (and the active segment) once the cleaner has run; a restart restores the newest and ends exact."""
+    with new_broker("apache-kafka", tmp_path) as apache_kafka:  # its cleaner serves this test's topic alone
+        _compact_then_restore(apache_kafka, topics, tmp_path)
+
+
+def _compact_then_restore(apache_kafka, topics, tmp_path) -> None:
     count, first_part = 6000, 3000
     events = make_events(count, seed=25)
     expected, model = offline(events)
@@ -330,8 +338,13 @@ def test_the_log_cleaner_compacts_the_checkpoint_topic_and_the_newest_checkpoint
         written = records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[1]
         assert written > 10, f"only {written} checkpoints written"
         # the cleaner wakes every second on the suite's broker; every segment but the active (newest) one is cleanable
-        left = wait_until(lambda: (n := records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written // 2 and n,
-                          60, interval=1.0, what=f"the cleaner to compact {checkpoint_topic}")
+        try:
+            left = wait_until(lambda: (n := records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written // 2 and n,
+                              90, interval=1.0, what=f"the cleaner to compact {checkpoint_topic}")
+        except AssertionError as exc:
+            cleaner = [line for line in Path(apache_kafka.info.log_path).read_text().splitlines() if "Cleaner" in line]
+            raise AssertionError(f"{exc}: {records_left(apache_kafka.bootstrap_servers, checkpoint_topic)} (left, written); "
+                                 "the broker's cleaner said:\n" + "\n".join(cleaner[-20:])) from None
 
         produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[first_part:])
         run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")

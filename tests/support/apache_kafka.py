@@ -215,7 +215,10 @@ class ApacheKafka:
             "appender.file.layout.type = PatternLayout\n"
             "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
             "rootLogger.level = WARN\nrootLogger.appenderRef.file.ref = file\n"
-            "logger.started.name = kafka.server.KafkaRaftServer\nlogger.started.level = INFO\n")
+            "logger.started.name = kafka.server.KafkaRaftServer\nlogger.started.level = INFO\n"
+            # what the log cleaner did (a few lines a cleaning): compaction tests show it when they fail
+            "logger.cleaner.name = org.apache.kafka.storage.internals.log.LogCleaner\nlogger.cleaner.level = INFO\n"
+            "logger.cleaner_scala.name = kafka.log.LogCleaner\nlogger.cleaner_scala.level = INFO\n")
         return path
 
     # life -----------------------------------------------------------------
