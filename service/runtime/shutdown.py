@@ -79,13 +79,17 @@ class StopDeadline:
                     self.signalled(number)
 
     def signalled(self, number: int) -> None:
-        """A stop signal: the loop is asked to stop; the first one starts the deadline."""
+        """The first stop signal asks the loop to stop and starts the deadline; later ones change nothing.
+
+        Both the Python handler and the wakeup fd's watcher see each signal
+        (the handler when the main thread runs Python): a second call is the
+        same signal, or a second signal while the deadline already runs.
+        """
         with self._lock:
-            first = self.signal_name is None
-            if first:
-                self.signal_name = signal.Signals(number).name
-        if first:
-            threading.Thread(target=self._expire, name="stop-deadline", daemon=True).start()
+            if self.signal_name is not None:
+                return
+            self.signal_name = signal.Signals(number).name
+        threading.Thread(target=self._expire, name="stop-deadline", daemon=True).start()
         self.request_stop(self.signal_name)
 
     def _expire(self) -> None:

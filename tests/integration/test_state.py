@@ -339,7 +339,7 @@ def _compact_then_restore(apache_kafka, topics, tmp_path) -> None:
         assert written > 10, f"only {written} checkpoints written"
         # the cleaner wakes every second on the suite's broker; every segment but the active (newest) one is cleanable
         try:
-            left = wait_until(lambda: (n := records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written // 2 and n,
+            left = wait_until(lambda: (n := records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written and n,
                               90, interval=1.0, what=f"the cleaner to compact {checkpoint_topic}")
         except AssertionError as exc:
             cleaner = [line for line in Path(apache_kafka.info.log_path).read_text().splitlines() if "Cleaner" in line]

@@ -58,8 +58,9 @@ def _refused(args, log_path) -> str:
     return log
 
 
-def test_another_group_on_the_same_state_dir_starts_its_own_model(broker, topics, tmp_path):
+def test_another_group_on_the_same_state_dir_starts_its_own_model(kafka_broker, topics, tmp_path):
     """Group B shares group A's --state-dir: B learns every event itself, never from A's checkpoint."""
+    broker = kafka_broker
     events = make_events(1000, seed=41)
     _first_run(broker, topics, tmp_path)
     other = {**topics, "group_id": topics["group_id"] + "-b", "output_topic": topics["output_topic"] + "-b"}
@@ -122,8 +123,9 @@ def _check_refused_then_start_over(broker, topics, tmp_path, events) -> str:
     return log
 
 
-def test_a_checkpoint_record_with_positions_past_the_log_end_is_refused(broker, topics, tmp_path):
+def test_a_checkpoint_record_with_positions_past_the_log_end_is_refused(kafka_broker, topics, tmp_path):
     """Measured on 0.1: such a record made the service skip offsets silently."""
+    broker = kafka_broker
     args = _first_run(broker, topics, tmp_path, count=600, seed=43, **store_args("kafka", topics))
     settings = load(ServeSettings, args)
     store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
