@@ -34,6 +34,7 @@ from service.kafka.kafka_python import (
     service_error,
 )
 from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
+from service.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class ConfluentIO:
                  client_id: str = "perceptron-stream", group_protocol: str = "classic"):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
-        self.on_assigned, self.on_revoked, self.auto_offset_reset = on_assigned, on_revoked, auto_offset_reset
+        self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked), auto_offset_reset
         self._rejected: kerrors.KafkaError | None = None  # SASL mechanism or credentials rejected, or certificate
         common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
         self.consumer = Consumer({
@@ -183,6 +184,7 @@ class ConfluentIO:
         past, and the next commit would skip them.
         """
         self._raise_rejection()
+        self.callbacks.raise_failure()  # one raised in a rebalance that a commit served
         if self._poll_error is not None:
             error, self._poll_error = self._poll_error, None
             raise KafkaException(error)
@@ -193,6 +195,7 @@ class ConfluentIO:
             messages = self.consumer.consume(1, timeout_ms / 1000)
             if messages and max_records > 1:
                 messages += self.consumer.consume(max_records - 1, 0)
+        self.callbacks.raise_failure()  # what a rebalance callback raised inside consume(): the records go, the service stops
         new = tuple.__new__
         by_partition: dict[tuple[str, int], list[Record]] = {}
         for m in messages:
@@ -233,7 +236,7 @@ class ConfluentIO:
         # the partitions that stay are not in the list and keep theirs.
         self._seeks, self._pauses = {}, []
         self._drop_stashed(partitions)
-        _notify(self.on_assigned, partitions)
+        self.callbacks.assigned((tp.topic, tp.partition) for tp in partitions)
         seeks, self._seeks = self._seeks, None
         starts = [TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset)) for tp in partitions]
         if self.incremental:
@@ -249,7 +252,7 @@ class ConfluentIO:
         # call its listener at close, where the application finds nothing new).
         self._drop_stashed(partitions)
         if not self._closing:
-            _notify(self.on_revoked, partitions)
+            self.callbacks.revoked((tp.topic, tp.partition) for tp in partitions)
 
     def _drop_stashed(self, partitions: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in partitions}
@@ -456,18 +459,6 @@ class ConfluentIO:
             if closer.is_alive():
                 log.warning("the consumer did not leave its group within %.0f s; the group notices at the session "
                             "timeout", CLOSE_TIMEOUT_S)
-
-
-def _notify(callback: Callable, partitions: list[TopicPartition]) -> None:
-    """A rebalance callback of the application, with sorted (topic, partition) pairs.
-
-    A failure is logged, as kafka-python does: raising into librdkafka's
-    rebalance would leave the assignment half done.
-    """
-    try:
-        callback(sorted((tp.topic, tp.partition) for tp in partitions))
-    except Exception:
-        log.exception("the rebalance callback %s failed", getattr(callback, "__name__", callback))
 
 
 def _client_error(err: CKafkaError) -> None:

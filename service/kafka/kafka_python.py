@@ -40,6 +40,7 @@ from service.kafka.contract import (
     TopicSpec,
 )
 from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
+from service.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
 
@@ -553,14 +554,16 @@ def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> 
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, on_assigned: Callable, on_revoked: Callable):
-        self.on_assigned, self.on_revoked = on_assigned, on_revoked
+    """kafka-python's listener of :class:`RebalanceCallbacks`: a callback's failure is never raised into the client."""
+
+    def __init__(self, callbacks: RebalanceCallbacks):
+        self.callbacks = callbacks
 
     def on_partitions_assigned(self, assigned):
-        self.on_assigned(sorted((tp.topic, tp.partition) for tp in assigned))
+        self.callbacks.assigned((tp.topic, tp.partition) for tp in assigned)
 
     def on_partitions_revoked(self, revoked):
-        self.on_revoked(sorted((tp.topic, tp.partition) for tp in revoked))
+        self.callbacks.revoked((tp.topic, tp.partition) for tp in revoked)
 
 
 def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
@@ -679,7 +682,8 @@ class KafkaIO:
             partition_assignment_strategy=[RangePartitionAssignor],
             **GROUP_TIMINGS,
         )
-        self.consumer.subscribe(topics, listener=_Listener(on_assigned, on_revoked))
+        self.callbacks = RebalanceCallbacks(on_assigned, on_revoked)
+        self.consumer.subscribe(topics, listener=_Listener(self.callbacks))
         _resumed_partitions_fetch_again(self.consumer)
         _failed_batches_are_fetched_again(self.consumer)
         _joins_finished_between_polls_are_completed(self.consumer)
@@ -698,8 +702,13 @@ class KafkaIO:
     # consuming -----------------------------------------------------------
     @_translated
     def poll(self, timeout_ms: int, max_records: int) -> list[list[Record]]:
-        """The next records, one list per partition: kafka-python's ConsumerRecords, which have :class:`Record`'s attributes."""
-        return list(self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records).values())
+        """The next records, one list per partition: kafka-python's ConsumerRecords, which have :class:`Record`'s attributes.
+
+        What a rebalance callback raised inside it is raised instead (:mod:`service.kafka.rebalance`).
+        """
+        records = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        self.callbacks.raise_failure()
+        return list(records.values())
 
     def assignment(self) -> list[tuple[str, int]]:
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
