@@ -29,6 +29,7 @@ import logging
 import time
 from typing import Protocol
 
+from service.kafka.backoff import FIRST_DELAY_S, MOST_DELAY_S, Backoff
 from service.kafka.contract import DeliveryError, KafkaFatal, KafkaUnavailable, Refused
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class Producer(Protocol):
 class Ledger:
     """Failures reported since the last settled flush, and the refused messages to hand back."""
 
-    def __init__(self, first_delay_s: float = 0.2, most_delay_s: float = 5.0):
+    def __init__(self, first_delay_s: float = FIRST_DELAY_S, most_delay_s: float = MOST_DELAY_S):
         self.first_delay_s, self.most_delay_s = first_delay_s, most_delay_s
         self._failed: list[tuple[tuple[str, bytes | None, bytes], Exception | None]] = []
         self._refused: list[Refused] = []
@@ -78,7 +79,7 @@ class Ledger:
         that ends so must not drop them, the next settled one returns them.
         """
         deadline = time.monotonic() + timeout_s
-        delay = self.first_delay_s
+        backoff = Backoff(self.first_delay_s, self.most_delay_s)
         while True:
             waiting = producer.wait(max(0.0, deadline - time.monotonic()), self)
             if self._fatal is not None:
@@ -90,9 +91,9 @@ class Ledger:
             if waiting or time.monotonic() >= deadline:
                 raise DeliveryError(f"{waiting + len(self._failed)} message(s) not acknowledged by the brokers within {timeout_s:g} s",
                                     timed_out=True)
+            delay = backoff.next()
             log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(self._failed), delay)
             time.sleep(delay)
-            delay = min(delay * 2, self.most_delay_s)
             try:
                 producer.renew()
             except KafkaUnavailable as exc:  # no broker to start a producer with yet (a long outage): next round
