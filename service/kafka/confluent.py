@@ -4,8 +4,9 @@ Same interface and guarantees as :class:`service.kafka.kafka_python.KafkaIO`,
 with the client's work (fetching, batching, checksums) in librdkafka's C
 threads instead of the poll loop's, which is what makes it several times
 faster (bench/README.md). librdkafka's errors are mapped to kafka-python's
-classes once (:func:`kafka_error`) and leave this module as the service's own
-(:func:`service.kafka.kafka_python.service_error`), whichever client runs.
+classes once (:func:`kafka_error`, with :data:`service.kafka.errors.LIBRDKAFKA_ERRORS`)
+and leave this module as the service's own (:func:`service.kafka.errors.service_error`),
+whichever client runs.
 """
 
 from __future__ import annotations
@@ -23,22 +24,24 @@ from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
 from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
-from service.kafka.kafka_python import (
-    FATAL_ERRORS,
-    ISOLATION_LEVEL,
-    LINGER_UNTIL_FLUSH_MS,
-    REFUSED_ERRORS,
+from service.kafka.admin import group_members
+from service.kafka.errors import (
+    FATAL,
+    LIBRDKAFKA_ERRORS,
+    REFUSED,
+    RETRY,
     ClientCertificateRefused,
     SslAuthenticationError,
-    group_members,
+    delivery_kind,
     service_error,
 )
-from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
+from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
+from service.kafka.ledger import Ledger
 from service.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
 
-#: The producer, as :func:`service.kafka.kafka_python.make_producer` and KafkaIO's:
+#: The producer, as :func:`service.kafka.kp_options.make_producer` and KafkaIO's:
 #: - acks=all; idempotence keeps each partition in order and free of duplicates
 #:   when librdkafka retries with requests in flight (Tansu grants producer ids);
 #: - records wait for the flush at the end of the batch (one request per
@@ -62,22 +65,10 @@ CLOSE_TIMEOUT_S = 10.0
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 _LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
 
-#: librdkafka's own (negative) error codes that the application tells apart;
-#: the brokers' (positive) codes are Kafka's, which kafka-python's for_code knows.
-_LOCAL_ERRORS = {
-    CKafkaError._TIMED_OUT: kerrors.KafkaTimeoutError,
-    CKafkaError._MSG_TIMED_OUT: kerrors.KafkaTimeoutError,
-    CKafkaError._TIMED_OUT_QUEUE: kerrors.KafkaTimeoutError,
-    CKafkaError._TRANSPORT: kerrors.KafkaConnectionError,
-    CKafkaError._ALL_BROKERS_DOWN: kerrors.KafkaConnectionError,
-    CKafkaError._RESOLVE: kerrors.KafkaConnectionError,
-    CKafkaError._WAIT_COORD: kerrors.CoordinatorNotAvailableError,
-    CKafkaError._UNKNOWN_TOPIC: kerrors.UnknownTopicOrPartitionError,
-    CKafkaError._UNKNOWN_PARTITION: kerrors.UnknownTopicOrPartitionError,
-    CKafkaError._INVALID_ARG: kerrors.KafkaConfigurationError,
-    CKafkaError._STATE: kerrors.IllegalStateError,
-    CKafkaError._BAD_COMPRESSION: kerrors.UnsupportedCodecError,  # a batch librdkafka cannot decompress: fatal
-}
+#: librdkafka's own (negative) error codes that the service tells apart → kafka-python's class
+#: (:data:`service.kafka.errors.LIBRDKAFKA_ERRORS`, named there); the brokers' (positive) codes are Kafka's,
+#: which kafka-python's for_code knows.
+_LOCAL_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_ERRORS.items()}
 
 
 def kafka_error(err: CKafkaError | None) -> kerrors.KafkaError:
@@ -395,7 +386,7 @@ class ConfluentIO:
                         return
             except KafkaException as exc:
                 error = kafka_error(exc.args[0] if exc.args else None)
-                if isinstance(error, REFUSED_ERRORS):  # e.g. larger than message.max.bytes: never sendable
+                if delivery_kind(error) == REFUSED:  # e.g. larger than message.max.bytes: never sendable
                     self.ledger.failed((topic, key, value), REFUSED, error)
                     return
                 log.warning("the producer refused a message (%r); it is sent again at the flush", error)
@@ -415,7 +406,7 @@ class ConfluentIO:
 
     def _undelivered(self, err: CKafkaError, msg) -> None:
         error = kafka_error(err)
-        kind = FATAL if isinstance(error, FATAL_ERRORS) else REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
+        kind = delivery_kind(error)
         self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
 
     def flush(self, timeout_s: float) -> list[Refused]:

@@ -31,11 +31,11 @@ from typing import Protocol
 
 from service.kafka.backoff import FIRST_DELAY_S, MOST_DELAY_S, Backoff
 from service.kafka.contract import DeliveryError, KafkaFatal, KafkaUnavailable, Refused
+from service.kafka.errors import FATAL, REFUSED, RETRY
 
 log = logging.getLogger(__name__)
 
-#: What a failed delivery is: send it again, refused for good, or fatal (stop).
-RETRY, REFUSED, FATAL = "retry", "refused", "fatal"
+__all__ = ["FATAL", "REFUSED", "RETRY", "Ledger", "Producer"]
 
 
 class Producer(Protocol):
