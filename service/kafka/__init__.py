@@ -42,7 +42,7 @@ from service.kafka.contract import (
 )
 from service.kafka.admin import cluster_identity, committed_offsets, ensure_topics, group_members, log_ranges, partition_counts
 from service.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
-from service.kafka.kafka_python import KafkaIO
+from service.kafka.kafka_python import CountingProducer, KafkaIO
 from service.kafka.kp_mends import close_producer
 from service.kafka.kp_options import client_options, make_producer, require_codecs
 
@@ -51,6 +51,7 @@ __all__ = [
     "END",
     "GROUP_TIMINGS",
     "CompactedTopic",
+    "CountingProducer",
     "DeliveryError",
     "KafkaFatal",
     "KafkaIO",

@@ -120,6 +120,16 @@ def delivery_kind(error: BaseException | None) -> str:
     return REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
 
 
+def describe(exc: BaseException) -> str:
+    """The error's class and message once (kafka-python's messages often start with the class already).
+
+    >>> describe(kerrors.KafkaTimeoutError("no answer")), describe(ValueError("bad")), describe(kerrors.KafkaError())
+    ('KafkaTimeoutError: no answer', 'ValueError: bad', 'KafkaError')
+    """
+    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())
+    return text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
 def codec_hint(exc: BaseException) -> str:
     """What to do about a record batch kafka-python cannot decompress: the package its codec needs, if any.
 

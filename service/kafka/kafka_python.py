@@ -1,4 +1,5 @@
-"""The kafka-python client behind :mod:`service.kafka`'s interface (the default): the poll loop's stream, :class:`KafkaIO`.
+"""The kafka-python client behind :mod:`service.kafka`'s interface (the default): the poll loop's stream, :class:`KafkaIO`,
+and ``perceptron-stream produce``'s producer, :class:`CountingProducer`.
 
 How its clients are built is :mod:`service.kafka.kp_options`; the mends of
 kafka-python's bugs, :mod:`service.kafka.kp_mends`; what its errors mean,
@@ -24,7 +25,7 @@ from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refuse
 from service.kafka.errors import FATAL, REFUSED_ERRORS, delivery_kind, service_error, translated
 from service.kafka.kp_mends import close_consumer, close_producer, mend_consumer
 from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS, kafka_python_options, make_producer
-from service.kafka.ledger import Ledger
+from service.kafka.ledger import Ledger, Tally
 from service.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
@@ -219,3 +220,30 @@ class KafkaIO:
             close_producer(self.producer, 5.0)
         finally:
             close_consumer(self.consumer, autocommit=False)
+
+
+class CountingProducer:
+    """The service's producer (:func:`make_producer`) for ``perceptron-stream produce``: each send's answer is
+    counted in the :class:`Tally` it names, and nothing is sent again (the run reports what was lost)."""
+
+    @translated
+    def __init__(self, settings: KafkaSettings):
+        self.settings = settings
+        self.producer = make_producer(settings)
+
+    def send(self, topic: str, key: bytes | None, value: bytes, tally: Tally) -> None:
+        try:
+            self.producer.send(topic, key=key, value=value).add_callback(tally.ok).add_errback(tally.fail)
+        except KafkaError as exc:  # refused before sending (too large), or no brokers within max_block_ms
+            tally.fail(exc)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Until every send is answered; False when some were not within ``timeout_s`` (they count as lost)."""
+        try:
+            self.producer.flush(timeout=timeout_s)
+        except KafkaError:
+            return False
+        return True
+
+    def close(self, timeout_s: float) -> None:
+        close_producer(self.producer, timeout_s)
