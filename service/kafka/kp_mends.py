@@ -57,6 +57,13 @@ class _RejectionsAreFinal(KafkaConnectionManager):
     verifying the brokers' certificate is the same case seen from the client
     (:class:`SslAuthenticationError`): retried, it failed forever as "Unable to
     bootstrap" on Apache Kafka's SSL listener, with either client.
+
+    Against kafka-python 3.0.12. Upstream: dpkp/kafka-python#2994 (in 3.0.0)
+    records SaslAuthenticationFailedError/AuthorizationError only when the
+    connect itself raises; ``KafkaConnectionManager._connect`` of 3.0.12 notes
+    that ``conn.initialize`` does not raise (its errors go to ``init_future``),
+    so these rejections still escape it (upstream's master alike). No upstream
+    issue found. Proved by tests/integration/test_sasl.py and test_tls.py.
     """
 
     def __init__(self, net, **configs):
@@ -113,6 +120,9 @@ def _recv_then_eof(receive: Callable) -> tuple[bytes, Exception | None]:
     on). Apache Kafka answers a SaslHandshake for a mechanism it has not
     enabled with error 33 and closes the connection at once: the answer was
     lost, the client saw brokers that hang up, and retried forever.
+
+    Against kafka-python 3.0.12 (``kafka/net/transport.py``); no upstream issue
+    found. Proved by tests/integration/test_sasl.py (a mechanism not enabled).
     """
     data, error = receive()
     if data and isinstance(error, kerrors.KafkaConnectionError) and str(error).endswith("socket disconnected"):
@@ -139,6 +149,7 @@ class _CloseRaceFilter(logging.Filter):
     and committed before the close), but an ERROR with a traceback at a clean
     stop sends an operator looking for a fault. Active only while this module
     closes its clients; what the clients log otherwise is untouched.
+    No upstream issue found (kafka-python 3.0.12, kafka/net/transport.py).
 
     >>> record = logging.LogRecord("kafka.net.transport", logging.ERROR, __file__, 1, "Error receiving", None, None)
     >>> _CloseRaceFilter().filter(record)
@@ -179,6 +190,11 @@ def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
     leaves the producer open (its sender thread, its connections, an error
     again at garbage collection): force it shut then. The messages it held
     were never acknowledged, so nothing was committed or checkpointed for them.
+
+    Against kafka-python 3.0.12: ``KafkaProducer.close`` calls ``flush(timeout)``
+    first, which raises KafkaTimeoutError before the sender's ``force_close``
+    is reached. Upstream's dpkp/kafka-python#3108 (in 3.0.10, "fix stalled
+    shutdown when brokers unreachable") did not change that order.
     """
     try:
         with _closing():
@@ -206,6 +222,11 @@ class AdminClient(KafkaAdminClient):
 
     Tansu answers DescribeGroups with every bit set, and kafka-python 3.0
     raises ValueError turning unknown bits into its enum; nothing here needs them.
+
+    Against kafka-python 3.0.12: ``valid_acl_operations`` (kafka/admin/_acls.py)
+    raises "15 is not a valid ACLOperation"; upstream's master alike. No
+    upstream issue found. Proved by the group-member checks of
+    tests/integration (Tansu, the embedded broker).
     """
 
     def _process_acl_operations(self, obj):
@@ -238,6 +259,11 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     empty batch in line is the same as none to the fetcher, so it is cleared
     before each drain. Only where the fetcher has these attributes (a later
     kafka-python may lay them out otherwise, or fix it).
+
+    Upstream: the port came with dpkp/kafka-python#2981 (KAFKA-7548); its
+    master still tests ``_next_partition_records is None`` before putting the
+    parked records back. Proved by tests/integration/test_delayed_labels.py
+    (labels held until their points come) and bench/e2e.py.
     """
     fetcher = getattr(consumer, "_fetcher", None)
     if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records", "_paused_partition_records")):
@@ -271,6 +297,10 @@ def _failed_batches_are_fetched_again(consumer: KafkaConsumer) -> None:
     (as the Java consumer does), and a fault that goes away (a damaged
     response) is read past. Only where the fetcher has ``fetched_records``
     and ``_next_partition_records``.
+
+    Against kafka-python 3.0.12; no upstream issue found (this project's
+    issue 29). Proved by tests/integration/test_reading.py (records in a
+    codec the client cannot read: every poll fails, none spins).
     """
     fetcher = getattr(consumer, "_fetcher", None)
     if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records")):
@@ -305,6 +335,11 @@ def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None
     still held means a rejoin is needed: kafka-python then joins once more
     (a JoinGroup from a known member: one extra quick rebalance) and applies
     that one. Only where the coordinator has these attributes.
+
+    Against kafka-python 3.0.12; upstream's master still leaves the join task
+    in flight when the poll's timer expires (kafka/coordinator/base.py). No
+    upstream issue found. Proved on Apache Kafka by the integration tests
+    that wait for an assignment (tests/support/service.py wait_assigned).
     """
     coordinator = getattr(consumer, "_coordinator", None)
     if not hasattr(coordinator, "_join_task") or not callable(getattr(coordinator, "need_rejoin", None)):
