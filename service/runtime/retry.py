@@ -1,6 +1,8 @@
-"""One backoff and one classification of errors, for every call the service makes to the outside.
+"""How the service retries its calls to the brokers: with the one backoff (:class:`Backoff`, at home in
+:mod:`service.kafka.backoff` and re-exported here), and one classification of errors.
 
-The Kafka clients raise only the service's own errors (:mod:`service.kafka.contract`):
+The Kafka clients raise only the service's own errors (:mod:`service.kafka.contract`,
+decided by :mod:`service.kafka.errors`):
 
 - :class:`~service.kafka.contract.KafkaFatal`: retrying cannot help (a
   setting, a permission): the service stops with :class:`StartupError`
