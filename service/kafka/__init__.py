@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from service.config import KafkaSettings
+from service.kafka.admin import cluster_identity, committed_offsets, ensure_topics, group_members, log_ranges, partition_counts
+from service.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
 from service.kafka.contract import (
     BEGINNING,
     END,
@@ -40,8 +42,6 @@ from service.kafka.contract import (
     TopicSpec,
     first_offsets,
 )
-from service.kafka.admin import cluster_identity, committed_offsets, ensure_topics, group_members, log_ranges, partition_counts
-from service.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
 from service.kafka.kafka_python import CountingProducer, KafkaIO
 from service.kafka.kp_mends import close_producer
 from service.kafka.kp_options import client_options, make_producer, require_codecs

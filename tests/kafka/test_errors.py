@@ -10,8 +10,7 @@ from __future__ import annotations
 import kafka.errors as kerrors
 import pytest
 
-from service.kafka import DeliveryError, KafkaFatal, KafkaUnavailable, MissingTopicError
-from service.kafka import errors
+from service.kafka import DeliveryError, KafkaFatal, KafkaUnavailable, MissingTopicError, errors
 from service.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, service_error
 
 

@@ -46,9 +46,9 @@ SERVE_WITH_FAILING_CALLBACK = textwrap.dedent("""
 
 
 def _start(callback: str, args: list[str], log_path) -> subprocess.Popen:
-    log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-c", SERVE_WITH_FAILING_CALLBACK, callback, *args], stdout=log,
-                            stderr=subprocess.STDOUT, cwd=ROOT)
+    with open(log_path, "ab") as log:  # the child has its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-c", SERVE_WITH_FAILING_CALLBACK, callback, *args], stdout=log,
+                                stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def _exit_code(process: subprocess.Popen, timeout: float = 30.0) -> int | None:
