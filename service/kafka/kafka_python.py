@@ -219,7 +219,9 @@ class KafkaIO:
         try:
             close_producer(self.producer, 5.0)
         finally:
-            close_consumer(self.consumer, autocommit=False)
+            close_consumer(self.consumer, autocommit=False)  # kafka-python calls on_revoked here
+            if self.callbacks.failure is not None:  # no poll left to raise it from: the service is stopping already
+                log.error("the rebalance callback failed while closing: %s", self.callbacks.failure)
 
 
 class CountingProducer:
