@@ -315,7 +315,7 @@ class Kafka:
         """The smallest and the largest CreateTime of the records of ``topic`` (its first and last records).
 
         One partition assigned at a time, no pause and resume: kafka-python 3.0.12 never fetches again a
-        partition resumed while another one's batch waits in line (service/kafka/kafka_python.py,
+        partition resumed while another one's batch waits in line (service/kafka/kp_mends.py,
         _resumed_partitions_fetch_again), and the last timestamp was then the last partition's alone.
         """
         from kafka import KafkaConsumer, TopicPartition

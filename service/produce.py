@@ -3,7 +3,10 @@
 A send is only a request: the count this reports is what the brokers
 acknowledged, and a run that lost messages says how many and fails with
 :class:`ProduceError`, whose message the command prints as one line (exit 1,
-or 2 for a bad setting).
+or 2 for a bad setting). It sends through the Kafka layer, as the service
+does: the service's producer (:class:`service.kafka.CountingProducer`), its
+book-keeping of deliveries (:class:`service.kafka.ledger.Tally`) and its
+classification of errors (:mod:`service.kafka.errors`).
 
 Delayed labels (``--label-topic``): each synthetic event goes to ``--topic``
 without its ``y`` (the inline stream's event with ``y`` taken out, keyed by
@@ -29,20 +32,18 @@ import itertools
 import json
 import logging
 import math
-import re
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
-from kafka.errors import KafkaError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from service.config import ProduceSettings
-from service.kafka import KafkaFatal, KafkaUnavailable, TopicSpec, close_producer, ensure_topics, make_producer, partition_counts
-from service.kafka.kafka_python import REFUSED_ERRORS
+from service.kafka import CountingProducer, KafkaFatal, KafkaUnavailable, TopicSpec, ensure_topics, partition_counts
+from service.kafka.errors import describe
+from service.kafka.ledger import Tally
 from service.streams import csv_columns, delayed_labels, is_csv, read_file, synthetic
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,6 @@ class ProduceError(RuntimeError):
     def __init__(self, message: str, status: int = 1):
         super().__init__(message)
         self.status = status
-
-
-def _describe(exc: BaseException) -> str:
-    """The error's class and message once (kafka-python's messages often start with the class already)."""
-    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())
-    return text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
 def _fail(message: str, status: int = 1) -> ProduceError:
@@ -193,26 +188,6 @@ class PairedSchedule:
             self.sleep(min(left, TICK_S))
 
 
-class Deliveries:
-    """The brokers' answers, counted as they arrive (callbacks run on the producer's I/O thread)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.acknowledged = self.failed = 0
-        self.errors: Counter[str] = Counter()
-        self.broken = False  # a failure that is not about one message: the brokers are away or refuse the topic
-
-    def ok(self, _metadata=None) -> None:
-        with self.lock:
-            self.acknowledged += 1
-
-    def fail(self, exc: BaseException) -> None:
-        with self.lock:
-            self.failed += 1
-            self.errors[_describe(exc)] += 1
-            self.broken |= not isinstance(exc, REFUSED_ERRORS)
-
-
 def _progress_bar(settings: ProduceSettings, console: Console) -> Progress:
     """On stderr, and on a terminal only: piped into a file or a program, a bar is control codes."""
     return Progress(TextColumn("producing to [bold]{task.fields[topic]}"), BarColumn(), MofNCompleteColumn(),
@@ -302,10 +277,10 @@ def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda:
         ensure_topics(settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S)
         if settings.label_topic is not None:
             _ensure_label_topic(settings)
-        producer = make_producer(settings)
+        producer = CountingProducer(settings)
     except (KafkaFatal, KafkaUnavailable, OSError) as exc:
-        raise _fail(f"cannot use {servers}: {_describe(exc)}; nothing was written") from None
-    books = {POINT: Deliveries(), LABEL: Deliveries()}
+        raise _fail(f"cannot use {servers}: {describe(exc)}; nothing was written") from None
+    books = {POINT: Tally(), LABEL: Tally()}
     topics = {POINT: settings.topic, LABEL: settings.label_topic}
     attempted = {POINT: 0, LABEL: 0}
 
@@ -337,11 +312,7 @@ def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda:
                     if stopping():
                         break
                     attempted[kind] += 1
-                    book = books[kind]
-                    try:
-                        producer.send(topics[kind], key=key, value=value).add_callback(book.ok).add_errback(book.fail)
-                    except KafkaError as exc:  # refused before sending (too large), or no brokers within max_block_ms
-                        book.fail(exc)
+                    producer.send(topics[kind], key, value, books[kind])
                     if time.monotonic() >= next_update:
                         next_update += 0.1
                         show()
@@ -351,13 +322,11 @@ def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda:
                 file_error = str(exc)
             if books[POINT].broken or books[LABEL].broken:
                 stopped = "; stopped sending at the first failure of the brokers"
-            try:
-                producer.flush(timeout=FLUSH_TIMEOUT_S)
-            except KafkaError:  # the messages still unanswered are counted below
+            if not producer.flush(FLUSH_TIMEOUT_S):  # the messages still unanswered are counted below
                 stopped += f"; no answer within {FLUSH_TIMEOUT_S:.0f} s"
             show()
     finally:
-        close_producer(producer, 10.0)
+        producer.close(10.0)
     acked, failed, errors = {}, 0, Counter()
     for kind, book in books.items():
         with book.lock:

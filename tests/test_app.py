@@ -7,7 +7,7 @@ import pytest
 from service.app import Application, StartupError
 from service.config import ServeSettings, load
 from service.kafka import KafkaFatal, KafkaUnavailable
-from service.kafka.kafka_python import service_error
+from service.kafka.errors import service_error
 from service.runtime.retry import Retry
 
 

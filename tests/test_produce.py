@@ -18,13 +18,13 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeToo
 from kafka.future import Future
 from rich.console import Console
 
+import service.kafka.kafka_python as kafka_python_module
 import service.produce as produce_module
 from service.config import ProduceSettings, load
 from service.cli import main
 from service.produce import (
     LABEL,
     POINT,
-    Deliveries,
     PairedSchedule,
     ProduceError,
     RateLimiter,
@@ -272,7 +272,7 @@ def fake_kafka(monkeypatch):
 
         monkeypatch.setattr(produce_module, "ensure_topics", ensure)
         monkeypatch.setattr(produce_module, "partition_counts", lambda settings, names: {n: existing.get(n, 0) for n in names})
-        monkeypatch.setattr(produce_module, "make_producer", lambda settings: producer)
+        monkeypatch.setattr(kafka_python_module, "make_producer", lambda settings: producer)  # produce's CountingProducer's
         return producer
 
     return install
@@ -314,18 +314,6 @@ def test_messages_left_unanswered_count_as_lost(fake_kafka, capsys):
         produce(_settings())
     last = str(caught.value)
     assert "5 of 10 messages acknowledged" in last and "5 unanswered" in last
-
-
-def test_deliveries_count_from_another_thread():
-    import threading
-
-    deliveries = Deliveries()
-    threads = [threading.Thread(target=lambda: [deliveries.ok() for _ in range(10_000)]) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert deliveries.acknowledged == 40_000 and not deliveries.broken
 
 
 def test_the_progress_bar_on_a_terminal(fake_kafka):

@@ -5,16 +5,20 @@ loop's consumer and producer), a few admin calls, and the service's own
 errors: :class:`KafkaUnavailable` (wait and retry) and :class:`KafkaFatal`
 (stop, naming what to fix). Two clients stand behind the stream, chosen by
 the ``kafka_client`` setting, and share one delivery book-keeping
-(:mod:`service.kafka.ledger`):
+(:mod:`service.kafka.ledger`), one error vocabulary (:mod:`service.kafka.errors`),
+one backoff (:mod:`service.kafka.backoff`) and one way of calling the
+application's rebalance callbacks (:mod:`service.kafka.rebalance`):
 
 - ``kafka-python`` (:mod:`service.kafka.kafka_python`, the default, pure Python);
 - ``confluent`` (:mod:`service.kafka.confluent`, librdkafka through
   confluent-kafka, the ``confluent`` extra): the client's work in C, several
   times the throughput (bench/README.md).
 
-Topic set-up, group membership, log ranges and the compacted topics
-(checkpoints, mixes) use kafka-python whichever client runs the poll loop:
-they are not on the hot path.
+Topic set-up, group membership, log ranges (:mod:`service.kafka.admin`) and
+the compacted topics (checkpoints, mixes: :mod:`service.kafka.compacted`) use
+kafka-python whichever client runs the poll loop: they are not on the hot
+path. kafka-python's clients are built by :mod:`service.kafka.kp_options`,
+with the mends of its bugs (:mod:`service.kafka.kp_mends`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from service.config import KafkaSettings
+from service.kafka.admin import cluster_identity, committed_offsets, ensure_topics, group_members, log_ranges, partition_counts
+from service.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
 from service.kafka.contract import (
     BEGINNING,
     END,
@@ -36,28 +42,16 @@ from service.kafka.contract import (
     TopicSpec,
     first_offsets,
 )
-from service.kafka.kafka_python import (
-    CompactedTopic,
-    KafkaIO,
-    PartitionedLog,
-    TopicTail,
-    client_options,
-    close_producer,
-    cluster_identity,
-    committed_offsets,
-    ensure_topics,
-    group_members,
-    log_ranges,
-    make_producer,
-    partition_counts,
-    require_codecs,
-)
+from service.kafka.kafka_python import CountingProducer, KafkaIO
+from service.kafka.kp_mends import close_producer
+from service.kafka.kp_options import client_options, make_producer, require_codecs
 
 __all__ = [
     "BEGINNING",
     "END",
     "GROUP_TIMINGS",
     "CompactedTopic",
+    "CountingProducer",
     "DeliveryError",
     "KafkaFatal",
     "KafkaIO",

@@ -4,8 +4,9 @@ Same interface and guarantees as :class:`service.kafka.kafka_python.KafkaIO`,
 with the client's work (fetching, batching, checksums) in librdkafka's C
 threads instead of the poll loop's, which is what makes it several times
 faster (bench/README.md). librdkafka's errors are mapped to kafka-python's
-classes once (:func:`kafka_error`) and leave this module as the service's own
-(:func:`service.kafka.kafka_python.service_error`), whichever client runs.
+classes once (:func:`kafka_error`, with :data:`service.kafka.errors.LIBRDKAFKA_ERRORS`)
+and leave this module as the service's own (:func:`service.kafka.errors.service_error`),
+whichever client runs.
 """
 
 from __future__ import annotations
@@ -23,21 +24,24 @@ from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
 from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
-from service.kafka.kafka_python import (
-    FATAL_ERRORS,
-    ISOLATION_LEVEL,
-    LINGER_UNTIL_FLUSH_MS,
-    REFUSED_ERRORS,
+from service.kafka.admin import group_members
+from service.kafka.errors import (
+    FATAL,
+    LIBRDKAFKA_ERRORS,
+    REFUSED,
+    RETRY,
     ClientCertificateRefused,
     SslAuthenticationError,
-    group_members,
+    delivery_kind,
     service_error,
 )
-from service.kafka.ledger import FATAL, REFUSED, RETRY, Ledger
+from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
+from service.kafka.ledger import Ledger
+from service.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
 
-#: The producer, as :func:`service.kafka.kafka_python.make_producer` and KafkaIO's:
+#: The producer, as :func:`service.kafka.kp_options.make_producer` and KafkaIO's:
 #: - acks=all; idempotence keeps each partition in order and free of duplicates
 #:   when librdkafka retries with requests in flight (Tansu grants producer ids);
 #: - records wait for the flush at the end of the batch (one request per
@@ -61,22 +65,10 @@ CLOSE_TIMEOUT_S = 10.0
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 _LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
 
-#: librdkafka's own (negative) error codes that the application tells apart;
-#: the brokers' (positive) codes are Kafka's, which kafka-python's for_code knows.
-_LOCAL_ERRORS = {
-    CKafkaError._TIMED_OUT: kerrors.KafkaTimeoutError,
-    CKafkaError._MSG_TIMED_OUT: kerrors.KafkaTimeoutError,
-    CKafkaError._TIMED_OUT_QUEUE: kerrors.KafkaTimeoutError,
-    CKafkaError._TRANSPORT: kerrors.KafkaConnectionError,
-    CKafkaError._ALL_BROKERS_DOWN: kerrors.KafkaConnectionError,
-    CKafkaError._RESOLVE: kerrors.KafkaConnectionError,
-    CKafkaError._WAIT_COORD: kerrors.CoordinatorNotAvailableError,
-    CKafkaError._UNKNOWN_TOPIC: kerrors.UnknownTopicOrPartitionError,
-    CKafkaError._UNKNOWN_PARTITION: kerrors.UnknownTopicOrPartitionError,
-    CKafkaError._INVALID_ARG: kerrors.KafkaConfigurationError,
-    CKafkaError._STATE: kerrors.IllegalStateError,
-    CKafkaError._BAD_COMPRESSION: kerrors.UnsupportedCodecError,  # a batch librdkafka cannot decompress: fatal
-}
+#: librdkafka's own (negative) error codes that the service tells apart → kafka-python's class
+#: (:data:`service.kafka.errors.LIBRDKAFKA_ERRORS`, named there); the brokers' (positive) codes are Kafka's,
+#: which kafka-python's for_code knows.
+_LOCAL_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_ERRORS.items()}
 
 
 def kafka_error(err: CKafkaError | None) -> kerrors.KafkaError:
@@ -149,7 +141,7 @@ class ConfluentIO:
                  client_id: str = "perceptron-stream", group_protocol: str = "classic"):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
-        self.on_assigned, self.on_revoked, self.auto_offset_reset = on_assigned, on_revoked, auto_offset_reset
+        self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked), auto_offset_reset
         self._rejected: kerrors.KafkaError | None = None  # SASL mechanism or credentials rejected, or certificate
         common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
         self.consumer = Consumer({
@@ -183,6 +175,7 @@ class ConfluentIO:
         past, and the next commit would skip them.
         """
         self._raise_rejection()
+        self.callbacks.raise_failure()  # one raised in a rebalance that a commit served
         if self._poll_error is not None:
             error, self._poll_error = self._poll_error, None
             raise KafkaException(error)
@@ -193,6 +186,7 @@ class ConfluentIO:
             messages = self.consumer.consume(1, timeout_ms / 1000)
             if messages and max_records > 1:
                 messages += self.consumer.consume(max_records - 1, 0)
+        self.callbacks.raise_failure()  # what a rebalance callback raised inside consume(): the records go, the service stops
         new = tuple.__new__
         by_partition: dict[tuple[str, int], list[Record]] = {}
         for m in messages:
@@ -233,7 +227,7 @@ class ConfluentIO:
         # the partitions that stay are not in the list and keep theirs.
         self._seeks, self._pauses = {}, []
         self._drop_stashed(partitions)
-        _notify(self.on_assigned, partitions)
+        self.callbacks.assigned((tp.topic, tp.partition) for tp in partitions)
         seeks, self._seeks = self._seeks, None
         starts = [TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset)) for tp in partitions]
         if self.incremental:
@@ -249,7 +243,7 @@ class ConfluentIO:
         # call its listener at close, where the application finds nothing new).
         self._drop_stashed(partitions)
         if not self._closing:
-            _notify(self.on_revoked, partitions)
+            self.callbacks.revoked((tp.topic, tp.partition) for tp in partitions)
 
     def _drop_stashed(self, partitions: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in partitions}
@@ -392,7 +386,7 @@ class ConfluentIO:
                         return
             except KafkaException as exc:
                 error = kafka_error(exc.args[0] if exc.args else None)
-                if isinstance(error, REFUSED_ERRORS):  # e.g. larger than message.max.bytes: never sendable
+                if delivery_kind(error) == REFUSED:  # e.g. larger than message.max.bytes: never sendable
                     self.ledger.failed((topic, key, value), REFUSED, error)
                     return
                 log.warning("the producer refused a message (%r); it is sent again at the flush", error)
@@ -412,7 +406,7 @@ class ConfluentIO:
 
     def _undelivered(self, err: CKafkaError, msg) -> None:
         error = kafka_error(err)
-        kind = FATAL if isinstance(error, FATAL_ERRORS) else REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
+        kind = delivery_kind(error)
         self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
 
     def flush(self, timeout_s: float) -> list[Refused]:
@@ -456,18 +450,6 @@ class ConfluentIO:
             if closer.is_alive():
                 log.warning("the consumer did not leave its group within %.0f s; the group notices at the session "
                             "timeout", CLOSE_TIMEOUT_S)
-
-
-def _notify(callback: Callable, partitions: list[TopicPartition]) -> None:
-    """A rebalance callback of the application, with sorted (topic, partition) pairs.
-
-    A failure is logged, as kafka-python does: raising into librdkafka's
-    rebalance would leave the assignment half done.
-    """
-    try:
-        callback(sorted((tp.topic, tp.partition) for tp in partitions))
-    except Exception:
-        log.exception("the rebalance callback %s failed", getattr(callback, "__name__", callback))
 
 
 def _client_error(err: CKafkaError) -> None:

@@ -102,7 +102,8 @@ class Stream(Protocol):
     Every method raises only :class:`KafkaUnavailable` or :class:`KafkaFatal`
     (the clients translate their own errors). Rebalance callbacks, given at
     construction, run inside :meth:`poll` (and, with librdkafka, inside
-    :meth:`commit`), between batches.
+    :meth:`commit`), between batches; what one raises, :meth:`poll` raises
+    as it was (:mod:`service.kafka.rebalance`).
     """
 
     def poll(self, timeout_ms: int, max_records: int) -> list[list[Record]]:

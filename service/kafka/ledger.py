@@ -1,4 +1,4 @@
-"""What the producer owes: the one book-keeping of deliveries, shared by both clients.
+"""What the producer owes: the one book-keeping of deliveries, shared by both clients and ``produce``.
 
 A send is only a request. Until a flush settles it, a message may be
 acknowledged, fail for a while (brokers away: send it again, on a fresh
@@ -21,20 +21,27 @@ and how to renew it (:class:`Producer`).
 >>> producer.send("t", None, b"a")
 >>> ledger.settle(producer, timeout_s=5.0), producer.tries
 ([], 2)
+
+``perceptron-stream produce`` sends nothing again: it counts the brokers'
+answers as they come (:class:`Tally`), with the same classification
+(:func:`service.kafka.errors.delivery_kind`), and reports what was lost.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import Counter
 from typing import Protocol
 
+from service.kafka.backoff import FIRST_DELAY_S, MOST_DELAY_S, Backoff
 from service.kafka.contract import DeliveryError, KafkaFatal, KafkaUnavailable, Refused
+from service.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, describe
 
 log = logging.getLogger(__name__)
 
-#: What a failed delivery is: send it again, refused for good, or fatal (stop).
-RETRY, REFUSED, FATAL = "retry", "refused", "fatal"
+__all__ = ["FATAL", "REFUSED", "RETRY", "Ledger", "Producer", "Tally"]
 
 
 class Producer(Protocol):
@@ -51,7 +58,7 @@ class Producer(Protocol):
 class Ledger:
     """Failures reported since the last settled flush, and the refused messages to hand back."""
 
-    def __init__(self, first_delay_s: float = 0.2, most_delay_s: float = 5.0):
+    def __init__(self, first_delay_s: float = FIRST_DELAY_S, most_delay_s: float = MOST_DELAY_S):
         self.first_delay_s, self.most_delay_s = first_delay_s, most_delay_s
         self._failed: list[tuple[tuple[str, bytes | None, bytes], Exception | None]] = []
         self._refused: list[Refused] = []
@@ -78,7 +85,7 @@ class Ledger:
         that ends so must not drop them, the next settled one returns them.
         """
         deadline = time.monotonic() + timeout_s
-        delay = self.first_delay_s
+        backoff = Backoff(self.first_delay_s, self.most_delay_s)
         while True:
             waiting = producer.wait(max(0.0, deadline - time.monotonic()), self)
             if self._fatal is not None:
@@ -90,9 +97,9 @@ class Ledger:
             if waiting or time.monotonic() >= deadline:
                 raise DeliveryError(f"{waiting + len(self._failed)} message(s) not acknowledged by the brokers within {timeout_s:g} s",
                                     timed_out=True)
+            delay = backoff.next()
             log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(self._failed), delay)
             time.sleep(delay)
-            delay = min(delay * 2, self.most_delay_s)
             try:
                 producer.renew()
             except KafkaUnavailable as exc:  # no broker to start a producer with yet (a long outage): next round
@@ -101,3 +108,38 @@ class Ledger:
             again, self._failed = self._failed, []
             for message, _ in again:
                 producer.send(*message)
+
+
+class Tally:
+    """The brokers' answers to sends that are never sent again, counted as they arrive (the callbacks run on
+    the producer's I/O thread): ``perceptron-stream produce``'s book-keeping.
+
+    ``broken``: a failure that is not about one message (anything but
+    REFUSED: the brokers are away or refuse the topic), after which the
+    sender stops. ``errors``: how many failed with each error, described once.
+
+    >>> from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+    >>> tally = Tally()
+    >>> tally.ok(); tally.fail(MessageSizeTooLargeError("too large")); tally.broken
+    False
+    >>> tally.fail(KafkaConnectionError("broker gone")); tally.broken, tally.acknowledged, tally.failed
+    (True, 1, 2)
+    >>> sorted(tally.errors)
+    ['KafkaConnectionError: broker gone', 'MessageSizeTooLargeError: too large']
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.acknowledged = self.failed = 0
+        self.errors: Counter[str] = Counter()
+        self.broken = False
+
+    def ok(self, _metadata=None) -> None:
+        with self.lock:
+            self.acknowledged += 1
+
+    def fail(self, exc: BaseException) -> None:
+        with self.lock:
+            self.failed += 1
+            self.errors[describe(exc)] += 1
+            self.broken |= delivery_kind(exc) != REFUSED

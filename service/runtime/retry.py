@@ -1,6 +1,8 @@
-"""One backoff and one classification of errors, for every call the service makes to the outside.
+"""How the service retries its calls to the brokers: with the one backoff (:class:`Backoff`, at home in
+:mod:`service.kafka.backoff` and re-exported here), and one classification of errors.
 
-The Kafka clients raise only the service's own errors (:mod:`service.kafka.contract`):
+The Kafka clients raise only the service's own errors (:mod:`service.kafka.contract`,
+decided by :mod:`service.kafka.errors`):
 
 - :class:`~service.kafka.contract.KafkaFatal`: retrying cannot help (a
   setting, a permission): the service stops with :class:`StartupError`
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from service.kafka import KafkaFatal, KafkaUnavailable
+from service.kafka.backoff import Backoff  # the one backoff (service.kafka.backoff: why it lives there)
 from service.runtime.health import Health
 
 log = logging.getLogger("perceptron_stream")
@@ -34,21 +37,6 @@ class StartupError(RuntimeError):
 def fatal(exc: KafkaFatal, what: str) -> StartupError:
     """The StartupError for a fatal error met while trying to ``what``: waiting cannot cure it."""
     return StartupError(f"could not {what}: {exc}; retrying cannot help: {exc.hint}")
-
-
-class Backoff:
-    """Delays that double from ``first`` up to ``most`` seconds."""
-
-    def __init__(self, first: float = 0.2, most: float = 5.0):
-        self.first, self.most = first, most
-        self.delay = first
-
-    def next(self) -> float:
-        delay, self.delay = self.delay, min(self.delay * 2, self.most)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = self.first
 
 
 class Retry:

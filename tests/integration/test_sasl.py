@@ -128,7 +128,7 @@ SASL = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-
     (SaslAuthenticationFailedError("bad password"), ["sasl_username (--sasl-username", "sasl_password (--sasl-password"]),
 ])
 def test_the_message_names_the_settings_to_check(error, names):
-    from service.kafka.kafka_python import service_error
+    from service.kafka.errors import service_error
     from service.runtime.retry import fatal
 
     message = str(fatal(service_error(error, load(ServeSettings, SASL)), "reach the brokers"))

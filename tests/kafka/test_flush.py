@@ -58,8 +58,8 @@ class Producer:
 
 def stream(producer: Producer, new_producer=None) -> KafkaIO:
     io = KafkaIO.__new__(KafkaIO)  # no consumer: flush only touches the producer
-    io.producer, io._pending, io._refused, io.ledger, io.settings = producer, [], False, Ledger(), None
-    io._new_producer = new_producer or (lambda: producer)
+    io.producer, io._pending, io._refused, io.ledger, io.settings = producer, [], False, Ledger(), None  # noqa: SLF001 — nothing public builds a KafkaIO without a consumer (its producer side alone)
+    io._new_producer = new_producer or (lambda: producer)  # noqa: SLF001 — the stand-in producer a renew makes (no broker)
     return io
 
 
@@ -83,7 +83,7 @@ def test_a_flush_that_succeeds_returns_its_refusals_at_once():
     io.send("out", b"k", b"big")
     io.send("out", b"k", b"ok")
     assert [r.key for r in io.flush(timeout_s=1.0)] == [b"k"]
-    assert io._pending == []
+    assert io._pending == []  # noqa: SLF001 — nothing public tells whether sends are still unsettled
 
 
 def test_an_outage_longer_than_the_producers_delivery_timeout_is_waited_out(monkeypatch):
@@ -112,7 +112,7 @@ def test_an_outage_longer_than_the_producers_delivery_timeout_is_waited_out(monk
             rounds += 1
             assert rounds < 1000, "never delivered"
     assert delivered == [b"0", b"1", b"2", b"3", b"4"]
-    assert io.producer.mode == "works" and io._pending == []
+    assert io.producer.mode == "works" and io._pending == []  # noqa: SLF001 — nothing public tells whether sends are still unsettled
     io.send("out", None, b"5")  # and the service goes on with the new producer
     io.flush(timeout_s=0.05)
     assert delivered[-1] == b"5"

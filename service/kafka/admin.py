@@ -1,0 +1,151 @@
+"""The admin calls, on kafka-python whichever client runs the poll loop: topics, group offsets and members,
+the cluster's identity, partition counts and log ranges. None is on the hot path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from service.config import KafkaSettings
+from service.kafka.backoff import Backoff
+from service.kafka.contract import MissingTopicError, TopicSpec
+from service.kafka.errors import FATAL_ERRORS, translated
+from service.kafka.kp_mends import AdminClient, close_consumer
+from service.kafka.kp_options import kafka_python_options
+
+log = logging.getLogger(__name__)
+
+
+@translated
+def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: bool, timeout_s: float = 0.0) -> None:
+    """Create the topics that are missing, or fail naming them when ``create`` is off.
+
+    Connecting is retried for ``timeout_s`` (0: one attempt, for callers with a retry loop of their own).
+    """
+    topics = list(topics)
+    admin = _retrying(lambda: KafkaAdminClient(**kafka_python_options(settings), request_timeout_ms=10_000), "connect to the brokers", timeout_s)
+    try:
+        existing = set(admin.list_topics())
+        missing = [t for t in topics if t.name not in existing]
+        if missing and not create:
+            names = ", ".join(t.name for t in missing)
+            raise MissingTopicError(f"topics {names} do not exist and create_topics is off (--create-topics or create them)")
+        for topic in missing:
+            try:
+                admin.create_topics([NewTopic(topic.name, topic.partitions, topic.replication_factor, topic_configs=dict(topic.config))])
+                log.info("created topic %s with %d partition(s)", topic.name, topic.partitions)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
+def _retrying(action: Callable, what: str, timeout_s: float):
+    """Run ``action`` until it works, backing off, for at most ``timeout_s``."""
+    backoff, deadline = Backoff(), time.monotonic() + timeout_s
+    while True:
+        try:
+            return action()
+        except FATAL_ERRORS:
+            raise
+        except KafkaError as exc:
+            if time.monotonic() + backoff.delay > deadline:
+                raise
+            delay = backoff.next()
+            log.warning("could not %s (%s); retrying in %.1f s", what, exc.__class__.__name__, delay)
+            time.sleep(delay)
+
+
+
+@translated
+def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
+    """Partition → committed next offset of consumer group ``group_id`` on ``topic`` (none: {})."""
+    admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
+    try:
+        offsets = admin.list_group_offsets(group_id).get(group_id, {})
+    finally:
+        admin.close()
+    return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0}
+
+
+@translated
+def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
+    """Member ids of consumer group ``group_id`` as its coordinator reports them (DescribeGroups).
+
+    A member that died without leaving is listed until its session times out
+    (on Tansu: until the next join evicts it).
+    """
+    admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
+    try:
+        group = admin.describe_groups([group_id])[group_id]
+    finally:
+        admin.close()
+    if group.get("error"):
+        raise KafkaError(f"describing consumer group {group_id} failed: {group['error']}")
+    return [m["member_id"] for m in group.get("members") or []]
+
+
+#: Topic ids that mean "none": brokers before Kafka 2.8 answer the zero UUID.
+_NO_TOPIC_ID = {None, "", "00000000-0000-0000-0000-000000000000", "AAAAAAAAAAAAAAAAAAAAAA"}
+
+
+@translated
+def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, str | None]:
+    """(the cluster's id, ``topic``'s id) as the brokers report them; None where they report none.
+
+    A checkpoint records both: a topic deleted and created again, or another
+    cluster behind the same address, has other ids.
+    """
+    admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
+    try:
+        cluster_id = admin.describe_cluster().get("cluster_id") or None
+        described = [t for t in admin.describe_topics([topic]) if t.get("name") == topic]
+    finally:
+        admin.close()
+    topic_id = described[0].get("topic_id") if described else None
+    return cluster_id, None if topic_id in _NO_TOPIC_ID else str(topic_id)
+
+
+@translated
+def partition_counts(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
+    """Topic → number of partitions (0: the topic does not exist)."""
+    consumer = KafkaConsumer(**kafka_python_options(settings), enable_auto_commit=False, group_id=None)
+    try:
+        return {t: len(consumer.partitions_for_topic(t) or ()) for t in topics}
+    finally:
+        close_consumer(consumer)
+
+
+@translated
+def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> dict[int, tuple[int, int]]:
+    """Partition → (first offset, end offset) of ``topic``'s logs: where a restored position may lie.
+
+    The end is the larger of ListOffsets' answer and the high watermark of a
+    fetch at it: the embedded broker answers ListOffsets with the start of the
+    last batch + 1 (README "Brokers"), a fetch tells the true end.
+    """
+    consumer = KafkaConsumer(**kafka_python_options(settings), enable_auto_commit=False, group_id=None,
+                             max_poll_records=1, fetch_max_bytes=64 * 1024, max_partition_fetch_bytes=64 * 1024,
+                             request_timeout_ms=int(timeout_s * 1000))
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise KafkaError(f"topic {topic} shows no partitions")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        starts = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        ends = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
+        for tp in tps:
+            consumer.seek(tp, max(starts[tp], ends[tp] - 1))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(consumer.highwater(tp) is None for tp in tps):
+            consumer.poll(timeout_ms=100)
+        return {tp.partition: (starts[tp], max(ends[tp], consumer.highwater(tp) or 0)) for tp in tps}
+    finally:
+        close_consumer(consumer)

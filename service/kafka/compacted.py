@@ -1,0 +1,157 @@
+"""Compacted topics, on kafka-python whichever client runs the poll loop: a key → value store (checkpoints),
+a tail followed a few records a turn (mixes), and a log partitioned like the input (the pending changelog).
+"""
+
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+
+from service.config import KafkaSettings
+from service.kafka.errors import service_error, translated
+from service.kafka.kp_mends import close_consumer, close_producer
+from service.kafka.kp_options import kafka_python_options, make_producer
+
+
+class CompactedTopic:
+    """A compacted topic used as a small key → value store (the Kafka checkpoint store)."""
+
+    @translated
+    def __init__(self, settings: KafkaSettings, topic: str):
+        self.settings, self.topic = settings, topic
+        self.producer = make_producer(settings, linger_ms=0, max_request_size=16 * 1024 * 1024)
+
+    @translated
+    def put(self, key: bytes, value: bytes, timeout_s: float = 10.0) -> None:
+        """Write and wait for the broker's acknowledgement."""
+        self.producer.send(self.topic, key=key, value=value).get(timeout=timeout_s)
+
+    @translated
+    def read_latest(self, wanted: set[bytes], timeout_s: float = 30.0) -> dict[bytes, bytes | None]:
+        """The last value of each key in ``wanted``, reading every partition from its beginning (as compaction would keep).
+
+        Memory stays at about one value per wanted key: fetches are capped at
+        1 MiB (a larger record still comes, alone), few records are handed over
+        per poll, and the values of other keys are dropped as they come.
+        """
+        consumer = KafkaConsumer(**kafka_python_options(self.settings), enable_auto_commit=False, group_id=None,
+                                 fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=16)
+        try:
+            partitions = consumer.partitions_for_topic(self.topic) or set()
+            tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+            if not tps:  # the service made sure it exists: not "no checkpoint", which would start a new model
+                raise KafkaError(f"the checkpoint topic {self.topic} shows no partitions (metadata not there yet, "
+                                 "or the topic is not visible to this client: check its ACLs)")
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            ends = consumer.end_offsets(tps)
+            out: dict[bytes, bytes | None] = {}
+            deadline, quiet_polls = time.monotonic() + timeout_s, 0
+            # end_offsets reads short on the embedded broker (README "Brokers"): read
+            # until past it AND one poll came back empty.
+            while time.monotonic() < deadline:
+                batches = consumer.poll(timeout_ms=200)
+                empty = not batches
+                for messages in batches.values():
+                    for m in messages:
+                        if m.key in wanted:
+                            out[m.key] = m.value
+                batches = messages = None  # the values of other keys go now, not at the next poll
+                done = all(consumer.position(tp) >= ends[tp] for tp in tps)
+                quiet_polls = quiet_polls + 1 if empty else 0
+                if done and quiet_polls >= 1:
+                    return out
+            raise KafkaError(f"reading {self.topic} did not finish within {timeout_s:.0f} s")
+        finally:
+            close_consumer(consumer)
+
+    def close(self) -> None:
+        close_producer(self.producer, 5.0)
+
+
+class TopicTail:
+    """A compacted topic read from its beginning and then followed, a few records a turn (the mix topic).
+
+    Fetches are capped (1 MiB; a larger record still comes, alone), so a turn
+    holds little in memory; the caller keeps only the latest value per key.
+    """
+
+    @translated
+    def __init__(self, settings: KafkaSettings, topic: str):
+        self.settings, self.topic = settings, topic
+        self.consumer = KafkaConsumer(**kafka_python_options(settings), enable_auto_commit=False, group_id=None,
+                                      fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=64,
+                                      fetch_max_wait_ms=20)
+        try:
+            partitions = self.consumer.partitions_for_topic(topic) or set()
+            if not partitions:
+                raise KafkaError(f"topic {topic} shows no partitions (metadata not there yet, or not visible to this client)")
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            self.consumer.assign(tps)
+            self.consumer.seek_to_beginning(*tps)
+        except BaseException:
+            close_consumer(self.consumer)
+            raise
+
+    @translated
+    def poll(self, timeout_ms: int = 0) -> list[tuple[bytes | None, bytes | None]]:
+        """The (key, value) of the records that came since the last call, in order."""
+        return [(m.key, m.value) for messages in self.consumer.poll(timeout_ms=timeout_ms).values() for m in messages]
+
+    def close(self) -> None:
+        close_consumer(self.consumer)
+
+
+class PartitionedLog:
+    """A compacted topic partitioned like the input, written and read one partition at a time (the pending changelog)."""
+
+    @translated
+    def __init__(self, settings: KafkaSettings, topic: str):
+        self.settings, self.topic = settings, topic
+        self.producer = make_producer(settings, linger_ms=50, max_request_size=4 * 1024 * 1024)
+        self._futures: list = []
+
+    @translated
+    def send(self, partition: int, key: bytes, value: bytes) -> None:
+        self._futures.append(self.producer.send(self.topic, key=key, value=value, partition=partition))
+
+    @translated
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Every record sent acknowledged, or the first failure raised."""
+        futures, self._futures = self._futures, []
+        self.producer.flush(timeout=timeout_s)
+        for future in futures:
+            future.get(timeout=0)
+
+    def read(self, partition: int, timeout_s: float = 120.0):
+        """(key, value) of every record of ``partition``, from its beginning to its end, in order (a generator)."""
+        try:
+            yield from self._read(partition, timeout_s)
+        except KafkaError as exc:
+            raise service_error(exc, self.settings) from exc
+
+    def _read(self, partition: int, timeout_s: float):
+        consumer = KafkaConsumer(**kafka_python_options(self.settings), enable_auto_commit=False, group_id=None,
+                                 fetch_max_bytes=4 * 1024 * 1024, max_partition_fetch_bytes=4 * 1024 * 1024)
+        try:
+            tp = TopicPartition(self.topic, partition)
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            end = consumer.end_offsets([tp])[tp]
+            deadline, quiet = time.monotonic() + timeout_s, 0
+            while time.monotonic() < deadline:
+                batches = consumer.poll(timeout_ms=200)
+                for messages in batches.values():
+                    for m in messages:
+                        yield m.key, m.value
+                quiet = quiet + 1 if not batches else 0
+                if consumer.position(tp) >= end and quiet >= 1:  # end_offsets may read short (the embedded broker): one quiet poll too
+                    return
+            raise KafkaError(f"reading {self.topic}[{partition}] did not finish within {timeout_s:.0f} s")
+        finally:
+            close_consumer(consumer)
+
+    def close(self) -> None:
+        close_producer(self.producer, 5.0)

@@ -1,0 +1,198 @@
+"""The one error vocabulary of the Kafka layer: which client errors are fatal, refused for good, or worth a retry.
+
+Both clients and ``perceptron-stream produce`` classify here, so a failure
+means the same whichever client met it:
+
+- the lists of kafka-python's error classes (:data:`FATAL_ERRORS`,
+  :data:`REFUSED_ERRORS`, :data:`AUTHENTICATION_ERRORS`) and of librdkafka's
+  own error codes with the kafka-python class each stands for
+  (:data:`LIBRDKAFKA_ERRORS`: confluent.py maps its errors through it);
+- :func:`delivery_kind`: what a failed delivery is (send it again, refused
+  for good, fatal);
+- :func:`service_error`: the service's own error (:mod:`service.kafka.contract`:
+  :class:`KafkaFatal` naming what to fix, or :class:`KafkaUnavailable`) for
+  a client's, and :func:`translated`, which raises it in their place.
+
+The lists name the clients' classes and codes as strings, resolved here:
+tests/kafka/test_errors.py checks that every name exists in the installed
+clients, so an upgrade that renames one fails a test instead of quietly
+turning a fatal error into an endless retry.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+
+import kafka.errors as kerrors
+from kafka.errors import KafkaError
+
+from service.config import KafkaSettings, env_var, flag
+from service.kafka.contract import (  # noqa: F401 - the service's own errors, here with their vocabulary
+    DeliveryError,
+    KafkaFatal,
+    KafkaUnavailable,
+    MissingTopicError,
+)
+
+#: What a failed delivery is: send it again, refused for good, or fatal (stop).
+RETRY, REFUSED, FATAL = "retry", "refused", "fatal"
+
+
+def _errors(names: tuple[str, ...]) -> tuple[type, ...]:
+    return tuple(getattr(kerrors, name) for name in names if hasattr(kerrors, name))
+
+
+class SslAuthenticationError(KafkaError):
+    """The brokers' TLS certificate failed verification (not signed by a CA of ``ssl_cafile``, or not for the
+    address connected to): Kafka's Java client calls it SslAuthenticationException and, as for a SASL
+    rejection, gives up instead of retrying. kafka-python has no class of its own for it: it wraps the
+    handshake's ssl.SSLCertVerificationError in a KafkaConnectionError, like any connection that failed."""
+
+
+class ClientCertificateRefused(SslAuthenticationError):
+    """The brokers refused the client's certificate, or its absence (a listener with ``ssl.client.auth=required``):
+    TLS alert 42, bad_certificate, at the first read after the handshake (TLS 1.3 sends it there)."""
+
+
+#: TLS alerts with which the brokers refuse the client's certificate (OpenSSL's reasons)
+CERTIFICATE_REFUSED_ALERTS = ("SSLV3_ALERT_BAD_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA",
+                              "SSLV3_ALERT_CERTIFICATE_UNKNOWN")
+
+#: kafka-python's classes of a rejected SASL mechanism (error 33), SASL exchange (34) or credentials (58).
+AUTHENTICATION_ERROR_NAMES = ("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError")
+
+#: kafka-python's classes of errors that retrying cannot cure: a setting or the brokers' permissions must change.
+FATAL_ERROR_NAMES = (
+    "AuthorizationError", *AUTHENTICATION_ERROR_NAMES,
+    "InvalidReplicationFactorError", "InvalidPartitionsError", "InvalidTopicError", "PolicyViolationError",
+    "KafkaConfigurationError",  # e.g. librdkafka refusing an unreadable PEM file
+    # records the client cannot decompress: every read of the partition fails alike until a package is installed
+    "UnsupportedCodecError", "UnsupportedCompressionTypeError",
+)
+
+#: kafka-python's classes of errors of one message that sending it again cannot cure: the brokers refuse it for
+#: good (larger than the topic allows, invalid).
+REFUSED_ERROR_NAMES = ("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordError")
+
+#: The brokers rejected the SASL mechanism or the credentials: sasl_mechanism, sasl_username or sasl_password
+#: must change; or the client rejected the brokers' certificate: ssl_cafile must change.
+AUTHENTICATION_ERRORS = (*_errors(AUTHENTICATION_ERROR_NAMES), SslAuthenticationError)
+#: The service stops with these instead of retrying forever.
+FATAL_ERRORS = (*_errors(FATAL_ERROR_NAMES), SslAuthenticationError)
+REFUSED_ERRORS = _errors(REFUSED_ERROR_NAMES)
+
+#: librdkafka's own (negative) error codes that the service tells apart, by their name in confluent_kafka's
+#: KafkaError, and the kafka-python class each stands for; the brokers' (positive) codes are Kafka's, which
+#: kafka-python's ``for_code`` knows.
+LIBRDKAFKA_ERRORS = {
+    "_TIMED_OUT": "KafkaTimeoutError",
+    "_MSG_TIMED_OUT": "KafkaTimeoutError",
+    "_TIMED_OUT_QUEUE": "KafkaTimeoutError",
+    "_TRANSPORT": "KafkaConnectionError",
+    "_ALL_BROKERS_DOWN": "KafkaConnectionError",
+    "_RESOLVE": "KafkaConnectionError",
+    "_WAIT_COORD": "CoordinatorNotAvailableError",
+    "_UNKNOWN_TOPIC": "UnknownTopicOrPartitionError",
+    "_UNKNOWN_PARTITION": "UnknownTopicOrPartitionError",
+    "_INVALID_ARG": "KafkaConfigurationError",
+    "_STATE": "IllegalStateError",
+    "_BAD_COMPRESSION": "UnsupportedCodecError",  # a batch librdkafka cannot decompress: fatal
+}
+
+#: The package kafka-python decompresses each codec with (what kafka/codec.py of 3.0.12 imports: ``snappy``,
+#: ``lz4.frame``, ``zstandard``; gzip is in the standard library). Dependencies of the service, as crc32c is:
+#: without one, kafka-python cannot read a topic its producers compressed with that codec.
+CODEC_PACKAGES = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
+
+
+def delivery_kind(error: BaseException | None) -> str:
+    """What a message that was not delivered with ``error`` (a kafka-python class) is: FATAL, REFUSED or RETRY.
+
+    >>> delivery_kind(kerrors.MessageSizeTooLargeError()), delivery_kind(kerrors.TopicAuthorizationFailedError())
+    ('refused', 'fatal')
+    >>> delivery_kind(kerrors.KafkaTimeoutError()), delivery_kind(None)
+    ('retry', 'retry')
+    """
+    if isinstance(error, FATAL_ERRORS):
+        return FATAL
+    return REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
+
+
+def describe(exc: BaseException) -> str:
+    """The error's class and message once (kafka-python's messages often start with the class already).
+
+    >>> describe(kerrors.KafkaTimeoutError("no answer")), describe(ValueError("bad")), describe(kerrors.KafkaError())
+    ('KafkaTimeoutError: no answer', 'ValueError: bad', 'KafkaError')
+    """
+    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())
+    return text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
+def codec_hint(exc: BaseException) -> str:
+    """What to do about a record batch kafka-python cannot decompress: the package its codec needs, if any.
+
+    >>> codec_hint(kerrors.UnsupportedCodecError("Libraries for zstd compression codec not found"))
+    'install zstandard (pip install zstandard), a dependency of perceptron-stream: reinstall the service'
+    """
+    match = re.search(r"for (\w+) compression codec", str(exc))
+    package = CODEC_PACKAGES.get(match.group(1)) if match else None
+    if package:
+        return f"install {package} (pip install {package}), a dependency of perceptron-stream: reinstall the service"
+    return "the records are compressed in a way this client cannot read: check the producers' compression.type"
+
+
+def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
+    """The settings a fatal error points at, in all their spellings."""
+
+    def named(*names: str) -> str:
+        return " and ".join(f"{name} ({flag(name)}, {env_var(name)})" for name in names)
+
+    if isinstance(exc, (kerrors.UnsupportedCodecError, kerrors.UnsupportedCompressionTypeError)):
+        return codec_hint(exc)
+    mechanism = f"SASL mechanism {settings.sasl_mechanism}" if settings is not None and settings.sasl_mechanism else "the SASL mechanism"
+    if isinstance(exc, (kerrors.UnsupportedSaslMechanismError, kerrors.IllegalSaslStateError)):
+        return f"the brokers do not accept {mechanism}: check {named('sasl_mechanism')}"
+    if isinstance(exc, kerrors.SaslAuthenticationFailedError):
+        return (f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
+                f"and {named('sasl_mechanism')}")
+    if isinstance(exc, ClientCertificateRefused):
+        return (f"the brokers require a client certificate signed by a CA they trust: check "
+                f"{named('ssl_certfile', 'ssl_keyfile')}")
+    if isinstance(exc, SslAuthenticationError):
+        return (f"the brokers' TLS certificate is not signed by a CA of {named('ssl_cafile')}, or not for the "
+                f"address in {named('bootstrap_servers')}")
+    return "check the Kafka settings (security, credentials, ACLs, replication factor)"
+
+
+def service_error(exc: BaseException | None, settings: KafkaSettings | None = None) -> BaseException:
+    """The service's own error (:mod:`service.kafka.contract`) for one of kafka-python's; others pass through.
+
+    The one classification of the clients' errors (confluent.py maps
+    librdkafka's to kafka-python's classes first): fatal (FATAL_ERRORS: a
+    setting or a permission must change), or unavailable (wait and retry).
+    """
+    if exc is None or isinstance(exc, (KafkaFatal, KafkaUnavailable)) or not isinstance(exc, KafkaError):
+        return exc
+    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())  # kafka-python's own prefix: the name says it
+    text = text if text.startswith(exc.__class__.__name__) else f"{exc.__class__.__name__}: {text}".rstrip(": ")
+    # kafka-python names a rejection's class twice ("SaslAuthenticationFailedError: SaslAuthenticationFailedError: ...")
+    text = text.replace(f"{exc.__class__.__name__}: {exc.__class__.__name__}: ", f"{exc.__class__.__name__}: ", 1)
+    if isinstance(exc, FATAL_ERRORS):
+        return KafkaFatal(text, _hint(exc, settings))
+    return KafkaUnavailable(text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError))
+
+
+def translated(function: Callable) -> Callable:
+    """Raise what ``function``'s kafka-python calls raised as the service's errors (settings from its arguments)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except KafkaError as exc:
+            settings = next((a for a in args if isinstance(a, KafkaSettings)), getattr(args[0], "settings", None) if args else None)
+            raise service_error(exc, settings) from exc
+
+    return wrapper

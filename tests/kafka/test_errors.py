@@ -1,0 +1,60 @@
+"""The error vocabulary (service/kafka/errors.py) names what the installed clients define, and means one thing.
+
+An upgrade of kafka-python or confluent-kafka that renames a class or a code
+the vocabulary lists fails here, instead of quietly turning a fatal error
+into an endless retry (the lists skip a name the client lacks).
+"""
+
+from __future__ import annotations
+
+import kafka.errors as kerrors
+import pytest
+
+from service.kafka import DeliveryError, KafkaFatal, KafkaUnavailable, MissingTopicError, errors
+from service.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, service_error
+
+
+@pytest.mark.parametrize("name", sorted({*errors.FATAL_ERROR_NAMES, *errors.REFUSED_ERROR_NAMES,
+                                         *errors.AUTHENTICATION_ERROR_NAMES, *errors.LIBRDKAFKA_ERRORS.values()}))
+def test_every_kafka_python_class_named_exists(name):
+    assert issubclass(getattr(kerrors, name), kerrors.KafkaError)
+
+
+@pytest.mark.parametrize("code", sorted(errors.LIBRDKAFKA_ERRORS))
+def test_every_librdkafka_code_named_exists(code):
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    assert getattr(confluent_kafka.KafkaError, code) < 0  # librdkafka's own codes are negative
+
+
+def test_the_lists_hold_every_class_they_name():
+    assert len(errors.FATAL_ERRORS) == len(errors.FATAL_ERROR_NAMES) + 1  # and SslAuthenticationError
+    assert len(errors.REFUSED_ERRORS) == len(errors.REFUSED_ERROR_NAMES)
+    assert len(errors.AUTHENTICATION_ERRORS) == len(errors.AUTHENTICATION_ERROR_NAMES) + 1
+    assert not set(errors.FATAL_ERRORS) & set(errors.REFUSED_ERRORS)
+
+
+@pytest.mark.parametrize("error, kind", [
+    (kerrors.TopicAuthorizationFailedError(), FATAL),
+    (kerrors.SaslAuthenticationFailedError("bad password"), FATAL),
+    (errors.ClientCertificateRefused("alert 42"), FATAL),
+    (kerrors.UnsupportedCodecError("Libraries for lz4 compression codec not found"), FATAL),
+    (kerrors.MessageSizeTooLargeError(), REFUSED),
+    (kerrors.CorruptRecordError(), REFUSED),
+    (kerrors.KafkaTimeoutError("Expiring 1 record(s)"), RETRY),
+    (kerrors.NotLeaderForPartitionError(), RETRY),
+    (None, RETRY),
+])
+def test_a_delivery_error_is_fatal_refused_or_retried(error, kind):
+    assert delivery_kind(error) == kind
+
+
+def test_client_errors_leave_as_the_services_own():
+    fatal = service_error(kerrors.TopicAuthorizationFailedError("no write on out"))
+    assert isinstance(fatal, KafkaFatal) and "TopicAuthorizationFailedError" in str(fatal) and "ACLs" in fatal.hint
+    away = service_error(kerrors.KafkaTimeoutError("no answer"))
+    assert isinstance(away, KafkaUnavailable) and away.timed_out
+    busy = service_error(kerrors.RebalanceInProgressError())
+    assert isinstance(busy, KafkaUnavailable) and not busy.timed_out
+    own = DeliveryError("2 message(s) not acknowledged")
+    assert service_error(own) is own and service_error(None) is None
+    assert issubclass(MissingTopicError, KafkaFatal)
