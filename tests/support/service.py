@@ -108,6 +108,28 @@ class OutputWatcher:
 OUTPUT_FIELDS = ("id", "source", "y_pred", "score", "y", "mistake", "model")
 
 
+class GroupHolder:
+    """A member that joins a consumer group, takes its partitions, then stops polling: a rebalance it must join
+    again is held for its whole ``max_poll_interval_ms`` (Apache Kafka's coordinator waits that long for every member
+    to rejoin), so a service that starts meanwhile is inside its group join for as long as the holder is there, however long
+    the start took. A kill "in the join" then lands there on a loaded machine too; a dead member's session (6 s)
+    cannot promise that. :meth:`release` leaves the group.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, group_id: str, hold_ms: int = 60_000):
+        from kafka import KafkaConsumer
+
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+                                      session_timeout_ms=6000, heartbeat_interval_ms=1000,
+                                      max_poll_interval_ms=hold_ms, request_timeout_ms=hold_ms + 5000)
+        self.consumer.subscribe([topic])
+        wait_until(lambda: self.consumer.poll(timeout_ms=200, max_records=1) is not None and self.consumer.assignment(),
+                   60, what=f"a holder of group {group_id}")
+
+    def release(self) -> None:
+        self.consumer.close()
+
+
 def check_outputs(by_source: dict[int, list[bytes]], expected: list[dict], *, input_topic: str | None = None,
                   keys: dict[int, list[bytes | None]] | None = None, input_keys: list[bytes | None] | None = None) -> int:
     """Every offset predicted, every copy identical and equal to the uninterrupted run; returns the repeats.
