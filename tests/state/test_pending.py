@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from unittest import mock
 
-from service.state import pending
+from service.state.pending import memory
 from service.pipeline.labels import Joiner
 from service.state.pending import KEEP_EPOCHS, PendingTable
 
@@ -28,7 +28,7 @@ def _snapshot(table: PendingTable) -> dict:
 @given(OPS, st.integers(1, 4), st.data())
 def test_a_restore_brings_back_the_table_of_that_checkpoint(ops, max_pending, data):
     # new rows wait in memory until a checkpoint, or until MEMORY_ROWS changes: drawn small, so they are written mid-epoch too
-    with mock.patch.object(pending, "MEMORY_ROWS", data.draw(st.sampled_from([1, 3, 10**6]))):
+    with mock.patch.object(memory, "MEMORY_ROWS", data.draw(st.sampled_from([1, 3, 10**6]))):
         _restore_against_the_model(ops, max_pending, data)
 
 
