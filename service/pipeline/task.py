@@ -65,7 +65,7 @@ class _Learning:
     into the tally, the mix made when due (the next events are stepped by the mixed model), the drift of the
     champion's mistakes watched at the end."""
 
-    __slots__ = ("task", "tally", "flags_before", "replica", "learner", "updates_before", "dropped_before")
+    __slots__ = ("dropped_before", "flags_before", "learner", "replica", "tally", "task", "updates_before")
 
     def __init__(self, task: Task, tally: Tally):
         self.task, self.tally, self.flags_before = task, tally, len(tally.flags)

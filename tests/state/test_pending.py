@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unittest import mock
-
-from service.state.pending import memory
 from service.pipeline.labels import Joiner
-from service.state.pending import KEEP_EPOCHS, PendingTable
+from service.state.pending import KEEP_EPOCHS, PendingTable, memory
 
 IDS = st.one_of(st.integers(0, 6), st.sampled_from(["0", "1", "a", "b"]))  # 1 and "1" are different ids
 OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "labels", "early", "grace", "expire", "checkpoint", "commit",

@@ -162,7 +162,7 @@ class PendingTable:
             row = self.disk.row(key)
         if row is None:
             return None
-        state, at, point, epoch = row
+        state, _, point, epoch = row
         if state != "pending":
             return "duplicate"
         open_epoch = self.disk.epoch
