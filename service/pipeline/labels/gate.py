@@ -59,7 +59,7 @@ class LabelGate:
         if self.label_topic is None or now < self.next_check:
             return
         self.next_check = now + self.check_every
-        waiting = {p: task for task in self.tasks.all() for p, table in task.joiner.tables.items() if table.early_count()}
+        waiting = {p: task for task in self.tasks.all() for p in task.joiner.waiting()}
         for p in [p for p in self.all_read_since if p not in waiting]:
             del self.all_read_since[p]
         if not waiting:

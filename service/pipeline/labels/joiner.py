@@ -57,6 +57,10 @@ class Joiner:
         """Labels waiting for their point."""
         return sum(t.early_count() for t in self.tables.values())
 
+    def waiting(self) -> list[int]:
+        """The partitions with labels waiting for their point."""
+        return [p for p, t in self.tables.items() if t.early_count()]
+
     # points and labels ----------------------------------------------------
     def keep(self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None) -> dict | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
@@ -75,7 +79,8 @@ class Joiner:
 
     def read_to(self, partition: int, moment_ms: int) -> None:
         """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
-        a fetch made after it): the grace clock may move there though no point came (service.app)."""
+        a fetch made after it): the grace clock may move there though no point came
+        (:meth:`~service.pipeline.labels.gate.LabelGate.clock`)."""
         if moment_ms > self.all_read_at.get(partition, -1):
             self.all_read_at[partition] = moment_ms
 
