@@ -50,7 +50,7 @@ from service.kafka import (
 )
 from service.learning import make_learner
 from service.metrics import ServiceMetrics
-from service.pipeline.joiner import Changelog, Joiner
+from service.pipeline.labels import Joiner, LabelGate
 from service.learning import model_file
 from service.pipeline.mixer import MixBoard, Mixer
 from service.pipeline.models import REPORT_PAGE, DriftWatch, Frozen, ModelReports, ModelSet
@@ -62,6 +62,7 @@ from service.runtime.restore import Restorer
 from service.runtime.retry import Retry, StartupError, fatal
 from service.runtime.shutdown import StopDeadline
 from service.state.checkpoint import GROUP_TASK, Owner
+from service.state.changelog import Changelog
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
 from service.state.pending import PendingTable
@@ -80,10 +81,6 @@ __all__ = ["Application", "StartupError", "CHECKPOINT_TOPIC_CONFIG"]
 CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000), "max.message.bytes": str(16 * 1024 * 1024)}
 #: How often the loop reads the mix topic's new records.
 MIX_READ_EVERY_S = 0.25
-#: How often the loop looks whether input partitions with labels waiting for their point are read to their end,
-#: moving their grace clock on when no point comes (service.app.Application._points_all_read); at least twice a
-#: fetch's wait on the brokers (fetch.max.wait.ms), so the zero lag read is from a fetch made after the last look.
-ALL_READ_CHECK_S = 1.0
 #: How long one flush waits before the loop logs an outage and waits again.
 FLUSH_WAIT_S = 10.0
 #: The pending changelog: compacted, and no record younger than a day compacted away, so a change a crashed
@@ -120,9 +117,7 @@ class Application:
         self.changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
         self._cache_dir: tempfile.TemporaryDirectory | None = None  # pending tables rebuilt from the changelog
         self._next_mix_read = 0.0
-        # input partition with labels waiting → when (ms) its lag last read 0 (service.app.Application._points_all_read)
-        self._all_read_since: dict[int, int] = {}
-        self._next_all_read_check = 0.0
+        self.label_gate = LabelGate(self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms)  # labels ahead of points
         if not self.per_partition:
             self.tasks.add(self._new_task(None))  # made again at start-up, with the cluster's ids
         self.lag = LagProbe(self.health, self.metrics, self.retry)
@@ -411,14 +406,14 @@ class Application:
                 continue
             self.assignments.settle()
             self._follow_mixes()
-            self._points_all_read()
+            self.label_gate.clock(lambda: self.retry.once(lambda: stream.lag(ask_broker=False), "read the input's lag"))
             if batches and not self.assignments.may_process():  # other members are still in the group: nothing yet
                 self.assignments.put_back([r for records in batches for r in records])
                 batches = []
             self._doing = "processing a batch"
             if batches:
                 self.lag.records_came()
-            if batches or (self._labels_due() and self.assignments.may_process()):  # (labels past their grace period
+            if batches or (self.label_gate.due() and self.assignments.may_process()):  # (labels past their grace period
                 # go in a batch of no records)
                 try:
                     self._process(batches)
@@ -443,76 +438,26 @@ class Application:
 
     def _process(self, batches) -> None:
         started = time.perf_counter()
-        tally, send, labels = Tally(), self.stream.send, self.settings.label_topic
+        tally, send = Tally(), self.stream.send
         self.assignments.batch_open = True
-        if labels is not None:
-            now = time.time()  # points past their TTL go before this batch's labels could join them
-            for task in self.tasks.all():
-                if task.joiner is not None:
-                    task.joiner.expire(now, tally)
-        if labels is not None:  # a label after the points of its partition: a point of this poll is kept first
-            batches = sorted(batches, key=lambda records: records[0].topic == labels)
-        for records in batches:
+        for records in self.label_gate.admit(batches, tally):
             task = self.tasks.for_partition(records[0].partition)
             if task is None:  # assigned, not restored yet: read again once it is
                 self.assignments.put_back(records)
                 continue
             task.process(records, send, tally)
         tasks = self.tasks.all()
-        if labels is not None:  # the labels still alone after the grace period: dead letters, acknowledged with the batch
-            for task in tasks:  # a change of the task's state, as an event is: a checkpoint will cover it
-                task.unsaved += task.joiner.expire_early(send, tally)
+        self.label_gate.release(send, tally)
         self._flush()
         self.assignments.batch_open = False
-        for task in tasks:
-            if task.joiner is not None:
-                task.joiner.commit(tally)
+        waiting = self.label_gate.acknowledged(tally)  # (points pending, labels early), or None
         self.checkpointer.acknowledged(tasks)
         self.metrics.observe_tally(tally, time.perf_counter() - started)
         for task in tasks:
             self.metrics.set_model(task.learner.weight_norm, task.learner.radius, task.partition)
-        if labels is not None:
-            self.metrics.pending.set(sum(t.joiner.pending() for t in tasks))
-            self.metrics.early.set(sum(t.joiner.early() for t in tasks))
-
-    def _labels_due(self) -> bool:
-        """Whether a label waited for its point past the grace period (checked when no record came: with the
-        points' stream time moved on by :meth:`_points_all_read`)."""
-        if self.settings.label_topic is None:
-            return False
-        return any(task.joiner.early_due() for task in self.tasks.all())
-
-    def _points_all_read(self) -> None:
-        """Move the grace clock of the input partitions read to their end, whose labels wait for points.
-
-        The grace clock is the points' stream time (:meth:`Joiner.stream_time`):
-        it stands still when no point comes, as at the end of a stream, and a
-        label whose point never comes would wait for good. When a partition's
-        input lag, read from the last fetch, is 0 at two looks ALL_READ_CHECK_S
-        apart, a fetch made after the first look found no more points: every
-        point written before that look is read, so the clock may move there.
-        A zero lag from one look proves nothing (the fetch may predate points
-        written since).
-        """
-        now = time.monotonic()
-        if self.settings.label_topic is None or now < self._next_all_read_check:
-            return
-        self._next_all_read_check = now + max(ALL_READ_CHECK_S, 2 * self.settings.fetch_max_wait_ms / 1000)
-        waiting = {p: task for task in self.tasks.all() for p, table in task.joiner.tables.items() if table.early_count()}
-        for p in [p for p in self._all_read_since if p not in waiting]:
-            del self._all_read_since[p]
-        if not waiting:
-            return
-        ok, lags = self.retry.once(lambda: self.stream.lag(ask_broker=False), "read the input's lag")
-        now_ms = int(time.time() * 1000)
-        for p, task in waiting.items():
-            if ok and (lags or {}).get((self.settings.input_topic, p)) == 0:
-                since = self._all_read_since.get(p)
-                if since is not None:
-                    task.joiner.read_to(p, since)
-                self._all_read_since[p] = now_ms
-            else:
-                self._all_read_since.pop(p, None)
+        if waiting is not None:
+            self.metrics.pending.set(waiting[0])
+            self.metrics.early.set(waiting[1])
 
     def _flush(self) -> None:
         """Wait for every acknowledgement, however long the brokers are away (or until stopped)."""

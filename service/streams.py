@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from service.learning.labels import CSV_LABELS
 from service.wire.messages import InputEvent
 
 #: The largest margin the separable streams take. With ‖x‖ ≤ 1 no hyperplane
@@ -257,10 +258,6 @@ def _numbered_messages(path: Path, dense: bool = False, label_column: bool = Fal
         return
     for lineno, row in _csv_rows(path, dense, label_column):
         yield lineno, json.dumps(row).encode()
-
-
-#: The CSV label spellings, as the wire format maps them (0 and false → -1).
-CSV_LABELS = {"1": 1, "+1": 1, "-1": -1, "0": -1, "true": 1, "false": -1}
 
 
 def csv_label(text: str) -> int:

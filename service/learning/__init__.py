@@ -15,7 +15,8 @@ reused alone.
 
 from service.learning.factory import learner_from_state, make_learner
 from service.learning.hashing import HashedPerceptron
-from service.learning.perceptron import VARIANTS, Perceptron, StepResult, to_label
+from service.learning.labels import to_label
+from service.learning.perceptron import VARIANTS, Perceptron, StepResult
 from service.learning.scaled import ScaledPerceptron
 
 __all__ = [

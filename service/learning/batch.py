@@ -27,7 +27,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from service.learning.perceptron import to_label
+from service.learning.labels import to_label
 
 ALGORITHMS = ("pla", "pocket")
 ORDERS = ("cyclic", "random")

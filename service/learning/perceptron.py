@@ -93,13 +93,11 @@ from typing import Any
 
 from river import base
 
+from service.learning.labels import to_label
+
 VARIANTS = ("plain", "averaged", "pocket", "margin")
 STATE_KIND = "perceptron"
 STATE_FORMAT = 1
-
-# The labels learn_one accepts: -1/+1, and bool or 0/1 as river's datasets give them.
-# A dict lookup also takes 1.0, numpy ints and numpy bools (they hash and compare equal).
-_LABELS = {1: 1, -1: -1, 0: -1}
 
 # Up to Python 3.11, sum() of floats adds them one by one, in order: the same
 # floats as river's dot product.  From 3.12 it compensates rounding errors,
@@ -175,24 +173,6 @@ def _as_dict(x: dict | list) -> dict:
 #: ``(y_pred, score, mistake)``, mistake None when the event had no label.  A
 #: plain tuple: building a NamedTuple was a sixth of a step (bench/README.md).
 StepResult = tuple[int, float, "bool | None"]
-
-
-def to_label(y: Any) -> int:
-    """Map a label to -1/+1: -1/+1 as they are, True/1 → +1, False/0 → -1.
-
-    >>> [to_label(v) for v in (1, -1, True, False, 0, 1.0)]
-    [1, -1, 1, -1, -1, 1]
-    >>> to_label(2)
-    Traceback (most recent call last):
-    ...
-    ValueError: y must be -1 or +1 (or True/False, 1/0), got 2
-    """
-    try:
-        if not isinstance(y, (str, bytes)):
-            return _LABELS[y]
-    except (KeyError, TypeError):
-        pass
-    raise ValueError(f"y must be -1 or +1 (or True/False, 1/0), got {y!r}")
 
 
 def _check_cap(max_features: Any) -> None:

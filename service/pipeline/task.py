@@ -21,11 +21,8 @@ import threading
 import time
 
 from service.state.checkpoint import Checkpoint, CheckpointError, Owner
-from service.wire.inputs import decode_label
 from service.wire.messages import Rejection
 from service.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
-
-
 
 log = logging.getLogger("perceptron_stream")
 
@@ -63,6 +60,45 @@ class Tally:
         self.drifts = 0  # drifts the champions' mistake streams showed
 
 
+class _Learning:
+    """The task's learner through one batch, for points and labels alike: its updates and dropped features counted
+    into the tally, the mix made when due (the next events are stepped by the mixed model), the drift of the
+    champion's mistakes watched at the end."""
+
+    __slots__ = ("dropped_before", "flags_before", "learner", "replica", "tally", "task", "updates_before")
+
+    def __init__(self, task: Task, tally: Tally):
+        self.task, self.tally, self.flags_before = task, tally, len(tally.flags)
+        self.replica = None if task.partition is None else {"scope": "partition", "partition": task.partition}
+        self._from(task.learner)
+
+    def _from(self, learner) -> None:
+        self.learner, self.updates_before, self.dropped_before = learner, learner.updates, learner.dropped_features
+
+    def _count(self) -> None:
+        self.tally.updates += self.learner.updates - self.updates_before
+        self.tally.dropped += self.learner.dropped_features - self.dropped_before
+
+    def mix(self, send):
+        """Replace the task's weights by the mix (its mixer said it ``learned()`` enough); the mixed learner."""
+        self._count()
+        task = self.task
+        self._from(task.mixer.mix(task, send, time.time()))
+        task.learner = self.learner
+        self.tally.mixes.append(task.partition)
+        return self.learner
+
+    def end(self, records) -> None:
+        """The batch's ``records`` processed (inside the task's lock)."""
+        self._count()
+        self.task.unsaved += len(records)
+
+    def drift(self) -> None:
+        """The drifts the batch's mistakes showed (after the lock)."""
+        if self.task.drift is not None:
+            self.tally.drifts += self.task.drift.update(self.tally.flags[self.flags_before:])
+
+
 class Task:
     """One model and what goes with it: learner, decoder (its fixed dimension), positions, checkpoint seq.
 
@@ -92,12 +128,10 @@ class Task:
             return self._labels(records, send, tally)
         out_topic, dlq_topic, limit = self.outputs["output_topic"], self.outputs["dlq_topic"], self.outputs["max_message_bytes"]
         decode, positions, mixer, joiner, models = self.decoder.decode, self.positions, self.mixer, self.joiner, self.models
-        flags_before = len(tally.flags)
         with self.lock:
-            learner = self.learner
+            run = _Learning(self, tally)
+            learner, replica = run.learner, run.replica
             step, knows_none_of = learner.step, learner.knows_none_of
-            updates_before, dropped_before = learner.updates, learner.dropped_features
-            replica = None if self.partition is None else {"scope": "partition", "partition": self.partition}
             for r in records:
                 event = decode(r.value, r.key)
                 if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
@@ -133,22 +167,14 @@ class Task:
                         joiner.join_early(r, *early, learner, send, tally, replica, models)
                     positions[(r.topic, r.partition)] = r.offset + 1
                     if (y is not None or early is not None) and mixer is not None and mixer.learned():
-                        # replace the weights by the mix; the next events are stepped by the mixed model
-                        tally.updates += learner.updates - updates_before
-                        tally.dropped += learner.dropped_features - dropped_before
-                        learner = self.learner = mixer.mix(self, send, time.time())
+                        learner = run.mix(send)
                         step, knows_none_of = learner.step, learner.knows_none_of
-                        updates_before, dropped_before = learner.updates, learner.dropped_features
-                        tally.mixes.append(self.partition)
                     continue
                 positions[(r.topic, r.partition)] = r.offset + 1
-            tally.updates += learner.updates - updates_before
-            tally.dropped += learner.dropped_features - dropped_before
-            self.unsaved += len(records)
+            run.end(records)
             if joiner is not None and records:
                 joiner.saw_point(records[0].partition, records[-1].timestamp)
-        if self.drift is not None:
-            tally.drifts += self.drift.update(tally.flags[flags_before:])
+        run.drift()
 
     def _tell_unknown(self, learner, x) -> None:
         """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model
@@ -170,32 +196,22 @@ class Task:
                     len(features), shown, fix)
 
     def _labels(self, records, send, tally: Tally) -> None:
-        """Delayed labels: each joins its pending point (the model learns, the decision is scored) or is a dead letter."""
-        limit, positions, joiner, mixer = self.outputs["max_message_bytes"], self.positions, self.joiner, self.mixer
-        flags_before = len(tally.flags)
+        """Delayed labels: each joins its pending point (the model learns, the decision is scored), waits for its
+        point, or is a dead letter (:mod:`service.pipeline.labels`)."""
+        positions, joiner, mixer, models = self.positions, self.joiner, self.mixer, self.models
         with self.lock:
-            learner = self.learner
-            updates_before, dropped_before = learner.updates, learner.dropped_features
-            replica = None if self.partition is None else {"scope": "partition", "partition": self.partition}
-            labels = [decode_label(r.value, r.key, limit) for r in records]
-            joiner.read_ahead(records[0].partition, [label.id for label in labels if type(label) is not Rejection])
-            for r, label in zip(records, labels):
+            run = _Learning(self, tally)
+            replica = run.replica
+            for r, label in zip(records, joiner.read(records)):
                 if replica is not None:
                     replica["mixes"] = 0 if mixer is None else mixer.mixes
                 before = tally.labeled
-                joiner.label(r, label, learner, send, tally, replica, self.models)
+                joiner.label(r, label, run.learner, send, tally, replica, models)
                 positions[(r.topic, r.partition)] = r.offset + 1
                 if tally.labeled > before and mixer is not None and mixer.learned():
-                    tally.updates += learner.updates - updates_before
-                    tally.dropped += learner.dropped_features - dropped_before
-                    learner = self.learner = mixer.mix(self, send, time.time())
-                    updates_before, dropped_before = learner.updates, learner.dropped_features
-                    tally.mixes.append(self.partition)
-            tally.updates += learner.updates - updates_before
-            tally.dropped += learner.dropped_features - dropped_before
-            self.unsaved += len(records)
-        if self.drift is not None:
-            tally.drifts += self.drift.update(tally.flags[flags_before:])
+                    run.mix(send)
+            run.end(records)
+        run.drift()
 
     # checkpoints ----------------------------------------------------------
     def snapshot(self) -> Checkpoint:

@@ -6,6 +6,9 @@ local directory (:mod:`service.state.local`) and a compacted Kafka topic
 (:mod:`service.state.kafka_store`); both keep the last few, and a load falls
 back to an older one when the newest is damaged, and fails loudly when none
 is good, never silently starting from zero weights.
+
+Beside them, the delayed labels' state: the pending tables (:mod:`service.state.pending`) and, with the
+Kafka store, their changelog (:mod:`service.state.changelog`).
 """
 
 from service.state.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint

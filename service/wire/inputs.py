@@ -40,6 +40,7 @@ import msgspec
 import orjson
 from pydantic import ValidationError
 
+from service.learning.labels import json_label
 from service.wire.messages import Event, InputEvent, Label, LabelEvent, Rejection, _show
 
 @functools.lru_cache(maxsize=64)
@@ -74,7 +75,6 @@ def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | 
     return msgspec.json.Decoder(event).decode
 
 
-_LABELS = {1: 1, -1: -1, 0: -1}  # True == 1 and False == 0 hash alike: the booleans map too
 _new = tuple.__new__
 
 #: Messages at least this long skip the fast path. Its gain is a fixed
@@ -141,7 +141,7 @@ class Decoder:
             return self._decode_model(raw)
         y = doc.y
         if y is not None:
-            y = _LABELS.get(y)
+            y = json_label(y)
             if y is None:
                 return self._decode_model(raw)
         x, features = doc.x, doc.features
@@ -205,7 +205,7 @@ def decode_label(raw: bytes | None, key: bytes | None, max_message_bytes: int) -
         doc = None
     if type(doc) is dict and len(doc) == 2:  # the fast path: {"id": str | int, "y": ±1, 0/1, true/false}
         id_, y = doc.get("id"), doc.get("y")
-        y = _LABELS.get(y) if (type(y) is int or type(y) is bool) else None
+        y = json_label(y)
         if (type(id_) is str or type(id_) is int) and y is not None:
             return tuple.__new__(Label, (id_, y))
     try:

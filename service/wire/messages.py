@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from service.learning.labels import json_label
+
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
@@ -79,19 +81,18 @@ def _show(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def to_label(value: Any) -> int | None:
-    """Map an accepted label spelling to −1/+1; None stays None (unlabeled).
+def _label(value: Any) -> int | None:
+    """A JSON ``y`` to -1/+1 by :func:`~service.learning.labels.json_label`; None stays None (unlabeled).
 
-    >>> [to_label(v) for v in (1, -1, 0, True, False, None)]
+    >>> [_label(v) for v in (1, -1, 0, True, False, None)]
     [1, -1, -1, 1, -1, None]
     """
     if value is None:
         return None
-    if value is True or value is False:
-        return 1 if value else -1
-    if type(value) is int and value in (-1, 0, 1):
-        return value or -1
-    raise ValueError(f"y must be -1 or +1 (0/1 and false/true are accepted too), got {_show(value)}")
+    y = json_label(value)
+    if y is None:
+        raise ValueError(f"y must be -1 or +1 (0/1 and false/true are accepted too), got {_show(value)}")
+    return y
 
 
 class InputEvent(BaseModel):
@@ -113,7 +114,7 @@ class InputEvent(BaseModel):
     @field_validator("y", mode="before")
     @classmethod
     def _map_label(cls, value: Any) -> int | None:
-        return to_label(value)
+        return _label(value)
 
     @model_validator(mode="after")
     def _exactly_one_feature_form(self) -> InputEvent:
@@ -187,7 +188,7 @@ class LabelEvent(BaseModel):
     def _map_label(cls, value: Any) -> int | None:
         if value is None:
             raise ValueError("y is required in a label: -1 or +1 (0/1 and false/true are accepted too)")
-        return to_label(value)
+        return _label(value)
 
 
 class Outcome(BaseModel):

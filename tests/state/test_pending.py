@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unittest import mock
-
-from service.state import pending
-from service.state.pending import KEEP_EPOCHS, PendingTable
+from service.pipeline.labels import Joiner
+from service.state.pending import KEEP_EPOCHS, PendingTable, memory
 
 IDS = st.one_of(st.integers(0, 6), st.sampled_from(["0", "1", "a", "b"]))  # 1 and "1" are different ids
 OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "labels", "early", "grace", "expire", "checkpoint", "commit",
@@ -27,7 +27,7 @@ def _snapshot(table: PendingTable) -> dict:
 @given(OPS, st.integers(1, 4), st.data())
 def test_a_restore_brings_back_the_table_of_that_checkpoint(ops, max_pending, data):
     # new rows wait in memory until a checkpoint, or until MEMORY_ROWS changes: drawn small, so they are written mid-epoch too
-    with mock.patch.object(pending, "MEMORY_ROWS", data.draw(st.sampled_from([1, 3, 10**6]))):
+    with mock.patch.object(memory, "MEMORY_ROWS", data.draw(st.sampled_from([1, 3, 10**6]))):
         _restore_against_the_model(ops, max_pending, data)
 
 
@@ -159,8 +159,6 @@ def test_the_table_survives_a_reopen_and_undoes_what_came_after_the_checkpoint(t
 def test_a_crash_right_after_a_checkpoint_was_saved_finds_that_checkpoints_table(tmp_path):
     """The checkpoint is saved after the joiner's before_save and before the tables move to the next epoch: the
     points the epoch kept in memory must be on disk by then (the case a review found)."""
-    from service.pipeline.joiner import Joiner
-
     path = tmp_path / "pending-0.sqlite"
     joiner = Joiner(lambda p: PendingTable(path, ttl_seconds=60, max_pending=10), ttl_seconds=60, max_pending=10,
                     outcome_topic="o", dlq_topic="d", max_message_bytes=10**6)
@@ -258,46 +256,3 @@ def test_expiring_reads_only_the_expired_rows_oldest_first():
     # both states go, the oldest first, the limit held: 10,000 of the 49,900 past the TTL in one call
     assert large.expire(now=50_000.0) == 9_999 and large.take(0, now=0.0) is None
     assert large.take(10_000, now=0.0) is not None and large.take(9_999, now=0.0) is None
-
-
-# the Kafka store's changelog --------------------------------------------------
-class MemoryLog:
-    """What Changelog uses of PartitionedLog, in memory."""
-
-    def __init__(self):
-        self.records: dict[int, list] = {}
-        self.flushes = 0
-
-    def send(self, partition, key, value):
-        self.records.setdefault(partition, []).append((key, value))
-
-    def flush(self):
-        self.flushes += 1
-
-    def read(self, partition):
-        return list(self.records.get(partition, []))
-
-
-def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_later_changes():
-    from service.pipeline.joiner import Changelog
-
-    log = MemoryLog()
-    changelog = Changelog(log, "g")
-    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
-    table.add("a", {"v": 1}, now=1.0)
-    table.add("b", {"v": 2}, now=2.0)
-    changelog.write(0, table.changed(), 1, "run-1")  # checkpoint 1 by run-1
-    table.checkpoint(1)
-    assert table.take("a", now=3.0) == {"v": 1}
-    table.add("c", {"v": 3}, now=4.0)
-    changelog.write(0, table.changed(), 2, "run-1")  # written, then run-1 died before checkpoint 2 was saved
-    log.send(0, b"g/0/s:x", b"not json")  # and someone wrote garbage
-    log.send(1, b"g/1/s:z", b'{"epoch": 1, "run": "run-1", "row": ["pending", 1.0, "{}"]}')  # another partition
-
-    restored = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
-    changelog.restore(0, restored, 1, [[1, "run-1"], [2, "run-2"]])  # run-2 restores checkpoint 1
-    assert restored.pending_count() == 2 and restored.take("a", now=5.0) == {"v": 1} and restored.take("c", now=5.0) is None
-    # the stale changes were written again with their valid values: the newest record of every key is this lineage's
-    again = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
-    changelog.restore(0, again, 5, [[1, "run-1"], [2, "run-2"]])  # even read as of a later checkpoint of run-2
-    assert again.pending_count() == 2 and again.take("c", now=6.0) is None and log.flushes >= 1

@@ -7,51 +7,17 @@ import json
 
 import pytest
 
-from service.kafka.contract import Record
 from service.learning import make_learner
-from service.pipeline.joiner import Joiner
-from service.pipeline.task import Tally, Task
-from service.state.checkpoint import Owner
-from service.state.pending import PendingTable
-from service.wire.inputs import Decoder
-
-GRACE = 300.0
-
-
-def _joiner(max_early: int = 100) -> Joiner:
-    return Joiner(lambda p: PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000), ttl_seconds=1e9, max_pending=1000,
-                  outcome_topic="outcomes", dlq_topic="dlq", max_message_bytes=100_000, label_topic="labels",
-                  grace_seconds=GRACE, max_early=max_early)
-
-
-def _task(joiner: Joiner) -> Task:
-    return Task("group", Owner("g", "points"), make_learner(), Decoder(100_000, 1000), {}, joiner=joiner,
-                outputs={"output_topic": "predictions", "dlq_topic": "dlq", "max_message_bytes": 100_000,
-                         "label_topic": "labels"})
-
-
-def _point(offset: int, point_id: str, ms: int) -> Record:
-    return Record("points", 0, offset, point_id.encode(), json.dumps({"id": point_id, "x": [1.0, -2.0]}).encode(), ms)
-
-
-def _label(offset: int, point_id: str, y: int, ms: int) -> Record:
-    return Record("labels", 0, offset, point_id.encode(), json.dumps({"id": point_id, "y": y}).encode(), ms)
-
-
-class Sent(list):
-    def __call__(self, topic, key, value):
-        self.append((topic, key, json.loads(value)))
-
-    def on(self, topic: str) -> list:
-        return [value for t, _, value in self if t == topic]
+from service.pipeline.task import Tally
+from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 
 def test_a_label_before_its_point_waits_and_is_joined_right_after_the_points_prediction():
-    joiner = _joiner()
-    task, sent, tally = _task(joiner), Sent(), Tally()
-    task.process([_label(0, "a", 1, ms=1_000)], sent, tally)
+    joiner = make_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    task.process([label(0, "a", 1, ms=1_000)], sent, tally)
     assert sent == [] and joiner.early() == 1 and tally.label_outcomes == ["early"]
-    task.process([_point(0, "a", ms=900), _point(1, "b", ms=950)], sent, tally)
+    task.process([point(0, "a", ms=900), point(1, "b", ms=950)], sent, tally)
     assert [t for t, _, _ in sent] == ["predictions", "outcomes", "predictions"]  # the decision first, then its outcome
     prediction, outcome = sent[0][2], sent[1][2]
     assert (outcome["id"], outcome["y"], outcome["y_pred"], outcome["score"]) == ("a", 1, prediction["y_pred"], prediction["score"])
@@ -62,21 +28,21 @@ def test_a_label_before_its_point_waits_and_is_joined_right_after_the_points_pre
 
 
 def test_duplicates_stay_duplicates_whichever_side_came_first():
-    joiner = _joiner()
-    task, sent, tally = _task(joiner), Sent(), Tally()
-    task.process([_label(0, "a", 1, ms=1_000), _label(1, "a", -1, ms=1_001)], sent, tally)  # two labels, no point yet
-    task.process([_point(0, "a", ms=900)], sent, tally)
-    task.process([_label(2, "a", 1, ms=1_002)], sent, tally)  # a third, after the join
+    joiner = make_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    task.process([label(0, "a", 1, ms=1_000), label(1, "a", -1, ms=1_001)], sent, tally)  # two labels, no point yet
+    task.process([point(0, "a", ms=900)], sent, tally)
+    task.process([label(2, "a", 1, ms=1_002)], sent, tally)  # a third, after the join
     assert [d["reason"] for d in sent.on("dlq")] == ["duplicate", "duplicate"]
     assert [d["source"]["offset"] for d in sent.on("dlq")] == [1, 2]
     assert len(sent.on("outcomes")) == 1 and sent.on("outcomes")[0]["y"] == 1 and task.learner.labeled == 1
 
 
 def test_a_label_whose_point_never_comes_is_dead_lettered_once_the_grace_has_passed_and_not_before():
-    joiner = _joiner()
-    task, sent, tally = _task(joiner), Sent(), Tally()
+    joiner = make_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
     label_ms = 1_000_000
-    task.process([_label(7, "lonely", -1, ms=label_ms)], sent, tally)
+    task.process([label(7, "lonely", -1, ms=label_ms)], sent, tally)
     joiner.saw_point(0, label_ms + int(GRACE * 1000) - 1)  # the points' stream time, just short of the grace
     assert not joiner.early_due()
     joiner.expire_early(sent, tally)
@@ -89,32 +55,32 @@ def test_a_label_whose_point_never_comes_is_dead_lettered_once_the_grace_has_pas
     assert json.loads(letter["raw"]) == {"id": "lonely", "y": -1} and sent[0][1] == b"lonely"
     assert "--label-grace-seconds 300" in letter["error"]
     assert joiner.early() == 0 and tally.label_outcomes == ["early", "unknown_id"] and tally.rejected == ["unknown_id"]
-    task.process([_point(0, "lonely", ms=label_ms + 1)], sent, tally)  # too late: kept as a pending point, no join
+    task.process([point(0, "lonely", ms=label_ms + 1)], sent, tally)  # too late: kept as a pending point, no join
     assert sent.on("outcomes") == [] and joiner.pending() == 1
 
 
 def test_beyond_max_early_labels_the_oldest_is_dead_lettered_at_once():
-    joiner = _joiner(max_early=2)
-    task, sent, tally = _task(joiner), Sent(), Tally()
-    task.process([_label(i, f"p{i}", 1, ms=1_000 + i) for i in range(3)], sent, tally)
+    joiner = make_joiner(max_early=2)
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    task.process([label(i, f"p{i}", 1, ms=1_000 + i) for i in range(3)], sent, tally)
     [letter] = sent.on("dlq")
     assert letter["reason"] == "unknown_id" and letter["source"]["offset"] == 0 and "--max-early-labels 2" in letter["error"]
     assert joiner.early() == 2
-    task.process([_point(0, "p1", ms=900), _point(1, "p2", ms=901), _point(2, "p0", ms=902)], sent, tally)
+    task.process([point(0, "p1", ms=900), point(1, "p2", ms=901), point(2, "p0", ms=902)], sent, tally)
     assert [o["id"] for o in sent.on("outcomes")] == ["p1", "p2"] and joiner.pending() == 1
 
 
 def test_an_early_label_is_in_the_checkpoint_and_back_after_a_restore():
-    joiner = _joiner()
-    task, sent, tally = _task(joiner), Sent(), Tally()
-    task.process([_label(0, "b", 1, ms=1_000)], sent, tally)
+    joiner = make_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    task.process([label(0, "b", 1, ms=1_000)], sent, tally)
     cp = task.snapshot()
     task.before_save(cp)
     task.saved(cp)
     assert cp.task["labels"]["early"] == {"0": 1}
-    task.process([_point(0, "b", ms=900)], sent, tally)  # joined after the checkpoint: a restore undoes it
+    task.process([point(0, "b", ms=900)], sent, tally)  # joined after the checkpoint: a restore undoes it
     assert joiner.early() == 0 and len(sent.on("outcomes")) == 1
     task.restore(cp, make_learner())
     assert joiner.early() == 1
-    task.process([_point(0, "b", ms=900)], sent, tally)  # read again: joined again, from the checkpoint's state
+    task.process([point(0, "b", ms=900)], sent, tally)  # read again: joined again, from the checkpoint's state
     assert len(sent.on("outcomes")) == 2 and task.learner.labeled == 1

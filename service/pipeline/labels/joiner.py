@@ -1,56 +1,25 @@
-"""Delayed labels: points kept until their label comes, joined by id, the published decision scored.
+"""One task's half of the delayed-label path: its pending tables, by input partition, and the join of points and labels.
 
-The seeds' online protocol is "receive x, predict, observe y, pay for a
-mistake, update" (seed 004); here the label may come long after the
-decision was published. A point with an ``id`` and no ``y`` is predicted and
-published at once and kept in its partition's pending table
-(:class:`~service.state.pending.PendingTable`: SQLite, TTL, cap). When its
-label comes, the model learns (x, y) with its current weights (the update
-condition is the current y·score ≤ 0: that keeps the (R/γ)² bound), the
-*published* prediction's outcome is counted (the mistake rate is that of the
-decisions made), and an outcome message is published.
-
-A label may also reach the brokers before its point: the point's producer
-holds it in a batch (``linger.ms``), retries it, or takes a slower path. No
-end offset can know of a record on no broker, so the join waits on both
-sides, as Kafka Streams' stream-stream joins do: a label that finds no point
-is kept in the same table (an *early* row) and, when its point comes, the
-point is predicted and published first and then joined at once. A label
-still alone once the partition's points' stream time has passed its own time
-by the grace period (``--label-grace-seconds``: a producer's delivery
-timeout, after which a point sent before the label is on the brokers or
-never will be) is ``unknown_id``, as is one beyond ``--max-early-labels``; a
-second label for a point, whether it came after the join or while the first
-waited, is a ``duplicate``: dead letters, nothing learned twice.
-
-The tables belong to the task and are restored with its checkpoint: the
-local store keeps them beside the checkpoints and undoes what came after the
-restored one; the Kafka store writes each checkpoint's changes to a
-compacted changelog topic before the checkpoint, tagged with the checkpoint
-they belong to and the run that wrote them, and rebuilds the tables from it
-(:class:`Changelog`): changes a crashed run wrote after its last checkpoint
-are recognised and undone, as Kafka Streams restores a store from its
-changelog.
+A point with an ``id`` and no ``y`` is kept (:meth:`Joiner.keep`) in its
+partition's pending table (:mod:`service.state.pending`); a label takes its
+point and is joined (:mod:`service.pipeline.labels.join`), or waits for it as
+an *early* row until the partition's points' stream time (the grace clock,
+:meth:`Joiner.stream_time`) passes it by the grace period, or is a dead
+letter. The tables are checkpointed and restored with the task
+(:meth:`Joiner.before_save`, :meth:`Joiner.restore`; with the Kafka store
+through :mod:`service.state.changelog`).
 """
 
 from __future__ import annotations
 
 import base64
-import logging
-import math
 import uuid
 
-import orjson
-
+from service.pipeline.labels.join import Join
 from service.state.checkpoint import CheckpointError
 from service.state.pending import PendingTable
+from service.wire.inputs import decode_label
 from service.wire.messages import Label, Rejection
-from service.wire.outputs import dead_letter_record, outcome
-
-log = logging.getLogger("perceptron_stream")
-
-#: The run tag of a change written at a restore to undo a crashed run's later one.
-REPAIR = "repair"
 
 
 class Joiner:
@@ -62,7 +31,8 @@ class Joiner:
         self.open_table, self.ttl_seconds, self.max_pending = open_table, ttl_seconds, max_pending
         self.label_topic = label_topic  # the label_source of a label joined when its point came
         self.grace_seconds, self.max_early = grace_seconds, max_early
-        self.outcome_topic, self.dlq_topic, self.max_message_bytes = outcome_topic, dlq_topic, max_message_bytes
+        self.max_message_bytes = max_message_bytes
+        self.join = Join(outcome_topic, dlq_topic, max_message_bytes)  # the outcomes and dead letters it publishes
         self.changelog = changelog  # the Kafka store's (Changelog); None: the tables are on a disk the store keeps
         self.tables: dict[int, PendingTable] = {}
         self.run = uuid.uuid4().hex[:16]  # this run's tag on the changes it writes
@@ -87,6 +57,10 @@ class Joiner:
         """Labels waiting for their point."""
         return sum(t.early_count() for t in self.tables.values())
 
+    def waiting(self) -> list[int]:
+        """The partitions with labels waiting for their point."""
+        return [p for p, t in self.tables.items() if t.early_count()]
+
     # points and labels ----------------------------------------------------
     def keep(self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None) -> dict | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
@@ -105,7 +79,8 @@ class Joiner:
 
     def read_to(self, partition: int, moment_ms: int) -> None:
         """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
-        a fetch made after it): the grace clock may move there though no point came (service.app)."""
+        a fetch made after it): the grace clock may move there though no point came
+        (:meth:`~service.pipeline.labels.gate.LabelGate.clock`)."""
         if moment_ms > self.all_read_at.get(partition, -1):
             self.all_read_at[partition] = moment_ms
 
@@ -114,15 +89,18 @@ class Joiner:
         grace clock: a point sent before a label is read once this passes the label's time by the grace period."""
         return max(self.point_time.get(partition, -1), self.all_read_at.get(partition, -1))
 
-    def read_ahead(self, partition: int, label_ids: list) -> None:
-        """The pending rows of a batch's labels, read at once (:meth:`PendingTable.read_ahead`)."""
-        self.table(partition).read_ahead(label_ids)
+    def read(self, records) -> list[Label | Rejection]:
+        """A batch of label records (one partition's) decoded, the pending rows of their ids read at once
+        (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing."""
+        labels = [decode_label(r.value, r.key, self.max_message_bytes) for r in records]
+        self.table(records[0].partition).read_ahead([label.id for label in labels if type(label) is not Rejection])
+        return labels
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
         (early), or a dead letter."""
         if type(label) is Rejection:
-            return self._dead_letter(r.value, r.key, r.topic, r.partition, r.offset, label, send, tally)
+            return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, label, send, tally)
         table = self.table(r.partition)
         got = table.take(label.id, now=r.timestamp / 1000)
         if got is None:  # its point has not come (or is gone): the label waits for it, up to the grace period
@@ -137,36 +115,17 @@ class Joiner:
             return
         if got == "duplicate":
             tally.label_outcomes.append("duplicate")
-            return self._dead_letter(r.value, r.key, r.topic, r.partition, r.offset, Rejection(
+            return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, Rejection(
                 "duplicate", f"the point with id {label.id!r} was labeled already (or a label for it waits for it): a "
                              "label is learned once"), send, tally)
-        self._join(label.id, label.y, got, r.key, r.topic, r.partition, r.offset, r.timestamp / 1000, learner, send, tally,
-                   replica, models)
+        self.join.joined(label.id, label.y, got, r.key, r.topic, r.partition, r.offset, r.timestamp / 1000, learner, send,
+                         tally, replica, models)
 
     def join_early(self, r, point: dict, label: dict, learner, send, tally, replica: dict | None, models=None) -> None:
         """A point whose label came first (``keep`` returned them), its prediction sent: joined now."""
         key = None if label["key"] is None else base64.b64decode(label["key"])
-        self._join(label["id"], label["y"], point, key, self.label_topic, r.partition, label["offset"], label["at"], learner,
-                   send, tally, replica, models)
-
-    def _join(self, label_id, y: int, got: dict, key, topic: str, partition: int, offset: int, at: float, learner, send,
-              tally, replica, models) -> None:
-        """Learn (x, y) with the current weights, count the published decision's outcome, publish it."""
-        mistake = got["y_pred"] != y
-        learner.relabel(got["x"], y, mistake)
-        if models is not None:
-            predicted = got.get("challengers", {})
-            for name, challenger in models.challengers.items():
-                theirs = predicted.get(name)  # None: a challenger added since the point came (scored as a mistake)
-                challenger.relabel(got["x"], y, theirs != y)
-                tally.challenger_flags.setdefault(name, []).append(theirs != y)
-        tally.labeled += 1
-        tally.flags.append(mistake)
-        tally.label_outcomes.append("joined")
-        delay = max(0.0, at - got["at"])  # 0: the label came first
-        tally.delays.append(delay)
-        send(self.outcome_topic, key, outcome(label_id, y, got["y_pred"], got["score"], got["source"], topic, partition,
-                                              offset, delay, learner.updates, learner.seen, learner.mistakes, replica))
+        self.join.joined(label["id"], label["y"], point, key, self.label_topic, r.partition, label["offset"], label["at"],
+                         learner, send, tally, replica, models)
 
     def expire_early(self, send, tally) -> int:
         """Labels still alone once their partition's points' stream time passed their time by the grace period:
@@ -196,13 +155,8 @@ class Joiner:
                  "point's key")
         tally.label_outcomes.append("unknown_id")
         key = None if label["key"] is None else base64.b64decode(label["key"])
-        self._dead_letter(label["value"].encode(), key, self.label_topic, partition, label["offset"],
-                          Rejection("unknown_id", error), send, tally)
-
-    def _dead_letter(self, value, key, topic, partition, offset, rejection: Rejection, send, tally) -> None:
-        key, value = dead_letter_record(rejection, value, key, topic, partition, offset, self.max_message_bytes)
-        send(self.dlq_topic, key, value)
-        tally.rejected.append(rejection.reason)
+        self.join.dead_letter(label["value"].encode(), key, self.label_topic, partition, label["offset"],
+                              Rejection("unknown_id", error), send, tally)
 
     def expire(self, now: float, tally) -> None:
         for table in self.tables.values():
@@ -271,87 +225,3 @@ class Joiner:
     def close(self) -> None:
         for table in self.tables.values():
             table.close()
-
-
-def _valid(lineage: list[list], epoch: int, run: str) -> bool:
-    """Whether ``run``'s change in ``epoch`` is part of the history a checkpoint's lineage describes.
-
-    >>> _valid([[1, "a"], [5, "b"]], 4, "a"), _valid([[1, "a"], [5, "b"]], 5, "a"), _valid([[1, "a"], [5, "b"]], 7, "b")
-    (True, False, True)
-    """
-    owner = None
-    for first, who in lineage:
-        if epoch >= first:
-            owner = who
-    return owner == run
-
-
-def decode_change(value: bytes | None) -> tuple[int, str, list | None]:
-    """A changelog record (epoch, run, row), checked: it is read back from a topic others can write."""
-    doc = orjson.loads(value) if value is not None else None
-    if type(doc) is not dict or type(doc.get("epoch")) is not int or doc["epoch"] < 1 or type(doc.get("run")) is not str:
-        raise ValueError("not a pending-table change")
-    row = doc.get("row")
-    if row is not None:
-        ok = (type(row) is list and len(row) == 3 and row[0] in ("pending", "labeled", "early") and type(row[1]) in (int, float)
-              and math.isfinite(row[1]) and (row[2] is None or type(row[2]) is str))
-        if not ok:
-            raise ValueError("a pending-table change with a malformed row")
-    return doc["epoch"], doc["run"], row
-
-
-class Changelog:
-    """The Kafka store's changelog of pending tables: one compacted topic partitioned like the input.
-
-    ``io`` does the Kafka work: ``send(partition, key, value)``, ``flush()``
-    and ``read(partition) -> [(key, value)]`` (from the beginning, to the end).
-    """
-
-    def __init__(self, io, group_id: str):
-        self.io, self.prefix = io, f"{group_id}/"
-
-    def _key(self, partition: int, key: str) -> bytes:
-        return f"{self.prefix}{partition}/{key}".encode()
-
-    def write(self, partition: int, changes, epoch: int, run: str) -> None:
-        for key, row in changes:
-            self.io.send(partition, self._key(partition, key), orjson.dumps({"epoch": epoch, "run": run, "row": row}))
-
-    def flush(self) -> None:
-        self.io.flush()
-
-    def restore(self, partition: int, table: PendingTable, seq: int, lineage: list[list]) -> None:
-        """``table`` as of checkpoint ``seq``, from the changelog; a change no checkpoint of the lineage covers
-        (a crashed run's, after its last checkpoint) is undone by writing the valid value again."""
-        prefix = f"{self.prefix}{partition}/".encode()
-        valid: dict[str, list] = {}
-        last_valid: dict[str, bool] = {}
-        rejected = 0
-        for key, value in self.io.read(partition):
-            if key is None or not key.startswith(prefix):
-                continue
-            name = key[len(prefix):].decode(errors="replace")
-            try:
-                epoch, run, row = decode_change(value)
-            except ValueError:
-                rejected += 1
-                continue
-            # a repair restates the value at checkpoint ``epoch``: true in every lineage through it
-            ok = epoch <= seq and (run == REPAIR or _valid(lineage, epoch, run))
-            last_valid[name] = ok
-            if ok:
-                if row is None:
-                    valid.pop(name, None)
-                else:
-                    valid[name] = row
-        if rejected:
-            log.warning("%d records of the pending changelog of partition %d were malformed and ignored", rejected, partition)
-        table.load(valid, seq + 1)
-        stale = [name for name, ok in last_valid.items() if not ok]
-        for name in stale:  # the newest record of these keys is not this lineage's: compaction must not keep it
-            row = valid.get(name)
-            self.io.send(partition, self._key(partition, name), orjson.dumps({"epoch": seq, "run": REPAIR, "row": row}))
-        if stale:
-            self.io.flush()
-            log.info("restored the pending table of partition %d from the changelog: %d points, %d stale changes undone",
-                     partition, table.pending_count(), len(stale))

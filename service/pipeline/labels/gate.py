@@ -1,0 +1,112 @@
+"""The gate of labels ahead of their points, across this instance's tasks: admitted, held, released, turn by turn.
+
+A label may reach the brokers before its point; it is held (an *early* row of
+its task's pending table) until its point comes or the grace clock lets it go
+(:class:`~service.pipeline.labels.joiner.Joiner`). What the poll loop
+(:mod:`service.app`) must do for that each turn lives here, behind a small
+face:
+
+- :meth:`LabelGate.clock`, every turn: the grace clock of an input partition
+  read to its end moves on though no point comes (else a label whose point
+  never comes would wait for good, as at the end of a stream);
+- :meth:`LabelGate.due`: whether a label's grace has passed (a batch of no
+  records then lets it go);
+- :meth:`LabelGate.admit`, before a batch: points past their TTL expired, and
+  label batches ordered after point batches (a point of the same poll is kept
+  first);
+- :meth:`LabelGate.release`, after it: the labels still alone after the grace
+  period dead-lettered, acknowledged with the batch;
+- :meth:`LabelGate.acknowledged`, once the batch's outputs are: the tables'
+  changes committed, and the numbers of the pending and early gauges.
+
+No Kafka here: the input's lag is read through a callable.
+"""
+
+from __future__ import annotations
+
+import time
+
+#: How often the gate looks whether input partitions with labels waiting for their point are read to their end,
+#: moving their grace clock on when no point comes (:meth:`LabelGate.clock`); at least twice a fetch's wait on the
+#: brokers (fetch.max.wait.ms), so the zero lag read is from a fetch made after the last look.
+ALL_READ_CHECK_S = 1.0
+
+
+class LabelGate:
+    """The delayed-label path's part of each turn of the loop, over ``tasks`` (a TaskSet) with ``--label-topic``
+    ``label_topic`` (None: no delayed labels, and every call does nothing)."""
+
+    def __init__(self, tasks, label_topic: str | None, input_topic: str, fetch_max_wait_ms: int):
+        self.tasks, self.label_topic, self.input_topic = tasks, label_topic, input_topic
+        self.check_every = max(ALL_READ_CHECK_S, 2 * fetch_max_wait_ms / 1000)
+        self.all_read_since: dict[int, int] = {}  # input partition with labels waiting → when (ms) its lag last read 0
+        self.next_check = 0.0
+
+    def clock(self, read_lag) -> None:
+        """Move the grace clock of the input partitions read to their end, whose labels wait for points.
+
+        The grace clock is the points' stream time (:meth:`Joiner.stream_time`):
+        it stands still when no point comes, as at the end of a stream, and a
+        label whose point never comes would wait for good. When a partition's
+        input lag, read from the last fetch (``read_lag() -> (ok, {(topic,
+        partition): lag})``), is 0 at two looks ALL_READ_CHECK_S apart, a
+        fetch made after the first look found no more points: every point
+        written before that look is read, so the clock may move there. A zero
+        lag from one look proves nothing (the fetch may predate points written
+        since).
+        """
+        now = time.monotonic()
+        if self.label_topic is None or now < self.next_check:
+            return
+        self.next_check = now + self.check_every
+        waiting = {p: task for task in self.tasks.all() for p in task.joiner.waiting()}
+        for p in [p for p in self.all_read_since if p not in waiting]:
+            del self.all_read_since[p]
+        if not waiting:
+            return
+        ok, lags = read_lag()
+        now_ms = int(time.time() * 1000)
+        for p, task in waiting.items():
+            if ok and (lags or {}).get((self.input_topic, p)) == 0:
+                since = self.all_read_since.get(p)
+                if since is not None:
+                    task.joiner.read_to(p, since)
+                self.all_read_since[p] = now_ms
+            else:
+                self.all_read_since.pop(p, None)
+
+    def due(self) -> bool:
+        """Whether a label waited for its point past the grace period (asked when no record came: with the points'
+        stream time moved on by :meth:`clock`)."""
+        if self.label_topic is None:
+            return False
+        return any(task.joiner.early_due() for task in self.tasks.all())
+
+    def admit(self, batches: list, tally) -> list:
+        """Before a batch: points past their TTL go before its labels could join them; the batches in the order to
+        process them, a label's after the points of its partition (a point of this poll is kept first)."""
+        if self.label_topic is None:
+            return batches
+        now = time.time()
+        for task in self.tasks.all():
+            if task.joiner is not None:
+                task.joiner.expire(now, tally)
+        return sorted(batches, key=lambda records: records[0].topic == self.label_topic)
+
+    def release(self, send, tally) -> None:
+        """After a batch, before its flush: the labels still alone after the grace period are dead letters,
+        acknowledged with the batch; a change of the task's state, as an event is: a checkpoint will cover it."""
+        if self.label_topic is None:
+            return
+        for task in self.tasks.all():
+            task.unsaved += task.joiner.expire_early(send, tally)
+
+    def acknowledged(self, tally) -> tuple[int, int] | None:
+        """The batch's outputs acknowledged: the tables' changes committed (evictions counted in ``tally``). The
+        numbers of points pending and of labels waiting for their point, for the gauges (None: no delayed labels)."""
+        if self.label_topic is None:
+            return None
+        tasks = self.tasks.all()
+        for task in tasks:
+            task.joiner.commit(tally)
+        return sum(t.joiner.pending() for t in tasks), sum(t.joiner.early() for t in tasks)

@@ -1,0 +1,109 @@
+"""The changelog of the Kafka store's pending tables: their changes on a compacted topic, and a table rebuilt from it.
+
+With the Kafka store the pending tables (:mod:`service.state.pending`) live in
+a cache directory, so their durable copy is a changelog, as a Kafka Streams
+store's is: before each checkpoint the joiner writes the epoch's changes to a
+compacted topic partitioned like the input, each tagged with the checkpoint
+(epoch) it belongs to and the run that wrote it. A restore replays the topic
+and keeps only the changes the restored checkpoint's *lineage* (which run
+owned which epochs) covers; a change a crashed run wrote after its last
+checkpoint is recognised and undone by writing the valid value again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import orjson
+
+from service.state.pending import PendingTable
+
+log = logging.getLogger("perceptron_stream")
+
+#: The run tag of a change written at a restore to undo a crashed run's later one.
+REPAIR = "repair"
+
+
+def _valid(lineage: list[list], epoch: int, run: str) -> bool:
+    """Whether ``run``'s change in ``epoch`` is part of the history a checkpoint's lineage describes.
+
+    >>> _valid([[1, "a"], [5, "b"]], 4, "a"), _valid([[1, "a"], [5, "b"]], 5, "a"), _valid([[1, "a"], [5, "b"]], 7, "b")
+    (True, False, True)
+    """
+    owner = None
+    for first, who in lineage:
+        if epoch >= first:
+            owner = who
+    return owner == run
+
+
+def decode_change(value: bytes | None) -> tuple[int, str, list | None]:
+    """A changelog record (epoch, run, row), checked: it is read back from a topic others can write."""
+    doc = orjson.loads(value) if value is not None else None
+    if type(doc) is not dict or type(doc.get("epoch")) is not int or doc["epoch"] < 1 or type(doc.get("run")) is not str:
+        raise ValueError("not a pending-table change")
+    row = doc.get("row")
+    if row is not None:
+        ok = (type(row) is list and len(row) == 3 and row[0] in ("pending", "labeled", "early") and type(row[1]) in (int, float)
+              and math.isfinite(row[1]) and (row[2] is None or type(row[2]) is str))
+        if not ok:
+            raise ValueError("a pending-table change with a malformed row")
+    return doc["epoch"], doc["run"], row
+
+
+class Changelog:
+    """The Kafka store's changelog of pending tables: one compacted topic partitioned like the input.
+
+    ``io`` does the Kafka work: ``send(partition, key, value)``, ``flush()``
+    and ``read(partition) -> [(key, value)]`` (from the beginning, to the end).
+    """
+
+    def __init__(self, io, group_id: str):
+        self.io, self.prefix = io, f"{group_id}/"
+
+    def _key(self, partition: int, key: str) -> bytes:
+        return f"{self.prefix}{partition}/{key}".encode()
+
+    def write(self, partition: int, changes, epoch: int, run: str) -> None:
+        for key, row in changes:
+            self.io.send(partition, self._key(partition, key), orjson.dumps({"epoch": epoch, "run": run, "row": row}))
+
+    def flush(self) -> None:
+        self.io.flush()
+
+    def restore(self, partition: int, table: PendingTable, seq: int, lineage: list[list]) -> None:
+        """``table`` as of checkpoint ``seq``, from the changelog; a change no checkpoint of the lineage covers
+        (a crashed run's, after its last checkpoint) is undone by writing the valid value again."""
+        prefix = f"{self.prefix}{partition}/".encode()
+        valid: dict[str, list] = {}
+        last_valid: dict[str, bool] = {}
+        rejected = 0
+        for key, value in self.io.read(partition):
+            if key is None or not key.startswith(prefix):
+                continue
+            name = key[len(prefix):].decode(errors="replace")
+            try:
+                epoch, run, row = decode_change(value)
+            except ValueError:
+                rejected += 1
+                continue
+            # a repair restates the value at checkpoint ``epoch``: true in every lineage through it
+            ok = epoch <= seq and (run == REPAIR or _valid(lineage, epoch, run))
+            last_valid[name] = ok
+            if ok:
+                if row is None:
+                    valid.pop(name, None)
+                else:
+                    valid[name] = row
+        if rejected:
+            log.warning("%d records of the pending changelog of partition %d were malformed and ignored", rejected, partition)
+        table.load(valid, seq + 1)
+        stale = [name for name, ok in last_valid.items() if not ok]
+        for name in stale:  # the newest record of these keys is not this lineage's: compaction must not keep it
+            row = valid.get(name)
+            self.io.send(partition, self._key(partition, name), orjson.dumps({"epoch": seq, "run": REPAIR, "row": row}))
+        if stale:
+            self.io.flush()
+            log.info("restored the pending table of partition %d from the changelog: %d points, %d stale changes undone",
+                     partition, table.pending_count(), len(stale))

@@ -1,0 +1,46 @@
+"""The Kafka store's changelog of pending tables: a checkpoint's table rebuilt from it, a crashed run's changes undone."""
+
+from __future__ import annotations
+
+from service.state.changelog import Changelog
+from service.state.pending import PendingTable
+
+
+class MemoryLog:
+    """What Changelog uses of PartitionedLog, in memory."""
+
+    def __init__(self):
+        self.records: dict[int, list] = {}
+        self.flushes = 0
+
+    def send(self, partition, key, value):
+        self.records.setdefault(partition, []).append((key, value))
+
+    def flush(self):
+        self.flushes += 1
+
+    def read(self, partition):
+        return list(self.records.get(partition, []))
+
+
+def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_later_changes():
+    log = MemoryLog()
+    changelog = Changelog(log, "g")
+    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
+    table.add("a", {"v": 1}, now=1.0)
+    table.add("b", {"v": 2}, now=2.0)
+    changelog.write(0, table.changed(), 1, "run-1")  # checkpoint 1 by run-1
+    table.checkpoint(1)
+    assert table.take("a", now=3.0) == {"v": 1}
+    table.add("c", {"v": 3}, now=4.0)
+    changelog.write(0, table.changed(), 2, "run-1")  # written, then run-1 died before checkpoint 2 was saved
+    log.send(0, b"g/0/s:x", b"not json")  # and someone wrote garbage
+    log.send(1, b"g/1/s:z", b'{"epoch": 1, "run": "run-1", "row": ["pending", 1.0, "{}"]}')  # another partition
+
+    restored = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
+    changelog.restore(0, restored, 1, [[1, "run-1"], [2, "run-2"]])  # run-2 restores checkpoint 1
+    assert restored.pending_count() == 2 and restored.take("a", now=5.0) == {"v": 1} and restored.take("c", now=5.0) is None
+    # the stale changes were written again with their valid values: the newest record of every key is this lineage's
+    again = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
+    changelog.restore(0, again, 5, [[1, "run-1"], [2, "run-2"]])  # even read as of a later checkpoint of run-2
+    assert again.pending_count() == 2 and again.take("c", now=6.0) is None and log.flushes >= 1
