@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from service.cli import main
-from tests.conftest import ROOT, consume, wait_until
+from tests.support import ROOT
+from tests.support.topics import consume
+from tests.support.waiting import wait_until
 
 SEED_003 = "x1,x2,y\n1,2,1\n2,4,1\n3,4,1\n2,1,-1\n4,2,-1\n"
 

@@ -298,7 +298,8 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
     from service.config import ServeSettings, load
     from service.state.local import LocalStore
     from service.streams import separable
-    from tests.conftest import consume, produce, settings_args, start_service_process
+    from tests.support.launch import settings_args, start_service_process
+    from tests.support.topics import consume, produce
     from tests.support.service import stop_process, tail
 
     hostile = POISON + _collect(service_messages, 400)

@@ -23,7 +23,9 @@ from service import http
 from service.http import MAX_HEAD_BYTES, HttpEndpoints
 from service.metrics import ServiceMetrics
 from service.runtime.health import Health
-from tests.conftest import ROOT, http_get, wait_until
+from tests.support import ROOT
+from tests.support.endpoints import http_get
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ datasource uid everywhere, an expr in every target, the panels the service
 needs), and every expr sent to a real Prometheus: a PromQL parse error comes
 back as HTTP 400 bad_data.
 
-``dashboard_queries()`` (from tests/prometheus_server.py, re-exported here)
-gives the end-to-end test every panel's PromQL with Grafana's variables
-substituted.
+The end-to-end test (tests/integration/test_prometheus_e2e.py) gets every
+panel's PromQL, Grafana's variables substituted, from
+tests/support/prometheus_server.py.
 """
 
 from __future__ import annotations
@@ -19,32 +19,16 @@ from typing import Any
 import pytest
 import yaml
 
-try:
-    from prometheus_server import (  # noqa: F401 (prometheus is a fixture)
-        DASHBOARD_PATH,
-        PrometheusServer,
-        dashboard_queries,
-        dashboard_targets,
-        dashboard_variable_values,
-        iter_panels,
-        load_dashboard,
-        prometheus,
-        substitute_grafana_variables,
-    )
-except ImportError:  # tests/ is a package
-    from tests.prometheus_server import (  # noqa: F401
-        DASHBOARD_PATH,
-        PrometheusServer,
-        dashboard_queries,
-        dashboard_targets,
-        dashboard_variable_values,
-        iter_panels,
-        load_dashboard,
-        prometheus,
-        substitute_grafana_variables,
-    )
-
-__all__ = ["dashboard_queries"]
+from tests.support.prometheus_server import (
+    DASHBOARD_PATH,
+    PrometheusServer,
+    dashboard_queries,
+    dashboard_targets,
+    dashboard_variable_values,
+    iter_panels,
+    load_dashboard,
+    substitute_grafana_variables,
+)
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"

@@ -22,10 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-try:
-    from prometheus_server import PrometheusServer, prometheus_factory  # noqa: F401 (fixture)
-except ImportError:  # tests/ is a package
-    from tests.prometheus_server import PrometheusServer, prometheus_factory  # noqa: F401
+from tests.support.metric_names import SERVICE_METRICS
+from tests.support.prometheus_server import PrometheusServer
 
 REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "deploy" / "prometheus"
@@ -45,44 +43,6 @@ EXPECTED_ALERTS = {
     "PerceptronLabelsUnmatched",
     "PerceptronEventsWithoutKnownFeatures",
 }
-
-#: The service's metric contract (README "Metrics and dashboards"), as the sample
-#: names Prometheus stores: a rule naming anything else under perceptron_ has a
-#: typo and would never fire. tests/test_metrics.py checks that ServiceMetrics
-#: exports exactly these, so this list cannot drift from the code.
-SERVICE_METRICS = {
-    "perceptron_events_total",
-    "perceptron_mistakes_total",
-    "perceptron_updates_total",
-    "perceptron_dropped_features_total",
-    "perceptron_events_without_known_features_total",
-    "perceptron_mixes_total",
-    "perceptron_labels_total",
-    "perceptron_challenger_mistakes_total",
-    "perceptron_challenger_mistake_rate",
-    "perceptron_drift_detected_total",
-    "perceptron_last_drift_timestamp_seconds",
-    "perceptron_pending_labels",
-    "perceptron_early_labels",
-    "perceptron_label_delay_seconds_bucket",
-    "perceptron_label_delay_seconds_sum",
-    "perceptron_label_delay_seconds_count",
-    "perceptron_mix_records_rejected_total",
-    "perceptron_rejected_events_total",
-    "perceptron_mistake_rate",
-    "perceptron_mistake_rate_window_events",
-    "perceptron_processing_latency_seconds_bucket",
-    "perceptron_processing_latency_seconds_sum",
-    "perceptron_processing_latency_seconds_count",
-    "perceptron_consumer_lag",
-    "perceptron_weight_norm",
-    "perceptron_data_radius",
-    "perceptron_last_checkpoint_timestamp_seconds",
-    "perceptron_poll_loop_last_turn_timestamp_seconds",
-    "perceptron_assigned_partitions",
-    "perceptron_build_info",
-}
-
 
 def promtool() -> str:
     path = shutil.which("promtool")

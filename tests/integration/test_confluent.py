@@ -2,7 +2,9 @@
 
 First the stream object alone (KafkaIO's contract: poll, seeks made in
 on_assigned, send/flush with retries, commit, lag, never hanging on frozen
-brokers), then the service's own end-to-end tests run again on this client.
+brokers), then the service on this client. The service's own end-to-end tests
+(test_service.py, test_limits.py) run on both clients through the
+``kafka_client`` fixture (tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -25,10 +27,8 @@ from service.kafka import (
     confluent,
 )
 from service.kafka.confluent import ConfluentIO, client_config, kafka_error
-from tests.conftest import consume, create_topic, produce, wait_until
-from tests.integration import test_limits, test_service
-
-pytestmark = pytest.mark.integration
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
 
 
 def _io(bootstrap: str, topics: dict, on_assigned=None, on_revoked=None, auto_offset_reset="earliest") -> ConfluentIO:
@@ -258,33 +258,13 @@ def test_security_settings_in_librdkafka_names(tmp_path):
 
 
 # the service on this client ---------------------------------------------------
-@pytest.mark.parametrize("service_test", [
-    test_service.test_every_event_is_predicted_as_the_offline_learner_would,
-    test_service.test_keys_pass_through_and_partitions_follow_the_processing_order,
-    test_service.test_malformed_messages_become_dead_letters_and_good_ones_flow,
-    test_service.test_restart_resumes_where_it_stopped_and_skips_nothing,
-    test_limits.test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on,
-], ids=lambda f: f.__name__.removeprefix("test_"))
-def test_the_service_on_confluent_kafka(service_test, broker, topics, tmp_path, service_thread, monkeypatch):
-    import service.app
-
-    monkeypatch.setenv("PERCEPTRON_STREAM_KAFKA_CLIENT", "confluent")
-    opened = []
-
-    def spy(*args, **kwargs):
-        opened.append(open_stream(*args, **kwargs))
-        return opened[-1]
-
-    open_stream = service.app.open_stream
-    monkeypatch.setattr(service.app, "open_stream", spy)
-    service_test(broker, topics, tmp_path, service_thread)
-    assert opened and all(type(io) is ConfluentIO for io in opened)
-
-
+# (its end-to-end tests in test_service.py and test_limits.py also run on it: the kafka_client fixture)
 def test_a_restart_right_after_a_kill_waits_for_the_dead_member_then_goes_on(broker, topics, tmp_path):
     """A restart while the killed run is still in the group goes on once it is gone, and ends exactly where an
     uninterrupted run does (kafka-python: test_crash, where the newcomer waits with its partitions paused)."""
-    from tests.conftest import produce, settings_args, start_service_process, wait_until
+    from tests.support.launch import settings_args, start_service_process
+    from tests.support.topics import produce
+    from tests.support.waiting import wait_until
     from tests.support.service import (
         OutputWatcher,
         check_outputs,
