@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from pathlib import Path
@@ -118,6 +119,15 @@ def service_thread():
     yield start
     for s in started:
         s.stop()  # also re-raises an error the service died of, so a test never hides it behind a timeout
+
+
+@pytest.fixture
+def signal_handlers():
+    """`produce` installs SIGINT/SIGTERM handlers (stop cleanly); give pytest its own back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
 
 
 @pytest.fixture

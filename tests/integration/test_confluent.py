@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import KafkaError as CKafkaError
-from confluent_kafka import KafkaException
 from kafka import errors as kerrors
 
 from service.broker import EmbeddedBroker
@@ -21,12 +19,11 @@ from service.config import KafkaSettings
 from service.kafka import (
     BEGINNING,
     DeliveryError,
-    KafkaFatal,
     KafkaUnavailable,
     committed_offsets,
     confluent,
 )
-from service.kafka.confluent import ConfluentIO, client_config, kafka_error
+from service.kafka.confluent import ConfluentIO
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
 
@@ -212,49 +209,6 @@ def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_l
         finally:
             if not closed:
                 io.close()
-
-
-def test_confluent_errors_are_classified_as_kafka_pythons_then_leave_as_the_services():
-    assert isinstance(kafka_error(CKafkaError(27)), kerrors.RebalanceInProgressError)
-    assert isinstance(kafka_error(CKafkaError(CKafkaError._TIMED_OUT)), kerrors.KafkaTimeoutError)
-    assert isinstance(kafka_error(CKafkaError(CKafkaError._TRANSPORT)), kerrors.KafkaConnectionError)
-    assert isinstance(kafka_error(CKafkaError(10)), kerrors.MessageSizeTooLargeError)
-    assert type(kafka_error(CKafkaError(CKafkaError._FENCED))) is kerrors.KafkaError
-    assert isinstance(kafka_error(CKafkaError(29)), kerrors.TopicAuthorizationFailedError)
-
-    class Stream:
-        settings = None
-
-        @confluent._translated
-        def failing(self, code):
-            raise KafkaException(CKafkaError(code))
-
-    with pytest.raises(KafkaUnavailable, match="IllegalStateError") as info:
-        Stream().failing(CKafkaError._STATE)
-    assert isinstance(info.value.__cause__, KafkaException)
-    with pytest.raises(KafkaFatal, match="TopicAuthorizationFailedError"):
-        Stream().failing(29)
-    with pytest.raises(KafkaFatal, match="UnsupportedCodecError") as info:  # a batch librdkafka cannot decompress
-        Stream().failing(CKafkaError._BAD_COMPRESSION)
-    assert "compression.type" in info.value.hint
-
-
-def test_security_settings_in_librdkafka_names(tmp_path):
-    for name in ("ca.pem", "cert.pem", "key.pem"):
-        (tmp_path / name).write_text("-")
-    settings = KafkaSettings(bootstrap_servers="h1:9093,h2:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-                             sasl_username="user", sasl_password="secret", ssl_cafile=tmp_path / "ca.pem",
-                             ssl_certfile=tmp_path / "cert.pem", ssl_keyfile=tmp_path / "key.pem", ssl_password="kp")
-    assert client_config(settings) == {
-        "bootstrap.servers": "h1:9093,h2:9093", "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "user", "sasl.password": "secret", "ssl.ca.location": str(tmp_path / "ca.pem"),
-        "ssl.certificate.location": str(tmp_path / "cert.pem"), "ssl.key.location": str(tmp_path / "key.pem"),
-        "ssl.key.password": "kp"}
-    from confluent_kafka import Producer
-
-    plain = KafkaSettings(bootstrap_servers="127.0.0.1:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                          sasl_username="user", sasl_password="secret")
-    Producer(client_config(plain))  # librdkafka knows every name (it refuses unknown ones here)
 
 
 # the service on this client ---------------------------------------------------

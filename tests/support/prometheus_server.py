@@ -410,3 +410,16 @@ def dashboard_queries(path: str | os.PathLike[str] = DASHBOARD_PATH) -> list[str
     (True, False)
     """
     return [expr for _title, _ref, expr in dashboard_targets(path)]
+
+
+def prometheus_annotations(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The dashboard's annotations that query Prometheus."""
+    return [a for a in dashboard["annotations"]["list"] if a.get("datasource", {}).get("type") == "prometheus"]
+
+
+def alert_rules(path: str | os.PathLike[str] = ALERTS_PATH) -> list[dict[str, Any]]:
+    """The alerting rules of deploy/prometheus/alerts.yml (or ``path``), every group's."""
+    import yaml
+
+    doc = yaml.safe_load(Path(path).read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]

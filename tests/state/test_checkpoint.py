@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,9 +30,9 @@ from service.state.checkpoint import (
 from service.state.kafka_store import CheckpointTooLargeError, KafkaStore
 from service.state.local import LocalStore, StateLockedError
 from service.streams import separable
+from tests.support import ROOT
 from tests.support.checkpoints import resealed
 
-ROOT = Path(__file__).resolve().parent.parent
 OWNER = Owner("g", "points", cluster_id="cluster-1", topic_id="topic-1")
 
 
