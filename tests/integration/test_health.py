@@ -13,6 +13,7 @@ from tests.support.launch import settings_args
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 
+
 def metric(url: str, name: str) -> float | None:
     """The value of an unlabelled sample on /metrics, None when it is not there."""
     status, text = http_get(url + "/metrics")

@@ -23,6 +23,7 @@ from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 from tests.support.streams import open_test_stream
 
+
 CLIENTS = ["kafka-python", "confluent"]
 
 

@@ -17,6 +17,7 @@ from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
 from tests.support.service import final_checkpoint
 
+
 CHALLENGERS = {"averaged": ("averaged", 0.0), "pocket": ("pocket", 0.0), "margin:0.5": ("margin", 0.5)}
 
 

@@ -22,6 +22,7 @@ from service.streams import separable
 from tests.support.launch import settings_args
 from tests.support.topics import consume, create_topic
 
+
 CLIENTS = ["kafka-python", "confluent"]
 CODECS = ["gzip", "snappy", "lz4", "zstd"]
 

@@ -34,6 +34,7 @@ from tests.support.service import has_traceback, stop_process, tail
 from tests.support.apache_kafka import SCRAM_PASSWORD, SCRAM_USER
 from tests.support.streams import open_test_stream
 
+
 CLIENTS = ["kafka-python", "confluent"]
 #: (listener, mechanism): each SCRAM mechanism once, each SASL listener once
 LISTENERS = [("SASL_PLAINTEXT", "SCRAM-SHA-256"), ("SASL_SSL", "SCRAM-SHA-512")]

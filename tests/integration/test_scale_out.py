@@ -37,6 +37,7 @@ from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 from tests.support.service import has_traceback, stop_process, tail
 
+
 PARTITIONS = 6
 
 

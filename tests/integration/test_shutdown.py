@@ -24,6 +24,7 @@ from tests.support.launch import settings_args
 from tests.support.topics import consume, produce
 from tests.support.waiting import wait_until
 
+
 DEFAULT_STOP_TIMEOUT_S = ServeSettings.model_fields["stop_timeout_seconds"].default
 #: The bound these tests set (--stop-timeout-seconds): shorter than the default, so the suite waits less.
 STOP_TIMEOUT_S = 4.0

@@ -37,6 +37,7 @@ from tests.support.service import (
 from tests.support.pki import KEY_PASSWORD, Pki
 from tests.support.streams import open_test_stream
 
+
 CLIENTS = ["kafka-python", "confluent"]
 
 
