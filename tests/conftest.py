@@ -1,5 +1,7 @@
-"""Fixtures shared by the suite: the brokers, and small helpers to produce,
-consume and run the service against them over TCP.
+"""Fixtures shared by the suite: the brokers, topic names of a test's own, the service in a thread, Prometheus.
+
+The helpers tests call (produce, consume, wait_until, settings_args, ...)
+live in tests/support; test modules import them from there.
 
 Two brokers serve the tests. Apache Kafka (``apache_kafka``), what users run:
 one KRaft broker for the whole run, started by pytest-xdist's controller before
@@ -14,23 +16,23 @@ Tests of the embedded broker's own quirks carry the ``embedded_only`` marker.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shutil
-import subprocess
-import sys
+import signal
 import tempfile
-import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from service.broker import EmbeddedBroker
+from tests.support import ROOT  # noqa: F401 (tests/runtime/test_stop_deadline.py still imports it from here)
 from tests.support.apache_kafka import ApacheKafka, from_json, to_json, wait_ready
+from tests.support.brokers import new_broker
+from tests.support.launch import ServiceThread
+from tests.support.prometheus_server import PrometheusServer
+from tests.support.topics import consume, create_topic  # noqa: F401 (tests/test_produce.py still imports them from here)
 
-ROOT = Path(__file__).resolve().parent.parent
 #: how the xdist controller tells its workers where the run's Apache Kafka listens (JSON of BrokerAddresses)
 APACHE_KAFKA_ENV = "PERCEPTRON_STREAM_TESTS_APACHE_KAFKA"
 _run_broker = pytest.StashKey[ApacheKafka]()
@@ -79,14 +81,6 @@ def kafka_broker(request):
     return request.getfixturevalue("apache_kafka" if request.param == "apache-kafka" else "broker")
 
 
-def new_broker(kind: str, root: Path):
-    """A broker of ``kind`` ("apache-kafka" or "embedded") of a test's own, files under ``root``; use it with ``with``."""
-    root.mkdir(parents=True, exist_ok=True)
-    if kind == "apache-kafka":
-        return ApacheKafka(root / "apache-kafka", heap="256m")
-    return EmbeddedBroker(log_path=root / "tansu.log")
-
-
 @pytest.fixture(params=["apache-kafka", "embedded"])
 def own_broker(request, tmp_path):
     """A broker of this test's own, of each kind in turn, for tests that freeze or stop it
@@ -113,132 +107,6 @@ def topics(request):
     return {"input_topic": f"in-{tag}", "output_topic": f"out-{tag}", "dlq_topic": f"dlq-{tag}", "group_id": f"g-{tag}"}
 
 
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def metrics_once(metrics_url: str, line: str, timeout: float = 30.0) -> str:
-    """A service's /metrics once they show ``line``; after ``timeout``, as they are then (the caller's assertion
-    says what they hold). A batch is counted just after its outputs are acknowledged, so a test that has read
-    the outputs may be a moment ahead of the counts."""
-    try:
-        return wait_until(lambda: (text := http_get(metrics_url + "/metrics")[1]) and line in text and text, timeout, what=line)
-    except AssertionError:
-        return http_get(metrics_url + "/metrics")[1]
-
-
-def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-
-    from kafka.errors import TopicAlreadyExistsError
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([NewTopic(name, partitions, 1)])
-    except TopicAlreadyExistsError:
-        pass
-    finally:
-        admin.close()
-
-
-def produce(bootstrap: str, topic: str, values, keys=None, partition=None) -> None:
-    """Write raw values (bytes, or dicts turned into JSON) and wait for the acks.
-
-    The topic is created with one partition when missing: the broker would
-    auto-create it with four.
-    """
-    from kafka import KafkaProducer
-
-    create_topic(bootstrap, topic)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    try:
-        keys = keys or itertools.repeat(None)
-        for value, key in zip(values, keys):
-            raw = value if isinstance(value, (bytes, type(None))) else json.dumps(value).encode()
-            producer.send(topic, value=raw, key=key, partition=partition)
-        producer.flush()
-    finally:
-        producer.close()
-
-
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0):
-    """Read ``count`` records from the start of every partition of ``topic``."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    try:
-        wait_until(lambda: consumer.partitions_for_topic(topic), timeout, what=f"topic {topic}")
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        out = []
-        deadline = time.monotonic() + timeout
-        while len(out) < count and time.monotonic() < deadline:
-            for messages in consumer.poll(timeout_ms=200).values():
-                out.extend(messages)
-        assert len(out) >= count, f"read {len(out)} of {count} records from {topic} in {timeout:.0f} s"
-        return out
-    finally:
-        consumer.close()
-
-
-def settings_args(broker, topics: dict, tmp_path: Path, **extra) -> list[str]:
-    """Flags for `serve` against the test broker, with a metrics port of its own."""
-    args = {"bootstrap_servers": broker.bootstrap_servers, **topics, "state_dir": str(tmp_path / "state"),
-            "metrics_port": 0, "poll_timeout_ms": 100, "checkpoint_interval_seconds": 1.0, **extra}
-    out = []
-    for name, value in args.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            out.append(flag if value else f"--no-{name.replace('_', '-')}")
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-class ServiceThread:
-    """The Application running in a thread of the test process."""
-
-    def __init__(self, args: list[str]):
-        from service.app import Application
-        from service.config import ServeSettings, load
-
-        self.app = Application(load(ServeSettings, args))
-        self.result = None
-        self.error = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        try:
-            self.result = self.app.run(install_signal_handlers=False)
-        except BaseException as exc:  # surfaced by stop()
-            self.error = exc
-
-    def start(self) -> "ServiceThread":
-        self.thread.start()
-        wait_until(lambda: self.app.http is not None or self.error, 30, what="the service's HTTP endpoints")
-        return self
-
-    def stop(self, timeout: float = 30.0):
-        self.app.stop()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the service did not stop"
-        if self.error:
-            raise self.error
-        return self.result
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.app.http.port}"
-
-
 @pytest.fixture
 def service_thread():
     started = []
@@ -253,24 +121,33 @@ def service_thread():
         s.stop()  # also re-raises an error the service died of, so a test never hides it behind a timeout
 
 
-def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> subprocess.Popen:
-    """`perceptron-stream serve` as a real child process (signals, crashes).
+@pytest.fixture
+def signal_handlers():
+    """`produce` installs SIGINT/SIGTERM handlers (stop cleanly); give pytest its own back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
 
-    ``preexec_fn`` runs in the child before the service starts (e.g. to lower
-    its open-files limit)."""
-    log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            preexec_fn=preexec_fn)
+
+@pytest.fixture
+def prometheus_factory(tmp_path_factory):
+    """``start(targets=(), **kwargs) -> PrometheusServer`` (tests/support/prometheus_server.py): started now,
+    stopped at teardown."""
+    servers: list[PrometheusServer] = []
+
+    def start(targets=(), **kwargs) -> PrometheusServer:
+        server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets, **kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except (urllib.error.URLError, ConnectionError):  # nothing listens (yet)
-        return 0, ""
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """A Prometheus server with no targets, shared by the module: enough to parse and evaluate PromQL."""
+    with PrometheusServer(tmp_path_factory.mktemp("prometheus")) as server:
+        yield server

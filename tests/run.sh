@@ -25,6 +25,9 @@ fi
 # Apache Kafka's jars (the version pinned in tests/apache_kafka/pom.xml), fetched once
 python3 tests/support/apache_kafka.py --fetch >/dev/null
 
+# The lint first ([tool.ruff] in pyproject.toml): a finding fails the run
+python3 -m ruff check tests
+
 # One worker per core, each with its own embedded broker (Apache Kafka is one
 # for the run, started by the controller: tests/conftest.py); idle workers take
 # queued tests from busy ones (worksteal), so the long crash and fuzz tests

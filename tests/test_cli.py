@@ -1,17 +1,15 @@
-"""The command line: train over files, produce into the embedded broker, broker in the foreground."""
+"""The command line without a broker: train over files, produce's checks before it connects.
+
+The commands against a broker (produce, broker) are tests/integration/test_cli_commands.py's.
+"""
 
 import json
 import math
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from service.cli import main
-from tests.conftest import ROOT, consume, wait_until
-
-SEED_003 = "x1,x2,y\n1,2,1\n2,4,1\n3,4,1\n2,1,-1\n4,2,-1\n"
+from tests.support import SEED_003
 
 
 def _augmented_margin(report, X, Y):
@@ -116,34 +114,6 @@ def test_train_takes_the_wire_label_spellings_in_csv(tmp_path):
     assert main(["train", "--data", str(data)]) == 0
 
 
-@pytest.fixture
-def signal_handlers():
-    """`produce` installs SIGINT/SIGTERM handlers (stop cleanly); give pytest its own back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-
-
-@pytest.mark.integration
-def test_produce_writes_a_seeded_stream_and_replays_files(broker, topics, tmp_path, capsys, signal_handlers):
-    topic = topics["input_topic"]
-    args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--no-progress"]
-    assert main(["produce", *args, "--stream", "credit", "--count", "300", "--seed", "7"]) == 0
-    assert capsys.readouterr().err.strip().splitlines()[-1] == f"wrote 300 messages to {topic}"  # acknowledged ones
-    data = tmp_path / "d.csv"
-    data.write_text(SEED_003)
-    assert main(["produce", *args, "--file", str(data)]) == 0
-    records = consume(broker.bootstrap_servers, topic, 305)
-    events = [json.loads(r.value) for r in records]
-    assert [e["id"] for e in events[:3]] == ["app-0", "app-1", "app-2"]
-    assert set(events[0]["features"]) == {"age", "salary", "years_in_job", "debt"}
-    assert records[0].key == b"app-0"
-    assert events[300:] == [{"features": {"x1": 1.0, "x2": 2.0}, "y": 1}, {"features": {"x1": 2.0, "x2": 4.0}, "y": 1},
-                            {"features": {"x1": 3.0, "x2": 4.0}, "y": 1}, {"features": {"x1": 2.0, "x2": 1.0}, "y": -1},
-                            {"features": {"x1": 4.0, "x2": 2.0}, "y": -1}]
-
-
 @pytest.mark.parametrize("value", ["1.0", "1.2", "-0.1", "nan"])
 def test_produce_refuses_a_margin_the_unit_ball_cannot_hold(capsys, value):
     """--margin 1.2 made the separable stream loop forever: refused before anything connects."""
@@ -160,59 +130,3 @@ def test_produce_without_a_broker_names_bootstrap_servers(monkeypatch, capsys, s
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("perceptron-stream produce: cannot use the brokers at 127.0.0.1:")
     assert "(--bootstrap-servers)" in last and "nothing was written" in last
-
-
-@pytest.mark.integration
-def test_produce_exits_1_when_messages_are_not_acknowledged(broker, topics, tmp_path, capsys, signal_handlers):
-    """A line over the client's 4 MiB request limit is refused; the others still go, and the run fails saying so."""
-    topic = topics["input_topic"]
-    data = tmp_path / "d.jsonl"
-    good = [b'{"x": [1.0], "y": 1}', b'{"x": [2.0], "y": -1}', b'{"x": [3.0]}']
-    data.write_bytes(b"\n".join([good[0], b'{"x": [' + b"1.0," * 1_500_000 + b'1.0]}', *good[1:]]) + b"\n")
-    assert main(["produce", "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--file", str(data), "--no-progress"]) == 1
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "3 of 4 messages acknowledged" in last and "MessageSizeTooLargeError" in last, last
-    assert [r.value for r in consume(broker.bootstrap_servers, topic, 3)] == good
-
-
-@pytest.mark.integration
-def test_produce_command_through_pipes(broker, topics):
-    """Not a terminal: no progress bar, no control codes, exit 0 and the acknowledged count last."""
-    topic = topics["input_topic"]
-    process = subprocess.run([sys.executable, "-m", "service.cli", "produce", "--bootstrap-servers", broker.bootstrap_servers,
-                              "--topic", topic, "--stream", "noisy", "--count", "200", "--rate", "1000"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert process.returncode == 0, process.stderr
-    assert process.stderr.strip().splitlines()[-1] == f"wrote 200 messages to {topic}"
-    assert "\x1b[" not in process.stdout + process.stderr and process.stdout == ""
-    assert len(consume(broker.bootstrap_servers, topic, 200)) == 200
-
-
-def test_broker_command_serves_until_sigterm(tmp_path):
-    from service.broker import free_port
-
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "service.cli", "broker", "--port", str(port)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        first = process.stdout.readline()
-        assert f"127.0.0.1:{port}" in first
-        from kafka import KafkaAdminClient
-
-        admin = wait_until(lambda: _admin(port), 20, what="the broker to answer")
-        admin.close()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-
-
-def _admin(port):
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
-
-    try:
-        return KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", bootstrap_timeout_ms=2000)
-    except KafkaError:
-        return None

@@ -7,7 +7,7 @@ import pytest
 
 from service.cli import COMMANDS, PROG, main
 from service.config import KafkaSettings
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

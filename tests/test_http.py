@@ -23,7 +23,9 @@ from service import http
 from service.http import MAX_HEAD_BYTES, HttpEndpoints
 from service.metrics import ServiceMetrics
 from service.runtime.health import Health
-from tests.conftest import ROOT, http_get, wait_until
+from tests.support import ROOT
+from tests.support.endpoints import http_get
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -85,6 +87,11 @@ def test_the_endpoints_answer_as_before(serve):
     assert "perceptron_mistakes_total 0.0" in text and "perceptron_updates" not in text and text.endswith("# EOF\n")
 
 
+def held(endpoints) -> dict:
+    """The connections the server holds."""
+    return endpoints._connections  # noqa: SLF001 — nothing public counts them
+
+
 def test_a_connection_that_sends_nothing_is_closed_after_the_head_timeout(serve):
     endpoints = serve(head_timeout_s=0.5)
     start = time.monotonic()
@@ -96,7 +103,7 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_head_timeout(serve)
         time.sleep(0.3)
         slow.sendall(b"Host: x\r\n")
         assert closed_by_server(slow, wait_s=5)
-    wait_until(lambda: not endpoints._connections, 2, interval=0.01, what="the server to forget them")
+    wait_until(lambda: not held(endpoints), 2, interval=0.01, what="the server to forget them")
 
 
 def test_a_head_over_the_limit_gets_431(serve):
@@ -119,7 +126,7 @@ def test_a_head_over_the_limit_gets_431(serve):
 def test_over_the_cap_the_oldest_idle_connection_is_closed(serve):
     endpoints = serve(max_connections=3)
     first, second, third = (connect(endpoints) for _ in range(3))
-    wait_until(lambda: len(endpoints._connections) == 3, 5, what="three connections held")
+    wait_until(lambda: len(held(endpoints)) == 3, 5, what="three connections held")
     fourth = connect(endpoints)
     assert closed_by_server(first, wait_s=2)
     assert not any(closed_by_server(s, wait_s=0.2) for s in (second, third, fourth))
@@ -131,18 +138,18 @@ def test_over_the_cap_the_oldest_idle_connection_is_closed(serve):
 
 def test_a_client_that_does_not_read_its_response_is_dropped_after_the_write_timeout(serve, monkeypatch):
     endpoints = serve(write_timeout_s=0.5)
-    answer = endpoints._answer
+    answer = endpoints._answer  # noqa: SLF001 — no route answers 16 MB
     big = http.response("200 OK", "text/plain", b"x" * 16_000_000)  # more than any socket buffer holds
-    monkeypatch.setattr(endpoints, "_answer", lambda method, path, *rest: big if path == "/big" else answer(method, path, *rest))
+    monkeypatch.setattr(endpoints, "_answer", lambda method, path, *rest: big if path == "/big" else answer(method, path, *rest))  # noqa: SLF001 — the same, installed
     reader = socket.socket()
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     reader.connect(("127.0.0.1", endpoints.port))
     reader.sendall(b"GET /big HTTP/1.1\r\n\r\n")  # and never reads
-    wait_until(lambda: any(not c.idle for c in endpoints._connections.values()), 5, what="the response to start")
+    wait_until(lambda: any(not c.idle for c in held(endpoints).values()), 5, what="the response to start")
     took = time.monotonic()
     assert http_get(f"http://127.0.0.1:{endpoints.port}/healthz")[0] == 200  # not held up by the slow reader
     assert time.monotonic() - took < 1.0
-    wait_until(lambda: not endpoints._connections, 3, interval=0.05, what="the slow reader to be dropped")
+    wait_until(lambda: not held(endpoints), 3, interval=0.05, what="the slow reader to be dropped")
     try:
         received = read_all(reader)
     except ConnectionResetError:
@@ -165,12 +172,12 @@ def test_accept_failing_for_good_pauses_instead_of_spinning(serve, monkeypatch):
             attempts.append(time.monotonic())
             raise OSError(errno.EMFILE, "Too many open files")
 
-    endpoints._listener.__class__ = Exhausted
+    endpoints._listener.__class__ = Exhausted  # noqa: SLF001 — EMFILE for good, without starving the test
     waiting = socket.create_connection(("127.0.0.1", endpoints.port), timeout=5)  # queued: the listener stays readable
     time.sleep(1.0)
     waiting.close()
     assert 5 <= len(attempts) <= 60, len(attempts)  # 10, 20, 40, then 50 ms apart: about 20 in a second
-    assert endpoints._reserve is None  # spent on the first failure, nothing to take it back with
+    assert endpoints._reserve is None  # noqa: SLF001 — the spare descriptor (nothing public shows it): spent on the first failure, nothing to take it back with
 
 
 CHILD = r"""

@@ -5,7 +5,7 @@ import re
 from service.cli import COMMANDS
 from service.config import ServeSettings, env_var, flag
 from service.metrics import ServiceMetrics
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 

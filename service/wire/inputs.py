@@ -10,7 +10,7 @@ becomes one plain sentence and a short reason code, also the ``reason`` label
 of ``perceptron_rejected_events_total``. The fast path only accepts what the
 model accepts, with the same values (msgspec and pydantic's parser read every
 number to the same double, and both refuse non-finite ones), so an event
-decodes to the same :class:`Event` either way (tests/test_schema.py checks it).
+decodes to the same :class:`Event` either way (tests/wire/test_schema.py checks it).
 
 Decoding costs a parse or two of the message and its first error, whatever
 the message holds: the model stops at the first bad element of ``x`` or

@@ -2,12 +2,12 @@
 
 Structure (unique panel ids, a layout that fits the grid, the provisioned
 datasource uid everywhere, an expr in every target, the panels the service
-needs), and every expr sent to a real Prometheus: a PromQL parse error comes
-back as HTTP 400 bad_data.
+needs). Every expr sent to a real Prometheus is
+tests/integration/test_dashboard_queries.py.
 
-``dashboard_queries()`` (from tests/prometheus_server.py, re-exported here)
-gives the end-to-end test every panel's PromQL with Grafana's variables
-substituted.
+The end-to-end test (tests/integration/test_prometheus_e2e.py) gets every
+panel's PromQL, Grafana's variables substituted, from
+tests/support/prometheus_server.py.
 """
 
 from __future__ import annotations
@@ -19,32 +19,15 @@ from typing import Any
 import pytest
 import yaml
 
-try:
-    from prometheus_server import (  # noqa: F401 (prometheus is a fixture)
-        DASHBOARD_PATH,
-        PrometheusServer,
-        dashboard_queries,
-        dashboard_targets,
-        dashboard_variable_values,
-        iter_panels,
-        load_dashboard,
-        prometheus,
-        substitute_grafana_variables,
-    )
-except ImportError:  # tests/ is a package
-    from tests.prometheus_server import (  # noqa: F401
-        DASHBOARD_PATH,
-        PrometheusServer,
-        dashboard_queries,
-        dashboard_targets,
-        dashboard_variable_values,
-        iter_panels,
-        load_dashboard,
-        prometheus,
-        substitute_grafana_variables,
-    )
-
-__all__ = ["dashboard_queries"]
+from tests.support.prometheus_server import (
+    DASHBOARD_PATH,
+    dashboard_queries,
+    dashboard_variable_values,
+    iter_panels,
+    load_dashboard,
+    prometheus_annotations,
+    substitute_grafana_variables,
+)
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
@@ -226,14 +209,10 @@ def test_the_delayed_label_and_model_operation_panels(dashboard: dict[str, Any])
     assert {"0": {"text": "never", "index": 0}} in [m["options"] for m in last["fieldConfig"]["defaults"]["mappings"]]
 
 
-def _prometheus_annotations(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    return [a for a in dashboard["annotations"]["list"] if a.get("datasource", {}).get("type") == "prometheus"]
-
-
 def test_drift_annotation(dashboard: dict[str, Any]) -> None:
     """A drift marks every time series: an annotation where the drift counter went up. increase, not changes: a
     restart sets the counter back to 0, which is no drift."""
-    [drift] = [a for a in _prometheus_annotations(dashboard) if a["name"] == "Drift detected"]
+    [drift] = [a for a in prometheus_annotations(dashboard) if a["name"] == "Drift detected"]
     assert drift["enable"] is True and drift["datasource"] == {"type": "prometheus", "uid": provisioned_datasource()["uid"]}
     assert re.sub(r"\s+", "", drift["expr"]) == \
         'increase(perceptron_drift_detected_total{job=~"$job",instance=~"$instance"}[$__rate_interval])>0'
@@ -242,7 +221,7 @@ def test_drift_annotation(dashboard: dict[str, Any]) -> None:
 
 def test_annotation_queries_substitute_to_plain_promql(dashboard: dict[str, Any]) -> None:
     values = dashboard_variable_values(dashboard)
-    for annotation in _prometheus_annotations(dashboard):
+    for annotation in prometheus_annotations(dashboard):
         query = substitute_grafana_variables(annotation["expr"], values)
         assert "$" not in query, query
 
@@ -302,41 +281,3 @@ def test_variables_substitute_to_plain_promql(dashboard: dict[str, Any]) -> None
 
 
 # -- every expr parses on a real Prometheus --------------------------------------
-
-
-@pytest.mark.integration
-def test_a_parse_error_is_noticed(prometheus: PrometheusServer) -> None:
-    """The check below could fail: a bad expr gets 400 bad_data."""
-    status, body = prometheus.query_raw("sum by (kind) (rate(perceptron_events_total[1m])")
-    assert status == 400 and body["errorType"] == "bad_data", body
-    status, body = prometheus.query_raw("up")
-    assert status == 200 and body["status"] == "success", body
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(("title", "ref", "expr"), dashboard_targets(), ids=lambda v: str(v)[:40])
-def test_dashboard_expr_parses_in_prometheus(prometheus: PrometheusServer, title: str, ref: str, expr: str) -> None:
-    status, body = prometheus.query_raw(expr)
-    assert body.get("errorType") != "bad_data", f"{title} [{ref}]: {expr}\n{body.get('error')}"
-    assert status == 200 and body["status"] == "success", (title, ref, body)
-    assert body["data"]["resultType"] == "vector", (title, ref, body["data"]["resultType"])
-
-
-@pytest.mark.integration
-def test_annotation_queries_parse_in_prometheus(dashboard: dict[str, Any], prometheus: PrometheusServer) -> None:
-    values = dashboard_variable_values(dashboard)
-    for annotation in _prometheus_annotations(dashboard):
-        status, body = prometheus.query_raw(substitute_grafana_variables(annotation["expr"], values))
-        assert status == 200 and body["status"] == "success", (annotation["name"], body)
-
-
-@pytest.mark.integration
-def test_variable_queries_parse_in_prometheus(dashboard: dict[str, Any], prometheus: PrometheusServer) -> None:
-    values = dashboard_variable_values(dashboard)
-    for var in dashboard["templating"]["list"]:
-        m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["definition"])
-        assert m, var["definition"]
-        assert var["query"]["query"] == var["definition"]
-        selector = substitute_grafana_variables(m.group(1), values)
-        status, body = prometheus.api("series", {"match[]": selector})
-        assert status == 200 and body["status"] == "success", (var["name"], body)

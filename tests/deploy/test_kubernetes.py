@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import shlex
 from pathlib import Path
 
 import jsonschema
@@ -32,14 +30,23 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 
-from service.config import ENV_PREFIX, ServeSettings, load
+from service.config import ENV_PREFIX, ServeSettings
+from tests.support import ROOT
+from tests.support.manifests import (
+    DOCKERFILE,
+    KUBERNETES_VERSION,
+    MANIFESTS,
+    PROMETHEUSRULE_SCHEMA,
+    SERVICEMONITOR_SCHEMA,
+    commented_block,
+    dockerfile_env,
+    documents,
+    kustomized_image,
+    serve_settings,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = ROOT / "deploy" / "kubernetes"
-DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 PROMETHEUSRULE = MANIFESTS / "prometheusrule.yaml"
-KUBERNETES_VERSION = "1.30.0"
 
 BUILTIN_KINDS = {"ConfigMap", "Secret", "PersistentVolumeClaim", "Deployment", "Service"}
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Kustomization"}
@@ -76,10 +83,6 @@ def prometheusrule_text(alerts: str | None = None) -> str:
     return PROMETHEUSRULE_HEADER + body + "\n"
 
 
-def _documents(path: Path) -> list[dict]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
-
-
 def _manifest_files() -> list[Path]:
     files = sorted(MANIFESTS.glob("*.yaml")) + sorted(MANIFESTS.glob("*.yml"))
     assert files, f"no manifests in {MANIFESTS}"
@@ -91,7 +94,7 @@ def objects() -> dict[str, dict]:
     """kind -> the one object of that kind."""
     found: dict[str, dict] = {}
     for path in _manifest_files():
-        for doc in _documents(path):
+        for doc in documents(path):
             assert doc["kind"] not in found, f"two objects of kind {doc['kind']}"
             found[doc["kind"]] = doc
     return found
@@ -104,32 +107,10 @@ def container(objects) -> dict:
     return containers[0]
 
 
-def dockerfile_env() -> dict[str, str]:
-    """The image's ENV (continuation lines joined), the base the container's env overrides."""
-    env: dict[str, str] = {}
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    for line in text.splitlines():
-        line = line.strip()
-        if line.upper().startswith("ENV "):
-            for token in shlex.split(line[4:]):
-                key, _, value = token.partition("=")
-                env[key] = value
-    return env
-
-
 def dockerfile_uid() -> int:
     users = [line.split()[1] for line in DOCKERFILE.read_text().splitlines() if line.startswith("USER ")]
     assert len(users) == 1
     return int(users[0].split(":")[0])
-
-
-def serve_settings(monkeypatch, env: dict[str, str]) -> ServeSettings:
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIX):
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return load(ServeSettings, [])
 
 
 def pod_env(objects) -> dict[str, str]:
@@ -144,7 +125,7 @@ def pod_env(objects) -> dict[str, str]:
 
 @pytest.mark.parametrize("path", _manifest_files(), ids=lambda p: p.name)
 def test_manifest_is_valid_for_kubernetes(path):
-    for doc in _documents(path):
+    for doc in documents(path):
         if doc["kind"] in CUSTOM_KINDS:
             with pytest.raises(SchemaNotFoundError):  # why these are checked structurally below
                 kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
@@ -171,58 +152,6 @@ def test_strict_validation_rejects_broken_deployments(objects, mutate, field):
     assert field in str(error.value)
 
 
-# The fields of the ServiceMonitor CRD (prometheus-operator, monitoring.coreos.com/v1)
-# that these manifests use, with the CRD's types and its duration pattern; closed,
-# so a misspelled field fails here instead of being ignored by the operator.
-_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
-SERVICEMONITOR_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "additionalProperties": False,
-            "properties": {
-                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-            },
-        },
-        "spec": {
-            "type": "object",
-            "required": ["selector", "endpoints"],
-            "additionalProperties": False,
-            "properties": {
-                "selector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
-                },
-                "endpoints": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["port"],
-                        "properties": {
-                            "port": {"type": "string"},
-                            "path": {"type": "string"},
-                            "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
-                            "interval": {"type": "string", "pattern": _DURATION},
-                            "scrapeTimeout": {"type": "string", "pattern": _DURATION},
-                        },
-                    },
-                },
-            },
-        },
-    },
-}
-
-
 def test_servicemonitor_structure(objects):
     jsonschema.validate(objects["ServiceMonitor"], SERVICEMONITOR_SCHEMA)
     broken = copy.deepcopy(objects["ServiceMonitor"])
@@ -239,49 +168,6 @@ def test_servicemonitor_scrapes_the_services_metrics_port(objects):
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["port"] in port_names
         assert endpoint.get("path", "/metrics") == "/metrics"
-
-
-PROMETHEUSRULE_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PrometheusRule"},
-        "metadata": SERVICEMONITOR_SCHEMA["properties"]["metadata"],
-        "spec": {
-            "type": "object",
-            "required": ["groups"],
-            "additionalProperties": False,
-            "properties": {"groups": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["name", "rules"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "name": {"type": "string", "minLength": 1},
-                        "interval": {"type": "string", "pattern": _DURATION},
-                        "rules": {"type": "array", "items": {
-                            "type": "object",
-                            "required": ["expr"],
-                            "additionalProperties": False,
-                            "properties": {
-                                "alert": {"type": "string"},
-                                "record": {"type": "string"},
-                                "expr": {"type": ["string", "integer"]},
-                                "for": {"type": "string", "pattern": _DURATION},
-                                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-                            },
-                        }},
-                    },
-                },
-            }},
-        },
-    },
-}
 
 
 def test_prometheusrule_is_generated_from_the_alert_rules(objects):
@@ -320,22 +206,10 @@ def test_prometheusrule_and_servicemonitor_carry_the_same_labels(objects):
     assert objects["PrometheusRule"]["metadata"]["labels"] == objects["ServiceMonitor"]["metadata"]["labels"]
 
 
-def _commented_block(text: str, marker: str) -> str:
-    """The YAML of a commented-out block: the ``# `` lines right after the line holding ``marker``, uncommented."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if marker in line) + 1
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("# "):
-            break
-        block.append(line[2:])
-    return "\n".join(block)
-
-
 def test_kustomization_shows_how_to_add_the_release_label(objects):
     """kube-prometheus-stack finds ServiceMonitors and PrometheusRules by `release:`: one uncommented block sets it."""
     text = (MANIFESTS / "kustomization.yaml").read_text()
-    block = yaml.safe_load(_commented_block(text, "UNCOMMENT for kube-prometheus-stack"))
+    block = yaml.safe_load(commented_block(text, "UNCOMMENT for kube-prometheus-stack"))
     assert set(block) == {"labels"}, block
     [entry] = block["labels"]
     assert set(entry["pairs"]) == {"release"}
@@ -343,7 +217,7 @@ def test_kustomization_shows_how_to_add_the_release_label(objects):
     assert entry["includeSelectors"] is False
     assert "includeTemplates" not in entry or entry["includeTemplates"] is False
     assert "labels" not in objects["Kustomization"]  # uncommenting adds the key, it does not duplicate one
-    assert yaml.safe_load(text + "\n" + _commented_block(text, "UNCOMMENT for kube-prometheus-stack"))["labels"] == block["labels"]
+    assert yaml.safe_load(text + "\n" + commented_block(text, "UNCOMMENT for kube-prometheus-stack"))["labels"] == block["labels"]
 
 
 def test_kustomization_lists_the_manifests(objects):
@@ -359,18 +233,6 @@ def test_kustomization_lists_the_manifests(objects):
     assert "secret.example.yaml" not in resources
     image = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
     assert {i["name"] for i in kustomization.get("images", [])} <= {image.split(":")[0]}
-
-
-def kustomized_image(image: str, entries: list[dict]) -> str:
-    """What kustomize's `images:` makes of a container's image (newName, newTag; no digests here)."""
-    name, colon, tag = image.rpartition(":")
-    if not colon or "/" in tag:
-        name, tag = image, "latest"
-    for entry in entries:
-        if entry["name"] == name:
-            assert "digest" not in entry
-            return f"{entry.get('newName', name)}:{entry.get('newTag', tag)}"
-    return f"{name}:{tag}"
 
 
 def test_kustomized_image_reader():

@@ -30,14 +30,14 @@ import pytest
 import yaml
 
 from service.config import ENV_PREFIX
-from tests.deploy.test_kubernetes import (
+from tests.support.manifests import (
     KUBERNETES_VERSION,
     MANIFESTS,
     PROMETHEUSRULE_SCHEMA,
     SERVICEMONITOR_SCHEMA,
-    _commented_block,
-    _documents,
+    commented_block,
     dockerfile_env,
+    documents,
     kustomized_image,
     serve_settings,
 )
@@ -61,7 +61,7 @@ def render(directory: Path) -> list[dict]:
     for resource in kustomization["resources"]:
         path = directory / resource
         assert path.is_file() and path.parent == directory, f"{resource}: kustomize loads only files inside {directory}"
-        for doc in _documents(path):
+        for doc in documents(path):
             for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
                 container["image"] = kustomized_image(container["image"], kustomization.get("images", []))
             out.append(doc)
@@ -79,7 +79,7 @@ def objects() -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def base() -> dict[str, dict]:
-    return {doc["kind"]: doc for path in MANIFESTS.glob("*.yaml") for doc in _documents(path)}
+    return {doc["kind"]: doc for path in MANIFESTS.glob("*.yaml") for doc in documents(path)}
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_images_and_release_label_block_are_the_bases():
     ours, theirs = ((d / "kustomization.yaml").read_text() for d in (SCALE_OUT, MANIFESTS))
     assert yaml.safe_load(ours)["images"] == yaml.safe_load(theirs)["images"]
     marker = "UNCOMMENT for kube-prometheus-stack"
-    assert _commented_block(ours, marker) == _commented_block(theirs, marker)
+    assert commented_block(ours, marker) == commented_block(theirs, marker)
 
 
 def test_configmap_is_the_bases_in_partition_scope(objects, base, settings):

@@ -1,11 +1,12 @@
-"""Prometheus config and alert rules of deploy/prometheus/, checked with promtool and a real server.
+"""Prometheus config and alert rules of deploy/prometheus/, checked with promtool.
 
 - ``promtool check config`` / ``check rules`` / ``test rules`` pass;
 - the scrape config and every alert carry what operators rely on;
 - the unit tests in alerts_test.yml can fail: for every alert, a copy of the
   rules where it never fires fails its firing tests, and a copy where it
-  always fires fails its silent tests;
-- a real Prometheus loads the rules and evaluates every one without error.
+  always fires fails its silent tests.
+
+A real Prometheus loading and evaluating them is tests/integration/test_alert_rules.py.
 """
 
 from __future__ import annotations
@@ -13,19 +14,15 @@ from __future__ import annotations
 import copy
 import re
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-try:
-    from prometheus_server import PrometheusServer, prometheus_factory  # noqa: F401 (fixture)
-except ImportError:  # tests/ is a package
-    from tests.prometheus_server import PrometheusServer, prometheus_factory  # noqa: F401
+from tests.support.metric_names import SERVICE_METRICS
+from tests.support.prometheus_server import alert_rules
 
 REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "deploy" / "prometheus"
@@ -46,44 +43,6 @@ EXPECTED_ALERTS = {
     "PerceptronEventsWithoutKnownFeatures",
 }
 
-#: The service's metric contract (README "Metrics and dashboards"), as the sample
-#: names Prometheus stores: a rule naming anything else under perceptron_ has a
-#: typo and would never fire. tests/test_metrics.py checks that ServiceMetrics
-#: exports exactly these, so this list cannot drift from the code.
-SERVICE_METRICS = {
-    "perceptron_events_total",
-    "perceptron_mistakes_total",
-    "perceptron_updates_total",
-    "perceptron_dropped_features_total",
-    "perceptron_events_without_known_features_total",
-    "perceptron_mixes_total",
-    "perceptron_labels_total",
-    "perceptron_challenger_mistakes_total",
-    "perceptron_challenger_mistake_rate",
-    "perceptron_drift_detected_total",
-    "perceptron_last_drift_timestamp_seconds",
-    "perceptron_pending_labels",
-    "perceptron_early_labels",
-    "perceptron_label_delay_seconds_bucket",
-    "perceptron_label_delay_seconds_sum",
-    "perceptron_label_delay_seconds_count",
-    "perceptron_mix_records_rejected_total",
-    "perceptron_rejected_events_total",
-    "perceptron_mistake_rate",
-    "perceptron_mistake_rate_window_events",
-    "perceptron_processing_latency_seconds_bucket",
-    "perceptron_processing_latency_seconds_sum",
-    "perceptron_processing_latency_seconds_count",
-    "perceptron_consumer_lag",
-    "perceptron_weight_norm",
-    "perceptron_data_radius",
-    "perceptron_last_checkpoint_timestamp_seconds",
-    "perceptron_poll_loop_last_turn_timestamp_seconds",
-    "perceptron_assigned_partitions",
-    "perceptron_build_info",
-}
-
-
 def promtool() -> str:
     path = shutil.which("promtool")
     assert path, "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
@@ -92,11 +51,6 @@ def promtool() -> str:
 
 def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-def alert_rules(path: Path = ALERTS) -> list[dict[str, Any]]:
-    doc = yaml.safe_load(path.read_text())
-    return [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]
 
 
 # -- promtool -------------------------------------------------------------------
@@ -230,40 +184,3 @@ def test_each_alert_has_unit_tests_that_catch_a_wrong_rule(alert: str, tmp_path:
         (work / "alerts.yml").write_text(yaml.safe_dump(_mutated_rules(alert, wrong_expr), sort_keys=False))
         proc = run_promtool("test", "rules", "tests.yml", cwd=work)
         assert proc.returncode != 0, f"the {kind} tests of {alert} pass with expr {wrong_expr!r}:\n{proc.stdout}"
-
-
-# -- a real server --------------------------------------------------------------
-
-
-@pytest.mark.integration
-def test_real_prometheus_loads_and_evaluates_every_rule(prometheus_factory) -> None:
-    with socket.socket() as s:  # a port nobody listens on: the target is down
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
-    prom: PrometheusServer = prometheus_factory([dead], rule_files=[ALERTS])
-    prom.wait_for('up{job="perceptron-stream"}', lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=20)
-
-    def rules_now() -> dict[str, dict[str, Any]]:
-        return {r["name"]: r for g in prom.rule_groups() for r in g["rules"]}
-
-    def down_alert(rules: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-        return [a for a in rules.get("PerceptronTargetDown", {}).get("alerts", [])
-                if a["labels"].get("instance") == dead]
-
-    # every rule evaluated after the first failed scrape (evaluation and scrape run each second)
-    deadline = time.monotonic() + 20
-    rules = rules_now()
-    while not down_alert(rules) and time.monotonic() < deadline:
-        time.sleep(0.25)
-        rules = rules_now()
-    assert set(rules) == {r["alert"] for r in alert_rules()}
-    for name, rule in rules.items():
-        assert rule["health"] == "ok", (name, rule.get("lastError"))
-        assert not rule["lastEvaluation"].startswith("0001"), (name, "never evaluated")
-    # the target is down: the alert is pending (it fires after 1 minute), with the target's labels
-    [alert] = down_alert(rules)
-    assert alert["state"] == "pending", alert
-    assert alert["labels"]["job"] == "perceptron-stream" and alert["labels"]["severity"] == "critical"
-    assert alert["annotations"]["summary"] == f"perceptron-stream {dead} is down"
-    for name in set(rules) - {"PerceptronTargetDown"}:
-        assert rules[name]["state"] == "inactive", rules[name]

@@ -2,7 +2,9 @@
 
 First the stream object alone (KafkaIO's contract: poll, seeks made in
 on_assigned, send/flush with retries, commit, lag, never hanging on frozen
-brokers), then the service's own end-to-end tests run again on this client.
+brokers), then the service on this client. The service's own end-to-end tests
+(test_service.py, test_limits.py) run on both clients through the
+``kafka_client`` fixture (tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import KafkaError as CKafkaError
-from confluent_kafka import KafkaException
 from kafka import errors as kerrors
 
 from service.broker import EmbeddedBroker
@@ -19,16 +19,13 @@ from service.config import KafkaSettings
 from service.kafka import (
     BEGINNING,
     DeliveryError,
-    KafkaFatal,
     KafkaUnavailable,
     committed_offsets,
     confluent,
 )
-from service.kafka.confluent import ConfluentIO, client_config, kafka_error
-from tests.conftest import consume, create_topic, produce, wait_until
-from tests.integration import test_limits, test_service
-
-pytestmark = pytest.mark.integration
+from service.kafka.confluent import ConfluentIO
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
 
 
 def _io(bootstrap: str, topics: dict, on_assigned=None, on_revoked=None, auto_offset_reset="earliest") -> ConfluentIO:
@@ -214,77 +211,14 @@ def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_l
                 io.close()
 
 
-def test_confluent_errors_are_classified_as_kafka_pythons_then_leave_as_the_services():
-    assert isinstance(kafka_error(CKafkaError(27)), kerrors.RebalanceInProgressError)
-    assert isinstance(kafka_error(CKafkaError(CKafkaError._TIMED_OUT)), kerrors.KafkaTimeoutError)
-    assert isinstance(kafka_error(CKafkaError(CKafkaError._TRANSPORT)), kerrors.KafkaConnectionError)
-    assert isinstance(kafka_error(CKafkaError(10)), kerrors.MessageSizeTooLargeError)
-    assert type(kafka_error(CKafkaError(CKafkaError._FENCED))) is kerrors.KafkaError
-    assert isinstance(kafka_error(CKafkaError(29)), kerrors.TopicAuthorizationFailedError)
-
-    class Stream:
-        settings = None
-
-        @confluent._translated
-        def failing(self, code):
-            raise KafkaException(CKafkaError(code))
-
-    with pytest.raises(KafkaUnavailable, match="IllegalStateError") as info:
-        Stream().failing(CKafkaError._STATE)
-    assert isinstance(info.value.__cause__, KafkaException)
-    with pytest.raises(KafkaFatal, match="TopicAuthorizationFailedError"):
-        Stream().failing(29)
-    with pytest.raises(KafkaFatal, match="UnsupportedCodecError") as info:  # a batch librdkafka cannot decompress
-        Stream().failing(CKafkaError._BAD_COMPRESSION)
-    assert "compression.type" in info.value.hint
-
-
-def test_security_settings_in_librdkafka_names(tmp_path):
-    for name in ("ca.pem", "cert.pem", "key.pem"):
-        (tmp_path / name).write_text("-")
-    settings = KafkaSettings(bootstrap_servers="h1:9093,h2:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-                             sasl_username="user", sasl_password="secret", ssl_cafile=tmp_path / "ca.pem",
-                             ssl_certfile=tmp_path / "cert.pem", ssl_keyfile=tmp_path / "key.pem", ssl_password="kp")
-    assert client_config(settings) == {
-        "bootstrap.servers": "h1:9093,h2:9093", "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "user", "sasl.password": "secret", "ssl.ca.location": str(tmp_path / "ca.pem"),
-        "ssl.certificate.location": str(tmp_path / "cert.pem"), "ssl.key.location": str(tmp_path / "key.pem"),
-        "ssl.key.password": "kp"}
-    from confluent_kafka import Producer
-
-    plain = KafkaSettings(bootstrap_servers="127.0.0.1:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                          sasl_username="user", sasl_password="secret")
-    Producer(client_config(plain))  # librdkafka knows every name (it refuses unknown ones here)
-
-
 # the service on this client ---------------------------------------------------
-@pytest.mark.parametrize("service_test", [
-    test_service.test_every_event_is_predicted_as_the_offline_learner_would,
-    test_service.test_keys_pass_through_and_partitions_follow_the_processing_order,
-    test_service.test_malformed_messages_become_dead_letters_and_good_ones_flow,
-    test_service.test_restart_resumes_where_it_stopped_and_skips_nothing,
-    test_limits.test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on,
-], ids=lambda f: f.__name__.removeprefix("test_"))
-def test_the_service_on_confluent_kafka(service_test, broker, topics, tmp_path, service_thread, monkeypatch):
-    import service.app
-
-    monkeypatch.setenv("PERCEPTRON_STREAM_KAFKA_CLIENT", "confluent")
-    opened = []
-
-    def spy(*args, **kwargs):
-        opened.append(open_stream(*args, **kwargs))
-        return opened[-1]
-
-    open_stream = service.app.open_stream
-    monkeypatch.setattr(service.app, "open_stream", spy)
-    service_test(broker, topics, tmp_path, service_thread)
-    assert opened and all(type(io) is ConfluentIO for io in opened)
-
-
+# (its end-to-end tests in test_service.py and test_limits.py also run on it: the kafka_client fixture)
 def test_a_restart_right_after_a_kill_waits_for_the_dead_member_then_goes_on(broker, topics, tmp_path):
     """A restart while the killed run is still in the group goes on once it is gone, and ends exactly where an
     uninterrupted run does (kafka-python: test_crash, where the newcomer waits with its partitions paused)."""
-    from tests.conftest import produce, settings_args, start_service_process, wait_until
+    from tests.support.launch import settings_args, start_service_process
+    from tests.support.topics import produce
+    from tests.support.waiting import wait_until
     from tests.support.service import (
         OutputWatcher,
         check_outputs,

@@ -27,7 +27,10 @@ from pathlib import Path
 import pytest
 
 from service.broker import free_port
-from tests.conftest import http_get, produce, settings_args, start_service_process, wait_until
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args, start_service_process
+from tests.support.topics import produce
+from tests.support.waiting import wait_until
 from tests.support.service import (
     GroupHolder,
     OutputWatcher,
@@ -41,8 +44,6 @@ from tests.support.service import (
     tail,
     wait_assigned,
 )
-
-pytestmark = pytest.mark.integration
 
 
 # SIGKILL at random moments --------------------------------------------------

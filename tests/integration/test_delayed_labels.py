@@ -22,12 +22,12 @@ from service.app import CHANGELOG_TOPIC_CONFIG
 from service.config import ServeSettings, load
 from service.learning import make_learner
 from service.streams import separable
-from tests.conftest import (consume, create_topic, http_get, metrics_once, produce, settings_args, start_service_process,
-                            wait_until)
+from tests.support.endpoints import http_get, metrics_once
+from tests.support.launch import settings_args, start_service_process
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
 from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
 from tests.support.apache_kafka import create_compacting_topic, records_left
-
-pytestmark = pytest.mark.integration
 
 
 def _points(count: int, seed: int, start: int = 0) -> list[dict]:
@@ -262,7 +262,7 @@ def test_a_label_topic_of_another_partition_count_is_refused(broker, topics, tmp
 
 def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_thread):
     """README "Delayed labels": the snippet a user pastes, against the service it describes."""
-    from tests.conftest import ROOT
+    from tests.support import ROOT
 
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Delayed labels"):]

@@ -6,12 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from service.broker import free_port
-from tests.conftest import ROOT, http_get, wait_until
-
-pytestmark = pytest.mark.integration
+from tests.support import ROOT
+from tests.support.endpoints import http_get
+from tests.support.waiting import wait_until
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -8,9 +8,11 @@ import time
 import pytest
 
 from service.broker import free_port
-from tests.conftest import create_topic, http_get, produce, settings_args, wait_until
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args
+from tests.support.topics import create_topic, produce
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
 
 def metric(url: str, name: str) -> float | None:
     """The value of an unlabelled sample on /metrics, None when it is not there."""

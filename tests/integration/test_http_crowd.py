@@ -33,9 +33,10 @@ import pytest
 
 from service.broker import free_port
 from service.streams import separable
-from tests.conftest import consume, create_topic, http_get, produce, settings_args, start_service_process, wait_until
-
-pytestmark = pytest.mark.integration
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args, start_service_process
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
 
 #: The requirement's bound on one /healthz answer, not a speed benchmark.
 HEALTHZ_BOUND_S = 1.0

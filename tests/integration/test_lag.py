@@ -17,10 +17,12 @@ import time
 import pytest
 
 from service.config import KafkaSettings
-from tests.conftest import create_topic, http_get, produce, settings_args, wait_until
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args
+from tests.support.topics import create_topic, produce
+from tests.support.waiting import wait_until
 from tests.support.streams import open_test_stream
 
-pytestmark = pytest.mark.integration
 
 CLIENTS = ["kafka-python", "confluent"]
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args
+from tests.support.topics import consume, create_topic
+from tests.support.waiting import wait_until
 
-from tests.conftest import consume, create_topic, http_get, settings_args, wait_until
 
-pytestmark = pytest.mark.integration
-
-
-def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on(broker, topics, tmp_path, service_thread):
+def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on(broker, topics, tmp_path, service_thread, kafka_client):
     """A 4.5 MB id makes a prediction larger than the producer's 4 MiB request limit: refused for good.
 
     Waiting for it would hold every later event (and the commits) forever; the

@@ -10,10 +10,13 @@ import pytest
 
 from service.learning import make_learner
 from service.streams import separable
-from tests.conftest import ROOT, consume, create_topic, http_get, produce, settings_args, wait_until
+from tests.support import ROOT
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
 from tests.support.service import final_checkpoint
 
-pytestmark = pytest.mark.integration
 
 CHALLENGERS = {"averaged": ("averaged", 0.0), "pocket": ("pocket", 0.0), "margin:0.5": ("margin", 0.5)}
 

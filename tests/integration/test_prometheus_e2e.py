@@ -36,8 +36,11 @@ import pytest
 import yaml
 
 from service.streams import separable
-from tests.conftest import consume, create_topic, http_get, produce, settings_args, wait_until
-from tests.prometheus_server import (  # noqa: F401 (prometheus_factory is a fixture)
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
+from tests.support.prometheus_server import (
     ALERTS_PATH,
     DEFAULT_JOB,
     PrometheusNotFound,
@@ -46,11 +49,8 @@ from tests.prometheus_server import (  # noqa: F401 (prometheus_factory is a fix
     dashboard_variable_values,
     find_prometheus,
     load_dashboard,
-    prometheus_factory,
     substitute_grafana_variables,
 )
-
-pytestmark = pytest.mark.integration
 
 DIMENSIONS = 5
 LABELED_AND_UNLABELED = 3000

@@ -19,9 +19,9 @@ from service.config import KafkaSettings
 from service.kafka import KafkaFatal, KafkaIO, require_codecs
 from service.learning import make_learner
 from service.streams import separable
-from tests.conftest import consume, create_topic, settings_args
+from tests.support.launch import settings_args
+from tests.support.topics import consume, create_topic
 
-pytestmark = pytest.mark.integration
 
 CLIENTS = ["kafka-python", "confluent"]
 CODECS = ["gzip", "snappy", "lz4", "zstd"]

@@ -27,12 +27,13 @@ from kafka.errors import SaslAuthenticationFailedError, UnsupportedSaslMechanism
 from service.broker import free_port
 from service.config import KafkaSettings, ServeSettings, load
 from service.kafka import KafkaFatal
-from tests.conftest import consume, http_get, produce, start_service_process
+from tests.support.endpoints import http_get
+from tests.support.launch import start_service_process
+from tests.support.topics import consume, produce
 from tests.support.service import has_traceback, stop_process, tail
 from tests.support.apache_kafka import SCRAM_PASSWORD, SCRAM_USER
 from tests.support.streams import open_test_stream
 
-pytestmark = pytest.mark.integration
 
 CLIENTS = ["kafka-python", "confluent"]
 #: (listener, mechanism): each SCRAM mechanism once, each SASL listener once

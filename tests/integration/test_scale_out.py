@@ -32,10 +32,11 @@ from service.learning.mixing import mix_states
 from service.state.checkpoint import decode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.streams import separable
-from tests.conftest import create_topic, produce, settings_args, start_service_process, wait_until
+from tests.support.launch import settings_args, start_service_process
+from tests.support.topics import create_topic, produce
+from tests.support.waiting import wait_until
 from tests.support.service import has_traceback, stop_process, tail
 
-pytestmark = pytest.mark.integration
 
 PARTITIONS = 6
 

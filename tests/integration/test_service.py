@@ -6,13 +6,12 @@ import json
 import random
 import signal
 
-import pytest
-
 from service.learning import make_learner
 from service.streams import separable
-from tests.conftest import consume, create_topic, http_get, metrics_once, produce, settings_args, start_service_process, wait_until
-
-pytestmark = pytest.mark.integration
+from tests.support.endpoints import http_get, metrics_once
+from tests.support.launch import settings_args, start_service_process
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
 
 
 def _offline(events, variant="plain"):
@@ -25,7 +24,7 @@ def _by_seen(records):
     return sorted((json.loads(r.value) for r in records), key=lambda p: p["model"]["seen"])
 
 
-def test_every_event_is_predicted_as_the_offline_learner_would(broker, topics, tmp_path, service_thread):
+def test_every_event_is_predicted_as_the_offline_learner_would(broker, topics, tmp_path, service_thread, kafka_client):
     events = [dict(e) for e, _ in zip(separable(dimensions=5, margin=0.05, noise=0.0, seed=3), range(3000))]
     produce(broker.bootstrap_servers, topics["input_topic"], events, keys=[e["id"].encode() for e in events])
     service = service_thread(settings_args(broker, topics, tmp_path))
@@ -42,7 +41,7 @@ def test_every_event_is_predicted_as_the_offline_learner_would(broker, topics, t
     assert 0 < predictions[-1]["model"]["version"] == predictions[-1]["model"]["mistakes"]  # plain: one update per mistake
 
 
-def test_keys_pass_through_and_partitions_follow_the_processing_order(broker, topics, tmp_path, service_thread):
+def test_keys_pass_through_and_partitions_follow_the_processing_order(broker, topics, tmp_path, service_thread, kafka_client):
     create_topic(broker.bootstrap_servers, topics["input_topic"], partitions=3)
     events = [dict(e) for e, _ in zip(separable(dimensions=3, margin=0.05, seed=9), range(1500))]
     keys = [f"k{i % 17}".encode() for i in range(len(events))]
@@ -93,7 +92,7 @@ def _malformed(max_bytes: int) -> list[tuple[bytes | None, str]]:
     return [kinds[i % len(kinds)] for i in range(100)]
 
 
-def test_malformed_messages_become_dead_letters_and_good_ones_flow(broker, topics, tmp_path, service_thread):
+def test_malformed_messages_become_dead_letters_and_good_ones_flow(broker, topics, tmp_path, service_thread, kafka_client):
     bad = _malformed(max_bytes=2000)
     good = [{"id": f"g{i}", "x": [random.Random(i).uniform(-1, 1), 1.0], "y": 1 if i % 3 else -1} for i in range(300)]
     stream = [(g, None) for g in good[:1]] + [(b, r) for b, r in bad]  # a good one first fixes d = 2
@@ -131,7 +130,7 @@ def test_malformed_messages_become_dead_letters_and_good_ones_flow(broker, topic
     assert 'perceptron_rejected_events_total{reason="bad_label"} 10.0' in metrics
 
 
-def test_restart_resumes_where_it_stopped_and_skips_nothing(broker, topics, tmp_path, service_thread):
+def test_restart_resumes_where_it_stopped_and_skips_nothing(broker, topics, tmp_path, service_thread, kafka_client):
     events = [dict(e) for e, _ in zip(separable(dimensions=4, margin=0.05, noise=0.05, seed=5), range(2000))]
     produce(broker.bootstrap_servers, topics["input_topic"], events[:1000])
     first = service_thread(settings_args(broker, topics, tmp_path))
@@ -177,7 +176,7 @@ def test_missing_topics_with_creation_off_fail_with_a_clear_message(broker, topi
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support import ROOT
 
     args = settings_args(broker, topics, tmp_path, create_topics=False)
     result = subprocess.run([sys.executable, "-m", "service.cli", "serve", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)

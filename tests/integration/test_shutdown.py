@@ -19,9 +19,11 @@ from service.config import ServeSettings, load
 from service.learning import make_learner
 from service.state.local import LocalStore
 from service.streams import separable
-from tests.conftest import ROOT, consume, produce, settings_args, wait_until
+from tests.support import ROOT
+from tests.support.launch import settings_args
+from tests.support.topics import consume, produce
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
 
 DEFAULT_STOP_TIMEOUT_S = ServeSettings.model_fields["stop_timeout_seconds"].default
 #: The bound these tests set (--stop-timeout-seconds): shorter than the default, so the suite waits less.

@@ -21,7 +21,10 @@ from service.kafka import CompactedTopic
 from service.state.checkpoint import encode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
-from tests.conftest import new_broker, produce, settings_args, start_service_process, wait_until
+from tests.support.brokers import new_broker
+from tests.support.launch import settings_args, start_service_process
+from tests.support.topics import produce
+from tests.support.waiting import wait_until
 from tests.support.service import (
     exit_code,
     run_to_the_end,
@@ -35,8 +38,6 @@ from tests.support.service import (
     tail,
 )
 from tests.support.apache_kafka import create_compacting_topic, records_left
-
-pytestmark = pytest.mark.integration
 
 #: Both stores on Apache Kafka, the local one on the embedded broker (whose Kafka store the crash tests cover).
 STORES_ON_BROKERS = [("apache-kafka", "kafka"), ("apache-kafka", "local"), ("embedded", "local")]
@@ -250,7 +251,7 @@ def test_committed_offsets_without_a_checkpoint_are_refused_not_a_silent_reset(b
 def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_start(broker, topics, tmp_path):
     """Fallback to a checkpoint older than a partition's first events: its committed offset (from the lost
     newer checkpoint) would skip them; the model must learn them, from where a new model starts."""
-    from tests.conftest import consume, create_topic
+    from tests.support.topics import consume, create_topic
 
     create_topic(broker.bootstrap_servers, topics["input_topic"], partitions=2)
     events = make_events(2000, seed=27)
@@ -295,7 +296,8 @@ class _NONE:  # a stand-in for "no checkpoint yet" in the waits above
 
 # no store -------------------------------------------------------------------
 def test_a_storeless_service_is_ready_and_resumes_from_its_commits(broker, topics, tmp_path, service_thread):
-    from tests.conftest import consume, http_get
+    from tests.support.endpoints import http_get
+    from tests.support.topics import consume
 
     events = make_events(500, seed=28)
     produce(broker.bootstrap_servers, topics["input_topic"], events)

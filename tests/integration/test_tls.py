@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from service.broker import free_port
-from tests.conftest import http_get, settings_args, start_service_process, wait_until
+from tests.support.endpoints import http_get
+from tests.support.launch import settings_args, start_service_process
+from tests.support.waiting import wait_until
 from tests.support.service import (
     check_outputs,
     has_traceback,
@@ -35,7 +37,6 @@ from tests.support.service import (
 from tests.support.pki import KEY_PASSWORD, Pki
 from tests.support.streams import open_test_stream
 
-pytestmark = pytest.mark.integration
 
 CLIENTS = ["kafka-python", "confluent"]
 

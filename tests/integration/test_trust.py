@@ -22,7 +22,11 @@ from service.kafka import CompactedTopic
 from service.state.checkpoint import encode_checkpoint
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
-from tests.conftest import ROOT, new_broker, produce, settings_args
+from tests.support import ROOT
+from tests.support.brokers import new_broker
+from tests.support.checkpoints import resealed
+from tests.support.launch import settings_args
+from tests.support.topics import produce
 from tests.support.service import (
     exit_code,
     run_to_the_end,
@@ -34,8 +38,6 @@ from tests.support.service import (
     offline,
     store_args,
 )
-
-pytestmark = pytest.mark.integration
 
 
 def _first_run(broker, topics, tmp_path, count=1000, seed=41, **extra) -> list[str]:
@@ -159,11 +161,9 @@ def test_with_a_key_forged_unsigned_and_garbage_records_fall_back_to_the_signed_
             newest = store.load("model")
             slots = store.slot_keys("model")
             forged = json.loads(encode_checkpoint(newest))  # well formed, checksummed, unsigned
-            from tests.test_checkpoint import _resealed
-
             forged["seq"] = newest.seq + 1
             forged["model"]["weights"] = [-100.0] * len(forged["model"]["weights"])
-            topic.put(slots[(newest.seq + 1) % 3], _resealed(forged))
+            topic.put(slots[(newest.seq + 1) % 3], resealed(forged))
             topic.put(slots[(newest.seq + 2) % 3], b"[" * 100_000)
         finally:
             store.close()

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.learning import VARIANTS, HashedPerceptron, Perceptron, ScaledPerceptron, learner_from_state, make_learner
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 MARGIN = {"margin": 0.5}
 

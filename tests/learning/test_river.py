@@ -26,7 +26,7 @@ finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinit
 def _run_both(stream):
     ours, theirs = Perceptron(), linear_model.Perceptron()
     for x, y in stream:
-        expected = theirs._raw_dot_one(x)
+        expected = theirs._raw_dot_one(x)  # noqa: SLF001 — river's raw score w·x + b: no public one
         _, score, mistake = ours.step(x, y)
         assert score == expected  # bit for bit
         theirs.learn_one(x, y == 1)
@@ -122,7 +122,7 @@ def test_scaled_perceptron_in_progressive_val_score_with_bool_labels():
 def test_dense_lists_same_as_river_dicts(events):
     ours, theirs = Perceptron(), linear_model.Perceptron()
     for x, y in events:
-        assert ours.step(x, y)[1] == theirs._raw_dot_one(dict(enumerate(x)))
+        assert ours.step(x, y)[1] == theirs._raw_dot_one(dict(enumerate(x)))  # noqa: SLF001 — river's raw score w·x + b: no public one
         theirs.learn_one(dict(enumerate(x)), y == 1)
     _same_weights(ours, theirs)
 

@@ -255,7 +255,7 @@ class ApacheKafka:
         java = ["java", f"-Xmx{self.heap}", "-Xss1m", "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}", "-cp", f"{lib}/*"]
         scram = [f"SCRAM-SHA-{bits}=[name={SCRAM_USER},password={SCRAM_PASSWORD}]" for bits in (256, 512)]
-        fmt = subprocess.run([*java, "kafka.tools.StorageTool", "format", "--standalone", "--cluster-id", self.cluster_id,
+        fmt = subprocess.run([*java, "kafka.tools.StorageTool", "format", "--standalone", f"--cluster-id={self.cluster_id}",  # an id may start with "-"
                               "-c", str(config), *[arg for s in scram for arg in ("--add-scram", s)]],
                              capture_output=True, text=True, timeout=120)
         if fmt.returncode != 0:

@@ -24,7 +24,9 @@ from service.learning import make_learner
 from service.state.kafka_store import KafkaStore
 from service.state.local import LocalStore
 from service.streams import separable
-from tests.conftest import create_topic, start_service_process, wait_until
+from tests.support.launch import start_service_process
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_until
 
 DEFAULT_MAX_MODEL_FEATURES = ServeSettings.model_fields["max_model_features"].default
 

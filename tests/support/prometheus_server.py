@@ -10,8 +10,7 @@ Use it as a context manager::
         prom.wait_for('up{job="perceptron-stream"}', lambda r: r and r[0]["value"][1] == "1")
         prom.query("perceptron_mistakes_total")
 
-or through the fixtures below (import them into a test module or list this
-module in ``pytest_plugins``):
+or through the fixtures of tests/conftest.py:
 
 - ``prometheus_factory``: a function ``start(targets=(), **kwargs)`` that
   starts a server per call; every server it started is stopped at teardown;
@@ -45,9 +44,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.support import ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = ROOT
 DASHBOARD_PATH = REPO_ROOT / "deploy" / "grafana" / "dashboards" / "perceptron-stream.json"
 ALERTS_PATH = REPO_ROOT / "deploy" / "prometheus" / "alerts.yml"
 DEFAULT_JOB = "perceptron-stream"
@@ -333,31 +332,6 @@ class PrometheusServer:
         return body["data"]["groups"]
 
 
-# -- pytest fixtures ----------------------------------------------------------
-
-
-@pytest.fixture
-def prometheus_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., PrometheusServer]]:
-    """``start(targets=(), **kwargs) -> PrometheusServer``: started now, stopped at teardown."""
-    servers: list[PrometheusServer] = []
-
-    def start(targets: Sequence[str] | Mapping[str, Sequence[str]] = (), **kwargs: Any) -> PrometheusServer:
-        server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets, **kwargs)
-        servers.append(server)
-        return server.start()
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    """A server with no targets, shared by the module: enough to parse and evaluate PromQL."""
-    with PrometheusServer(tmp_path_factory.mktemp("prometheus")) as server:
-        yield server
-
-
 # -- the dashboard's PromQL -----------------------------------------------------
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)\]\]")
@@ -436,3 +410,16 @@ def dashboard_queries(path: str | os.PathLike[str] = DASHBOARD_PATH) -> list[str
     (True, False)
     """
     return [expr for _title, _ref, expr in dashboard_targets(path)]
+
+
+def prometheus_annotations(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The dashboard's annotations that query Prometheus."""
+    return [a for a in dashboard["annotations"]["list"] if a.get("datasource", {}).get("type") == "prometheus"]
+
+
+def alert_rules(path: str | os.PathLike[str] = ALERTS_PATH) -> list[dict[str, Any]]:
+    """The alerting rules of deploy/prometheus/alerts.yml (or ``path``), every group's."""
+    import yaml
+
+    doc = yaml.safe_load(Path(path).read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]

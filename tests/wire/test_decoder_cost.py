@@ -69,13 +69,13 @@ def test_a_bad_id_is_one_error(value):
 def test_the_decoder_explains_one_error_whatever_the_count(monkeypatch, shape, n):
     """What the decoder's model path hands to the explanation, small message (orjson first) or large."""
     counts = []
-    explain = schema._explain
+    explain = schema._explain  # noqa: SLF001 — no public hook sees the errors it is handed
 
     def counting(exc, raw):
         counts.append(exc.error_count())
         return explain(exc, raw)
 
-    monkeypatch.setattr(schema, "_explain", counting)
+    monkeypatch.setattr(schema, "_explain", counting)  # noqa: SLF001 — the same spy, installed
     got = Decoder(1_000_000, 10_000).decode(HOSTILE[shape](n))
     assert type(got) is Rejection
     assert counts == [1]
@@ -86,8 +86,8 @@ def test_a_large_message_is_parsed_once(monkeypatch):
     hostile one, to hand it to the model that parses it again."""
     calls = []
     decoder = Decoder(1_000_000, 10_000)
-    fast = decoder._fast_decode
-    monkeypatch.setattr(decoder, "_fast_decode", lambda raw: calls.append(len(raw)) or fast(raw))
+    fast = decoder._fast_decode  # noqa: SLF001 — decode() does not tell which path ran
+    monkeypatch.setattr(decoder, "_fast_decode", lambda raw: calls.append(len(raw)) or fast(raw))  # noqa: SLF001 — the same spy, installed
     small, large = HOSTILE["x of lists"](10), HOSTILE["x of lists"](MODEL_FIRST_BYTES)
     assert len(small) < MODEL_FIRST_BYTES <= len(large)
     assert decoder.decode(large) == decoder.decode(small) == Rejection("invalid_event", "x[0] must be a number, got a list [...]")

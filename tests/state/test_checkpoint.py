@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,8 +30,9 @@ from service.state.checkpoint import (
 from service.state.kafka_store import CheckpointTooLargeError, KafkaStore
 from service.state.local import LocalStore, StateLockedError
 from service.streams import separable
+from tests.support import ROOT
+from tests.support.checkpoints import resealed
 
-ROOT = Path(__file__).resolve().parent.parent
 OWNER = Owner("g", "points", cluster_id="cluster-1", topic_id="topic-1")
 
 
@@ -99,26 +99,11 @@ def test_what_is_not_a_checkpoint_is_refused_with_a_reason(data, message):
         decode_checkpoint(data)
 
 
-def _resealed(body: dict, key: bytes | None = None) -> bytes:
-    """``body`` with a valid checksum (and signature): what a forger who can write the store produces."""
-    import hashlib
-    import hmac
-
-    import orjson
-
-    body = {k: v for k, v in body.items() if k not in ("sha256", "hmac")}
-    canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
-    body["sha256"] = hashlib.sha256(canonical).hexdigest()
-    if key is not None:
-        body["hmac"] = hmac.new(key, canonical, hashlib.sha256).hexdigest()
-    return orjson.dumps(body)
-
-
 def test_a_checksummed_document_with_a_missing_field_is_refused():
     body = json.loads(encode_checkpoint(_checkpoint()))
     del body["positions"]
     with pytest.raises(CheckpointError, match="missing or has a malformed field"):
-        decode_checkpoint(_resealed(body))
+        decode_checkpoint(resealed(body))
 
 
 # hostile documents ----------------------------------------------------------
@@ -164,7 +149,7 @@ def test_a_well_sealed_document_with_a_field_of_the_wrong_shape_is_damage(field,
     body = _valid_body()
     body[field] = value
     with pytest.raises(CheckpointError, match="malformed field"):
-        decode_checkpoint(_resealed(body))
+        decode_checkpoint(resealed(body))
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
@@ -179,7 +164,7 @@ def test_fuzz_any_value_in_any_field_of_a_sealed_checkpoint(field, value):
     body = _valid_body()
     body[field] = value
     try:
-        cp = decode_checkpoint(_resealed(body))
+        cp = decode_checkpoint(resealed(body))
     except CheckpointError:
         return
     assert type(cp.seq) is int and cp.seq >= 0 and isinstance(cp.meta, dict) and isinstance(cp.model, dict)
@@ -211,7 +196,7 @@ def test_with_a_key_only_checkpoints_signed_with_it_are_read():
     forged = _valid_body()
     forged["model"]["weights"] = [-1000.0] * len(forged["model"]["weights"])
     with pytest.raises(CheckpointError, match="signature does not match"):  # resealed with a checksum, not the key
-        decode_checkpoint(_resealed(forged, b"the forger's own key, guessed"), KEY)
+        decode_checkpoint(resealed(forged, b"the forger's own key, guessed"), KEY)
 
 
 @pytest.mark.parametrize("other, phrase", [
@@ -433,7 +418,7 @@ def test_kafka_store_with_a_key_refuses_a_forged_newest_and_falls_back():
     store.save(_checkpoint(1))
     forged = _valid_body()
     forged["seq"] = 10**9
-    topic.put(b"g/2", _resealed(forged))
+    topic.put(b"g/2", resealed(forged))
     assert store.load("model", OWNER).seq == 1
 
 

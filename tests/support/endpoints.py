@@ -1,0 +1,29 @@
+"""The service's HTTP endpoints as a test reads them: a GET that never raises, and /metrics once they show a line."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from tests.support.waiting import wait_until
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """The status and body of a GET; ``(0, "")`` while nothing listens (yet)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except (urllib.error.URLError, ConnectionError):  # nothing listens (yet)
+        return 0, ""
+
+
+def metrics_once(metrics_url: str, line: str, timeout: float = 30.0) -> str:
+    """A service's /metrics once they show ``line``; after ``timeout``, as they are then (the caller's assertion
+    says what they hold). A batch is counted just after its outputs are acknowledged, so a test that has read
+    the outputs may be a moment ahead of the counts."""
+    try:
+        return wait_until(lambda: (text := http_get(metrics_url + "/metrics")[1]) and line in text and text, timeout, what=line)
+    except AssertionError:
+        return http_get(metrics_url + "/metrics")[1]

@@ -1,0 +1,66 @@
+"""Topics as a test writes and reads them, with kafka-python beside the service: create, produce, consume."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+from tests.support.waiting import wait_until
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+    """``name`` with ``partitions`` partitions (replication 1); nothing when it exists."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+
+
+def produce(bootstrap: str, topic: str, values, keys=None, partition=None) -> None:
+    """Write raw values (bytes, or dicts turned into JSON) and wait for the acks.
+
+    The topic is created with one partition when missing: the broker would
+    auto-create it with four.
+    """
+    from kafka import KafkaProducer
+
+    create_topic(bootstrap, topic)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    try:
+        keys = keys or itertools.repeat(None)
+        for value, key in zip(values, keys):
+            raw = value if isinstance(value, (bytes, type(None))) else json.dumps(value).encode()
+            producer.send(topic, value=raw, key=key, partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0):
+    """Read ``count`` records from the start of every partition of ``topic``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        wait_until(lambda: consumer.partitions_for_topic(topic), timeout, what=f"topic {topic}")
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            for messages in consumer.poll(timeout_ms=200).values():
+                out.extend(messages)
+        assert len(out) >= count, f"read {len(out)} of {count} records from {topic} in {timeout:.0f} s"
+        return out
+    finally:
+        consumer.close()
