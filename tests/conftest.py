@@ -26,12 +26,10 @@ from pathlib import Path
 import pytest
 
 from service.broker import EmbeddedBroker
-from tests.support import ROOT  # noqa: F401 (tests/runtime/test_stop_deadline.py still imports it from here)
 from tests.support.apache_kafka import ApacheKafka, from_json, to_json, wait_ready
 from tests.support.brokers import new_broker
 from tests.support.launch import ServiceThread
 from tests.support.prometheus_server import PrometheusServer
-from tests.support.topics import consume, create_topic  # noqa: F401 (tests/test_produce.py still imports them from here)
 
 #: how the xdist controller tells its workers where the run's Apache Kafka listens (JSON of BrokerAddresses)
 APACHE_KAFKA_ENV = "PERCEPTRON_STREAM_TESTS_APACHE_KAFKA"

@@ -33,7 +33,7 @@ from service.produce import (
     produce,
 )
 from service.streams import POLICIES, bank_score, credit, delayed_labels, separable, separator, synthetic
-from tests.conftest import consume, create_topic
+from tests.support.topics import consume, create_topic
 
 Z = 4.0
 

@@ -18,7 +18,9 @@ import textwrap
 import pytest
 from kafka import KafkaConsumer
 
-from tests.conftest import ROOT, produce, settings_args
+from tests.support import ROOT
+from tests.support.launch import settings_args
+from tests.support.topics import produce
 from tests.support.service import has_traceback, make_events, tail, wait_assigned
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 #: A process whose main thread never runs Python again once ready: SIGTERM blocked there, so the kernel gives
 #: the signal to another thread and the sleep is never interrupted; the Python handler never runs. Only the
