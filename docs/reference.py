@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:  # mkdocs loads this file by path; the service pac
 
 from pydantic import SecretStr  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
+from pydantic_settings import BaseSettings  # noqa: E402
 
 from service.cli import COMMANDS, main  # noqa: E402
 from service.config import env_var, flag  # noqa: E402
@@ -110,7 +111,11 @@ def settings_table(command: str) -> str:
     """The Markdown table of one command's settings, in the order of its class."""
     if command not in COMMANDS:
         raise UnknownMarker(f"no command {command!r}: one of {', '.join(COMMANDS)}")
-    cls = COMMANDS[command][0]
+    return settings_table_of(COMMANDS[command][0])
+
+
+def settings_table_of(cls: type[BaseSettings]) -> str:
+    """The Markdown table of a settings class's fields, in the order of the class."""
     rows = ["| setting | flag | environment variable | type | default | description |",
             "| --- | --- | --- | --- | --- | --- |"]
     for name, field in cls.model_fields.items():
