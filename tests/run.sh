@@ -25,6 +25,8 @@ fi
 # Apache Kafka's jars (the version pinned in tests/apache_kafka/pom.xml), fetched once
 python3 tests/support/apache_kafka.py --fetch >/dev/null
 
+python3 -m mkdocs build --strict --quiet  # the documentation site: a broken link or a page missing from the nav fails
+
 # One worker per core, each with its own embedded broker (Apache Kafka is one
 # for the run, started by the controller: tests/conftest.py); idle workers take
 # queued tests from busy ones (worksteal), so the long crash and fuzz tests
