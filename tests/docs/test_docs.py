@@ -149,3 +149,8 @@ def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "no-such-page.md" in proc.stderr, proc.stderr
+
+
+def test_the_hooks_own_examples() -> None:
+    result = doctest.testmod(reference)
+    assert result.attempted > 0 and result.failed == 0, result
