@@ -27,6 +27,7 @@ python3 tests/support/apache_kafka.py --fetch >/dev/null
 
 # The lint first ([tool.ruff] in pyproject.toml): a finding fails the run
 python3 -m ruff check tests
+NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet  # the documentation site: a broken link or a page missing from the nav fails
 
 # One worker per core, each with its own embedded broker (Apache Kafka is one
 # for the run, started by the controller: tests/conftest.py); idle workers take

@@ -611,7 +611,7 @@ def test_dockerfile_builds_the_project_as_a_non_root_user():
         if word == "COPY":
             *sources, _ = args.split()
             copied.update(s.rstrip("/") for s in sources if not s.startswith("--"))
-    assert copied == {"pyproject.toml", "README.md", "schemas", "service"}
+    assert copied == {"deploy/requirements.lock", "pyproject.toml", "README.md", "schemas", "service"}
     assert any(word == "RUN" and re.search(r"pip install (--no-cache-dir )?\.(\s|$)", args) for word, args in instructions)
     user = _one(instructions, "USER")
     uid = user.split(":")[0]
@@ -720,7 +720,7 @@ def dockerignored(path: str, lines: list[str]) -> bool:
 
 def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
     lines = DOCKERIGNORE.read_text().splitlines()
-    needed = ["pyproject.toml", "README.md"]
+    needed = ["pyproject.toml", "README.md", "deploy/requirements.lock"]
     needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / "service").rglob("*.py")]
     needed += [p.relative_to(ROOT).as_posix() for p in (ROOT / "schemas").glob("*.json")]
     assert len(needed) > 3

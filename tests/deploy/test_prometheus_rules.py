@@ -1,7 +1,8 @@
 """Prometheus config and alert rules of deploy/prometheus/, checked with promtool.
 
 - ``promtool check config`` / ``check rules`` / ``test rules`` pass;
-- the scrape config and every alert carry what operators rely on;
+- the scrape config and every alert carry what operators rely on, a runbook_url
+  among it: the alert's page on the documentation site (docs/operations/runbooks/);
 - the unit tests in alerts_test.yml can fail: for every alert, a copy of the
   rules where it never fires fails its firing tests, and a copy where it
   always fires fails its silent tests.
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.docs import RUNBOOKS, runbook_page, runbook_url, site_url
 from tests.support.metric_names import SERVICE_METRICS
 from tests.support.prometheus_server import alert_rules
 
@@ -110,6 +112,35 @@ def test_every_alert_has_severity_summary_description_and_a_duration() -> None:
         assert rule["annotations"]["summary"].strip(), rule["alert"]
         assert rule["annotations"]["description"].strip(), rule["alert"]
         assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+
+
+def test_every_alert_has_a_runbook_url_whose_page_exists() -> None:
+    for rule in alert_rules():
+        alert = rule["alert"]
+        url = rule["annotations"].get("runbook_url")
+        assert url == runbook_url(alert), (alert, url, f"expected {runbook_url(alert)} (mkdocs.yml site_url + the page)")
+        page = runbook_page(alert)
+        assert page.is_file(), f"{alert}: runbook_url points at {page.relative_to(REPO)}, which does not exist"
+        assert page.read_text(encoding="utf-8").startswith(f"# {alert}\n"), page
+
+
+def test_every_runbook_page_is_an_alerts() -> None:
+    pages = {page.stem for page in RUNBOOKS.glob("*.md")} - {"index"}
+    assert pages == {rule["alert"] for rule in alert_rules()}
+
+
+def test_the_runbooks_live_under_the_site_url() -> None:
+    assert site_url().startswith("https://") and site_url().endswith("/"), site_url()
+    assert runbook_url("PerceptronTargetDown") == site_url() + "operations/runbooks/PerceptronTargetDown/"
+
+
+def test_every_firing_expectation_names_the_runbook() -> None:
+    """promtool compares every annotation of an expected alert: the unit tests see runbook_url too."""
+    tests_doc = yaml.safe_load(ALERTS_TEST.read_text())
+    for case in tests_doc["tests"]:
+        for check in case.get("alert_rule_test", []):
+            for expected in check.get("exp_alerts", []):
+                assert expected["exp_annotations"]["runbook_url"] == runbook_url(check["alertname"]), check["alertname"]
 
 
 def test_expected_durations() -> None:

@@ -1,0 +1,156 @@
+"""The documentation site (docs/, mkdocs.yml) stays true to the code and builds strictly.
+
+- every ```python example of the docs runs (``>>>`` examples as doctests, the others executed), unless a marker
+  says why it cannot (a running broker);
+- the reference pages are generated from the code: every setting of every command with its flag, environment
+  variable, readable type and default; a settings class's description is what the table shows;
+- every metric the service exports is on the metrics page;
+- ``mkdocs build --strict`` fails on a broken link (tests/run.sh runs the build before the tests).
+"""
+
+from __future__ import annotations
+
+import doctest
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+
+from service.cli import COMMANDS
+from service.config import CommandSettings, env_var, flag
+from service.metrics import ServiceMetrics
+from tests.support.docs import DOCS, MKDOCS_YML, ROOT, Example, python_examples, reference_hook
+
+EXAMPLES = python_examples()
+reference = reference_hook()
+
+
+# -- the examples run -------------------------------------------------------------------------------------------
+
+
+def test_the_docs_have_examples_to_run_and_say_why_one_is_skipped() -> None:
+    assert sum(not example.skipped for example in EXAMPLES) >= 3, [example.name for example in EXAMPLES]
+    for example in EXAMPLES:
+        if example.skipped:  # a skipped example must need what a unit test has not: a broker
+            assert "KafkaProducer" in example.code or "KafkaConsumer" in example.code, example.name
+
+
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if not e.skipped], ids=lambda e: e.name)
+def test_python_example_runs(example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    if ">>> " in example.code:
+        test = doctest.DocTestParser().get_doctest(example.code, {}, example.name, str(example.page), example.line)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        runner.run(test)
+        assert runner.failures == 0, f"{example.name}: {runner.failures} of {runner.tries} examples failed"
+    else:
+        exec(compile(example.code, example.name, "exec"), {"__name__": "__docs__"})
+
+
+def test_a_wrong_doctest_example_fails() -> None:
+    """The doctest run above can fail: an example whose output differs is counted."""
+    wrong = ">>> 1 + 1\n3\n"
+    test = doctest.DocTestParser().get_doctest(wrong, {}, "wrong", "wrong.md", 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test, out=lambda _text: None)
+    assert runner.failures == 1
+
+
+# -- the reference is generated from the code -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_setting_of_every_command_is_in_the_generated_reference(command: str) -> None:
+    table = reference.settings_table(command)
+    for name, field in COMMANDS[command][0].model_fields.items():
+        row = next((line for line in table.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, (command, name)
+        assert f"| `{flag(name)}` | `{env_var(name)}` |" in row, row
+        assert "{" not in row.split("|")[4], row  # readable types, not argparse's {Path,null}
+        if field.is_required():
+            assert "| required |" in row, row
+        elif field.default is not None and not isinstance(field.default, Path):
+            assert f"`{field.default}`" in row, row
+
+
+def test_the_reference_page_asks_for_every_command() -> None:
+    page = (DOCS / "reference" / "configuration.md").read_text(encoding="utf-8")
+    cli = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
+    for command in COMMANDS:
+        assert f"<!-- generated: settings {command} -->" in page, command
+        assert f"<!-- generated: help {command} -->" in cli, command
+
+
+def test_the_table_shows_what_the_settings_class_says() -> None:
+    class Example(CommandSettings):
+        retries: int = Field(3, gt=0, le=10, description="How often to try | again.")
+        store: Path | None = Field(None, description="Where the *state* goes.")
+
+    table = reference.settings_table_of(Example)
+    assert "| `retries` | `--retries` | `PERCEPTRON_STREAM_RETRIES` | integer, > 0, ≤ 10 | `3` | How often to try \\| again. |" in table
+    assert "| `store` | `--store` | `PERCEPTRON_STREAM_STORE` | path (optional) | — | Where the \\*state\\* goes. |" in table
+
+
+def test_defaults_under_the_home_directory_are_shown_from_home() -> None:
+    table = reference.settings_table("serve")
+    row = next(line for line in table.splitlines() if line.startswith("| `state_dir` |"))
+    assert "`~/.local/state/perceptron-stream`" in row or "XDG_STATE_HOME" in os.environ, row
+
+
+def test_help_and_schemas_are_generated() -> None:
+    assert "usage: perceptron-stream serve" in reference.command_help("serve")
+    prediction = reference.schema_section("prediction")
+    assert "| `y_pred` |" in prediction and "schemas/prediction.schema.json" in prediction
+
+
+def test_an_unknown_marker_fails_the_build() -> None:
+    with pytest.raises(reference.UnknownMarker):
+        reference.render("<!-- generated: settings serv -->\n")
+    with pytest.raises(reference.UnknownMarker):
+        reference.render("<!-- generated: table serve -->\n")
+
+
+def test_every_page_renders() -> None:
+    for page in DOCS.rglob("*.md"):
+        rendered = reference.render(page.read_text(encoding="utf-8"))
+        assert "<!-- generated:" not in rendered, page
+
+
+# -- operations -------------------------------------------------------------------------------------------------
+
+
+def test_every_service_metric_is_on_the_metrics_page() -> None:
+    page = (DOCS / "operations" / "metrics.md").read_text(encoding="utf-8")
+    names = {m.name for m in ServiceMetrics(window=10, version="t", variant="plain").registry.collect() if m.name.startswith("perceptron_")}
+    assert names
+    for name in names:
+        # counters are exposed with _total, infos with _info
+        assert any(f"`{name}{suffix}`" in page for suffix in ("", "_total", "_info")), name
+
+
+# -- the build is strict ----------------------------------------------------------------------------------------
+
+
+def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
+    """tests/run.sh runs ``mkdocs build --strict``: a link to a page that does not exist fails it."""
+    work = tmp_path / "repo"
+    shutil.copytree(DOCS, work / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(MKDOCS_YML, work / "mkdocs.yml")
+    (work / "docs" / "index.md").write_text((DOCS / "index.md").read_text() + "\n[gone](no-such-page.md)\n")
+    # the hook and the snippets read the checkout's service/, schemas/ and bench/: the copy links to them
+    for name in ("service", "schemas", "bench"):
+        (work / name).symlink_to(ROOT / name)
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=work, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "no-such-page.md" in proc.stderr, proc.stderr
+
+
+def test_the_hooks_own_examples() -> None:
+    result = doctest.testmod(reference)
+    assert result.attempted > 0 and result.failed == 0, result
