@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from service.state.checkpoint import (
     GROUP_TASK,
+    KEEP_CHECKPOINTS,
     Checkpoint,
     CheckpointError,
     Owner,
@@ -34,7 +35,7 @@ class CheckpointTooLargeError(RuntimeError):
 
 
 class KafkaStore:
-    def __init__(self, topic, group_id: str, keep: int = 3):
+    def __init__(self, topic, group_id: str, keep: int = KEEP_CHECKPOINTS):
         self.topic, self.group_id, self.keep = topic, group_id, keep
         self.key: bytes | None = None  # --checkpoint-key: sign what is written, refuse what is not signed with it
 
