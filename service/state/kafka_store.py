@@ -75,6 +75,10 @@ class KafkaStore:
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
         return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected)
 
+    def pending_dir(self, task: str) -> None:
+        """No disk of its own: the pending tables are rebuilt from the pending changelog in a cache directory."""
+        return None
+
     def adopt_legacy(self, task: str) -> None:
         """Nothing to move: version 0.1's records are under the same keys."""
 

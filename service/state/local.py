@@ -125,6 +125,10 @@ class LocalStore:
     def task_dir(self, task: str) -> Path:
         return self.directory / task
 
+    def pending_dir(self, task: str) -> Path:
+        """A task's pending tables live beside its checkpoints: the same disk keeps both."""
+        return self.task_dir(task)
+
     # locking -------------------------------------------------------------
     def lock(self, task: str) -> None:
         """Take the task's directory for this process, or fail naming the holder."""
