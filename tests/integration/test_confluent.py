@@ -266,7 +266,7 @@ def test_security_settings_in_librdkafka_names(tmp_path):
     test_limits.test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on,
 ], ids=lambda f: f.__name__.removeprefix("test_"))
 def test_the_service_on_confluent_kafka(service_test, broker, topics, tmp_path, service_thread, monkeypatch):
-    import service.app
+    import service.runtime.startup
 
     monkeypatch.setenv("PERCEPTRON_STREAM_KAFKA_CLIENT", "confluent")
     opened = []
@@ -275,8 +275,8 @@ def test_the_service_on_confluent_kafka(service_test, broker, topics, tmp_path, 
         opened.append(open_stream(*args, **kwargs))
         return opened[-1]
 
-    open_stream = service.app.open_stream
-    monkeypatch.setattr(service.app, "open_stream", spy)
+    open_stream = service.runtime.startup.open_stream
+    monkeypatch.setattr(service.runtime.startup, "open_stream", spy)
     service_test(broker, topics, tmp_path, service_thread)
     assert opened and all(type(io) is ConfluentIO for io in opened)
 
