@@ -51,3 +51,15 @@ def test_pending_tables_live_where_the_store_says(tmp_path, store):
     factory.close()
     assert path.exists() is (store == "local")  # the cache directory goes at close; the store's files stay
 
+
+
+def test_without_a_store_the_group_model_starts_from_the_factorys_initial_model(tmp_path):
+    from service.runtime.health import Health
+    from service.runtime.restore import Restorer
+    from service.runtime.retry import Retry
+
+    s = _settings(tmp_path, "--state-store", "none")
+    started = []
+    task = _factory(s).new_task(None)
+    Restorer(s, None, Retry(Health(60.0), lambda: False), initial=started.append).start_group_model(task)
+    assert started == [task]
