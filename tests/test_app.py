@@ -97,10 +97,12 @@ class DeniedStream:
                                         ("lag", "could not read the end offsets for the lag")])
 def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
     app.stream = app.assignments.stream = DeniedStream(where)
-    app.checkpointer._to_commit = {("points", 0): 5}
+    app.tasks.group.positions[("points", 0)] = 5  # a batch acknowledged (no store before start-up): to be committed
+    app.checkpointer.acknowledged(app.tasks.all())
+    assert app.checkpointer.pending_commit()
     app.assignments.guard.passed = True
     with pytest.raises(StartupError, match=f"{what}: TopicAuthorizationFailedError.*retrying cannot help"):
-        app._loop()
+        app._loop()  # noqa: SLF001 — the loop alone, on a stream with no broker behind it: run() would start up first
     assert app.stream.calls == 1  # at once, not retried every half second
 
 
@@ -108,16 +110,21 @@ def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
 
 
 def _app_on(store_dir, *args):
-    """An application on a local store, with no broker: its positions are taken to lie in the logs."""
-    from service.runtime.restore import Restorer
+    """An application wired to a local store, with no broker: its positions are taken to lie in the logs."""
+    from service.runtime.startup import Opened
+    from service.state.checkpoint import Owner
     from service.state.local import LocalStore
 
     app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(store_dir), *args]))
-    app.store = LocalStore(store_dir, app.settings.group_id)
-    app.restorer = Restorer(app.settings, app.store, app.retry)
-    app.restorer._positions_in_logs = lambda task, cp: True
-    app._restore = lambda: app.restorer.restore(app.tasks.group)
+    s = app.settings
+    app.wire(Opened(Owner(s.group_id, s.input_topic), store=LocalStore(store_dir, s.group_id)))
+    app.restorer._positions_in_logs = lambda task, cp: True  # noqa: SLF001 — no broker to read the logs' ranges from; nothing public stands in
     return app
+
+
+def _restore(app) -> bool:
+    """The group's model restored from the store, as start-up restores it."""
+    return app.restorer.restore(app.tasks.group)
 
 
 def _save(app, seq=1):
@@ -136,7 +143,7 @@ def test_a_checkpoint_of_other_bounds_is_refused(tmp_path, then, said):
     first.learner.step({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, 1)
     _save(first)
     with pytest.raises(StartupError, match=f"other model settings \\({said}\\)"):
-        _app_on(tmp_path, *then)._restore()
+        _restore(_app_on(tmp_path, *then))
 
 
 def test_a_restored_checkpoint_keeps_its_dropped_count_and_cap(tmp_path):
@@ -144,7 +151,7 @@ def test_a_restored_checkpoint_keeps_its_dropped_count_and_cap(tmp_path):
     first.learner.step({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "e": 1.0}, 1)
     _save(first)
     second = _app_on(tmp_path, "--max-model-features", "3", "--standardize")
-    assert second._restore()
+    assert _restore(second)
     assert (second.learner.dropped_features, second.learner.max_features) == (2, 3)
     assert second.learner.to_state() == first.learner.to_state()
 
@@ -160,9 +167,9 @@ def test_a_checkpoint_from_before_the_bounds_gets_todays_cap(tmp_path):
     old.tasks.group.meta = meta
     _save(old)
     app = _app_on(tmp_path, "--max-model-features", "2")
-    assert app._restore()
+    assert _restore(app)
     assert (app.learner.max_features, sorted(app.learner.weights)) == (2, ["a", "b", "c"])
     app.learner.step({"a": 1.0, "z": 1.0}, -1)  # over its cap: it keeps its features and adds none
     assert (sorted(app.learner.weights), app.learner.dropped_features) == (["a", "b", "c"], 1)
     with pytest.raises(StartupError, match="hash_features was 0, now 2"):
-        _app_on(tmp_path, "--max-model-features", "2", "--hash-features", "2")._restore()
+        _restore(_app_on(tmp_path, "--max-model-features", "2", "--hash-features", "2"))

@@ -73,11 +73,6 @@ class Frozen:
         return getattr(self.model, name)
 
 
-def _score_one(learner, x):
-    score = getattr(learner, "score_one", None)
-    return score(x) if score is not None else learner.perceptron.score_one(x)
-
-
 class ModelSet:
     """A task's challengers (the champion is the task's learner), stepped alongside it."""
 
@@ -119,10 +114,6 @@ class ModelSet:
 
     def step(self, x, y) -> dict[str, tuple]:
         return {name: c.step(x, y) for name, c in self.challengers.items()}
-
-    def predict(self, x) -> dict[str, int]:
-        """Each challenger's prediction of x now, learning nothing (kept with a pending point)."""
-        return {name: 1 if _score_one(c, x) > 0.0 else -1 for name, c in self.challengers.items()}
 
     def to_state(self) -> dict:
         return {name: c.to_state() for name, c in self.challengers.items()}

@@ -47,6 +47,18 @@ class Checkpointer:
             self.checkpoint(tasks)
         self.commit(stream)
 
+    def final(self, tasks, stream, batch_open: bool) -> None:
+        """At shutdown: the final checkpoint and commit, unless stopped inside a batch whose outputs were not all
+        acknowledged (``batch_open``)."""
+        if batch_open:
+            # stopped (or failed) inside a batch: the models and positions in
+            # memory are ahead of the acknowledged outputs; saving them would
+            # lose those outputs, or learn an event twice after a restart
+            log.warning("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
+                        "the next start learns and publishes it again from the last checkpoint")
+        else:
+            self.maybe(tasks, stream, final=True)
+
     def _due(self, tasks, final: bool) -> bool:
         unsaved = sum(task.unsaved for task in tasks)
         if not unsaved or self.store is None:

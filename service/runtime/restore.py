@@ -17,7 +17,12 @@ import logging
 from service.kafka import committed_offsets, log_ranges
 from service.learning import learner_from_state
 from service.runtime.retry import Retry, StartupError
-from service.state.checkpoint import Checkpoint, CheckpointError, ForeignStateError
+from service.state.checkpoint import (
+    GROUP_TASK,
+    Checkpoint,
+    CheckpointError,
+    ForeignStateError,
+)
 
 log = logging.getLogger("perceptron_stream")
 
@@ -35,6 +40,16 @@ class Restorer:
         if self.initial is not None:
             self.initial(task)
         return restored
+
+    def start_group_model(self, task) -> None:
+        """Group scope, before joining the group: the model's state locked and restored (version 0.1's checkpoints
+        adopted when vouched for); without a store, the new model started (--initial-model)."""
+        if self.store is None:
+            if self.initial is not None:
+                self.initial(task)
+            return
+        self.store.lock(GROUP_TASK)
+        self.restore(task, legacy=True)
 
     def _restore(self, task, *, legacy: bool = False) -> bool:
         """Load ``task``'s newest usable checkpoint into it: True; False for a new model (none, or started over).

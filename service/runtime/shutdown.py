@@ -105,3 +105,32 @@ class StopDeadline:
             print(f"perceptron-stream serve: {message}", file=sys.stderr, flush=True)
         finally:
             os._exit(EXIT_CODE)  # the main thread is stuck: sys.exit would only end this thread
+
+
+def left_undone(doing: str, unsaved: int, in_hand: bool, *, stored: bool, to_commit: bool, started: bool) -> str:
+    """The deadline's message: what the loop is ``doing`` and what ending the process now would leave undone.
+
+    ``unsaved``: events processed since the last checkpoint; ``in_hand``: a
+    batch whose outputs were not all acknowledged; ``stored``: a store keeps
+    checkpoints; ``to_commit``: positions not committed yet; ``started``: the
+    stream is open.
+
+    >>> left_undone("processing a batch", 0, True, stored=False, to_commit=False, started=True)
+    'stuck processing a batch; left undone: the batch in hand is not committed: the next start reads it again from the last committed offsets'
+    """
+    if stored and (unsaved or in_hand):
+        events = f"{unsaved} event(s) processed since the last checkpoint" if unsaved else "the batch in hand"
+        among = " (a batch whose outputs were not all acknowledged among them)" if unsaved and in_hand else ""
+        left = (f"{events}{among} {'are' if unsaved else 'is'} not checkpointed: the next start learns and publishes "
+                f"{'them' if unsaved else 'it'} again from the last checkpoint")
+    elif not stored and in_hand:
+        left = "the batch in hand is not committed: the next start reads it again from the last committed offsets"
+    elif to_commit:
+        left = ("the last positions were not committed to the consumer group (the next start "
+                + ("seeks to the last checkpoint anyway)" if stored else "reads again from the last committed offsets)"))
+    elif not started:
+        left = "nothing was read yet"
+    else:
+        left = ("nothing to checkpoint or commit; the clients were not closed: the group notices this member is "
+                "gone at its session timeout")
+    return f"stuck {doing}; left undone: {left}"

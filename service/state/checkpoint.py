@@ -54,6 +54,8 @@ KIND = "perceptron-stream.checkpoint"
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
 #: The task of the one model of ``--model-scope group``.
 GROUP_TASK = "model"
+#: How many checkpoints of a task a store keeps: the newest, and older ones to fall back to when it is damaged.
+KEEP_CHECKPOINTS = 3
 
 _INT64 = 1 << 63
 _PARTITION_LIMIT = 1 << 31

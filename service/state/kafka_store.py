@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from service.state.checkpoint import (
     GROUP_TASK,
+    KEEP_CHECKPOINTS,
     Checkpoint,
     CheckpointError,
     Owner,
@@ -34,7 +35,7 @@ class CheckpointTooLargeError(RuntimeError):
 
 
 class KafkaStore:
-    def __init__(self, topic, group_id: str, keep: int = 3):
+    def __init__(self, topic, group_id: str, keep: int = KEEP_CHECKPOINTS):
         self.topic, self.group_id, self.keep = topic, group_id, keep
         self.key: bytes | None = None  # --checkpoint-key: sign what is written, refuse what is not signed with it
 
@@ -73,6 +74,10 @@ class KafkaStore:
         # the damaged ones first (reported: any may have been the newest), then newest first
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
         return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected)
+
+    def pending_dir(self, task: str) -> None:
+        """No disk of its own: the pending tables are rebuilt from the pending changelog in a cache directory."""
+        return None
 
     def adopt_legacy(self, task: str) -> None:
         """Nothing to move: version 0.1's records are under the same keys."""

@@ -42,6 +42,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from service.state.checkpoint import (
+    KEEP_CHECKPOINTS,
     MAX_CHECKPOINT_BYTES,
     Checkpoint,
     CheckpointError,
@@ -113,7 +114,7 @@ def read_regular(path: Path, limit: int = MAX_CHECKPOINT_BYTES) -> bytes:
 
 
 class LocalStore:
-    def __init__(self, directory: str | Path, group_id: str, keep: int = 3):
+    def __init__(self, directory: str | Path, group_id: str, keep: int = KEEP_CHECKPOINTS):
         self.root = Path(directory)
         self.group_id = group_id
         self.directory = self.root / group_dirname(group_id)
@@ -123,6 +124,10 @@ class LocalStore:
 
     def task_dir(self, task: str) -> Path:
         return self.directory / task
+
+    def pending_dir(self, task: str) -> Path:
+        """A task's pending tables live beside its checkpoints: the same disk keeps both."""
+        return self.task_dir(task)
 
     # locking -------------------------------------------------------------
     def lock(self, task: str) -> None:

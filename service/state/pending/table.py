@@ -36,6 +36,7 @@ class PendingTable:
     def __init__(self, path: str | Path, *, ttl_seconds: float, max_pending: int, track_changes: bool = False):
         self.ttl_seconds, self.max_pending = ttl_seconds, max_pending
         self.disk = UndoTable(path, track_changes)
+        self.path = self.disk.path  # where the table lives: beside the task's checkpoints, or in a cache directory
         self.memory = OpenEpochRows()
         self._count = self.disk.count_pending()
         # early labels: id -> (label time, label JSON), and (time, id) by time (stale entries skipped), as the table

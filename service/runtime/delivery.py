@@ -1,0 +1,75 @@
+"""Delivery: a batch's outputs acknowledged by the brokers, however long they are away, before anything moves on.
+
+The loop hands every output of a batch to the stream's ``send``; :meth:`Delivery.flush`
+then waits for the brokers' acknowledgements, ``FLUSH_WAIT_S`` at a time,
+logging an outage and marking the brokers away on ``/readyz`` between waits
+(a stop ends the wait: the batch is left unacknowledged, and so neither
+checkpointed nor committed). An output the brokers refuse for good becomes a
+dead letter (:mod:`service.wire.outputs`, the one builder) instead of stopping
+the service for one event.
+
+This is where a transaction will live once exactly-once outputs exist: begin
+before the batch's sends, commit the offsets with it here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import orjson
+
+from service.kafka import DeliveryError, KafkaFatal, Refused
+from service.runtime.retry import StartupError, fatal
+from service.wire.messages import Rejection
+from service.wire.outputs import dead_letter_value
+
+log = logging.getLogger("perceptron_stream")
+
+#: How long one flush waits before the loop logs an outage and waits again.
+FLUSH_WAIT_S = 10.0
+
+
+class Delivery:
+    def __init__(self, settings, health, metrics, stopping: Callable[[], bool]):
+        self.settings, self.health, self.metrics, self.stopping = settings, health, metrics, stopping
+
+    def flush(self, stream) -> None:
+        """Wait for every acknowledgement, however long the brokers are away (DeliveryError once stopping)."""
+        while True:
+            try:
+                refused = stream.flush(timeout_s=FLUSH_WAIT_S)
+                self.health.broker_ok = True
+                if refused:
+                    self._replace_refused(stream, refused)
+                return
+            except KafkaFatal as exc:
+                raise fatal(exc, "send the outputs") from None
+            except DeliveryError as exc:
+                self.health.broker_ok = False
+                self.health.beat()  # the loop is alive, waiting for the brokers
+                if self.stopping():
+                    raise
+                log.warning("%s; waiting for the brokers", exc)
+
+    def _replace_refused(self, stream, refused: list[Refused]) -> None:
+        """An output the brokers refuse for good (larger than the topic allows, say) becomes a dead letter without
+        key or raw value: waiting for it would stop the service for one event."""
+        s = self.settings
+        for r in refused:
+            if r.topic == s.mix_topic:
+                log.error("the brokers refused a mix record (%d bytes) for good: %s; the replica mixed without publishing it",
+                          len(r.value), r.error.__class__.__name__)
+                self.metrics.mix_rejected.labels("refused").inc()
+                continue
+            source = orjson.loads(r.value)["source"]  # every output carries its input's position
+            what = "dead letter" if r.topic == s.dlq_topic else "prediction"
+            error = (f"the brokers refused this event's {what} ({len(r.value)} bytes, key {len(r.key or b'')} bytes) for good: "
+                     f"{r.error.__class__.__name__}; the input is at source")
+            log.error("%s at %s", error, source)
+            stream.send(s.dlq_topic, None, dead_letter_value(Rejection("output_refused", error), None, source["topic"],
+                                                             source["partition"], source["offset"], max_bytes=s.max_message_bytes))
+            self.metrics.rejected.labels("output_refused").inc()
+        again = stream.flush(timeout_s=FLUSH_WAIT_S)
+        if again:
+            raise StartupError(f"the brokers refuse even a short dead letter on {s.dlq_topic}: {again[0].error!r}")

@@ -1,0 +1,123 @@
+"""The task factory: what a task (the group's model, or a partition's replica) is made of, from the settings.
+
+The one place that builds a :class:`~service.pipeline.task.Task`: its
+learner (frozen with ``--learning off``), decoder, mixer, joiner and pending
+tables, challengers and drift watch; and the one place a new model starts
+from ``--initial-model``. Start-up makes a factory from what it opened (the
+cluster's ids in the owner, the store, the changelog, the mix board); the
+rebalance callbacks ask it for a partition's task (:mod:`service.runtime.partitions`).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import orjson
+
+from service.config import ServeSettings
+from service.learning import make_learner, model_file
+from service.pipeline.labels import Joiner
+from service.pipeline.mixer import MixBoard, Mixer
+from service.pipeline.models import DriftWatch, Frozen, ModelSet
+from service.pipeline.task import Task, partition_task
+from service.runtime.retry import StartupError
+from service.state.changelog import Changelog
+from service.state.checkpoint import GROUP_TASK, Owner
+from service.state.pending import PendingTable
+from service.state.store import Store
+from service.wire.inputs import Decoder
+
+log = logging.getLogger("perceptron_stream")
+
+
+def model_meta(s: ServeSettings) -> dict:
+    """The settings a model depends on: a checkpoint (or a mix record) taken with others is not this model's."""
+    return {"variant": s.variant, "margin": s.margin, "standardize": s.standardize, "input_topic": s.input_topic,
+            "max_model_features": s.max_model_features, "hash_features": s.hash_features}
+
+
+def signing_key(s: ServeSettings) -> bytes | None:
+    """--checkpoint-key as bytes: what signs checkpoints and mix records."""
+    return s.checkpoint_key.get_secret_value().encode() if s.checkpoint_key else None
+
+
+class TaskFactory:
+    """Tasks for ``owner``'s model: with no store, changelog or board, as before start-up (or without them)."""
+
+    def __init__(self, settings: ServeSettings, owner: Owner, *, store: Store | None = None, changelog=None,
+                 board: MixBoard | None = None):
+        self.settings, self.owner = settings, owner
+        self.store, self.changelog, self.board = store, changelog, board  # changelog: the Kafka store's PartitionedLog
+        self.meta = model_meta(settings)
+        self.challenger_specs = ModelSet.parse(settings.challengers)
+        self._cache_dir: tempfile.TemporaryDirectory | None = None  # pending tables the store keeps no files for
+
+    def new_task(self, partition: int | None) -> Task:
+        """A fresh task: the group's (``partition`` None) or a partition's replica; restoring it is the restorer's."""
+        s = self.settings
+        name = GROUP_TASK if partition is None else partition_task(partition)
+        owner = Owner(self.owner.group_id, self.owner.input_topic, name, self.owner.cluster_id, self.owner.topic_id)
+        frozen = s.learning == "off"
+        learner = self.make_learner(s.variant, s.margin)
+        decoder = Decoder(s.max_message_bytes, s.max_features, max_feature_value=s.max_feature_value)
+        mixer = None
+        if partition is not None and s.mix_every and self.board is not None:
+            mixer = Mixer(s.mix_every, self.board, s.mix_topic, signing_key(s))
+        joiner = None
+        if s.label_topic is not None:
+            joiner = Joiner(lambda p: self.pending_table(name, p), ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
+                            outcome_topic=s.outcome_topic, dlq_topic=s.dlq_topic, max_message_bytes=s.max_message_bytes,
+                            changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id),
+                            label_topic=s.label_topic, grace_seconds=s.label_grace_seconds, max_early=s.max_early_labels)
+        models = None
+        if self.challenger_specs:
+            models = ModelSet(self.challenger_specs, self.make_learner)
+            if frozen:
+                models.challengers = {n: Frozen(c) for n, c in models.challengers.items()}
+        return Task(name, owner, Frozen(learner) if frozen else learner, decoder, self.meta, partition=partition,
+                    mixer=mixer, joiner=joiner, models=models, drift=DriftWatch(), frozen=frozen,
+                    outputs={"output_topic": s.output_topic, "dlq_topic": s.dlq_topic, "max_message_bytes": s.max_message_bytes,
+                             "label_topic": s.label_topic})
+
+    def make_learner(self, variant: str, margin: float):
+        s = self.settings
+        return make_learner(variant, margin, s.standardize, s.max_model_features or None, s.hash_features)
+
+    def initial(self, task: Task) -> None:
+        """A new model (no checkpoint) starts from --initial-model; a restored one ignores it, saying so."""
+        s = self.settings
+        if s.initial_model is None:
+            return
+        if task.seq and not task.started_over:
+            log.info("--initial-model %s ignored: %s was restored from its checkpoint", s.initial_model, task.name)
+            return
+        doc = orjson.loads(s.initial_model.read_bytes())  # checked against the ModelFile contract with the settings
+        try:
+            learner = model_file.to_learner(doc, variant=s.variant, margin=s.margin, standardize=s.standardize,
+                                            hash_features=s.hash_features, max_features=s.max_model_features or None,
+                                            max_event_features=s.max_features)
+        except ValueError as exc:
+            raise StartupError(f"invalid setting initial_model (--initial-model): {exc}") from None
+        task.learner = Frozen(learner) if s.learning == "off" else learner
+        log.info("%s starts from --initial-model %s (%s): %d features", task.name, s.initial_model, doc["source"],
+                 len(doc["features"]))
+
+    def pending_table(self, task: str, partition: int) -> PendingTable:
+        """A partition's pending table: where the store keeps the task's files, else in a cache directory
+        (the Kafka store rebuilds it from its changelog; without a store it lives as long as the process)."""
+        s = self.settings
+        directory = self.store.pending_dir(task) if self.store is not None else None
+        if directory is None:
+            if self._cache_dir is None:
+                self._cache_dir = tempfile.TemporaryDirectory(prefix="perceptron-pending-")
+            directory = Path(self._cache_dir.name) / task
+        directory.mkdir(parents=True, exist_ok=True)
+        return PendingTable(directory / f"pending-{partition}.sqlite", ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
+                            track_changes=self.changelog is not None)
+
+    def close(self) -> None:
+        """Remove the cache directory of pending tables (their joiners closed first)."""
+        if self._cache_dir is not None:
+            self._cache_dir.cleanup()

@@ -1,0 +1,172 @@
+"""Start-up in one place: everything the loop needs from the brokers and the disk, opened in dependency order.
+
+In this order: the codecs the clients need; the topics (created with
+``--create-topics``, else checked); with delayed labels, the label and
+outcome topics partitioned like the input, and with the Kafka store the
+pending changelog; the cluster's and input topic's ids (a checkpoint's
+owner); the store; with mixing, the board and the mix topic's tail. Each
+resource is registered with the caller's :class:`~contextlib.ExitStack` as it
+opens, so whatever opened is closed, in reverse order, however start-up ends.
+The stream (the poll loop's consumer and producer) opens last, once the
+rebalance callbacks exist (:meth:`Startup.open_stream`). Every wait on the
+brokers is retried until it works or the service is stopped: a stop
+meanwhile returns None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from service.config import ServeSettings
+from service.kafka import (
+    CompactedTopic,
+    KafkaFatal,
+    PartitionedLog,
+    TopicSpec,
+    TopicTail,
+    cluster_identity,
+    ensure_topics,
+    open_stream,
+    partition_counts,
+    require_codecs,
+)
+from service.pipeline.mixer import MixBoard
+from service.runtime.factory import model_meta, signing_key
+from service.runtime.mixing import MixFeed
+from service.runtime.retry import Retry, StartupError, fatal
+from service.state.checkpoint import GROUP_TASK, Owner
+from service.state.kafka_store import KafkaStore
+from service.state.local import LocalStore
+from service.state.store import Store
+
+#: Settings of the checkpoint and mix topics when the service creates them:
+#: compacted, with segments rolled hourly (compaction never touches the active
+#: segment, and a start reads every record left), and room for a large model
+#: (the checkpoint producer sends up to 16 MiB).
+CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000), "max.message.bytes": str(16 * 1024 * 1024)}
+#: The pending changelog: compacted, and no record younger than a day compacted away, so a change a crashed
+#: run wrote after its last checkpoint is still beside the valid one it replaced when the next run undoes it.
+CHANGELOG_TOPIC_CONFIG = {**CHECKPOINT_TOPIC_CONFIG, "min.compaction.lag.ms": str(24 * 3600 * 1000)}
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What start-up opened for the tasks and the loop (None: not used with these settings)."""
+
+    owner: Owner  # with the cluster's and the input topic's ids when there is a store
+    store: Store | None = None
+    changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
+    board: MixBoard | None = None  # every partition's latest mixing state (--mix-every)
+    mix_feed: MixFeed | None = None  # the mix topic's new records into the board
+
+
+class Startup:
+    def __init__(self, settings: ServeSettings, retry: Retry, metrics, stopping: Callable[[], bool], resources: ExitStack):
+        self.settings, self.retry, self.metrics, self.stopping, self.resources = settings, retry, metrics, stopping, resources
+
+    def open(self) -> Opened | None:
+        """Codecs, topics, labels' topics and changelog, cluster identity, store, mixing; None when stopped meanwhile."""
+        s, until = self.settings, self.retry.until_it_works
+        try:
+            require_codecs()
+        except KafkaFatal as exc:
+            raise fatal(exc, "read compressed records") from None
+        topics = [TopicSpec(name, s.topic_partitions, s.topic_replication_factor) for name in (s.input_topic, s.output_topic, s.dlq_topic)]
+        if s.state_store == "kafka":
+            topics.append(TopicSpec(s.checkpoint_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
+        if s.model_scope == "partition" and s.mix_every:
+            topics.append(TopicSpec(s.mix_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
+        until(lambda: ensure_topics(s, topics, s.create_topics), "reach the brokers and check the topics")
+        if self.stopping():
+            return None
+        changelog = None
+        if s.label_topic is not None:
+            labels_ok, changelog = self._open_labels()
+            if not labels_ok:
+                return None
+        owner = Owner(s.group_id, s.input_topic)
+        if s.state_store != "none":
+            ids = until(lambda: cluster_identity(s, s.input_topic), "read the cluster's and the input topic's ids")
+            if ids is None:
+                return None
+            owner = Owner(s.group_id, s.input_topic, GROUP_TASK, *ids)
+        store = self._open_store()
+        if store is None and s.state_store != "none":
+            return None
+        board = mix_feed = None
+        if s.model_scope == "partition" and s.mix_every:
+            board, mix_feed = self._open_mixing(owner)
+        return Opened(owner, store, changelog, board, mix_feed)
+
+    def open_stream(self, on_assigned, on_revoked):
+        """The poll loop's consumer and producer, the rebalance callbacks given (closed by the caller, after its
+        final checkpoint); None when stopped meanwhile."""
+        s = self.settings
+        return self.retry.until_it_works(
+            lambda: open_stream(s, s.kafka_client, group_id=s.group_id,
+                                topics=[s.input_topic] + ([s.label_topic] if s.label_topic else []),
+                                auto_offset_reset=s.auto_offset_reset, on_assigned=on_assigned,
+                                on_revoked=on_revoked, max_poll_records=s.batch_size,
+                                fetch_max_wait_ms=s.fetch_max_wait_ms, group_protocol=s.group_protocol),
+            "connect the consumer and producer",
+        )
+
+    def _open_store(self) -> Store | None:
+        """The store the operator chose, signing with --checkpoint-key (None: no store, or stopped meanwhile)."""
+        s = self.settings
+        store: Store | None = None
+        if s.state_store == "local":
+            store = LocalStore(s.state_dir, s.group_id)
+        elif s.state_store == "kafka":
+            store = self.retry.until_it_works(lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id),
+                                              "connect to the checkpoint topic")
+        if store is not None:
+            self.resources.callback(store.close)
+            store.key = signing_key(s)
+        return store
+
+    def _open_labels(self) -> tuple[bool, PartitionedLog | None]:
+        """Delayed labels: the label topic partitioned like the input (a label and its point share a partition number,
+        so one task holds both), the outcome topic, and with the Kafka store the pending changelog."""
+        s, until = self.settings, self.retry.until_it_works
+        counts = until(lambda: partition_counts(s, [s.input_topic, s.label_topic]), "count the input and label topics' partitions")
+        if counts is None:
+            return False, None
+        n = counts[s.input_topic]
+        topics = [TopicSpec(s.label_topic, n, s.topic_replication_factor), TopicSpec(s.outcome_topic, s.topic_partitions, s.topic_replication_factor)]
+        if s.state_store == "kafka":
+            topics.append(TopicSpec(s.pending_topic, n, s.topic_replication_factor, CHANGELOG_TOPIC_CONFIG))
+        if until(lambda: ensure_topics(s, topics, s.create_topics), "check the label, outcome and changelog topics") is None and self.stopping():
+            return False, None
+        counts = until(lambda: partition_counts(s, [s.label_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])),
+                       "count the label topic's partitions")
+        if counts is None:
+            return False, None
+        for topic, count in counts.items():
+            if count != n:
+                raise StartupError(f"topic {topic} has {count} partition(s) and input topic {s.input_topic} has {n}: a label "
+                                   f"and its point must land in the same partition number (both keyed alike), so {topic} "
+                                   f"needs {n} partitions too (recreate it, or add partitions)")
+        changelog = None
+        if s.state_store == "kafka":
+            changelog = until(lambda: PartitionedLog(s, s.pending_topic), "open the pending changelog")
+            if changelog is not None:
+                self.resources.callback(changelog.close)
+        return True, changelog
+
+    def _open_mixing(self, owner: Owner) -> tuple[MixBoard | None, MixFeed | None]:
+        """Partition scope with --mix-every: the board of every partition's latest state, fed from the mix topic."""
+        s = self.settings
+        counts = self.retry.until_it_works(lambda: partition_counts(s, [s.input_topic]), f"count the partitions of {s.input_topic}")
+        if counts is None:
+            return None, None
+        board = MixBoard(owner, model_meta(s), counts[s.input_topic], signing_key(s),
+                         on_reject=lambda reason: self.metrics.mix_rejected.labels(reason).inc())
+        tail = self.retry.until_it_works(lambda: TopicTail(s, s.mix_topic), "read the mix topic")
+        if tail is None:
+            return board, None
+        feed = MixFeed(board, tail, self.retry)
+        self.resources.callback(feed.close)
+        return board, feed

@@ -1,0 +1,98 @@
+"""Delivery alone (service.runtime.delivery): the outage wait, the stop, and refused outputs as dead letters."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+
+from service.config import ServeSettings, load
+from service.kafka import DeliveryError, KafkaFatal, Refused
+from service.metrics import ServiceMetrics
+from service.runtime.delivery import FLUSH_WAIT_S, Delivery
+from service.runtime.health import Health
+from service.runtime.retry import StartupError
+from service.wire.messages import DeadLetter
+
+SOURCE = {"topic": "points", "partition": 2, "offset": 41}
+
+
+class Stream:
+    """A stream whose flushes answer, in turn, what ``answers`` holds: a list of refused outputs, or an error."""
+
+    def __init__(self, *answers):
+        self.answers, self.sent, self.waits = list(answers), [], []
+
+    def send(self, topic, key, value):
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout_s):
+        self.waits.append(timeout_s)
+        answer = self.answers.pop(0) if self.answers else []
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _delivery(stopping=lambda: False):
+    s = load(ServeSettings, ["--metrics-port", "0"])
+    metrics = ServiceMetrics(window=10, version="test", variant=s.variant, scope=s.model_scope, challengers=[])
+    return Delivery(s, Health(60.0), metrics, stopping), metrics
+
+
+def _prediction(size: int) -> bytes:
+    return orjson.dumps({"source": SOURCE, "padding": "x" * size})
+
+
+def test_an_outage_is_waited_out_and_shown_meanwhile(caplog):
+    delivery, _ = _delivery()
+    stream = Stream(DeliveryError("2 messages not acknowledged"), DeliveryError("2 messages not acknowledged"), [])
+    with caplog.at_level(logging.WARNING, "perceptron_stream"):
+        delivery.flush(stream)
+    assert stream.waits == [FLUSH_WAIT_S] * 3
+    assert delivery.health.broker_ok  # answered in the end
+    assert caplog.text.count("2 messages not acknowledged; waiting for the brokers") == 2
+
+
+def test_a_stop_ends_the_wait_with_the_batch_unacknowledged():
+    delivery, _ = _delivery(stopping=lambda: True)
+    stream = Stream(DeliveryError("not acknowledged"), [])
+    with pytest.raises(DeliveryError):
+        delivery.flush(stream)
+    assert len(stream.waits) == 1 and not delivery.health.broker_ok
+
+
+def test_a_fatal_error_stops_the_service_naming_it():
+    delivery, _ = _delivery()
+    with pytest.raises(StartupError, match="could not send the outputs: denied; retrying cannot help"):
+        delivery.flush(Stream(KafkaFatal("denied")))
+
+
+def test_a_refused_prediction_becomes_a_dead_letter_without_key_or_raw():
+    delivery, metrics = _delivery()
+    refused = Refused("predictions", b"k" * 7, _prediction(2000), ValueError("too large"))
+    stream = Stream([refused], [])
+    delivery.flush(stream)
+    [(topic, key, value)] = stream.sent
+    letter = DeadLetter.model_validate_json(value)
+    assert (topic, key, letter.reason, letter.raw) == ("points.dlq", None, "output_refused", "")
+    assert (letter.source.topic, letter.source.partition, letter.source.offset) == ("points", 2, 41)
+    assert "refused this event's prediction" in letter.error and "key 7 bytes" in letter.error
+    assert metrics.registry.get_sample_value("perceptron_rejected_events_total", {"reason": "output_refused"}) == 1
+
+
+def test_a_refused_mix_record_is_counted_and_not_replaced():
+    delivery, metrics = _delivery()
+    stream = Stream([Refused(delivery.settings.mix_topic, b"k", b"state", ValueError("too large"))], [])
+    delivery.flush(stream)
+    assert stream.sent == []
+    assert metrics.registry.get_sample_value("perceptron_mix_records_rejected_total", {"reason": "refused"}) == 1
+
+
+def test_a_refused_dead_letter_for_the_refused_output_stops_the_service():
+    delivery, _ = _delivery()
+    refused = Refused("predictions", None, _prediction(10), ValueError("too large"))
+    again = Refused("points.dlq", None, b"{}", ValueError("still too large"))
+    with pytest.raises(StartupError, match="the brokers refuse even a short dead letter on points.dlq"):
+        delivery.flush(Stream([refused], [again]))

@@ -1,0 +1,76 @@
+"""The final checkpoint's rule (service.runtime.checkpointer.Checkpointer.final) and a stop during start-up."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from service.app import Application
+from service.config import ServeSettings, load
+from service.metrics import ServiceMetrics
+from service.runtime.checkpointer import Checkpointer
+from service.runtime.factory import TaskFactory
+from service.runtime.health import Health
+from service.runtime.retry import Retry
+from service.state.checkpoint import GROUP_TASK, Owner
+
+NOT_ALL_ACKNOWLEDGED = ("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
+                        "the next start learns and publishes it again from the last checkpoint")
+
+
+class Store:
+    def __init__(self):
+        self.saved = []
+
+    def save(self, cp):
+        self.saved.append(cp.seq)
+
+
+class Stream:
+    def __init__(self):
+        self.commits = []
+
+    def commit(self, positions, timeout_s):
+        self.commits.append(positions)
+
+
+def _checkpointer_and_task(tmp_path):
+    s = load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(tmp_path)])
+    health = Health(60.0)
+    metrics = ServiceMetrics(window=10, version="test", variant=s.variant, scope=s.model_scope, challengers=[])
+    store = Store()
+    task = TaskFactory(s, Owner(s.group_id, s.input_topic, GROUP_TASK)).new_task(None)
+    task.positions[(s.input_topic, 0)] = 7
+    task.unsaved = 7  # seven events processed since the last checkpoint
+    return Checkpointer(s, store, metrics, health, Retry(health, lambda: False)), store, task
+
+
+def test_a_stop_between_batches_checkpoints_and_commits(tmp_path, caplog):
+    checkpointer, store, task = _checkpointer_and_task(tmp_path)
+    stream = Stream()
+    with caplog.at_level(logging.WARNING, "perceptron_stream"):
+        checkpointer.final([task], stream, batch_open=False)
+    assert store.saved == [1] and stream.commits == [{("points", 0): 7}]
+    assert NOT_ALL_ACKNOWLEDGED not in caplog.text
+
+
+def test_a_stop_inside_a_batch_writes_no_final_checkpoint_and_says_so(tmp_path, caplog):
+    checkpointer, store, task = _checkpointer_and_task(tmp_path)
+    stream = Stream()
+    with caplog.at_level(logging.WARNING, "perceptron_stream"):
+        checkpointer.final([task], stream, batch_open=True)
+    assert store.saved == [] and stream.commits == [] and task.unsaved == 7
+    assert NOT_ALL_ACKNOWLEDGED in caplog.text
+
+
+def test_a_stop_during_start_up_closes_what_opened_and_returns_0(tmp_path):
+    app = Application(load(ServeSettings, ["--metrics-port", "0", "--bootstrap-servers", "127.0.0.1:9",
+                                           "--state-dir", str(tmp_path)]))
+    app.stop()  # before the brokers (none at port 9) ever answered
+    assert app.run(install_signal_handlers=False) == 0
+    assert app.stream is None and app.store is None  # start-up opened neither
+    with pytest.raises(OSError):  # the HTTP endpoints were closed on the way out
+        socket.create_connection(("127.0.0.1", app.http.port), timeout=1).close()
+    assert app.undone().endswith("left undone: nothing was read yet")
