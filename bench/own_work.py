@@ -67,8 +67,8 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
     except ImportError:  # the old Application: its own _process, over a stream that does nothing
         app.io = NullStream()
         return lambda: [app._process(recs[i:i + 1000]) for i in range(0, len(recs), 1000)]
-    if app.settings.label_topic is not None:
-        import tempfile
+    if app.settings.label_topic is not None and not hasattr(app, "factory"):  # before the task factory (which makes
+        import tempfile                                                      # its own cache directory), the app did
 
         app._cache_dir = tempfile.TemporaryDirectory()
     task = app.tasks.group
