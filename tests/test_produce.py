@@ -2,7 +2,7 @@
 the rate and the progress bar behave, only acknowledged messages count, and with --label-topic
 points go out now and their labels, keyed alike, later.
 
-Statistical checks use a tolerance of Z binomial standard deviations: with the
+Statistical checks use a tolerance of Z binomial standard deviations (tests/support/statistics.py): with the
 seeds fixed they are deterministic, and a change of generator fails them only
 when it drifts from the promised rate (chance of a false alarm ~6e-5 each).
 """
@@ -33,9 +33,8 @@ from service.produce import (
     produce,
 )
 from service.streams import POLICIES, bank_score, credit, delayed_labels, separable, separator, synthetic
-from tests.support.topics import consume, create_topic
+from tests.support.statistics import within_binomial
 
-Z = 4.0
 
 
 def _take(events, n):
@@ -50,8 +49,6 @@ def _distance(w, b, x):
     return sum(p * q for p, q in zip(w, x)) + b
 
 
-def _within_binomial(k: int, n: int, p: float) -> bool:
-    return abs(k - n * p) <= Z * math.sqrt(n * p * (1 - p))
 
 
 # ---------------------------------------------------------------- synthetic streams
@@ -85,7 +82,7 @@ def test_noisy_stream_flips_the_share_of_labels_asked_for(noise):
     events = _take(synthetic("noisy", dimensions=3, margin=0.05, noise=noise, drift_every=5000, seed=5, unlabeled=0.0), n)
     w, b = separator(dimensions=3, margin=0.05, seed=5)(0)
     flips = sum(e["y"] != _sign(_distance(w, b, e["x"])) for e in events)
-    assert _within_binomial(flips, n, noise), (flips, n * noise)
+    assert within_binomial(flips, n, noise), (flips, n * noise)
     assert all(abs(_distance(w, b, e["x"])) >= 0.05 for e in events)  # noise flips labels, it does not move points
 
 
@@ -134,7 +131,7 @@ def test_credit_noise_flips_the_share_of_labels_asked_for():
     n = 10_000
     events = _take(credit(noise=0.1, seed=4, drift_every=n), n)
     flips = sum(e["y"] != _sign(bank_score(e["features"], POLICIES[0])) for e in events)
-    assert _within_binomial(flips, n, 0.1), flips
+    assert within_binomial(flips, n, 0.1), flips
 
 
 @pytest.mark.parametrize("stream", ["separable", "noisy", "drift", "credit"])
@@ -142,7 +139,7 @@ def test_unlabeled_share(stream):
     n = 5000
     events = _take(synthetic(stream, dimensions=4, margin=0.1, noise=0.05, drift_every=1000, seed=2, unlabeled=0.2), n)
     unlabeled = sum("y" not in e for e in events)
-    assert _within_binomial(unlabeled, n, 0.2), unlabeled
+    assert within_binomial(unlabeled, n, 0.2), unlabeled
     assert all(e.get("y", 1) in (-1, 1) for e in events)
 
 
@@ -372,10 +369,10 @@ def test_points_are_todays_events_without_y_and_labels_pair_up_by_id():
         if label is not None:
             assert label == json.dumps({"id": whole["id"], "y": whole["y"]}, separators=(",", ":")).encode()
     labeled = [json.loads(e) for _, e in inline if "y" in json.loads(e)]
-    assert _within_binomial(2000 - len(labeled), 2000, 0.1)  # the unlabeled share: no y, hence no label
+    assert within_binomial(2000 - len(labeled), 2000, 0.1)  # the unlabeled share: no y, hence no label
     assert all(label is None for (_, _, label), (_, e) in zip(pairs, inline) if "y" not in json.loads(e))
     missing = sum(label is None for (_, _, label), (_, e) in zip(pairs, inline) if "y" in json.loads(e))
-    assert _within_binomial(missing, len(labeled), 0.2), (missing, len(labeled))
+    assert within_binomial(missing, len(labeled), 0.2), (missing, len(labeled))
 
 
 @pytest.mark.parametrize("share", [0.0, 0.1, 0.5, 1.0])
@@ -389,7 +386,7 @@ def test_the_missing_share_is_honoured_and_seeded(share):
     first = labels(share)
     assert first == labels(share)  # reproducible
     missing = sum(label is None for label in first)
-    assert missing == {0.0: 0, 1.0: n}.get(share, missing) and _within_binomial(missing, n, share), missing
+    assert missing == {0.0: 0, 1.0: n}.get(share, missing) and within_binomial(missing, n, share), missing
     if 0 < share < 1:
         assert first != labels(share, seed=9)
         more = labels(min(1.0, share + 0.2))  # a larger share drops the same labels, and more
@@ -542,73 +539,6 @@ def test_label_settings_that_cannot_work_exit_2_at_start_up(args, message, tmp_p
 def test_label_settings_defaults():
     s = load(ProduceSettings, [])
     assert (s.label_topic, s.label_delay_seconds, s.label_missing) == (None, 5.0, 0.0)
-
-
-# ---------------------------------------------------------------- end to end, on the embedded broker
-
-@pytest.mark.integration
-def test_jsonl_replay_passes_malformed_lines_for_the_service_to_dead_letter(broker, topics, tmp_path):
-    lines = [b'{"id": "a", "x": [1.0, 2.0], "y": 1}', b"not json", b"\xff\xfe not utf-8", b'{"x": [1, 2], "y": 2}',
-             b'{"x": [NaN]}', b'{"features": {"age": 31}}']
-    data = tmp_path / "d.jsonl"
-    data.write_bytes(b"\n".join(lines) + b"\n\n")
-    topic = topics["input_topic"]
-    assert produce(load(ProduceSettings, ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--file", str(data)])) == 6
-    records = consume(broker.bootstrap_servers, topic, len(lines))
-    assert [r.value for r in records] == lines and {r.key for r in records} == {None}
-
-
-@pytest.mark.integration
-def test_the_same_seed_writes_the_same_records(broker, topics):
-    def run(topic):
-        args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--stream", "drift", "--count", "400",
-                "--drift-every", "100", "--unlabeled", "0.1", "--seed", "5"]
-        assert produce(load(ProduceSettings, args)) == 400
-        return [(r.key, r.value) for r in consume(broker.bootstrap_servers, topic, 400)], list(messages(load(ProduceSettings, args)))
-
-    (first, expected), (second, _) = run(topics["input_topic"]), run(topics["output_topic"])
-    assert first == second == expected
-
-
-@pytest.mark.integration
-def test_points_now_and_their_labels_later_in_the_same_partition_number(broker, topics):
-    point_topic, label_topic = topics["input_topic"], f"{topics['input_topic']}.labels"
-    for topic in (point_topic, label_topic):
-        create_topic(broker.bootstrap_servers, topic, partitions=2)
-    args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", point_topic, "--label-topic", label_topic,
-            "--stream", "credit", "--count", "200", "--rate", "500", "--label-delay-seconds", "0.2",
-            "--label-missing", "0.1", "--seed", "14", "--no-progress"]
-    written = produce(load(ProduceSettings, args))
-    expected = list(paired_messages(load(ProduceSettings, args)))
-    n_labels = sum(label is not None for _, _, label in expected)
-    assert (written.points, written.labels) == (200, n_labels)
-    assert _within_binomial(200 - n_labels, 200, 0.1), n_labels  # about 10% never labeled
-    points = {r.key: r for r in consume(broker.bootstrap_servers, point_topic, 200)}
-    labels = consume(broker.bootstrap_servers, label_topic, n_labels)
-    assert len(points) == 200 and len(labels) == n_labels
-    assert {r.key: r.value for r in points.values()} == {key: point for key, point, _ in expected}
-    assert sorted(r.value for r in labels) == sorted(label for _, _, label in expected if label is not None)
-    assert {r.partition for r in points.values()} == {0, 1}  # both partitions in use, so the check below means something
-    for label in labels:
-        point = points[label.key]  # the same key as its point ...
-        assert json.loads(label.value)["id"].encode() == label.key and "y" not in json.loads(point.value)
-        assert label.partition == point.partition  # ... so the same partition number
-        assert label.timestamp - point.timestamp >= 150, (label.timestamp - point.timestamp)  # 0.2 s later (ms timestamps)
-
-
-@pytest.mark.integration
-def test_the_label_topic_is_created_with_the_point_topics_partition_count(broker, topics):
-    point_topic, label_topic = topics["input_topic"], f"{topics['input_topic']}.labels"
-    create_topic(broker.bootstrap_servers, point_topic, partitions=3)
-    args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", point_topic, "--label-topic", label_topic,
-            "--count", "30", "--label-delay-seconds", "0", "--no-progress"]
-    assert produce(load(ProduceSettings, args)).labels == 30
-    records = consume(broker.bootstrap_servers, label_topic, 30)
-    from service.kafka import partition_counts
-
-    settings = load(ProduceSettings, args)
-    assert partition_counts(settings, [label_topic]) == {label_topic: 3}
-    assert {r.partition for r in records} <= {0, 1, 2}
 
 
 def test_a_csv_with_a_byte_order_mark_sends_its_first_column_by_its_name(fake_kafka, tmp_path):
