@@ -35,6 +35,7 @@ import yaml
 
 from service.app import CHECKPOINT_TOPIC_CONFIG
 from service.config import ENV_PREFIX, ProduceSettings, ServeSettings, load
+from tests.support.manifests import serve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -104,16 +105,6 @@ def healthcheck_command(instructions) -> list[str]:
     _, sep, cmd = args.partition("CMD ")
     assert sep, f"HEALTHCHECK without CMD: {args!r}"
     return json.loads(cmd)
-
-
-def serve_settings(monkeypatch, env: dict[str, str]) -> ServeSettings:
-    """ServeSettings exactly as `perceptron-stream serve` builds them from this environment."""
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIX):
-            monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return load(ServeSettings, [])
 
 
 def container_env(compose: dict, name: str) -> dict[str, str]:
