@@ -120,6 +120,28 @@ class KafkaSettings(CommandSettings):
     ssl_keyfile: Path | None = Field(None, description="Client private key (mutual TLS).")
     ssl_password: SecretStr | None = Field(None, description="Password of the client private key, when it is encrypted (never logged).")
 
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _every_server_has_a_port(cls, value: str) -> str:
+        """Each entry is host:port: without a port the clients guess one, and a wrong guess is retried forever
+        with nothing naming this setting.
+
+        >>> KafkaSettings._every_server_has_a_port("kafka-1:9092,[::1]:9093")
+        'kafka-1:9092,[::1]:9093'
+        >>> KafkaSettings._every_server_has_a_port("127.0.0.1")
+        Traceback (most recent call last):
+        ...
+        ValueError: '127.0.0.1' has no port: give every server as host:port (e.g. 127.0.0.1:9092)
+        """
+        for server in value.split(","):
+            host, colon, port = server.strip().rpartition(":")
+            if not colon or not host or host.endswith(":") or not port.isdigit() or not 0 < int(port) < 65536:
+                example = f"{server.strip() or 'localhost'}:9092" if not colon else "127.0.0.1:9092"
+                raise ValueError(f"{server.strip()!r} has no port: give every server as host:port (e.g. {example})"
+                                 if not colon or host.endswith(":") else
+                                 f"{server.strip()!r} is not host:port with a port from 1 to 65535 (e.g. {example})")
+        return value
+
     @model_validator(mode="after")
     def _security_is_complete(self):
         if self.security_protocol.startswith("SASL"):

@@ -45,6 +45,10 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
         (["--hash-features", "1024"], {"PERCEPTRON_STREAM_MAX_MODEL_FEATURES": "1000"}, "hash_features 1024 is more than max_model_features 1000"),
         (["--group-protocol", "consumer"], {}, "group_protocol consumer (KIP-848) needs --kafka-client confluent"),
         (["--group-protocol", "eager"], {}, "invalid setting group_protocol"),
+        (["--bootstrap-servers", "127.0.0.1"], {},
+         "invalid setting bootstrap_servers (--bootstrap-servers, PERCEPTRON_STREAM_BOOTSTRAP_SERVERS): "
+         "'127.0.0.1' has no port: give every server as host:port (e.g. 127.0.0.1:9092)"),
+        (["--bootstrap-servers", "a:9092,b:x"], {}, "'b:x' is not host:port with a port from 1 to 65535"),
     ],
 )
 def test_bad_values_name_the_setting(args, env, named, monkeypatch):

@@ -147,8 +147,9 @@ class LocalStore:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise StateLockedError(
-                f"state directory {directory} is in use by pid {holder}: one instance runs per model; "
-                "stop it or give this one another --state-dir"
+                f"state directory {directory} is in use by pid {holder}: one instance runs per model (its group id "
+                "and its state); stop that one, or run another model with another --group-id (and --state-dir), or "
+                "run every instance with --model-scope partition and a --state-dir they share"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
