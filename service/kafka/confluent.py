@@ -46,6 +46,7 @@ from service.kafka.admin import group_members
 from service.kafka.errors import (
     FATAL,
     LIBRDKAFKA_ERRORS,
+    LIBRDKAFKA_TRANSACTION_ERRORS,
     REFUSED,
     RETRY,
     ClientCertificateRefused,
@@ -90,13 +91,17 @@ _LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
 #: (:data:`service.kafka.errors.LIBRDKAFKA_ERRORS`, named there); the brokers' (positive) codes are Kafka's,
 #: which kafka-python's for_code knows.
 _LOCAL_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_ERRORS.items()}
+#: ... and those that mean more in a transaction (:data:`service.kafka.errors.LIBRDKAFKA_TRANSACTION_ERRORS`).
+_TRANSACTION_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_TRANSACTION_ERRORS.items()}
 
 
-def kafka_error(err: CKafkaError | None) -> kerrors.KafkaError:
+def kafka_error(err: CKafkaError | None, in_transaction: bool = False) -> kerrors.KafkaError:
     """kafka-python's exception for a confluent-kafka error: the one mapping of this module."""
     if not isinstance(err, CKafkaError):
         return kerrors.KafkaError(str(err))
     code = err.code()
+    if in_transaction and code in _TRANSACTION_ERRORS:
+        return _TRANSACTION_ERRORS[code](f"{err.str()} ({err.name()})")
     cls = kerrors.for_code(code) if code > 0 else _LOCAL_ERRORS.get(code, kerrors.KafkaError)
     return cls(f"{err.str()} ({err.name()})")
 
@@ -155,6 +160,10 @@ class ConfluentIO:
     :meth:`poll`, or inside :meth:`commit` while it waits for the broker's
     answer; the application calls both between batches.
     """
+
+    #: With a transactional id (else None), whether a transaction is open: what is sent goes into it.
+    transactional_id: str | None = None
+    in_transaction = False
 
     @_translated
     def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
@@ -441,7 +450,7 @@ class ConfluentIO:
         return False
 
     def _undelivered(self, err: CKafkaError, msg) -> None:
-        error = kafka_error(err)
+        error = kafka_error(err, self.in_transaction)
         kind = delivery_kind(error)
         self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
 
@@ -453,14 +462,18 @@ class ConfluentIO:
         try:
             return self.ledger.settle(self, timeout_s, resend=False)
         except (KafkaUnavailable, KafkaFatal) as exc:
-            raise self._aborted(exc.__cause__ if exc.__cause__ is not None else exc) from exc
+            error = transaction_error(exc.__cause__ if exc.__cause__ is not None else exc, self.settings)
+            self._abort_quietly()
+            raise error from exc
 
     # transactions (a stream opened with a transactional id) ----------------
-    @_translated
     def begin(self) -> None:
-        """Open a transaction, if none is open."""
+        """Open a transaction, if none is open (Fenced, KafkaFatal or Aborted as a commit's, nothing to abort)."""
         if not self.in_transaction:
-            self.producer.begin_transaction()
+            try:
+                self.producer.begin_transaction()
+            except KafkaException as exc:
+                raise self._transaction_error(exc) from exc
             self.in_transaction = True
 
     def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
@@ -488,7 +501,9 @@ class ConfluentIO:
                 if (isinstance(err, CKafkaError) and err.retriable() and not err.txn_requires_abort()
                         and time.monotonic() < deadline):
                     continue
-                raise self._aborted(kafka_error(err), producer_broken=isinstance(err, CKafkaError) and err.fatal()) from exc
+                error = self._transaction_error(exc)
+                self._abort_quietly()
+                raise error from exc
 
     def abort(self) -> None:
         """Abort the open transaction, if any; what was sent in it is forgotten (Fenced or KafkaFatal if the
@@ -500,18 +515,18 @@ class ConfluentIO:
         try:
             self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            raise transaction_error(kafka_error(err), self.settings,
-                                    producer_broken=isinstance(err, CKafkaError) and err.fatal()) from exc
+            raise self._transaction_error(exc) from exc
 
-    def _aborted(self, exc: BaseException | None, producer_broken: bool = False) -> BaseException:
-        """The service's error for what the transaction met, once it is aborted (where librdkafka can)."""
-        error = transaction_error(exc, self.settings, producer_broken=producer_broken)
+    def _transaction_error(self, exc: KafkaException) -> BaseException:
+        err = exc.args[0] if exc.args else None
+        return transaction_error(kafka_error(err, in_transaction=True), self.settings,
+                                 producer_broken=isinstance(err, CKafkaError) and err.fatal())
+
+    def _abort_quietly(self) -> None:
         try:
             self.abort()
         except (KafkaFatal, KafkaUnavailable) as failure:  # fenced, or broken for good: the coordinator aborts it
             log.warning("could not abort the transaction (%s)", failure)
-        return error
 
     @_translated
     def wait(self, timeout_s: float, ledger: Ledger) -> int:

@@ -116,8 +116,12 @@ LIBRDKAFKA_ERRORS = {
     "_INVALID_ARG": "KafkaConfigurationError",
     "_STATE": "IllegalStateError",
     "_BAD_COMPRESSION": "UnsupportedCodecError",  # a batch librdkafka cannot decompress: fatal
-    "_FENCED": "ProducerFencedError",  # librdkafka's own word for a fenced transactional producer
 }
+
+#: librdkafka's own codes that mean more in a transaction, and the kafka-python class each stands for there:
+#: ``_FENCED``, its word for a fenced transactional producer (:data:`FENCED_ERRORS`). Outside a transaction
+#: they keep the meaning :data:`LIBRDKAFKA_ERRORS` gives (none: a plain error, retried).
+LIBRDKAFKA_TRANSACTION_ERRORS = {"_FENCED": "ProducerFencedError"}
 
 #: The package kafka-python decompresses each codec with (what kafka/codec.py of 3.0.12 imports: ``snappy``,
 #: ``lz4.frame``, ``zstandard``; gzip is in the standard library). Dependencies of the service, as crc32c is:

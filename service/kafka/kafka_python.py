@@ -87,6 +87,10 @@ class KafkaIO:
     application always sees them with no batch in hand.
     """
 
+    #: With a transactional id (else None), whether a transaction is open: what is sent goes into it.
+    transactional_id: str | None = None
+    in_transaction = False
+
     @translated
     def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
@@ -231,11 +235,13 @@ class KafkaIO:
             raise self._aborted(exc.__cause__ if isinstance(exc, DeliveryError) and exc.__cause__ else exc) from exc
 
     # transactions (a stream opened with a transactional id) ----------------
-    @translated
     def begin(self) -> None:
-        """Open a transaction, if none is open."""
+        """Open a transaction, if none is open (Fenced, KafkaFatal or Aborted as a commit's, nothing to abort)."""
         if not self.in_transaction:
-            self.producer.begin_transaction()
+            try:
+                self.producer.begin_transaction()
+            except KafkaError as exc:
+                raise transaction_error(exc, self.settings) from exc
             self.in_transaction = True
 
     def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:

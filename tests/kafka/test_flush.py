@@ -116,3 +116,34 @@ def test_an_outage_longer_than_the_producers_delivery_timeout_is_waited_out(monk
     io.send("out", None, b"5")  # and the service goes on with the new producer
     io.flush(timeout_s=0.05)
     assert delivered[-1] == b"5"
+
+
+class _FailsOnce:
+    """A producer whose first wait reports every message failed with a timeout (the ledger's Producer)."""
+
+    def __init__(self):
+        self.sent, self.renewed = [], 0
+
+    def send(self, topic, key, value):
+        self.sent.append(value)
+
+    def wait(self, timeout_s, ledger):
+        for value in self.sent:
+            ledger.failed(("t", None, value), "retry", KafkaTimeoutError("Expiring 1 record(s)"))
+        self.sent = []
+        return 0
+
+    def renew(self):
+        self.renewed += 1
+
+
+def test_in_a_transaction_a_failed_delivery_is_not_sent_again_and_can_be_forgotten():
+    producer, ledger = _FailsOnce(), Ledger(first_delay_s=0.0)
+    producer.send("t", None, b"a")
+    ledger.failed(("t", None, b"too large"), "refused", MessageSizeTooLargeError())
+    with pytest.raises(DeliveryError, match="1 message") as caught:
+        ledger.settle(producer, timeout_s=5.0, resend=False)
+    assert isinstance(caught.value.__cause__, KafkaTimeoutError)
+    assert producer.renewed == 0 and producer.sent == [] and ledger.owed() == 0
+    ledger.forget()  # the transaction was aborted: its refusals go with it
+    assert ledger.settle(producer, timeout_s=5.0, resend=False) == []
