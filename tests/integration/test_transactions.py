@@ -170,3 +170,22 @@ def test_a_zombie_whose_partition_moved_can_commit_nothing(client, apache_kafka,
             zombie.kill()
         if b is not None:
             b.close()
+
+
+@pytest.mark.embedded_only
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_embedded_broker_shows_an_aborted_transactions_records(client, broker, topics):
+    """Why exactly-once cannot be offered on the embedded broker: it accepts transactions, but a read_committed
+    reader sees what an aborted one sent."""
+    bootstrap, sink = broker.bootstrap_servers, topics["output_topic"]
+    create_topic(bootstrap, sink)
+    produce(bootstrap, topics["input_topic"], [b"in-0"])
+    stream = _stream(bootstrap, client, topics, f"tx-{topics['group_id']}")
+    try:
+        stream.begin()
+        stream.send(sink, None, b"aborted")
+        assert stream.flush(30) == []
+        stream.abort()
+    finally:
+        stream.close()
+    assert _visible(bootstrap, sink) == [b"aborted"]
