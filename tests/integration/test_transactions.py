@@ -7,7 +7,8 @@ timeout, whose partition moved to another member, can commit nothing when it
 thaws (KIP-447: the group's generation fences it; or its transaction timed out
 and its producer's epoch went). The embedded broker cannot prove any of this:
 it shows aborted records to read_committed readers (``embedded_only`` test
-below), which is why exactly-once is to be refused on it.
+below), which is why exactly-once is to be refused on it. The readers of the
+compacted topics (checkpoints, mixes, changelog) never see an aborted record.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import signal
 import time
 
 import pytest
+from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
 
 from service.config import KafkaSettings
-from service.kafka import Fenced, Stream, committed_offsets, open_stream
+from service.kafka import CompactedTopic, Fenced, PartitionedLog, Stream, TopicTail, committed_offsets, open_stream
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 
@@ -189,3 +191,38 @@ def test_the_embedded_broker_shows_an_aborted_transactions_records(client, broke
     finally:
         stream.close()
     assert _visible(bootstrap, sink) == [b"aborted"]
+
+
+def test_the_compacted_topics_readers_never_restore_an_aborted_record(apache_kafka, topics):
+    """Checkpoints, mix records and changelog records go into their span's transaction under exactly-once: the
+    readers of those topics read committed records only."""
+    bootstrap, topic = apache_kafka.bootstrap_servers, topics["output_topic"]
+    settings = KafkaSettings(bootstrap_servers=bootstrap)
+    create_topic(bootstrap, topic)
+    writer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"store-{topics['group_id']}"})
+    writer.init_transactions(30)
+    for value, commit in ((b"committed", True), (b"aborted", False)):
+        writer.begin_transaction()
+        writer.produce(topic, value, b"checkpoint", partition=0)
+        assert writer.flush(30) == 0  # in the log before the transaction ends
+        writer.commit_transaction(30) if commit else writer.abort_transaction(30)
+
+    store = CompactedTopic(settings, topic)
+    try:
+        assert store.read_latest({b"checkpoint"}) == {b"checkpoint": b"committed"}
+    finally:
+        store.close()
+    log = PartitionedLog(settings, topic)
+    try:
+        assert list(log.read(0, timeout_s=30)) == [(b"checkpoint", b"committed")]
+    finally:
+        log.close()
+    tail = TopicTail(settings, topic)
+    try:
+        seen: list = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the tail has no end: read what comes for a while
+            seen += tail.poll(200)
+        assert seen == [(b"checkpoint", b"committed")]
+    finally:
+        tail.close()
