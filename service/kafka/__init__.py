@@ -3,7 +3,10 @@
 The application sees :class:`Record` tuples, a :class:`Stream` (the poll
 loop's consumer and producer), a few admin calls, and the service's own
 errors: :class:`KafkaUnavailable` (wait and retry) and :class:`KafkaFatal`
-(stop, naming what to fix). Two clients stand behind the stream, chosen by
+(stop, naming what to fix). A stream opened with a transactional id writes
+in Kafka transactions (:func:`open_stream`; contract.py says what one
+covers), and adds :class:`Fenced` (stop: another instance owns the
+partitions) and :class:`Aborted` (read the span again) to those errors. Two clients stand behind the stream, chosen by
 the ``kafka_client`` setting, and share one delivery book-keeping
 (:mod:`service.kafka.ledger`), one error vocabulary (:mod:`service.kafka.errors`),
 one backoff (:mod:`service.kafka.backoff`) and one way of calling the

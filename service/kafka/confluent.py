@@ -476,6 +476,25 @@ class ConfluentIO:
                 raise self._transaction_error(exc) from exc
             self.in_transaction = True
 
+    def send_to(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        """As :meth:`KafkaIO.send_to <service.kafka.kafka_python.KafkaIO.send_to>`."""
+        if not self.in_transaction:
+            raise RuntimeError("send_to writes into a transaction: begin() first")
+        deadline = time.monotonic() + MAX_BLOCK_S
+        while True:
+            try:
+                self.producer.produce(topic, value, key, partition=partition)
+                return
+            except BufferError:  # librdkafka's local queue is full: let it drain
+                if time.monotonic() >= deadline:
+                    break
+                self.producer.flush(0.1)
+            except KafkaException as exc:  # refused for good (returned by the flush), or not taken: the flush aborts
+                error = kafka_error(exc.args[0] if exc.args else None, in_transaction=True)
+                self.ledger.failed((topic, key, value), REFUSED if delivery_kind(error) == REFUSED else RETRY, error)
+                return
+        self.ledger.failed((topic, key, value), RETRY)
+
     def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
         """See :meth:`Stream.commit_transaction <service.kafka.contract.Stream.commit_transaction>`."""
         self.begin()

@@ -175,6 +175,11 @@ class Stream(Protocol):
     def begin(self) -> None:
         """Open a transaction (nothing if one is open): what is sent from now on is visible only once committed."""
 
+    def send_to(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        """Send to ``partition`` in the open transaction: for a log partitioned like the input (the pending
+        changelog), whose records must land in their input partition's number. :meth:`send` goes into the open
+        transaction too: another writer of the service (the Kafka checkpoint store) writes through these two."""
+
     def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
         """Flush, then commit what was sent and the next-offsets ``positions`` (of the partitions still assigned)
         in the open transaction (one is opened if none is), with the consumer's group metadata; the messages

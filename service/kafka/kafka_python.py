@@ -244,6 +244,17 @@ class KafkaIO:
                 raise transaction_error(exc, self.settings) from exc
             self.in_transaction = True
 
+    def send_to(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        """Send to ``partition`` of ``topic`` in the open transaction (a log partitioned like the input, the
+        pending changelog); a message the producer would not take fails the transaction at its flush."""
+        if not self.in_transaction:
+            raise RuntimeError("send_to writes into a transaction: begin() first")
+        try:
+            future = self.producer.send(topic, key=key, value=value, partition=partition)
+        except KafkaError as exc:  # refused for good (returned by the flush), or not taken: the flush aborts
+            future = _NotSent(exc) if isinstance(exc, REFUSED_ERRORS) else _NOT_SENT
+        self._pending.append((topic, key, value, future))
+
     def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
         """See :meth:`Stream.commit_transaction <service.kafka.contract.Stream.commit_transaction>`."""
         self.begin()

@@ -47,12 +47,12 @@ def _poll_some(stream: Stream, max_records: int, timeout_s: float = 60.0) -> lis
     raise AssertionError(f"no record polled within {timeout_s:.0f} s")
 
 
-def _visible(bootstrap: str, topic: str) -> list[bytes]:
-    """The values a read_committed reader sees in ``topic``'s partition 0, up to its last stable offset."""
+def _visible(bootstrap: str, topic: str, partition: int = 0) -> list[bytes]:
+    """The values a read_committed reader sees in ``topic``'s ``partition``, up to its last stable offset."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                              isolation_level="read_committed")
     try:
-        tp = TopicPartition(topic, 0)
+        tp = TopicPartition(topic, partition)
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
         end = consumer.end_offsets([tp])[tp]  # read_committed: the last stable offset
@@ -103,6 +103,31 @@ def test_a_committed_transaction_shows_its_records_and_positions_an_aborted_one_
         assert committed_offsets(settings, topics["group_id"], source) == {0: second[-1].offset + 1}
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_send_to_writes_a_partition_of_the_transaction(client, apache_kafka, topics):
+    """The pending changelog is partitioned like the input: its records go to a partition named, in the span's
+    transaction."""
+    bootstrap, changelog = apache_kafka.bootstrap_servers, topics["output_topic"]
+    create_topic(bootstrap, changelog, partitions=2)
+    produce(bootstrap, topics["input_topic"], [b"in-0"])
+    stream = _stream(bootstrap, client, topics, f"tx-{topics['group_id']}")
+    try:
+        records = _poll_some(stream, 1)
+        stream.begin()
+        stream.send_to(changelog, 1, b"k", b"aborted")
+        assert stream.flush(30) == []
+        stream.abort()
+        stream.begin()
+        stream.send_to(changelog, 1, b"k", b"committed")
+        assert stream.commit_transaction(_next_position(records), timeout_s=30) == []
+        with pytest.raises(RuntimeError, match="begin"):  # outside a transaction it would be an at-least-once write
+            stream.send_to(changelog, 1, b"k", b"no transaction")
+    finally:
+        stream.close()
+    assert _visible(bootstrap, changelog, 1) == [b"committed"]
+    assert _visible(bootstrap, changelog, 0) == []
 
 
 def _zombie(client: str, bootstrap: str, topics: dict, conn) -> None:
