@@ -14,7 +14,7 @@ import time
 import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
-from service.kafka import DeliveryError, KafkaIO
+from service.kafka import Aborted, DeliveryError, KafkaIO
 from service.kafka.ledger import Ledger
 
 
@@ -147,3 +147,31 @@ def test_in_a_transaction_a_failed_delivery_is_not_sent_again_and_can_be_forgott
     assert producer.renewed == 0 and producer.sent == [] and ledger.owed() == 0
     ledger.forget()  # the transaction was aborted: its refusals go with it
     assert ledger.settle(producer, timeout_s=5.0, resend=False) == []
+
+
+class TransactionalProducer(Producer):
+    """The stand-in producer with kafka-python's transactional calls; what was aborted is counted."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.begun = self.aborted = 0
+
+    def begin_transaction(self):
+        self.begun += 1
+
+    def abort_transaction(self):
+        self.aborted += 1
+
+
+def test_a_failed_delivery_in_a_transaction_aborts_it_and_is_never_sent_again():
+    producer = TransactionalProducer(failing={b"slow"})
+    io = stream(producer, new_producer=lambda: pytest.fail("a transaction's producer is never renewed"))
+    io.begin()
+    for value in (b"a", b"slow"):
+        io.send("out", None, value)
+    with pytest.raises(Aborted, match="KafkaTimeoutError"):
+        io.flush(timeout_s=5.0)
+    assert producer.aborted == 1 and not io.in_transaction and producer.sent.count(b"slow") == 1
+    assert io.flush(timeout_s=1.0) == []  # nothing of the aborted transaction is settled later
+    io.begin()
+    assert producer.begun == 2
