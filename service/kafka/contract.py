@@ -12,7 +12,10 @@ together, or not at all. Two more errors belong to that path:
 :class:`Fenced` (a :class:`KafkaFatal`: another instance owns the partitions
 now; this one may write nothing more) and :class:`Aborted` (a
 :class:`KafkaUnavailable`: the transaction was aborted, nothing of it is
-visible; read the span again from the committed positions).
+visible; read the span again from the committed positions). This holds on
+Apache Kafka only: the embedded broker accepts transactions but shows an
+aborted one's records to read_committed readers, and does not check the
+generation of a transaction's offsets (tests/integration/test_transactions.py).
 """
 
 from __future__ import annotations
