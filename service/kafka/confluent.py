@@ -187,7 +187,7 @@ class ConfluentIO:
         self.transactional_id, self.in_transaction = transactional_id, False
         if transactional_id is not None:
             # the coordinator aborts a transaction left open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks
-            # read_committed readers at most that long); idempotent already (PRODUCER). librdkafka bounds a message's
+            # read_committed readers about that long: contract.py); idempotent already (PRODUCER). librdkafka bounds a message's
             # time (message.timeout.ms) by the transaction's and wants the linger shorter: still a flush's wait
             self._producer_config.update({"transactional.id": transactional_id,
                                           "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,

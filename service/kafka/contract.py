@@ -33,7 +33,9 @@ GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "h
 #: A transactional stream's ``transaction.timeout.ms``, as Kafka Streams sets it under exactly-once: the
 #: transaction coordinator aborts a transaction left open longer (the instance that opened it crashed or froze),
 #: so an open transaction blocks read_committed readers of its partitions (they wait at the last stable offset)
-#: for at most this long; it also bumps the producer's epoch, which fences the frozen instance when it thaws.
+#: for at most this long plus the coordinator's look-up interval (the brokers'
+#: transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s by default); the abort also bumps the
+#: producer's epoch, which fences the frozen instance when it thaws (tests/integration/test_transactions.py).
 TRANSACTION_TIMEOUT_MS = 10_000
 
 

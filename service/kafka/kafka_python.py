@@ -125,7 +125,7 @@ class KafkaIO:
         if self.transactional_id is None:
             return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS)
         # idempotent (kafka-python turns it on with a transactional id); the coordinator aborts a transaction left
-        # open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks read_committed readers at most that long)
+        # open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks read_committed readers about that long: contract.py)
         producer = make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS, transactional_id=self.transactional_id,
                                  transaction_timeout_ms=TRANSACTION_TIMEOUT_MS)
         try:

@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
 
 from service.config import KafkaSettings
-from service.kafka import CompactedTopic, Fenced, PartitionedLog, Stream, TopicTail, committed_offsets, open_stream
+from service.kafka import TRANSACTION_TIMEOUT_MS, CompactedTopic, Fenced, PartitionedLog, Stream, TopicTail, committed_offsets, open_stream
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 
@@ -62,6 +62,16 @@ def _visible(bootstrap: str, topic: str, partition: int = 0) -> list[bytes]:
             values += [r.value for r in consumer.poll(timeout_ms=200).get(tp, [])]
         assert consumer.position(tp) >= end, f"read up to {consumer.position(tp)} of {end}"
         return values
+    finally:
+        consumer.close()
+
+
+def _last_stable_offset(bootstrap: str, topic: str) -> int:
+    """Where a read_committed reader of ``topic``'s partition 0 must stop: before the first open transaction."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed")
+    try:
+        tp = TopicPartition(topic, 0)
+        return consumer.end_offsets([tp])[tp]
     finally:
         consumer.close()
 
@@ -128,6 +138,33 @@ def test_send_to_writes_a_partition_of_the_transaction(client, apache_kafka, top
         stream.close()
     assert _visible(bootstrap, changelog, 1) == [b"committed"]
     assert _visible(bootstrap, changelog, 0) == []
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_transaction_left_open_is_aborted_after_its_timeout_and_fences_its_producer(client, apache_kafka, topics):
+    """What a crashed (or frozen) instance's open transaction costs: read_committed readers of its partitions
+    wait, not for ever: the coordinator aborts it once TRANSACTION_TIMEOUT_MS is over (it looks every 10 s, the
+    broker's transaction.abort.timed.out.transaction.cleanup.interval.ms), and the producer can commit nothing."""
+    bootstrap, sink = apache_kafka.bootstrap_servers, topics["output_topic"]
+    create_topic(bootstrap, sink)
+    produce(bootstrap, topics["input_topic"], [b"in-0"])
+    stream = _stream(bootstrap, client, topics, f"tx-{topics['group_id']}")
+    try:
+        records = _poll_some(stream, 1)
+        stream.begin()
+        stream.send(sink, None, b"left open")
+        assert stream.flush(30) == []
+        opened = time.monotonic()
+        assert _last_stable_offset(bootstrap, sink) == 0  # readers wait at the open transaction
+        wait_until(lambda: _last_stable_offset(bootstrap, sink) > 0, 60, 0.5, "the coordinator's abort")
+        waited = time.monotonic() - opened
+        assert TRANSACTION_TIMEOUT_MS / 1000 - 1 <= waited <= TRANSACTION_TIMEOUT_MS / 1000 + 10 + 5, waited
+        with pytest.raises(Fenced):
+            stream.commit_transaction(_next_position(records), timeout_s=30)
+    finally:
+        stream.close()
+    assert _visible(bootstrap, sink) == []
+    assert committed_offsets(KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"], topics["input_topic"]) == {}
 
 
 def _zombie(client: str, bootstrap: str, topics: dict, conn) -> None:
