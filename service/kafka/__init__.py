@@ -3,7 +3,10 @@
 The application sees :class:`Record` tuples, a :class:`Stream` (the poll
 loop's consumer and producer), a few admin calls, and the service's own
 errors: :class:`KafkaUnavailable` (wait and retry) and :class:`KafkaFatal`
-(stop, naming what to fix). Two clients stand behind the stream, chosen by
+(stop, naming what to fix). A stream opened with a transactional id writes
+in Kafka transactions (:func:`open_stream`; contract.py says what one
+covers), and adds :class:`Fenced` (stop: another instance owns the
+partitions) and :class:`Aborted` (read the span again) to those errors. Two clients stand behind the stream, chosen by
 the ``kafka_client`` setting, and share one delivery book-keeping
 (:mod:`service.kafka.ledger`), one error vocabulary (:mod:`service.kafka.errors`),
 one backoff (:mod:`service.kafka.backoff`) and one way of calling the
@@ -32,7 +35,10 @@ from service.kafka.contract import (
     BEGINNING,
     END,
     GROUP_TIMINGS,
+    TRANSACTION_TIMEOUT_MS,
+    Aborted,
     DeliveryError,
+    Fenced,
     KafkaFatal,
     KafkaUnavailable,
     MissingTopicError,
@@ -50,9 +56,12 @@ __all__ = [
     "BEGINNING",
     "END",
     "GROUP_TIMINGS",
+    "TRANSACTION_TIMEOUT_MS",
+    "Aborted",
     "CompactedTopic",
     "CountingProducer",
     "DeliveryError",
+    "Fenced",
     "KafkaFatal",
     "KafkaIO",
     "KafkaUnavailable",
@@ -80,7 +89,7 @@ __all__ = [
 
 def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: list[str], auto_offset_reset: str,
                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int,
-                group_protocol: str = "classic") -> Stream:
+                group_protocol: str = "classic", transactional_id: str | None = None) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
     ``on_assigned``/``on_revoked`` get sorted ``(topic, partition)`` lists and
@@ -88,9 +97,18 @@ def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: 
     The classic protocol takes every partition away and hands out the new
     assignment whole; the ``consumer`` protocol (KIP-848, confluent only) only
     the partitions that move.
+
+    ``transactional_id``: the stream's producer is transactional (idempotent,
+    ``TRANSACTION_TIMEOUT_MS``), its transactions initialized at once (an open
+    one an earlier producer of the id left is aborted): the stream writes
+    between ``begin`` and ``commit_transaction`` (contract.py). One id per
+    instance: the group's generation fences a zombie (KIP-447), so the id need
+    not follow the partitions. Without one the stream is the at-least-once one.
     """
     options = dict(group_id=group_id, topics=topics, auto_offset_reset=auto_offset_reset, on_assigned=on_assigned,
                    on_revoked=on_revoked, max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms)
+    if transactional_id is not None:  # the at-least-once stream is built exactly as before
+        options["transactional_id"] = transactional_id
     if client == "confluent":
         from service.kafka.confluent import ConfluentIO  # the optional extra: imported only when chosen
 

@@ -1,5 +1,15 @@
 """Compacted topics, on kafka-python whichever client runs the poll loop: a key → value store (checkpoints),
 a tail followed a few records a turn (mixes), and a log partitioned like the input (the pending changelog).
+
+Every reader here reads committed records only (``ISOLATION_LEVEL``), as the
+poll loop does: under exactly-once a checkpoint, a mix record or a changelog
+record is written in the transaction of its span, and one of an aborted
+transaction (or of a zombie's, fenced) must never be restored. Their end is
+then the last stable offset: a transaction left open (its instance crashed)
+holds a reader back until the coordinator aborts it
+(``TRANSACTION_TIMEOUT_MS``). With no transactions on these topics (the
+at-least-once service) they read exactly what they read before. The
+embedded broker shows aborted records even so (tests/integration/test_transactions.py).
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ from kafka.errors import KafkaError
 from service.config import KafkaSettings
 from service.kafka.errors import service_error, translated
 from service.kafka.kp_mends import close_consumer, close_producer
-from service.kafka.kp_options import kafka_python_options, make_producer
+from service.kafka.kp_options import ISOLATION_LEVEL, kafka_python_options, make_producer
 
 
 class CompactedTopic:
@@ -37,6 +47,7 @@ class CompactedTopic:
         per poll, and the values of other keys are dropped as they come.
         """
         consumer = KafkaConsumer(**kafka_python_options(self.settings), enable_auto_commit=False, group_id=None,
+                                 isolation_level=ISOLATION_LEVEL,
                                  fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=16)
         try:
             partitions = consumer.partitions_for_topic(self.topic) or set()
@@ -82,7 +93,7 @@ class TopicTail:
     def __init__(self, settings: KafkaSettings, topic: str):
         self.settings, self.topic = settings, topic
         self.consumer = KafkaConsumer(**kafka_python_options(settings), enable_auto_commit=False, group_id=None,
-                                      fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=64,
+                                      isolation_level=ISOLATION_LEVEL, fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=64,
                                       fetch_max_wait_ms=20)
         try:
             partitions = self.consumer.partitions_for_topic(topic) or set()
@@ -134,7 +145,7 @@ class PartitionedLog:
 
     def _read(self, partition: int, timeout_s: float):
         consumer = KafkaConsumer(**kafka_python_options(self.settings), enable_auto_commit=False, group_id=None,
-                                 fetch_max_bytes=4 * 1024 * 1024, max_partition_fetch_bytes=4 * 1024 * 1024)
+                                 isolation_level=ISOLATION_LEVEL, fetch_max_bytes=4 * 1024 * 1024, max_partition_fetch_bytes=4 * 1024 * 1024)
         try:
             tp = TopicPartition(self.topic, partition)
             consumer.assign([tp])

@@ -7,6 +7,14 @@ faster (bench/README.md). librdkafka's errors are mapped to kafka-python's
 classes once (:func:`kafka_error`, with :data:`service.kafka.errors.LIBRDKAFKA_ERRORS`)
 and leave this module as the service's own (:func:`service.kafka.errors.service_error`),
 whichever client runs.
+
+With a transactional id, :class:`ConfluentIO`'s producer writes in
+transactions, as KafkaIO's: librdkafka's errors of a transactional call
+carry ``retriable()`` (the call is tried again until its deadline),
+``txn_requires_abort()`` (aborted, then :class:`~service.kafka.contract.Aborted`
+or, for a fenced member or generation, :class:`~service.kafka.contract.Fenced`)
+and ``fatal()`` (the producer is broken for good: Fenced or KafkaFatal),
+classified by :func:`service.kafka.errors.transaction_error`.
 """
 
 from __future__ import annotations
@@ -23,17 +31,29 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
-from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
+from service.kafka.contract import (
+    BEGINNING,
+    END,
+    GROUP_TIMINGS,
+    TRANSACTION_TIMEOUT_MS,
+    KafkaFatal,
+    KafkaUnavailable,
+    Record,
+    Refused,
+    first_offsets,
+)
 from service.kafka.admin import group_members
 from service.kafka.errors import (
     FATAL,
     LIBRDKAFKA_ERRORS,
+    LIBRDKAFKA_TRANSACTION_ERRORS,
     REFUSED,
     RETRY,
     ClientCertificateRefused,
     SslAuthenticationError,
     delivery_kind,
     service_error,
+    transaction_error,
 )
 from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
 from service.kafka.ledger import Ledger
@@ -63,19 +83,25 @@ MAX_BLOCK_S = 10.0
 CLOSE_TIMEOUT_S = 10.0
 #: lag(ask_broker=True) without a timeout: KafkaIO's request timeout.
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
+#: How long a transactional call (init, send offsets, commit, abort) may take when the caller gives no deadline.
+TRANSACTION_CALL_TIMEOUT_S = 30.0
 _LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
 
 #: librdkafka's own (negative) error codes that the service tells apart → kafka-python's class
 #: (:data:`service.kafka.errors.LIBRDKAFKA_ERRORS`, named there); the brokers' (positive) codes are Kafka's,
 #: which kafka-python's for_code knows.
 _LOCAL_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_ERRORS.items()}
+#: ... and those that mean more in a transaction (:data:`service.kafka.errors.LIBRDKAFKA_TRANSACTION_ERRORS`).
+_TRANSACTION_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_TRANSACTION_ERRORS.items()}
 
 
-def kafka_error(err: CKafkaError | None) -> kerrors.KafkaError:
+def kafka_error(err: CKafkaError | None, in_transaction: bool = False) -> kerrors.KafkaError:
     """kafka-python's exception for a confluent-kafka error: the one mapping of this module."""
     if not isinstance(err, CKafkaError):
         return kerrors.KafkaError(str(err))
     code = err.code()
+    if in_transaction and code in _TRANSACTION_ERRORS:
+        return _TRANSACTION_ERRORS[code](f"{err.str()} ({err.name()})")
     cls = kerrors.for_code(code) if code > 0 else _LOCAL_ERRORS.get(code, kerrors.KafkaError)
     return cls(f"{err.str()} ({err.name()})")
 
@@ -135,10 +161,15 @@ class ConfluentIO:
     answer; the application calls both between batches.
     """
 
+    #: With a transactional id (else None), whether a transaction is open: what is sent goes into it.
+    transactional_id: str | None = None
+    in_transaction = False
+
     @_translated
     def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
-                 client_id: str = "perceptron-stream", group_protocol: str = "classic"):
+                 client_id: str = "perceptron-stream", group_protocol: str = "classic",
+                 transactional_id: str | None = None):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
         self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked), auto_offset_reset
@@ -153,7 +184,21 @@ class ConfluentIO:
         })
         self.incremental = group_protocol == "consumer"
         self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
+        self.transactional_id, self.in_transaction = transactional_id, False
+        if transactional_id is not None:
+            # the coordinator aborts a transaction left open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks
+            # read_committed readers about that long: contract.py); idempotent already (PRODUCER). librdkafka bounds a message's
+            # time (message.timeout.ms) by the transaction's and wants the linger shorter: still a flush's wait
+            self._producer_config.update({"transactional.id": transactional_id,
+                                          "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                                          "linger.ms": TRANSACTION_TIMEOUT_MS // 2})
         self.producer = Producer(self._producer_config)
+        if transactional_id is not None:
+            try:
+                self.producer.init_transactions(TRANSACTION_CALL_TIMEOUT_S)  # aborts what an earlier one left open
+            except BaseException:
+                self.consumer.close()  # not subscribed yet: leaves no group
+                raise
         self._seeks: dict | None = None  # inside on_assigned: where the application wants each partition to start
         self._pauses: list = []  # inside on_assigned: partitions to pause once assigned
         self.ledger = Ledger()  # failures reported by _undelivered, until a flush settles them
@@ -405,13 +450,102 @@ class ConfluentIO:
         return False
 
     def _undelivered(self, err: CKafkaError, msg) -> None:
-        error = kafka_error(err)
+        error = kafka_error(err, self.in_transaction)
         kind = delivery_kind(error)
         self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
 
     def flush(self, timeout_s: float) -> list[Refused]:
-        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`)."""
-        return self.ledger.settle(self, timeout_s)
+        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`); in a
+        transaction a failed delivery aborts it (Aborted or Fenced raised)."""
+        if not self.in_transaction:
+            return self.ledger.settle(self, timeout_s)
+        try:
+            return self.ledger.settle(self, timeout_s, resend=False)
+        except (KafkaUnavailable, KafkaFatal) as exc:
+            error = transaction_error(exc.__cause__ if exc.__cause__ is not None else exc, self.settings)
+            self._abort_quietly()
+            raise error from exc
+
+    # transactions (a stream opened with a transactional id) ----------------
+    def begin(self) -> None:
+        """Open a transaction, if none is open (Fenced, KafkaFatal or Aborted as a commit's, nothing to abort)."""
+        if not self.in_transaction:
+            try:
+                self.producer.begin_transaction()
+            except KafkaException as exc:
+                raise self._transaction_error(exc) from exc
+            self.in_transaction = True
+
+    def send_to(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        """As :meth:`KafkaIO.send_to <service.kafka.kafka_python.KafkaIO.send_to>`."""
+        if not self.in_transaction:
+            raise RuntimeError("send_to writes into a transaction: begin() first")
+        deadline = time.monotonic() + MAX_BLOCK_S
+        while True:
+            try:
+                self.producer.produce(topic, value, key, partition=partition)
+                return
+            except BufferError:  # librdkafka's local queue is full: let it drain
+                if time.monotonic() >= deadline:
+                    break
+                self.producer.flush(0.1)
+            except KafkaException as exc:  # refused for good (returned by the flush), or not taken: the flush aborts
+                error = kafka_error(exc.args[0] if exc.args else None, in_transaction=True)
+                self.ledger.failed((topic, key, value), REFUSED if delivery_kind(error) == REFUSED else RETRY, error)
+                return
+        self.ledger.failed((topic, key, value), RETRY)
+
+    def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
+        """See :meth:`Stream.commit_transaction <service.kafka.contract.Stream.commit_transaction>`."""
+        self.begin()
+        refused = self.flush(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        owned = set(self.assignment())
+        offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if (t, p) in owned]
+        if offsets:
+            metadata = self.consumer.consumer_group_metadata()
+            self._transactional(lambda left: self.producer.send_offsets_to_transaction(offsets, metadata, left), deadline)
+        self._transactional(self.producer.commit_transaction, deadline)
+        self.in_transaction = False
+        return refused
+
+    def _transactional(self, call: Callable[[float], None], deadline: float) -> None:
+        """``call(seconds left)``, tried again while librdkafka says it may be; else the transaction is aborted
+        and the service's error raised."""
+        while True:
+            try:
+                return call(max(0.001, deadline - time.monotonic()))
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if (isinstance(err, CKafkaError) and err.retriable() and not err.txn_requires_abort()
+                        and time.monotonic() < deadline):
+                    continue
+                error = self._transaction_error(exc)
+                self._abort_quietly()
+                raise error from exc
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any; what was sent in it is forgotten (Fenced or KafkaFatal if the
+        producer cannot abort: it was fenced, or failed for good)."""
+        if not self.in_transaction:
+            return
+        self._held, self.in_transaction = [], False
+        self.ledger.forget()
+        try:
+            self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            raise self._transaction_error(exc) from exc
+
+    def _transaction_error(self, exc: KafkaException) -> BaseException:
+        err = exc.args[0] if exc.args else None
+        return transaction_error(kafka_error(err, in_transaction=True), self.settings,
+                                 producer_broken=isinstance(err, CKafkaError) and err.fatal())
+
+    def _abort_quietly(self) -> None:
+        try:
+            self.abort()
+        except (KafkaFatal, KafkaUnavailable) as failure:  # fenced, or broken for good: the coordinator aborts it
+            log.warning("could not abort the transaction (%s)", failure)
 
     @_translated
     def wait(self, timeout_s: float, ledger: Ledger) -> int:

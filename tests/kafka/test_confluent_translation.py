@@ -13,6 +13,7 @@ from kafka import errors as kerrors
 
 from service.config import KafkaSettings
 from service.kafka import KafkaFatal, KafkaUnavailable, confluent
+from service.kafka.errors import FENCED_ERRORS
 from service.kafka.confluent import client_config, kafka_error
 
 
@@ -57,3 +58,9 @@ def test_security_settings_in_librdkafka_names(tmp_path):
     plain = KafkaSettings(bootstrap_servers="127.0.0.1:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                           sasl_username="user", sasl_password="secret")
     Producer(client_config(plain))  # librdkafka knows every name (it refuses unknown ones here)
+
+
+@pytest.mark.parametrize("code", ["_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "ILLEGAL_GENERATION",
+                                  "UNKNOWN_MEMBER_ID", "FENCED_INSTANCE_ID"])
+def test_librdkafkas_fenced_codes_are_fenced_in_a_transaction(code):
+    assert isinstance(kafka_error(CKafkaError(getattr(CKafkaError, code)), in_transaction=True), FENCED_ERRORS)

@@ -10,17 +10,18 @@ from __future__ import annotations
 import kafka.errors as kerrors
 import pytest
 
-from service.kafka import DeliveryError, KafkaFatal, KafkaUnavailable, MissingTopicError, errors
-from service.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, service_error
+from service.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable, MissingTopicError, errors
+from service.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, service_error, transaction_error
 
 
 @pytest.mark.parametrize("name", sorted({*errors.FATAL_ERROR_NAMES, *errors.REFUSED_ERROR_NAMES,
-                                         *errors.AUTHENTICATION_ERROR_NAMES, *errors.LIBRDKAFKA_ERRORS.values()}))
+                                         *errors.AUTHENTICATION_ERROR_NAMES, *errors.LIBRDKAFKA_ERRORS.values(),
+                                         *errors.FENCED_ERROR_NAMES, *errors.LIBRDKAFKA_TRANSACTION_ERRORS.values()}))
 def test_every_kafka_python_class_named_exists(name):
     assert issubclass(getattr(kerrors, name), kerrors.KafkaError)
 
 
-@pytest.mark.parametrize("code", sorted(errors.LIBRDKAFKA_ERRORS))
+@pytest.mark.parametrize("code", sorted({*errors.LIBRDKAFKA_ERRORS, *errors.LIBRDKAFKA_TRANSACTION_ERRORS}))
 def test_every_librdkafka_code_named_exists(code):
     confluent_kafka = pytest.importorskip("confluent_kafka")
     assert getattr(confluent_kafka.KafkaError, code) < 0  # librdkafka's own codes are negative
@@ -31,6 +32,8 @@ def test_the_lists_hold_every_class_they_name():
     assert len(errors.REFUSED_ERRORS) == len(errors.REFUSED_ERROR_NAMES)
     assert len(errors.AUTHENTICATION_ERRORS) == len(errors.AUTHENTICATION_ERROR_NAMES) + 1
     assert not set(errors.FATAL_ERRORS) & set(errors.REFUSED_ERRORS)
+    assert len(errors.FENCED_ERRORS) == len(errors.FENCED_ERROR_NAMES)
+    assert not set(errors.FENCED_ERRORS) & {*errors.FATAL_ERRORS, *errors.REFUSED_ERRORS}
 
 
 @pytest.mark.parametrize("error, kind", [
@@ -58,3 +61,31 @@ def test_client_errors_leave_as_the_services_own():
     own = DeliveryError("2 message(s) not acknowledged")
     assert service_error(own) is own and service_error(None) is None
     assert issubclass(MissingTopicError, KafkaFatal)
+
+
+@pytest.mark.parametrize("error", [
+    kerrors.ProducerFencedError(), kerrors.InvalidProducerEpochError(), kerrors.IllegalGenerationError(),
+    kerrors.UnknownMemberIdError(), kerrors.FencedInstanceIdError(),
+    kerrors.CommitFailedError("Transaction offset commit failed due to consumer group metadata mismatch"),
+])
+def test_a_fenced_transaction_stops_the_instance(error):
+    fenced = transaction_error(error)
+    assert isinstance(fenced, Fenced) and isinstance(fenced, KafkaFatal)
+    assert type(error).__name__ in str(fenced) and "restart" in fenced.hint
+
+
+def test_a_transactions_other_errors_are_fatal_or_abort_it_for_a_retry():
+    denied = transaction_error(kerrors.TransactionalIdAuthorizationFailedError("tx-1"))
+    assert type(denied) is KafkaFatal and "ACLs" in denied.hint
+    broken = transaction_error(kerrors.KafkaError("Unexpected error"), producer_broken=True)
+    assert type(broken) is KafkaFatal and "restart" in broken.hint
+    for error in (kerrors.KafkaTimeoutError("no answer"), kerrors.CoordinatorNotAvailableError(), DeliveryError("late", timed_out=True), None):
+        aborted = transaction_error(error)
+        assert isinstance(aborted, Aborted) and isinstance(aborted, KafkaUnavailable) and "transaction aborted" in str(aborted)
+    assert transaction_error(kerrors.KafkaTimeoutError()).timed_out and not transaction_error(kerrors.NotCoordinatorError()).timed_out
+
+
+def test_outside_a_transaction_a_stale_generation_stays_retried():
+    """The consumer's own commit meets these in a rebalance: the at-least-once path retries them, as before."""
+    for error in (kerrors.CommitFailedError(), kerrors.IllegalGenerationError(), kerrors.UnknownMemberIdError()):
+        assert type(service_error(error)) is KafkaUnavailable

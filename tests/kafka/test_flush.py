@@ -14,7 +14,7 @@ import time
 import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
-from service.kafka import DeliveryError, KafkaIO
+from service.kafka import Aborted, DeliveryError, KafkaIO
 from service.kafka.ledger import Ledger
 
 
@@ -116,3 +116,62 @@ def test_an_outage_longer_than_the_producers_delivery_timeout_is_waited_out(monk
     io.send("out", None, b"5")  # and the service goes on with the new producer
     io.flush(timeout_s=0.05)
     assert delivered[-1] == b"5"
+
+
+class _FailsOnce:
+    """A producer whose first wait reports every message failed with a timeout (the ledger's Producer)."""
+
+    def __init__(self):
+        self.sent, self.renewed = [], 0
+
+    def send(self, topic, key, value):
+        self.sent.append(value)
+
+    def wait(self, timeout_s, ledger):
+        for value in self.sent:
+            ledger.failed(("t", None, value), "retry", KafkaTimeoutError("Expiring 1 record(s)"))
+        self.sent = []
+        return 0
+
+    def renew(self):
+        self.renewed += 1
+
+
+def test_in_a_transaction_a_failed_delivery_is_not_sent_again_and_can_be_forgotten():
+    producer, ledger = _FailsOnce(), Ledger(first_delay_s=0.0)
+    producer.send("t", None, b"a")
+    ledger.failed(("t", None, b"too large"), "refused", MessageSizeTooLargeError())
+    with pytest.raises(DeliveryError, match="1 message") as caught:
+        ledger.settle(producer, timeout_s=5.0, resend=False)
+    assert isinstance(caught.value.__cause__, KafkaTimeoutError)
+    assert producer.renewed == 0 and producer.sent == [] and ledger.owed() == 0
+    ledger.forget()  # the transaction was aborted: its refusals go with it
+    assert ledger.settle(producer, timeout_s=5.0, resend=False) == []
+
+
+class TransactionalProducer(Producer):
+    """The stand-in producer with kafka-python's transactional calls; what was aborted is counted."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.begun = self.aborted = 0
+
+    def begin_transaction(self):
+        self.begun += 1
+
+    def abort_transaction(self):
+        self.aborted += 1
+
+
+def test_a_failed_delivery_in_a_transaction_aborts_it_and_is_never_sent_again():
+    producer = TransactionalProducer(failing={b"slow"})
+    io = stream(producer, new_producer=lambda: pytest.fail("a transaction's producer is never renewed"))
+    io.begin()
+    for value in (b"a", b"slow"):
+        io.send("out", None, value)
+    with pytest.raises(Aborted, match="KafkaTimeoutError"):
+        io.flush(timeout_s=5.0)
+    assert producer.aborted == 1 and not io.in_transaction and producer.sent.count(b"slow") == 1
+    assert io.flush(timeout_s=1.0) == []  # nothing of the aborted transaction is settled later
+    io.begin()
+    assert producer.begun == 2
