@@ -9,6 +9,7 @@ brokers), then the service on this client. The service's own end-to-end tests
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -42,6 +43,20 @@ def _poll_until(io: ConfluentIO, count: int, max_records: int = 1000, timeout: f
         records += [r for batch in io.poll(100, min(max_records, count - len(records))) for r in batch]
     assert len(records) == count, f"polled {len(records)} of {count} records"
     return records
+
+
+#: How much longer than its own timeout a call may take on a busy machine before it counts as not giving up in time:
+#: far below the 30-60 s librdkafka waits for a broker when a call ignores the timeout it was given.
+SLACK_S = 8.0
+
+
+@contextlib.contextmanager
+def within(timeout_s: float):
+    """The block returns within ``timeout_s`` plus :data:`SLACK_S`."""
+    started = time.monotonic()
+    yield
+    took = time.monotonic() - started
+    assert took < timeout_s + SLACK_S, f"took {took:.1f} s for a timeout of {timeout_s} s"
 
 
 def _first_occurrences(values: list) -> list:
@@ -151,7 +166,14 @@ def test_a_full_local_queue_is_waited_out_and_a_message_too_large_is_returned(br
 def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_lost(tmp_path, topics, monkeypatch):
     """SIGSTOP/SIGCONT of a broker of this test's own (the session's broker is shared).
 
-    Each pause stays under the session timeout (6 s), so the group survives it.
+    "In time" is each call's own bound, not a sum over a busy machine: every
+    call must give up within its timeout plus a margin (SLACK_S) far below the
+    clients' own defaults (librdkafka waits 30-60 s for a frozen broker), so a
+    call that ignored its timeout still fails here, while a loaded machine's
+    scheduling delays do not. (The old bound, 4.5 s for all four calls
+    together, failed once in a full run under load.) A pause that outlasts the
+    group's session (6 s) on a slow machine is no failure either: the commit
+    after it polls, which joins the group again.
     """
     monkeypatch.setattr(confluent, "PRODUCER", {**confluent.PRODUCER, "message.timeout.ms": 1000, "linger.ms": 100})
     monkeypatch.setattr(confluent, "CLOSE_TIMEOUT_S", 1.0)
@@ -171,16 +193,15 @@ def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_l
             try:
                 for i in range(5, 10):
                     io.send(topics["output_topic"], None, b"%d" % i)
-                started = time.monotonic()
-                with pytest.raises(DeliveryError):
-                    io.flush(timeout_s=2.0)  # failed after 1 s, sent again on a new producer, still waiting
-                with pytest.raises(KafkaUnavailable):
+                with within(2.0):
+                    with pytest.raises(DeliveryError):
+                        io.flush(timeout_s=2.0)  # failed after 1 s, sent again on a new producer, still waiting
+                with within(0.5), pytest.raises(KafkaUnavailable):
                     io.commit({tp: 20}, timeout_s=0.5)
-                with pytest.raises(KafkaUnavailable):  # queued behind the first one: librdkafka keeps them in order
+                with within(0.5), pytest.raises(KafkaUnavailable):  # queued behind the first one: librdkafka keeps them in order
                     io.commit({tp: 20}, timeout_s=0.5)
-                with pytest.raises(KafkaUnavailable):
+                with within(0.5), pytest.raises(KafkaUnavailable):
                     io.lag(timeout_s=0.5, ask_broker=True)
-                assert time.monotonic() - started < 4.5
             finally:
                 own.resume()
             assert io.flush(timeout_s=30) == []
@@ -188,6 +209,7 @@ def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_l
             assert _first_occurrences(values) == [b"%d" % i for i in range(10)]
 
             def committed() -> bool:
+                io.poll(100, 1)  # a group the pause outlasted is joined again
                 try:
                     io.commit({tp: 20}, timeout_s=2)
                     return True
@@ -200,10 +222,9 @@ def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_l
             try:
                 with pytest.raises(KafkaUnavailable):
                     io.commit({tp: 20}, timeout_s=0.2)
-                started = time.monotonic()
-                io.close()
+                with within(confluent.CLOSE_TIMEOUT_S * 3):  # the consumer's and the producer's close, and the commit
+                    io.close()
                 closed = True
-                assert time.monotonic() - started < 4
             finally:
                 own.resume()
         finally:
