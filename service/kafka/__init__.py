@@ -32,7 +32,10 @@ from service.kafka.contract import (
     BEGINNING,
     END,
     GROUP_TIMINGS,
+    TRANSACTION_TIMEOUT_MS,
+    Aborted,
     DeliveryError,
+    Fenced,
     KafkaFatal,
     KafkaUnavailable,
     MissingTopicError,
@@ -50,9 +53,12 @@ __all__ = [
     "BEGINNING",
     "END",
     "GROUP_TIMINGS",
+    "TRANSACTION_TIMEOUT_MS",
+    "Aborted",
     "CompactedTopic",
     "CountingProducer",
     "DeliveryError",
+    "Fenced",
     "KafkaFatal",
     "KafkaIO",
     "KafkaUnavailable",
@@ -80,7 +86,7 @@ __all__ = [
 
 def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: list[str], auto_offset_reset: str,
                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int,
-                group_protocol: str = "classic") -> Stream:
+                group_protocol: str = "classic", transactional_id: str | None = None) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
     ``on_assigned``/``on_revoked`` get sorted ``(topic, partition)`` lists and
@@ -88,9 +94,18 @@ def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: 
     The classic protocol takes every partition away and hands out the new
     assignment whole; the ``consumer`` protocol (KIP-848, confluent only) only
     the partitions that move.
+
+    ``transactional_id``: the stream's producer is transactional (idempotent,
+    ``TRANSACTION_TIMEOUT_MS``), its transactions initialized at once (an open
+    one an earlier producer of the id left is aborted): the stream writes
+    between ``begin`` and ``commit_transaction`` (contract.py). One id per
+    instance: the group's generation fences a zombie (KIP-447), so the id need
+    not follow the partitions. Without one the stream is the at-least-once one.
     """
     options = dict(group_id=group_id, topics=topics, auto_offset_reset=auto_offset_reset, on_assigned=on_assigned,
                    on_revoked=on_revoked, max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms)
+    if transactional_id is not None:  # the at-least-once stream is built exactly as before
+        options["transactional_id"] = transactional_id
     if client == "confluent":
         from service.kafka.confluent import ConfluentIO  # the optional extra: imported only when chosen
 

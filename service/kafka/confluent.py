@@ -7,6 +7,14 @@ faster (bench/README.md). librdkafka's errors are mapped to kafka-python's
 classes once (:func:`kafka_error`, with :data:`service.kafka.errors.LIBRDKAFKA_ERRORS`)
 and leave this module as the service's own (:func:`service.kafka.errors.service_error`),
 whichever client runs.
+
+With a transactional id, :class:`ConfluentIO`'s producer writes in
+transactions, as KafkaIO's: librdkafka's errors of a transactional call
+carry ``retriable()`` (the call is tried again until its deadline),
+``txn_requires_abort()`` (aborted, then :class:`~service.kafka.contract.Aborted`
+or, for a fenced member or generation, :class:`~service.kafka.contract.Fenced`)
+and ``fatal()`` (the producer is broken for good: Fenced or KafkaFatal),
+classified by :func:`service.kafka.errors.transaction_error`.
 """
 
 from __future__ import annotations
@@ -23,7 +31,17 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka import KafkaError as CKafkaError
 
 from service.config import KafkaSettings
-from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused, first_offsets
+from service.kafka.contract import (
+    BEGINNING,
+    END,
+    GROUP_TIMINGS,
+    TRANSACTION_TIMEOUT_MS,
+    KafkaFatal,
+    KafkaUnavailable,
+    Record,
+    Refused,
+    first_offsets,
+)
 from service.kafka.admin import group_members
 from service.kafka.errors import (
     FATAL,
@@ -34,6 +52,7 @@ from service.kafka.errors import (
     SslAuthenticationError,
     delivery_kind,
     service_error,
+    transaction_error,
 )
 from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
 from service.kafka.ledger import Ledger
@@ -63,6 +82,8 @@ MAX_BLOCK_S = 10.0
 CLOSE_TIMEOUT_S = 10.0
 #: lag(ask_broker=True) without a timeout: KafkaIO's request timeout.
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
+#: How long a transactional call (init, send offsets, commit, abort) may take when the caller gives no deadline.
+TRANSACTION_CALL_TIMEOUT_S = 30.0
 _LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
 
 #: librdkafka's own (negative) error codes that the service tells apart → kafka-python's class
@@ -138,7 +159,8 @@ class ConfluentIO:
     @_translated
     def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
-                 client_id: str = "perceptron-stream", group_protocol: str = "classic"):
+                 client_id: str = "perceptron-stream", group_protocol: str = "classic",
+                 transactional_id: str | None = None):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
         self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked), auto_offset_reset
@@ -153,7 +175,21 @@ class ConfluentIO:
         })
         self.incremental = group_protocol == "consumer"
         self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
+        self.transactional_id, self.in_transaction = transactional_id, False
+        if transactional_id is not None:
+            # the coordinator aborts a transaction left open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks
+            # read_committed readers at most that long); idempotent already (PRODUCER). librdkafka bounds a message's
+            # time (message.timeout.ms) by the transaction's and wants the linger shorter: still a flush's wait
+            self._producer_config.update({"transactional.id": transactional_id,
+                                          "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                                          "linger.ms": TRANSACTION_TIMEOUT_MS // 2})
         self.producer = Producer(self._producer_config)
+        if transactional_id is not None:
+            try:
+                self.producer.init_transactions(TRANSACTION_CALL_TIMEOUT_S)  # aborts what an earlier one left open
+            except BaseException:
+                self.consumer.close()  # not subscribed yet: leaves no group
+                raise
         self._seeks: dict | None = None  # inside on_assigned: where the application wants each partition to start
         self._pauses: list = []  # inside on_assigned: partitions to pause once assigned
         self.ledger = Ledger()  # failures reported by _undelivered, until a flush settles them
@@ -410,8 +446,72 @@ class ConfluentIO:
         self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
 
     def flush(self, timeout_s: float) -> list[Refused]:
-        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`)."""
-        return self.ledger.settle(self, timeout_s)
+        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`); in a
+        transaction a failed delivery aborts it (Aborted or Fenced raised)."""
+        if not self.in_transaction:
+            return self.ledger.settle(self, timeout_s)
+        try:
+            return self.ledger.settle(self, timeout_s, resend=False)
+        except (KafkaUnavailable, KafkaFatal) as exc:
+            raise self._aborted(exc.__cause__ if exc.__cause__ is not None else exc) from exc
+
+    # transactions (a stream opened with a transactional id) ----------------
+    @_translated
+    def begin(self) -> None:
+        """Open a transaction, if none is open."""
+        if not self.in_transaction:
+            self.producer.begin_transaction()
+            self.in_transaction = True
+
+    def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
+        """See :meth:`Stream.commit_transaction <service.kafka.contract.Stream.commit_transaction>`."""
+        self.begin()
+        refused = self.flush(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        owned = set(self.assignment())
+        offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if (t, p) in owned]
+        if offsets:
+            metadata = self.consumer.consumer_group_metadata()
+            self._transactional(lambda left: self.producer.send_offsets_to_transaction(offsets, metadata, left), deadline)
+        self._transactional(self.producer.commit_transaction, deadline)
+        self.in_transaction = False
+        return refused
+
+    def _transactional(self, call: Callable[[float], None], deadline: float) -> None:
+        """``call(seconds left)``, tried again while librdkafka says it may be; else the transaction is aborted
+        and the service's error raised."""
+        while True:
+            try:
+                return call(max(0.001, deadline - time.monotonic()))
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if (isinstance(err, CKafkaError) and err.retriable() and not err.txn_requires_abort()
+                        and time.monotonic() < deadline):
+                    continue
+                raise self._aborted(kafka_error(err), producer_broken=isinstance(err, CKafkaError) and err.fatal()) from exc
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any; what was sent in it is forgotten (Fenced or KafkaFatal if the
+        producer cannot abort: it was fenced, or failed for good)."""
+        if not self.in_transaction:
+            return
+        self._held, self.in_transaction = [], False
+        self.ledger.forget()
+        try:
+            self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            raise transaction_error(kafka_error(err), self.settings,
+                                    producer_broken=isinstance(err, CKafkaError) and err.fatal()) from exc
+
+    def _aborted(self, exc: BaseException | None, producer_broken: bool = False) -> BaseException:
+        """The service's error for what the transaction met, once it is aborted (where librdkafka can)."""
+        error = transaction_error(exc, self.settings, producer_broken=producer_broken)
+        try:
+            self.abort()
+        except (KafkaFatal, KafkaUnavailable) as failure:  # fenced, or broken for good: the coordinator aborts it
+            log.warning("could not abort the transaction (%s)", failure)
+        return error
 
     @_translated
     def wait(self, timeout_s: float, ledger: Ledger) -> int:

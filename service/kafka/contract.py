@@ -3,6 +3,16 @@
 No client's exception crosses this line: each client translates what it
 raises into :class:`KafkaUnavailable` (wait and retry) or :class:`KafkaFatal`
 (stop, naming what to fix), so the runtime classifies errors in one place.
+
+A stream opened with a transactional id (``open_stream(...,
+transactional_id=...)``) also writes in Kafka transactions: what it sends
+between :meth:`Stream.begin` and :meth:`Stream.commit_transaction`, and the
+input positions that commit names, become visible to read_committed readers
+together, or not at all. Two more errors belong to that path:
+:class:`Fenced` (a :class:`KafkaFatal`: another instance owns the partitions
+now; this one may write nothing more) and :class:`Aborted` (a
+:class:`KafkaUnavailable`: the transaction was aborted, nothing of it is
+visible; read the span again from the committed positions).
 """
 
 from __future__ import annotations
@@ -15,6 +25,13 @@ from typing import NamedTuple, Protocol
 #: README "Brokers"); Apache Kafka is happy with them too, and a crashed
 #: instance's partitions move within about 6 s.
 GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+
+
+#: A transactional stream's ``transaction.timeout.ms``, as Kafka Streams sets it under exactly-once: the
+#: transaction coordinator aborts a transaction left open longer (the instance that opened it crashed or froze),
+#: so an open transaction blocks read_committed readers of its partitions (they wait at the last stable offset)
+#: for at most this long; it also bumps the producer's epoch, which fences the frozen instance when it thaws.
+TRANSACTION_TIMEOUT_MS = 10_000
 
 
 #: Offsets of ``seek`` that mean the start and the end of a partition.
@@ -76,6 +93,30 @@ class KafkaFatal(Exception):
         self.hint = hint
 
 
+class Fenced(KafkaFatal):
+    """This instance may no longer write for its partitions: a transaction of it was refused for good.
+
+    Either the group moved its partitions to another member while it did not
+    poll (frozen past its session timeout: the group coordinator refused the
+    transaction's offsets of an old generation, KIP-447), or the transaction
+    coordinator gave its producer's epoch away (its open transaction timed out
+    and was aborted, or another producer took its transactional id). Nothing
+    of the transaction is visible. Fatal rather than retried: the instance's
+    view of its partitions is stale, and whatever it held in memory for them
+    belongs to their new owner now; stopping (and starting afresh) is the cure.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message, "another instance owns these partitions now (this one stopped polling past its "
+                                  "session timeout, or shares its transactional id): restart it")
+
+
+class Aborted(KafkaUnavailable):
+    """The transaction was aborted (a delivery or a transactional call failed, but the producer may go on):
+    nothing sent in it, and none of its positions, is visible. Retried: seek back to the committed positions
+    and process the span again in a new transaction."""
+
+
 class DeliveryError(KafkaUnavailable):
     """The brokers did not acknowledge some messages in time; nothing was committed."""
 
@@ -129,3 +170,19 @@ class Stream(Protocol):
     def group_members(self) -> list[str]: ...
 
     def close(self) -> None: ...
+
+    # only on a stream opened with a transactional id ---------------------------
+    def begin(self) -> None:
+        """Open a transaction (nothing if one is open): what is sent from now on is visible only once committed."""
+
+    def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
+        """Flush, then commit what was sent and the next-offsets ``positions`` (of the partitions still assigned)
+        in the open transaction (one is opened if none is), with the consumer's group metadata; the messages
+        refused for good are returned, as :meth:`flush` returns them (they are not in the transaction).
+
+        Raises :class:`Fenced` or :class:`KafkaFatal` (stop), or :class:`Aborted` (the transaction was
+        aborted: read the span again); either way nothing of the transaction is visible.
+        """
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any, and forget what was sent in it: nothing of it becomes visible."""

@@ -11,7 +11,12 @@ means the same whichever client met it:
   for good, fatal);
 - :func:`service_error`: the service's own error (:mod:`service.kafka.contract`:
   :class:`KafkaFatal` naming what to fix, or :class:`KafkaUnavailable`) for
-  a client's, and :func:`translated`, which raises it in their place.
+  a client's, and :func:`translated`, which raises it in their place;
+- :func:`transaction_error`: the same for what a transaction met, which
+  aborts it: :class:`Fenced` (:data:`FENCED_ERRORS`: another instance owns the
+  partitions now, stop), :class:`KafkaFatal` (a setting, a permission, or a
+  producer the client calls broken for good), or :class:`Aborted` (anything
+  else: the transaction is aborted and the span read again).
 
 The lists name the clients' classes and codes as strings, resolved here:
 tests/kafka/test_errors.py checks that every name exists in the installed
@@ -30,7 +35,9 @@ from kafka.errors import KafkaError
 
 from service.config import KafkaSettings, env_var, flag
 from service.kafka.contract import (  # noqa: F401 - the service's own errors, here with their vocabulary
+    Aborted,
     DeliveryError,
+    Fenced,
     KafkaFatal,
     KafkaUnavailable,
     MissingTopicError,
@@ -76,12 +83,22 @@ FATAL_ERROR_NAMES = (
 #: good (larger than the topic allows, invalid).
 REFUSED_ERROR_NAMES = ("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordError")
 
+#: kafka-python's classes of "this instance may no longer write for these partitions" (:class:`Fenced`): the
+#: transaction coordinator gave the producer's epoch to another (ProducerFencedError; InvalidProducerEpochError,
+#: which Kafka's Java client reports as the same), or the group coordinator refused the transaction's offsets of a
+#: stale member or generation (KIP-447: IllegalGenerationError, UnknownMemberIdError, FencedInstanceIdError;
+#: kafka-python raises those of a TxnOffsetCommit as CommitFailedError). Outside a transaction the consumer's
+#: own commit may meet the last three in a rebalance: there they stay retried (:func:`service_error`).
+FENCED_ERROR_NAMES = ("ProducerFencedError", "InvalidProducerEpochError", "CommitFailedError", "IllegalGenerationError",
+                      "UnknownMemberIdError", "FencedInstanceIdError")
+
 #: The brokers rejected the SASL mechanism or the credentials: sasl_mechanism, sasl_username or sasl_password
 #: must change; or the client rejected the brokers' certificate: ssl_cafile must change.
 AUTHENTICATION_ERRORS = (*_errors(AUTHENTICATION_ERROR_NAMES), SslAuthenticationError)
 #: The service stops with these instead of retrying forever.
 FATAL_ERRORS = (*_errors(FATAL_ERROR_NAMES), SslAuthenticationError)
 REFUSED_ERRORS = _errors(REFUSED_ERROR_NAMES)
+FENCED_ERRORS = _errors(FENCED_ERROR_NAMES)
 
 #: librdkafka's own (negative) error codes that the service tells apart, by their name in confluent_kafka's
 #: KafkaError, and the kafka-python class each stands for; the brokers' (positive) codes are Kafka's, which
@@ -99,6 +116,7 @@ LIBRDKAFKA_ERRORS = {
     "_INVALID_ARG": "KafkaConfigurationError",
     "_STATE": "IllegalStateError",
     "_BAD_COMPRESSION": "UnsupportedCodecError",  # a batch librdkafka cannot decompress: fatal
+    "_FENCED": "ProducerFencedError",  # librdkafka's own word for a fenced transactional producer
 }
 
 #: The package kafka-python decompresses each codec with (what kafka/codec.py of 3.0.12 imports: ``snappy``,
@@ -182,6 +200,34 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     if isinstance(exc, FATAL_ERRORS):
         return KafkaFatal(text, _hint(exc, settings))
     return KafkaUnavailable(text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError))
+
+
+def transaction_error(exc: BaseException | None, settings: KafkaSettings | None = None, *,
+                      producer_broken: bool = False) -> BaseException:
+    """The service's error for what a transaction met (a kafka-python class; confluent.py maps librdkafka's first),
+    after which the transaction was aborted where the client allowed:
+
+    - :class:`Fenced` for :data:`FENCED_ERRORS`: stop, another instance owns the partitions;
+    - :class:`KafkaFatal` for :data:`FATAL_ERRORS` (e.g. no permission on the transactional id) and for an error
+      the client calls fatal to its producer (``producer_broken``: librdkafka's ``fatal()``);
+    - :class:`Aborted` for anything else (a delivery that failed, a coordinator away, a timeout): retried, the
+      span read again in a new transaction.
+
+    >>> [type(transaction_error(e)).__name__ for e in (kerrors.ProducerFencedError(), kerrors.CommitFailedError(),
+    ...  kerrors.TransactionalIdAuthorizationFailedError(), kerrors.KafkaTimeoutError(), DeliveryError("late"))]
+    ['Fenced', 'Fenced', 'KafkaFatal', 'Aborted', 'Aborted']
+    """
+    if isinstance(exc, (KafkaFatal, Aborted)):
+        return exc
+    if isinstance(exc, FENCED_ERRORS):
+        return Fenced(describe(exc))
+    error = service_error(exc, settings) if isinstance(exc, KafkaError) else exc
+    if isinstance(error, KafkaFatal):
+        return error
+    if producer_broken:
+        return KafkaFatal(describe(exc), "the client's transactional producer failed for good: restart the instance")
+    return Aborted(f"transaction aborted: {describe(error) if error is not None else 'no answer'}",
+                   timed_out=getattr(error, "timed_out", False))
 
 
 def translated(function: Callable) -> Callable:

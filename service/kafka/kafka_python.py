@@ -6,6 +6,16 @@ kafka-python's bugs, :mod:`service.kafka.kp_mends`; what its errors mean,
 :mod:`service.kafka.errors`. The admin calls (:mod:`service.kafka.admin`) and
 the compacted topics (:mod:`service.kafka.compacted`) use kafka-python too,
 whichever client runs the loop.
+
+With a transactional id, :class:`KafkaIO`'s producer writes in transactions
+(:meth:`KafkaIO.begin`, :meth:`KafkaIO.commit_transaction`, :meth:`KafkaIO.abort`):
+the outputs and the consumer's positions, sent with its group metadata
+(KIP-447), commit together. What a transaction meets is classified once
+(:func:`service.kafka.errors.transaction_error`), after aborting it where
+kafka-python allows (not after ProducerFencedError, fatal to its producer).
+kafka-python's transactional calls wait for their answer without a deadline:
+while the brokers are away, a commit waits (the coordinator aborts the open
+transaction after ``TRANSACTION_TIMEOUT_MS``, which fences this producer).
 """
 
 from __future__ import annotations
@@ -21,8 +31,18 @@ from kafka.structs import OffsetAndMetadata
 
 from service.config import KafkaSettings
 from service.kafka.admin import group_members
-from service.kafka.contract import BEGINNING, END, GROUP_TIMINGS, Record, Refused
-from service.kafka.errors import FATAL, REFUSED_ERRORS, delivery_kind, service_error, translated
+from service.kafka.contract import (
+    BEGINNING,
+    END,
+    GROUP_TIMINGS,
+    TRANSACTION_TIMEOUT_MS,
+    DeliveryError,
+    KafkaFatal,
+    KafkaUnavailable,
+    Record,
+    Refused,
+)
+from service.kafka.errors import FATAL, REFUSED_ERRORS, delivery_kind, service_error, transaction_error, translated
 from service.kafka.kp_mends import close_consumer, close_producer, mend_consumer
 from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS, kafka_python_options, make_producer
 from service.kafka.ledger import Ledger, Tally
@@ -70,9 +90,11 @@ class KafkaIO:
     @translated
     def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
                  on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
-                 client_id: str = "perceptron-stream"):
+                 client_id: str = "perceptron-stream", transactional_id: str | None = None):
         self.settings = settings
         self.group_id = group_id
+        self.transactional_id = transactional_id
+        self.in_transaction = False
         self.consumer = KafkaConsumer(
             **kafka_python_options(settings), group_id=group_id, client_id=client_id,
             enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
@@ -96,7 +118,18 @@ class KafkaIO:
         self._refused = False  # the producer refused a send: the rest wait for the flush to send them again
 
     def _new_producer(self) -> KafkaProducer:
-        return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS)
+        if self.transactional_id is None:
+            return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS)
+        # idempotent (kafka-python turns it on with a transactional id); the coordinator aborts a transaction left
+        # open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks read_committed readers at most that long)
+        producer = make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS, transactional_id=self.transactional_id,
+                                 transaction_timeout_ms=TRANSACTION_TIMEOUT_MS)
+        try:
+            producer.init_transactions()  # aborts what an earlier producer of this id left open, fences it
+        except BaseException:
+            close_producer(producer, 1.0)
+            raise
+        return producer
 
     # consuming -----------------------------------------------------------
     @translated
@@ -185,8 +218,62 @@ class KafkaIO:
         self._pending.append((topic, key, value, future))
 
     def flush(self, timeout_s: float) -> list[Refused]:
-        """Until the brokers acknowledged every message sent since the last flush (:meth:`Ledger.settle`)."""
-        return self.ledger.settle(self, timeout_s)
+        """Until the brokers acknowledged every message sent since the last flush (:meth:`Ledger.settle`).
+
+        In a transaction a failed delivery is not sent again: the transaction
+        is aborted, and Aborted (or Fenced) raised.
+        """
+        if not self.in_transaction:
+            return self.ledger.settle(self, timeout_s)
+        try:
+            return self.ledger.settle(self, timeout_s, resend=False)
+        except (KafkaUnavailable, KafkaFatal, KafkaError) as exc:
+            raise self._aborted(exc.__cause__ if isinstance(exc, DeliveryError) and exc.__cause__ else exc) from exc
+
+    # transactions (a stream opened with a transactional id) ----------------
+    @translated
+    def begin(self) -> None:
+        """Open a transaction, if none is open."""
+        if not self.in_transaction:
+            self.producer.begin_transaction()
+            self.in_transaction = True
+
+    def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
+        """See :meth:`Stream.commit_transaction <service.kafka.contract.Stream.commit_transaction>`."""
+        self.begin()
+        refused = self.flush(timeout_s)
+        owned = self.consumer.assignment()
+        offsets = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()
+                   if TopicPartition(t, p) in owned}
+        try:
+            if offsets:
+                self.producer.send_offsets_to_transaction(offsets, self.consumer.group_metadata())
+            self.producer.commit_transaction()
+        except KafkaError as exc:
+            raise self._aborted(exc) from exc
+        self.in_transaction = False
+        return refused
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any; what was sent in it is forgotten (KafkaFatal, Fenced if the
+        producer cannot abort: it was fenced, or failed for good)."""
+        if not self.in_transaction:
+            return
+        self._pending, self._refused, self.in_transaction = [], False, False
+        self.ledger.forget()
+        try:
+            self.producer.abort_transaction()
+        except KafkaError as exc:
+            raise transaction_error(exc, self.settings) from exc
+
+    def _aborted(self, exc: BaseException | None) -> BaseException:
+        """The service's error for what the transaction met, once it is aborted (where kafka-python can)."""
+        error = transaction_error(exc, self.settings)
+        try:
+            self.abort()
+        except (KafkaFatal, KafkaUnavailable) as failure:  # fenced, or broken for good: the coordinator aborts it
+            log.warning("could not abort the transaction (%s)", failure)
+        return error
 
     def wait(self, timeout_s: float, ledger: Ledger) -> int:
         """The ledger's wait: the producer's flush, then each settled future reported; how many still wait."""

@@ -77,12 +77,19 @@ class Ledger:
         """Messages reported failed and not yet sent again."""
         return len(self._failed)
 
-    def settle(self, producer: Producer, timeout_s: float) -> list[Refused]:
+    def forget(self) -> None:
+        """Drop every failure and refusal reported: their messages were in a transaction that was aborted."""
+        self._failed, self._refused, self._fatal = [], [], None
+
+    def settle(self, producer: Producer, timeout_s: float, resend: bool = True) -> list[Refused]:
         """Every message acknowledged: failures sent again, in order, with backoff and a fresh producer, until
         ``timeout_s`` (then DeliveryError: the caller must not commit); the refused ones returned; a fatal one raised.
 
         Refused messages stay in the ledger across a DeliveryError: a flush
         that ends so must not drop them, the next settled one returns them.
+        ``resend`` False (a transaction: a failed delivery dooms it, and a
+        fresh producer would leave it): DeliveryError at the first failure,
+        raised from the first failure's error.
         """
         deadline = time.monotonic() + timeout_s
         backoff = Backoff(self.first_delay_s, self.most_delay_s)
@@ -94,6 +101,9 @@ class Ledger:
             if not waiting and not self._failed:
                 refused, self._refused = self._refused, []
                 return refused
+            if not resend and self._failed:
+                failed, self._failed = self._failed, []
+                raise DeliveryError(f"{len(failed)} message(s) of the transaction not delivered") from failed[0][1]
             if waiting or time.monotonic() >= deadline:
                 raise DeliveryError(f"{waiting + len(self._failed)} message(s) not acknowledged by the brokers within {timeout_s:g} s",
                                     timed_out=True)

@@ -1,0 +1,172 @@
+"""A transactional stream (``open_stream(..., transactional_id=...)``) on both clients: what a transaction makes
+visible, and the zombie it fences.
+
+On Apache Kafka a committed transaction's records and input positions are
+visible together, an aborted one's never; an instance frozen past its session
+timeout, whose partition moved to another member, can commit nothing when it
+thaws (KIP-447: the group's generation fences it; or its transaction timed out
+and its producer's epoch went). The embedded broker cannot prove any of this:
+it shows aborted records to read_committed readers (``embedded_only`` test
+below), which is why exactly-once is to be refused on it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from service.config import KafkaSettings
+from service.kafka import Fenced, Stream, committed_offsets, open_stream
+from tests.support.topics import create_topic, produce
+from tests.support.waiting import wait_until
+
+CLIENTS = ["kafka-python", "confluent"]
+
+
+def _stream(bootstrap: str, client: str, topics: dict, transactional_id: str) -> Stream:
+    return open_stream(KafkaSettings(bootstrap_servers=bootstrap), client, group_id=topics["group_id"],
+                       topics=[topics["input_topic"]], auto_offset_reset="earliest", on_assigned=lambda partitions: None,
+                       on_revoked=lambda partitions: None, max_poll_records=1000, fetch_max_wait_ms=20,
+                       transactional_id=transactional_id)
+
+
+def _poll_some(stream: Stream, max_records: int, timeout_s: float = 60.0) -> list:
+    """The records (at most ``max_records``) of the first poll that returns some."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        records = [r for batch in stream.poll(200, max_records) for r in batch]
+        if records:
+            return records
+    raise AssertionError(f"no record polled within {timeout_s:.0f} s")
+
+
+def _visible(bootstrap: str, topic: str) -> list[bytes]:
+    """The values a read_committed reader sees in ``topic``'s partition 0, up to its last stable offset."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                             isolation_level="read_committed")
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]  # read_committed: the last stable offset
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while consumer.position(tp) < end and time.monotonic() < deadline:
+            values += [r.value for r in consumer.poll(timeout_ms=200).get(tp, [])]
+        assert consumer.position(tp) >= end, f"read up to {consumer.position(tp)} of {end}"
+        return values
+    finally:
+        consumer.close()
+
+
+def _next_position(records: list) -> dict[tuple[str, int], int]:
+    return {(records[-1].topic, records[-1].partition): records[-1].offset + 1}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_committed_transaction_shows_its_records_and_positions_an_aborted_one_neither(client, apache_kafka, topics):
+    bootstrap, source, sink = apache_kafka.bootstrap_servers, topics["input_topic"], topics["output_topic"]
+    settings = KafkaSettings(bootstrap_servers=bootstrap)
+    create_topic(bootstrap, sink)
+    produce(bootstrap, source, [f"in-{n}".encode() for n in range(15)])
+    stream = _stream(bootstrap, client, topics, f"tx-{topics['group_id']}")
+    try:
+        first = _poll_some(stream, 5)
+        stream.begin()
+        for r in first:
+            stream.send(sink, r.key, b"out-" + r.value)
+        assert stream.commit_transaction(_next_position(first), timeout_s=30) == []
+        committed_values = [b"out-" + r.value for r in first]
+        assert _visible(bootstrap, sink) == committed_values
+        assert committed_offsets(settings, topics["group_id"], source) == {0: first[-1].offset + 1}
+
+        second = _poll_some(stream, 5)
+        stream.begin()
+        for r in second:
+            stream.send(sink, r.key, b"out-" + r.value)
+        assert stream.flush(30) == []  # in the log, then aborted
+        stream.abort()
+        assert _visible(bootstrap, sink) == committed_values
+        assert committed_offsets(settings, topics["group_id"], source) == {0: first[-1].offset + 1}
+
+        stream.begin()  # the stream goes on after an abort
+        stream.send(sink, None, b"after the abort")
+        assert stream.commit_transaction(_next_position(second), timeout_s=30) == []
+        assert _visible(bootstrap, sink) == [*committed_values, b"after the abort"]
+        assert committed_offsets(settings, topics["group_id"], source) == {0: second[-1].offset + 1}
+    finally:
+        stream.close()
+
+
+def _zombie(client: str, bootstrap: str, topics: dict, conn) -> None:
+    """Instance A, in a process of its own (the test freezes it): reads a few records, sends their outputs in an
+    open transaction, says so, and once told, tries to commit; reports what the commit raised."""
+    stream = _stream(bootstrap, client, topics, f"a-{topics['group_id']}")
+    try:
+        records = _poll_some(stream, 5)
+        stream.begin()
+        for r in records:
+            stream.send(topics["output_topic"], r.key, b"zombie-" + r.value)
+        stream.flush(30)  # in the log: only the transaction's end decides whether it is seen
+        conn.send(_next_position(records))
+        conn.recv()
+        try:
+            stream.commit_transaction(_next_position(records), timeout_s=30)
+            conn.send(("committed", ""))
+        except Exception as exc:  # the test asserts which
+            conn.send((type(exc).__name__, str(exc)))
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_zombie_whose_partition_moved_can_commit_nothing(client, apache_kafka, topics):
+    """A freezes with a transaction open; B joins the group and takes the partition once A's session (6 s) is
+    over, and commits its own transaction; A thaws and tries to commit: Fenced, none of its records visible,
+    the group's committed offset B's."""
+    bootstrap, source, sink = apache_kafka.bootstrap_servers, topics["input_topic"], topics["output_topic"]
+    create_topic(bootstrap, sink)
+    inputs = [f"in-{n}".encode() for n in range(20)]
+    produce(bootstrap, source, inputs)
+    context = multiprocessing.get_context("spawn")  # a clean process: this one runs client threads
+    here, there = context.Pipe()
+    zombie = context.Process(target=_zombie, args=(client, bootstrap, topics, there), daemon=True)
+    zombie.start()
+    b = None
+    try:
+        assert here.poll(90), "A read nothing"
+        a_positions = here.recv()
+        assert a_positions[(source, 0)] <= 5
+        os.kill(zombie.pid, signal.SIGSTOP)
+
+        b = _stream(bootstrap, client, topics, f"b-{topics['group_id']}")
+        read: list = []
+        while len(read) < len(inputs):  # from offset 0: A committed nothing
+            read += _poll_some(b, 1000)
+        b.begin()
+        for r in read:
+            b.send(sink, r.key, b"b-" + r.value)
+        assert b.commit_transaction(_next_position(read), timeout_s=30) == []
+
+        os.kill(zombie.pid, signal.SIGCONT)
+        here.send("commit")
+        assert here.poll(90), "A's commit never ended"
+        outcome, message = here.recv()
+        assert outcome == Fenced.__name__, message
+
+        b_values = [b"b-" + v for v in inputs]
+        assert wait_until(lambda: _visible(bootstrap, sink) == b_values or None, 60, 1.0, "B's records alone")
+        assert committed_offsets(KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"], source) == {0: len(inputs)}
+    finally:
+        if zombie.is_alive():
+            os.kill(zombie.pid, signal.SIGCONT)
+        zombie.join(30)
+        if zombie.is_alive():
+            zombie.kill()
+        if b is not None:
+            b.close()
