@@ -1,0 +1,100 @@
+"""``--processing-guarantee exactly-once`` with real processes: what a read_committed reader sees after a SIGKILL,
+and the combinations start-up refuses (README "Guarantees").
+
+On Apache Kafka, both clients: the service SIGKILLed mid-stream twice and run to the end; a read_committed
+reader of the predictions sees every input offset exactly once, each prediction the uninterrupted run's, and
+the last committed checkpoint holds the uninterrupted run's model. The embedded broker is refused (its
+read_committed readers see aborted records: tests/integration/test_transactions.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from service.config import ServeSettings, load
+from service.kafka import CompactedTopic, committed_offsets
+from service.state.kafka_store import KafkaStore
+from tests.support.launch import settings_args, start_service_process
+from tests.support.service import (
+    OutputWatcher,
+    check_outputs,
+    exit_code,
+    has_traceback,
+    make_events,
+    offline,
+    stop_process,
+    store_args,
+    tail,
+    wait_assigned,
+)
+from tests.support.topics import produce
+from tests.support.waiting import wait_until
+
+EXACTLY_ONCE = {"processing_guarantee": "exactly-once", "commit_interval_ms": 100}
+
+
+def _committed_checkpoint(args: list[str]):
+    """The checkpoint committed with the group's offsets (the topic's reader also sees aborted records)."""
+    s = load(ServeSettings, args)
+    offsets = committed_offsets(s, s.group_id, s.input_topic)
+    store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
+    try:
+        return store.load("model", committed={(s.input_topic, p): o for p, o in offsets.items()})
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_sigkill_mid_stream_leaves_each_offset_predicted_exactly_once_for_read_committed_readers(
+        client, apache_kafka, topics, tmp_path):
+    count = 6000
+    events = make_events(count, seed=31)
+    keys = [e["id"].encode() for e in events]
+    expected, model = offline(events)
+    produce(apache_kafka.bootstrap_servers, topics["input_topic"], events, keys=keys)
+    args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, kafka_client=client, **EXACTLY_ONCE,
+                         **store_args("kafka", topics))
+    watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"], read_committed=True).start()
+    process = None
+    try:
+        for run, kill_at in enumerate((count // 5, count // 2)):
+            log_path = tmp_path / f"serve-{run}.log"
+            process = start_service_process(args, log_path)
+            wait_until(lambda: watcher.distinct() >= kill_at or process.poll() is not None, 180,  # noqa: B023
+                       interval=0.005, what=f"run {run}: {kill_at} offsets predicted")
+            assert process.poll() is None, f"run {run} exited with {process.returncode}:\n{tail(log_path)}"
+            process.kill()  # with a transaction open: its outputs sent, some of them flushed to the log
+            process.wait()
+        log_path = tmp_path / "serve-final.log"
+        process = start_service_process(args, log_path)
+        wait_assigned(process, log_path, topics["input_topic"])
+        wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 180, what="every offset predicted")
+        assert stop_process(process, log_path) == 0, tail(log_path)
+        watcher.settle()
+    finally:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        by_source = watcher.stop()
+
+    for path in sorted(tmp_path.glob("serve-*.log")):
+        assert not has_traceback(path.read_text(errors="replace")), f"{path.name}:\n{tail(path)}"
+    repeats = check_outputs(by_source, expected, input_topic=topics["input_topic"], keys=watcher.keys, input_keys=keys)
+    assert repeats == 0, f"{repeats} predictions seen twice by a read_committed reader"
+    checkpoint = _committed_checkpoint(args)
+    assert checkpoint.positions == {(topics["input_topic"], 0): count}
+    assert checkpoint.model == model  # the exact state of an uninterrupted run
+
+
+def test_exactly_once_with_the_local_store_is_refused_at_start_up(apache_kafka, topics, tmp_path):
+    log_path = tmp_path / "serve.log"
+    args = settings_args(apache_kafka, topics, tmp_path, **EXACTLY_ONCE)
+    assert exit_code(args, log_path) == 1, tail(log_path)
+    assert "--processing-guarantee exactly-once needs --state-store kafka (it is local)" in log_path.read_text()
+
+
+def test_exactly_once_on_the_embedded_broker_is_refused_at_start_up(broker, topics, tmp_path):
+    log_path = tmp_path / "serve.log"
+    args = settings_args(broker, topics, tmp_path, **EXACTLY_ONCE, **store_args("kafka", topics))
+    assert exit_code(args, log_path) == 1, tail(log_path)
+    assert "--processing-guarantee exactly-once cannot hold on the embedded broker" in log_path.read_text()
