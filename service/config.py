@@ -252,7 +252,7 @@ class ServeSettings(KafkaSettings):
         description="at-least-once: outputs are acknowledged before the offsets are committed (a crash repeats some "
         "outputs). exactly-once: a span's outputs, its checkpoint and its input positions are committed in one Kafka "
         "transaction, every --commit-interval-ms (read_committed readers see each input's outputs once); needs "
-        "--state-store kafka and Apache Kafka (not the embedded broker), and no --label-topic yet.")
+        "--state-store kafka and Apache Kafka (not the embedded broker), and no --label-topic or --mix-every yet.")
     commit_interval_ms: int = Field(
         100, gt=0,
         description="exactly-once: how often the open transaction is committed with its checkpoints and positions "

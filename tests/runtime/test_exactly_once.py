@@ -45,6 +45,13 @@ def test_exactly_once_with_delayed_labels_is_refused_naming_the_settings():
     assert "--processing-guarantee exactly-once does not take --label-topic" in str(refused.value)
 
 
+def test_exactly_once_with_mixing_is_refused_naming_the_settings():
+    with pytest.raises(StartupError) as refused:
+        refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--model-scope", "partition", "--mix-every", "1000"))
+    assert "--processing-guarantee exactly-once does not take --mix-every yet (it is 1000)" in str(refused.value)
+    refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--model-scope", "partition", "--mix-every", "0"))
+
+
 def test_at_least_once_and_exactly_once_with_the_kafka_store_start():
     refuse_exactly_once_without(_settings("--state-store", "local"))
     refuse_exactly_once_without(_settings("--label-topic", "labels"))
