@@ -141,6 +141,8 @@ class Checkpointer:
     def transact(self, tasks, stream) -> bool:
         """Exactly-once: the checkpoint record of each task with unsaved events sent into the open transaction,
         which is then committed with their positions; the tasks saved. A failure stops the service."""
+        if self.transaction_failed:  # stopping; kafka-python's close calls on_revoked, and the producer is closed
+            return False
         changed = [task for task in tasks if task.unsaved]
         self._last_at = time.monotonic()
         if not changed or stream is None:

@@ -4,10 +4,15 @@ and the combinations start-up refuses (README "Guarantees").
 On Apache Kafka, both clients: the service SIGKILLed mid-stream twice and run to the end; a read_committed
 reader of the predictions sees every input offset exactly once, each prediction the uninterrupted run's, and
 the last committed checkpoint holds the uninterrupted run's model. The embedded broker is refused (its
-read_committed readers see aborted records: tests/integration/test_transactions.py).
+read_committed readers see aborted records: tests/integration/test_transactions.py). A zombie (an instance frozen
+past its session timeout while another took its partition) publishes nothing once it thaws, and stops naming the
+fencing.
 """
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 
@@ -84,6 +89,53 @@ def test_sigkill_mid_stream_leaves_each_offset_predicted_exactly_once_for_read_c
     checkpoint = _committed_checkpoint(args)
     assert checkpoint.positions == {(topics["input_topic"], 0): count}
     assert checkpoint.model == model  # the exact state of an uninterrupted run
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_fencing(
+        client, apache_kafka, topics, tmp_path):
+    """Partition scope: A processes, is frozen (SIGSTOP) with a transaction open, B takes its partition once A's
+    session (6 s) is over and runs to the end; A thaws (SIGCONT), is fenced and exits 1. A read_committed reader
+    sees every offset predicted once, as the uninterrupted run: nothing A sent after its last commit shows."""
+    count = 20_000
+    events = make_events(count, seed=32)
+    expected = [{**e, "model": {"scope": "partition", "partition": 0, "mixes": 0, **e["model"]}}  # a replica's outputs
+                for e in offline(events)[0]]
+    produce(apache_kafka.bootstrap_servers, topics["input_topic"], events)
+    # a commit every 3 s: A is frozen with most of a commit interval of outputs in its open transaction
+    args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, kafka_client=client, model_scope="partition",
+                         mix_every=0, processing_guarantee="exactly-once", commit_interval_ms=3000,
+                         **store_args("kafka", topics))
+    watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"], read_committed=True).start()
+    a_log, b_log = tmp_path / "serve-a.log", tmp_path / "serve-b.log"
+    a = start_service_process(args, a_log)
+    b = None
+    try:
+        wait_until(lambda: watcher.distinct() > 0 or a.poll() is not None, 120, interval=0.005, what="A's first commit")
+        assert a.poll() is None, f"A exited with {a.returncode}:\n{tail(a_log)}"
+        os.kill(a.pid, signal.SIGSTOP)
+        frozen_at = watcher.distinct()
+        assert frozen_at < count, "A was done before it was frozen: the test proves nothing"
+        b = start_service_process(args, b_log)
+        wait_assigned(b, b_log, topics["input_topic"], timeout=180)  # once A's session is over
+        os.kill(a.pid, signal.SIGCONT)
+        assert a.wait(120) == 1, tail(a_log)
+        assert "fenced: a newer owner has this instance's partitions" in a_log.read_text(errors="replace"), tail(a_log)
+        wait_until(lambda: watcher.distinct() >= count or b.poll() is not None, 180, what="every offset predicted")
+        assert stop_process(b, b_log) == 0, tail(b_log)
+        watcher.settle()
+    finally:
+        for process in (a, b):
+            if process is not None and process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+                process.wait()
+        by_source = watcher.stop()
+
+    for path in (a_log, b_log):
+        assert not has_traceback(path.read_text(errors="replace")), f"{path.name}:\n{tail(path)}"
+    repeats = check_outputs(by_source, expected, input_topic=topics["input_topic"])
+    assert repeats == 0, f"{repeats} predictions seen twice by a read_committed reader (frozen at {frozen_at})"
 
 
 def test_exactly_once_with_the_local_store_is_refused_at_start_up(apache_kafka, topics, tmp_path):

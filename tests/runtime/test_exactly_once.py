@@ -162,6 +162,7 @@ def test_a_failed_transaction_stops_the_service_counted_as_aborted_and_nothing_i
     assert task.seq == 0 and task.unsaved == 7
     assert _transactions(metrics, "aborted") == 1 and _transactions(metrics, "committed") == 0
     checkpointer.final([task], stream, batch_open=False)  # the exit's final checkpoint tries nothing more
+    assert checkpointer.checkpoint([task], stream) is False  # nor a revocation as the consumer closes
     assert _transactions(metrics, "aborted") == 1
 
 
