@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 
@@ -91,6 +93,13 @@ def test_sigkill_mid_stream_leaves_each_offset_predicted_exactly_once_for_read_c
     assert checkpoint.model == model  # the exact state of an uninterrupted run
 
 
+def _trickle(bootstrap: str, topic: str, events: list[dict], per_chunk: int = 1000, every_s: float = 0.5) -> None:
+    """``events`` written ``per_chunk`` every ``every_s``: a stream that keeps coming."""
+    for start in range(0, len(events), per_chunk):
+        produce(bootstrap, topic, events[start:start + per_chunk])
+        time.sleep(every_s)
+
+
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_fencing(
         client, apache_kafka, topics, tmp_path):
@@ -101,8 +110,9 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
     events = make_events(count, seed=32)
     expected = [{**e, "model": {"scope": "partition", "partition": 0, "mixes": 0, **e["model"]}}  # a replica's outputs
                 for e in offline(events)[0]]
-    produce(apache_kafka.bootstrap_servers, topics["input_topic"], events)
-    # a commit every 3 s: A is frozen with most of a commit interval of outputs in its open transaction
+    produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[:1000])
+    # events keep coming (2,000/s) and A commits every 3 s: frozen a second after a commit, A has outputs in its
+    # open transaction, whichever client (confluent would have processed a whole backlog in its first interval)
     args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, kafka_client=client, model_scope="partition",
                          mix_every=0, processing_guarantee="exactly-once", commit_interval_ms=3000,
                          **store_args("kafka", topics))
@@ -110,8 +120,13 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
     a_log, b_log = tmp_path / "serve-a.log", tmp_path / "serve-b.log"
     a = start_service_process(args, a_log)
     b = None
+    flow = threading.Thread(target=_trickle, args=(apache_kafka.bootstrap_servers, topics["input_topic"], events[1000:]),
+                            daemon=True)
     try:
+        wait_assigned(a, a_log, topics["input_topic"])
+        flow.start()
         wait_until(lambda: watcher.distinct() > 0 or a.poll() is not None, 120, interval=0.005, what="A's first commit")
+        time.sleep(1.0)
         assert a.poll() is None, f"A exited with {a.returncode}:\n{tail(a_log)}"
         os.kill(a.pid, signal.SIGSTOP)
         frozen_at = watcher.distinct()
@@ -121,10 +136,13 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
         os.kill(a.pid, signal.SIGCONT)
         assert a.wait(120) == 1, tail(a_log)
         assert "fenced: a newer owner has this instance's partitions" in a_log.read_text(errors="replace"), tail(a_log)
+        flow.join(120)
         wait_until(lambda: watcher.distinct() >= count or b.poll() is not None, 180, what="every offset predicted")
         assert stop_process(b, b_log) == 0, tail(b_log)
         watcher.settle()
     finally:
+        if flow.is_alive():
+            flow.join(120)
         for process in (a, b):
             if process is not None and process.poll() is None:
                 os.kill(process.pid, signal.SIGCONT)
