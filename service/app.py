@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from service import __version__
 from service.config import ServeSettings
 from service.http import HttpEndpoints
-from service.kafka import DeliveryError
+from service.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable
 from service.metrics import ServiceMetrics
 from service.pipeline.labels import LabelGate
 from service.pipeline.models import REPORT_PAGE, ModelReports, ModelSet
@@ -210,6 +210,8 @@ class Application:
                     self._process(batches)
                 except DeliveryError:  # raised only once stopping: no final checkpoint (_final_checkpoint)
                     return 0
+                except (Aborted, Fenced) as exc:  # exactly-once: the open transaction is over, nothing of it visible
+                    raise self.checkpointer.transaction_lost(exc) from None
             self._doing = "checkpointing or committing"
             self.checkpointer.maybe(self.tasks.all(), stream)
             self._doing = "reading the lag"
@@ -219,6 +221,11 @@ class Application:
     def _process(self, batches) -> None:
         started = time.perf_counter()
         tally, send = Tally(), self.stream.send
+        if self.checkpointer.exactly_once:  # the batch's outputs go in the open transaction (the checkpointer commits it)
+            try:
+                self.stream.begin()
+            except (KafkaFatal, KafkaUnavailable) as exc:
+                raise self.checkpointer.transaction_lost(exc) from None
         self.assignments.batch_open = True
         for records in self.label_gate.admit(batches, tally):
             task = self.tasks.for_partition(records[0].partition)

@@ -269,6 +269,17 @@ class ServeSettings(KafkaSettings):
     checkpoint_topic: str = Field("perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka checkpoint store.")
     checkpoint_interval_events: int = Field(10_000, gt=0, description="Checkpoint after this many events.")
     checkpoint_interval_seconds: float = Field(30.0, gt=0, description="Checkpoint at least this often while events flow.")
+    processing_guarantee: Literal["at-least-once", "exactly-once"] = Field(
+        "at-least-once",
+        description="at-least-once: outputs are acknowledged before the offsets are committed (a crash repeats some "
+        "outputs). exactly-once: a span's outputs, its checkpoint and its input positions are committed in one Kafka "
+        "transaction, every --commit-interval-ms (read_committed readers see each input's outputs once); needs "
+        "--state-store kafka and Apache Kafka (not the embedded broker), and no --label-topic or --mix-every yet.")
+    commit_interval_ms: int = Field(
+        100, gt=0,
+        description="exactly-once: how often the open transaction is committed with its checkpoints and positions "
+        "(Kafka Streams' default under exactly-once); outputs become visible to read_committed readers then. "
+        "at-least-once checkpoints by --checkpoint-interval-events/-seconds instead.")
     create_topics: bool = Field(True, description="Create missing topics at start-up; when off, a missing topic is an error.")
     topic_partitions: int = Field(1, gt=0, description="Partitions of topics the service creates.")
     topic_replication_factor: int = Field(1, gt=0, description="Replication factor of topics the service creates.")

@@ -183,6 +183,15 @@ class ServiceMetrics:
         for reason in ("damaged", "foreign", "settings", "key", "refused"):  # zeros from the start, as for rejected events
             self.mix_rejected.labels(reason)
         self.last_checkpoint = Gauge("perceptron_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint written or restored.", registry=registry)
+        # --processing-guarantee exactly-once: every transaction ended, and how long its commit took
+        self.transactions = Counter("perceptron_transactions", "Kafka transactions ended (--processing-guarantee exactly-once), "
+                                    "by result: committed, or aborted (nothing of it visible).", ["result"], registry=registry)
+        for result in ("committed", "aborted"):
+            self.transactions.labels(result)
+        self.transaction_commit = Histogram(
+            "perceptron_transaction_commit_seconds",
+            "Seconds a transaction's commit took: its checkpoints sent, outputs flushed, positions and commit acknowledged.",
+            buckets=LATENCY_BUCKETS, registry=registry)
         # Liveness for alerts: /healthz tells a probe, this tells Prometheus. Computed
         # at scrape time from the Health the loop beats, so a loop hung inside a
         # call still shows its last turn (NaN until a Health is tracked).

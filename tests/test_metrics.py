@@ -78,6 +78,8 @@ ISSUE_METRICS = {
     "perceptron_weight_norm": "gauge",
     "perceptron_data_radius": "gauge",
     "perceptron_last_checkpoint_timestamp_seconds": "gauge",
+    "perceptron_transactions": "counter",
+    "perceptron_transaction_commit_seconds": "histogram",
     "perceptron_poll_loop_last_turn_timestamp_seconds": "gauge",
     "perceptron_assigned_partitions": "gauge",
     "perceptron_build_info": "gauge",  # version, variant: an Info is a gauge of 1 in the text format

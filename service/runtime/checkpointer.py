@@ -9,6 +9,16 @@ A checkpoint is due every ``--checkpoint-interval-events`` events or
 shutdown; a failed one is logged and retried later (the model goes on in
 memory: a crash before the next good one replays more events, it never
 learns one twice). Without a store, what was acknowledged is committed.
+
+Under ``--processing-guarantee exactly-once`` the loop's stream holds an open
+Kafka transaction with every output since the last commit; every
+``--commit-interval-ms`` (and on revocation, and at a clean stop) the
+checkpoint record of each task that changed is sent into it and it is
+committed with those tasks' positions (:meth:`Checkpointer.transact`): outputs,
+checkpoints and positions become visible together, or not at all. A
+transaction that fails is not retried: the service stops
+(:meth:`Checkpointer.transaction_lost`), and its restart restores the last
+committed checkpoint, which is where the committed outputs and positions end.
 """
 
 from __future__ import annotations
@@ -16,8 +26,8 @@ from __future__ import annotations
 import logging
 import time
 
-from service.kafka import KafkaFatal, KafkaUnavailable
-from service.runtime.retry import Backoff, fatal
+from service.kafka import Aborted, Fenced, KafkaFatal, KafkaUnavailable
+from service.runtime.retry import Backoff, StartupError, fatal
 from service.state.kafka_store import CheckpointTooLargeError
 
 log = logging.getLogger("perceptron_stream")
@@ -33,6 +43,8 @@ class Checkpointer:
         self._retry_at = 0.0
         self._backoff = Backoff(first=1.0, most=min(settings.checkpoint_interval_seconds, 5.0))
         self._to_commit: dict[tuple[str, int], int] | None = None  # saved (or, storeless, acknowledged), not yet committed
+        self.exactly_once = settings.processing_guarantee == "exactly-once"
+        self.transaction_failed = False  # exactly-once: a transaction failed, the service is stopping
 
     def acknowledged(self, tasks) -> None:
         """A batch's outputs were acknowledged: without a store, its positions may be committed now."""
@@ -42,20 +54,29 @@ class Checkpointer:
                 task.unsaved = 0
 
     def maybe(self, tasks, stream, final: bool = False) -> None:
-        """Checkpoint when due (or ``final``), then commit what the checkpoints hold."""
+        """Checkpoint when due (or ``final``), then commit what the checkpoints hold (exactly-once: commit the
+        transaction when due, or ``final``)."""
+        if self.exactly_once:
+            if final or time.monotonic() - self._last_at >= self.settings.commit_interval_ms / 1000:
+                self.transact(tasks, stream)
+            return
         if self._due(tasks, final):
             self.checkpoint(tasks)
         self.commit(stream)
 
     def final(self, tasks, stream, batch_open: bool) -> None:
         """At shutdown: the final checkpoint and commit, unless stopped inside a batch whose outputs were not all
-        acknowledged (``batch_open``)."""
+        acknowledged (``batch_open``); nothing after a failed transaction (exactly-once)."""
+        if self.transaction_failed:
+            return
         if batch_open:
             # stopped (or failed) inside a batch: the models and positions in
             # memory are ahead of the acknowledged outputs; saving them would
             # lose those outputs, or learn an event twice after a restart
             log.warning("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
                         "the next start learns and publishes it again from the last checkpoint")
+            if self.exactly_once and stream is not None:
+                self._abort(stream)
         else:
             self.maybe(tasks, stream, final=True)
 
@@ -68,8 +89,11 @@ class Checkpointer:
         due = final or unsaved >= s.checkpoint_interval_events or now - self._last_at >= s.checkpoint_interval_seconds
         return due and (final or now >= self._retry_at)
 
-    def checkpoint(self, tasks) -> bool:
-        """Save every task with unsaved events; their positions are committed next. False when a save failed."""
+    def checkpoint(self, tasks, stream=None) -> bool:
+        """Save every task with unsaved events; their positions are committed next. False when a save failed.
+        Exactly-once (on revocation): the transaction committed with them, in ``stream``."""
+        if self.exactly_once:
+            return self.transact(tasks, stream)
         if self.store is None:
             return True
         for task in tasks:
@@ -112,3 +136,63 @@ class Checkpointer:
         if self._to_commit is to_commit:  # a revocation during the commit (confluent) may have checkpointed newer positions
             self._to_commit = None
         self.health.broker_ok = True
+
+    # exactly-once ----------------------------------------------------------
+    def transact(self, tasks, stream) -> bool:
+        """Exactly-once: the checkpoint record of each task with unsaved events sent into the open transaction,
+        which is then committed with their positions; the tasks saved. A failure stops the service."""
+        if self.transaction_failed:  # stopping; kafka-python's close calls on_revoked, and the producer is closed
+            return False
+        changed = [task for task in tasks if task.unsaved]
+        self._last_at = time.monotonic()
+        if not changed or stream is None:
+            return True
+        started = time.perf_counter()
+        checkpoints = [(task, task.snapshot()) for task in changed]
+        try:
+            for _, cp in checkpoints:
+                stream.send(*self.store.record(cp))
+            refused = stream.commit_transaction({tp: o for _, cp in checkpoints for tp, o in cp.positions.items()},
+                                                timeout_s=COMMIT_TIMEOUT_S)
+        except CheckpointTooLargeError as exc:
+            self._abort(stream)
+            raise StartupError(str(exc)) from None
+        except (KafkaFatal, KafkaUnavailable) as exc:  # Fenced, Aborted, or another reason it ended unknown
+            raise self.transaction_lost(exc) from None
+        if refused:  # only the checkpoint records were sent since the batch's flush
+            raise StartupError(f"the brokers refused a checkpoint record on {refused[0].topic} for good "
+                               f"({refused[0].error!r}) after its transaction committed: the next start finds no "
+                               "checkpoint at the committed positions; raise the topic's max.message.bytes")
+        self.metrics.transaction_commit.observe(time.perf_counter() - started)
+        self.metrics.transactions.labels("committed").inc()
+        for task, cp in checkpoints:
+            task.saved(cp)
+            log.debug("checkpoint %d at %s (%s) committed with its transaction", cp.seq, cp.positions, task.name)
+        self.metrics.last_checkpoint.set(checkpoints[-1][1].created)
+        self.health.broker_ok = True
+        return True
+
+    def transaction_lost(self, exc: Exception) -> StartupError:
+        """The StartupError that stops the service when a transaction failed (counted as aborted): nothing of it is
+        visible, and the restart restores the last committed checkpoint, where the committed outputs end."""
+        if not isinstance(exc, (Fenced, Aborted, KafkaFatal)):
+            log.error("a transaction's commit ended without an answer (%s): it is committed or aborted", exc)
+        self.transaction_failed = True
+        self.metrics.transactions.labels("aborted").inc()
+        if isinstance(exc, Fenced):
+            return StartupError(f"fenced: a newer owner has this instance's partitions ({exc}); nothing of the open "
+                                "transaction is visible; stopping, for the orchestrator to restart the instance")
+        if isinstance(exc, Aborted):
+            return StartupError(f"{exc}: nothing of it is visible; stopping, so that the restart restores the last "
+                                "committed checkpoint and processes the span again")
+        if isinstance(exc, KafkaFatal):
+            return fatal(exc, "commit a transaction")
+        return StartupError(f"a transaction's commit did not finish ({exc}); stopping, so that the restart restores "
+                            "the last committed checkpoint")
+
+    def _abort(self, stream) -> None:
+        try:
+            stream.abort()
+        except (KafkaFatal, KafkaUnavailable) as exc:  # the transaction coordinator aborts it after its timeout
+            log.warning("could not abort the open transaction (%s)", exc)
+        self.metrics.transactions.labels("aborted").inc()

@@ -8,8 +8,10 @@ checkpointed nor committed). An output the brokers refuse for good becomes a
 dead letter (:mod:`service.wire.outputs`, the one builder) instead of stopping
 the service for one event.
 
-This is where a transaction will live once exactly-once outputs exist: begin
-before the batch's sends, commit the offsets with it here.
+Under exactly-once the batch's outputs are in the open transaction: a flush
+that fails aborts it (:class:`~service.kafka.Aborted`, or
+:class:`~service.kafka.Fenced`), raised as it is for the checkpointer to stop
+the service (:meth:`~service.runtime.checkpointer.Checkpointer.transaction_lost`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable
 
 import orjson
 
-from service.kafka import DeliveryError, KafkaFatal, Refused
+from service.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, Refused
 from service.runtime.retry import StartupError, fatal
 from service.wire.messages import Rejection
 from service.wire.outputs import dead_letter_value
@@ -43,6 +45,8 @@ class Delivery:
                 if refused:
                     self._replace_refused(stream, refused)
                 return
+            except (Aborted, Fenced):  # exactly-once: the transaction is over
+                raise
             except KafkaFatal as exc:
                 raise fatal(exc, "send the outputs") from None
             except DeliveryError as exc:

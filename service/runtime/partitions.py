@@ -127,7 +127,8 @@ class Assignments:
                 self.waiting.pop(p, None)
             tasks = [t for t in (self.tasks.for_partition(p) for p in gone) if t is not None]
             if self.stream is not None and not self.batch_open:
-                self.checkpointer.checkpoint(tasks)  # committed by the loop; the next owner restores from it
+                self.checkpointer.checkpoint(tasks, self.stream)  # committed by the loop (exactly-once: with the
+                # transaction, here); the next owner restores from it
             for task in tasks:
                 self.tasks.drop(task.partition)
                 if task.joiner is not None:
@@ -136,7 +137,8 @@ class Assignments:
                     self.store.unlock(task.name)
                 self.metrics.forget_replica(task.partition)
         elif self.stream is not None and self.guard.passed and not self.batch_open:
-            self.checkpointer.checkpoint(self.tasks.all())  # committed by the loop once the group is stable again
+            self.checkpointer.checkpoint(self.tasks.all(), self.stream)  # committed by the loop once the group is
+            # stable again (exactly-once: with the transaction, here)
         self.metrics.forget_partitions(partitions)
         self.health.assigned = False  # until the loop's next settle() looks at what is left (KIP-848 takes only some)
 

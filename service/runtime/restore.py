@@ -73,8 +73,14 @@ class Restorer:
             except ValueError as exc:
                 raise CheckpointError(f"it holds a model this version cannot read: {exc}") from None
 
+        only_committed = {}
+        if self.settings.processing_guarantee == "exactly-once":  # only checkpoints committed with their positions
+            s = self.settings
+            offsets = self.retry.until_it_works(lambda: committed_offsets(s, s.group_id, s.input_topic),
+                                                "read the group's committed offsets")
+            only_committed = {"committed": {(s.input_topic, p): o for p, o in (offsets or {}).items()}}
         try:
-            cp = self.store.load(task.name, task.owner, accept, legacy=legacy)
+            cp = self.store.load(task.name, task.owner, accept, legacy=legacy, **only_committed)
         except ForeignStateError as exc:
             return self._foreign(task, str(exc), exc.highest_seq)
         except CheckpointError:

@@ -11,6 +11,11 @@ The stream (the poll loop's consumer and producer) opens last, once the
 rebalance callbacks exist (:meth:`Startup.open_stream`). Every wait on the
 brokers is retried until it works or the service is stopped: a stop
 meanwhile returns None.
+
+``--processing-guarantee exactly-once`` is refused here, before anything is
+opened, where it could not hold (:func:`refuse_exactly_once_without`), and on
+the embedded broker once its cluster id is read (:func:`refuse_exactly_once_on`);
+its stream gets the instance's transactional id (:func:`transactional_id`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from uuid import uuid4
 
 from service.config import ServeSettings
 from service.kafka import (
@@ -62,6 +68,52 @@ class Opened:
     mix_feed: MixFeed | None = None  # the mix topic's new records into the board
 
 
+#: The cluster id the embedded broker (Tansu, ``perceptron-stream broker``) reports: Apache Kafka's are random
+#: base64 uuids. Exactly-once is refused on it: its read_committed readers see aborted records, and its
+#: TxnOffsetCommit ignores the group generation (a zombie is not fenced): tests/integration/test_transactions.py.
+EMBEDDED_BROKER_CLUSTER_ID = "tansu_cluster"
+
+
+def refuse_exactly_once_without(s: ServeSettings) -> None:
+    """Exactly-once with settings under which it cannot hold: a StartupError naming them."""
+    if s.processing_guarantee != "exactly-once":
+        return
+    if s.state_store != "kafka":
+        raise StartupError(f"--processing-guarantee exactly-once needs --state-store kafka (it is {s.state_store}): the "
+                           "checkpoint must be committed in the same Kafka transaction as the outputs and the input "
+                           "positions, and a local directory (or no store) cannot join a Kafka transaction")
+    if s.label_topic is not None:
+        raise StartupError("--processing-guarantee exactly-once does not take --label-topic yet: the pending changelog "
+                           f"({s.pending_topic}) is written by a producer of its own, outside the transaction; run "
+                           "delayed labels with --processing-guarantee at-least-once")
+    if s.model_scope == "partition" and s.mix_every:
+        raise StartupError("--processing-guarantee exactly-once does not take --mix-every yet (it is "
+                           f"{s.mix_every}): the mix topic's reader reads uncommitted records, and would mix in those "
+                           "of aborted transactions; run exactly-once with --mix-every 0, or mixing at-least-once")
+
+
+def refuse_exactly_once_on(s: ServeSettings, cluster_id: str | None) -> None:
+    """Exactly-once on the embedded broker (by its cluster id): a StartupError naming the setting."""
+    if s.processing_guarantee == "exactly-once" and cluster_id == EMBEDDED_BROKER_CLUSTER_ID:
+        raise StartupError(f"--processing-guarantee exactly-once cannot hold on the embedded broker at "
+                           f"{s.bootstrap_servers} (cluster id {cluster_id!r}): its read_committed readers see aborted "
+                           "records and it does not fence a zombie by its group generation; use Apache Kafka, or "
+                           "--processing-guarantee at-least-once")
+
+
+def transactional_id(s: ServeSettings) -> str | None:
+    """The stream's transactional id under exactly-once (None under at-least-once): one per instance, new at each
+    start, ``<group id>-<random hex>``.
+
+    Per instance, not per task (Kafka Streams' exactly_once_v2: one producer per thread): the group coordinator
+    fences a zombie by its group generation when it commits offsets in a transaction (KIP-447), so the id need not
+    follow the partitions. The cost: a crashed instance's open transaction is not aborted by its successor (another
+    id) but by the transaction coordinator after TRANSACTION_TIMEOUT_MS, and until then read_committed readers of
+    the partitions it wrote wait at its first record.
+    """
+    return f"{s.group_id}-{uuid4().hex}" if s.processing_guarantee == "exactly-once" else None
+
+
 class Startup:
     def __init__(self, settings: ServeSettings, retry: Retry, metrics, stopping: Callable[[], bool], resources: ExitStack):
         self.settings, self.retry, self.metrics, self.stopping, self.resources = settings, retry, metrics, stopping, resources
@@ -69,6 +121,7 @@ class Startup:
     def open(self) -> Opened | None:
         """Codecs, topics, labels' topics and changelog, cluster identity, store, mixing; None when stopped meanwhile."""
         s, until = self.settings, self.retry.until_it_works
+        refuse_exactly_once_without(s)
         try:
             require_codecs()
         except KafkaFatal as exc:
@@ -91,6 +144,7 @@ class Startup:
             ids = until(lambda: cluster_identity(s, s.input_topic), "read the cluster's and the input topic's ids")
             if ids is None:
                 return None
+            refuse_exactly_once_on(s, ids[0])
             owner = Owner(s.group_id, s.input_topic, GROUP_TASK, *ids)
         store = self._open_store()
         if store is None and s.state_store != "none":
@@ -103,13 +157,14 @@ class Startup:
     def open_stream(self, on_assigned, on_revoked):
         """The poll loop's consumer and producer, the rebalance callbacks given (closed by the caller, after its
         final checkpoint); None when stopped meanwhile."""
-        s = self.settings
+        s, tx_id = self.settings, transactional_id(self.settings)
         return self.retry.until_it_works(
             lambda: open_stream(s, s.kafka_client, group_id=s.group_id,
                                 topics=[s.input_topic] + ([s.label_topic] if s.label_topic else []),
                                 auto_offset_reset=s.auto_offset_reset, on_assigned=on_assigned,
                                 on_revoked=on_revoked, max_poll_records=s.batch_size,
-                                fetch_max_wait_ms=s.fetch_max_wait_ms, group_protocol=s.group_protocol),
+                                fetch_max_wait_ms=s.fetch_max_wait_ms, group_protocol=s.group_protocol,
+                                transactional_id=tx_id),
             "connect the consumer and producer",
         )
 

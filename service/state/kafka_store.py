@@ -51,6 +51,12 @@ class KafkaStore:
         """Nothing to unlock."""
 
     def save(self, cp: Checkpoint) -> None:
+        _, key, value = self.record(cp)
+        self.topic.put(key, value)
+
+    def record(self, cp: Checkpoint) -> tuple[str, bytes, bytes]:
+        """(topic, key, value) of the record :meth:`save` writes for ``cp``: what exactly-once sends in its
+        transaction instead (the same slot key, encoding and size limit)."""
         value = encode_checkpoint(cp, self.key)
         if len(value) > MAX_RECORD_BYTES - _RECORD_OVERHEAD:
             features = len(cp.model.get("features", cp.model.get("perceptron", {}).get("features", [])))
@@ -58,19 +64,28 @@ class KafkaStore:
                 f"checkpoint {cp.seq} is {len(value):,} bytes, more than the {MAX_RECORD_BYTES - _RECORD_OVERHEAD:,} a "
                 f"record of the Kafka state store may have (the model holds {features:,} features): lower "
                 "--max-model-features, hash the features (--hash-features), or use --state-store local")
-        self.topic.put(self.slot_keys(cp.owner.task)[cp.seq % self.keep], value)
+        return self.topic.topic, self.slot_keys(cp.owner.task)[cp.seq % self.keep], value
 
     def load(self, task: str, expected: Owner | None = None, accept: Callable[[Checkpoint], None] | None = None,
-             legacy: bool = False) -> Checkpoint | None:
+             legacy: bool = False, committed: dict[tuple[str, int], int] | None = None) -> Checkpoint | None:
         """The newest checkpoint of ``task`` that is ``expected``'s, decodes and that ``accept`` takes
-        (see :func:`newest_usable`). ``legacy`` changes nothing: version 0.1 used the same keys."""
+        (see :func:`newest_usable`). ``legacy`` changes nothing: version 0.1 used the same keys.
+
+        ``committed`` (exactly-once: the group's committed offsets): only a checkpoint whose positions are
+        committed offsets counts, the others are left out unreported. A checkpoint is committed in the same
+        transaction as its positions, and the topic's reader (service/kafka/compacted.py) reads
+        read_uncommitted: it also sees the records of aborted transactions, which this leaves out.
+        """
         latest = self.topic.read_latest(set(self.slot_keys(task)))
         decoded = []
         for key, value in latest.items():
             try:
-                decoded.append((key.decode(), decode_checkpoint(value or b"", self.key)))
+                cp = decode_checkpoint(value or b"", self.key)
             except CheckpointError as exc:
                 decoded.append((key.decode(), exc))
+                continue
+            if committed is None or all(committed.get(tp) == o for tp, o in cp.positions.items()):
+                decoded.append((key.decode(), cp))
         # the damaged ones first (reported: any may have been the newest), then newest first
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
         return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected)

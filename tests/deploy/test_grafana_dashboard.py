@@ -209,6 +209,18 @@ def test_the_delayed_label_and_model_operation_panels(dashboard: dict[str, Any])
     assert {"0": {"text": "never", "index": 0}} in [m["options"] for m in last["fieldConfig"]["defaults"]["mappings"]]
 
 
+def test_the_exactly_once_transaction_panels(dashboard: dict[str, Any]) -> None:
+    """Transactions per second by result (committed, aborted) and the commit's p50/p99 (--processing-guarantee exactly-once)."""
+    compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
+    results = compact(_panel_exprs(dashboard, "transactions per second by result"))
+    assert results == ['sumby(result)(rate(perceptron_transactions_total{job=~"$job",instance=~"$instance"}[$__rate_interval]))']
+    commit = compact(_panel_exprs(dashboard, "transaction commit time"))
+    for q in ("0.5", "0.99"):
+        assert any(e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_transaction_commit_seconds_bucket{{") for e in commit), (q, commit)
+    [panel] = [p for p in dashboard["panels"] if p["title"] == "Transaction commit time"]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+
+
 def test_drift_annotation(dashboard: dict[str, Any]) -> None:
     """A drift marks every time series: an annotation where the drift counter went up. increase, not changes: a
     restart sets the counter back to 0, which is no drift."""

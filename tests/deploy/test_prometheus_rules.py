@@ -154,6 +154,7 @@ def test_expected_durations() -> None:
     assert durations["PerceptronMixRecordsRejected"] == "1m"
     assert durations["PerceptronDriftDetected"] == "0s"  # a drift is an event: at once
     assert durations["PerceptronLabelsUnmatched"] == "5m"
+    assert durations["PerceptronTransactionsAborting"] == "0s"  # an aborted transaction stopped an instance: at once
 
 
 def test_mistake_rate_alert_needs_labeled_events_flowing() -> None:

@@ -47,14 +47,16 @@ def offline(events: list[dict], variant: str = "plain") -> tuple[list[dict], dic
 
 
 class OutputWatcher:
-    """Reads a one-partition output topic from its start, in a thread, while the test runs."""
+    """Reads a one-partition output topic from its start, in a thread, while the test runs (``read_committed``:
+    only what committed transactions wrote, as a consumer of exactly-once outputs reads)."""
 
-    def __init__(self, bootstrap: str, topic: str):
+    def __init__(self, bootstrap: str, topic: str, read_committed: bool = False):
         from kafka import KafkaConsumer, TopicPartition
 
         create_topic(bootstrap, topic)  # one partition, before the service would create it
         self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                      request_timeout_ms=10_000)
+                                      request_timeout_ms=10_000,
+                                      isolation_level="read_committed" if read_committed else "read_uncommitted")
         tp = TopicPartition(topic, 0)
         self.consumer.assign([tp])
         self.consumer.seek_to_beginning(tp)
