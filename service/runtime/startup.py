@@ -88,8 +88,8 @@ def refuse_exactly_once_without(s: ServeSettings) -> None:
                            "delayed labels with --processing-guarantee at-least-once")
     if s.model_scope == "partition" and s.mix_every:
         raise StartupError("--processing-guarantee exactly-once does not take --mix-every yet (it is "
-                           f"{s.mix_every}): the mix topic's reader reads uncommitted records, and would mix in those "
-                           "of aborted transactions; run exactly-once with --mix-every 0, or mixing at-least-once")
+                           f"{s.mix_every}): no test shows a mixing replica's outputs exactly once across a crash yet; run "
+                           "exactly-once with --mix-every 0, or mixing at-least-once")
 
 
 def refuse_exactly_once_on(s: ServeSettings, cluster_id: str | None) -> None:
