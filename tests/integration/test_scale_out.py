@@ -157,6 +157,8 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(k
         processes["a"] = _start(args, tmp_path, "a")
         processes["b"] = _start(args, tmp_path, "b")
         wait_until(lambda: watcher.distinct() >= count // 4, 90, what="a quarter predicted")
+        # b holds partitions before a dies and c comes (a, started first, may have predicted a quarter alone)
+        wait_until(lambda: _held((tmp_path / "serve-b.log").read_text()), 60, what="b's partitions")
         processes["a"].send_signal(signal.SIGKILL)  # its partitions idle until its session times out, then move
         processes["a"].wait()
         b_log_before_c = len((tmp_path / "serve-b.log").read_text())
@@ -178,14 +180,16 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(k
     for name in ("b", "c"):
         assert not has_traceback((tmp_path / f"serve-{name}.log").read_text()), tail(tmp_path / f"serve-{name}.log")
     assert "assigned" in (tmp_path / "serve-c.log").read_text()  # the newcomer got partitions
-    if protocol == "consumer":  # KIP-848: once c came, b gave up some of its partitions, never all; what stayed never stopped
+    if protocol == "consumer":
+        # KIP-848: b's first revocation once c came (c's join) gives up some of what b held, never all: the rest never
+        # stopped. What happens later is not asserted: a's session ending moves more, and where c's share goes first
+        # depends on whether the killed a was still a member when c joined.
         b_log = (tmp_path / "serve-b.log").read_text()
-        held, moved = _held(b_log[:b_log_before_c]), _partitions_logged(b_log[b_log_before_c:], "revoked")
-        assert moved and moved < held, (held, moved, tail(tmp_path / "serve-b.log"))
-        # each went to the newcomer, or back to b: c may join while the killed a is still a member (its session is
-        # 6 s), and the broker's assignor then gives a a share until a's session ends
-        taken = _partitions_logged((tmp_path / "serve-c.log").read_text(), "assigned")
-        assert moved <= taken | _partitions_logged(b_log[b_log_before_c:], "assigned"), (moved, taken, tail(tmp_path / "serve-b.log"))
+        first = b_log.find(" revoked ", b_log_before_c)
+        assert first >= 0, tail(tmp_path / "serve-b.log")
+        line_start, line_end = b_log.rfind("\n", 0, first) + 1, b_log.find("\n", first)
+        held, gave = _held(b_log[:line_start]), _partitions_logged(b_log[line_start:line_end], "revoked")
+        assert gave and gave < held, (held, gave, tail(tmp_path / "serve-b.log"))
     replicas = _replicas(args)
     repeats = 0
     for p in range(PARTITIONS):
