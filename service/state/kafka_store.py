@@ -72,9 +72,12 @@ class KafkaStore:
         (see :func:`newest_usable`). ``legacy`` changes nothing: version 0.1 used the same keys.
 
         ``committed`` (exactly-once: the group's committed offsets): only a checkpoint whose positions are
-        committed offsets counts, the others are left out unreported. A checkpoint is committed in the same
-        transaction as its positions, and the topic's reader (service/kafka/compacted.py) reads
-        read_uncommitted: it also sees the records of aborted transactions, which this leaves out.
+        committed offsets counts, the others are left out unreported. Under exactly-once a checkpoint is committed
+        in the same transaction as its positions, and the topic's reader (service/kafka/compacted.py) reads
+        committed records only, so an aborted transaction's record never reaches here; this check keeps out what
+        the reader cannot tell apart: a checkpoint whose positions the group never committed (one an at-least-once
+        run saved just before it crashed, ahead of its commit): exactly-once resumes only from a state whose
+        positions the group holds.
         """
         latest = self.topic.read_latest(set(self.slot_keys(task)))
         decoded = []
