@@ -9,7 +9,7 @@ fails and the committed offsets stop moving.  This builds each model the
 service can run, learned on labeled events until it holds N features with
 random names of the given lengths (full-precision weights: random values,
 random labels, so about half the events update), and prints the size of the
-checkpoint the service would write (service.state.checkpoint.encode_checkpoint).
+checkpoint the service would write (perceptron_stream.state.checkpoint.encode_checkpoint).
 
 Per feature the state holds its name and one float per weight vector (two for
 averaged and pocket); --standardize adds the scaler's count, mean and
@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.learning import VARIANTS, make_learner  # noqa: E402
-from service.state.checkpoint import Checkpoint, encode_checkpoint  # noqa: E402
+from perceptron_stream.learning import VARIANTS, make_learner  # noqa: E402
+from perceptron_stream.state.checkpoint import Checkpoint, encode_checkpoint  # noqa: E402
 
 LIMIT = 16 * 1024 * 1024
 ALPHABET = string.ascii_lowercase + string.digits + "_=/:.-"

@@ -5,7 +5,7 @@
     python3 bench/decoder.py --tree /tmp/old          # the decoder of another source tree
 
 For each size (bytes of the message value), every shape below is built to
-that size and decoded by ``service.wire.inputs.Decoder`` (max_message_bytes
+that size and decoded by ``perceptron_stream.wire.inputs.Decoder`` (max_message_bytes
 1,048,576, max_features ``--max-features``, default 100,000 so that the
 valid dense event of 1 MB is accepted; the service's default is 10,000).
 A shape is one way a producer (or an attacker) can make the decoder work:
@@ -165,9 +165,9 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     try:
-        from service.wire.inputs import Decoder
+        from perceptron_stream.wire.inputs import Decoder
     except ImportError:  # a tree from before service/wire/ (0.1: service/schema.py)
-        from service.schema import Decoder
+        from perceptron_stream.schema import Decoder
 
     sizes = [int(s) for s in args.sizes.split(",")]
     names = [name for name in SHAPES if name == "valid x" or args.only in name]

@@ -15,7 +15,7 @@ One fresh broker per invocation: Apache Kafka (``--broker apache-kafka``, the
 default: the version pinned in tests/apache_kafka/pom.xml, KRaft on loopback,
 as the test suite runs it; Java and Maven needed) or the embedded broker
 (``--broker embedded``, Tansu). N events (default 200,000;
-d = 10, 5% label noise, JSON, ``service.streams.separable``) are pre-produced
+d = 10, 5% label noise, JSON, ``perceptron_stream.streams.separable``) are pre-produced
 to an input topic created with 1 and with 4 partitions. On each, the
 contenders take turns (``--repeats`` rounds, the order reversed every other
 round), each in a child process of its own, with a fresh group and output topic:
@@ -29,7 +29,7 @@ round), each in a child process of its own, with a fresh group and output topic:
 - ceiling confluent (``--client confluent``): the same loop on confluent-kafka;
   ``--client confluent+service-path``: that loop also doing the service's
   per-event work (decode, predict and learn, the prediction's JSON, metrics);
-- service: ``python -m service.cli serve`` with its defaults (local checkpoint
+- service: ``python -m perceptron_stream.cli serve`` with its defaults (local checkpoint
   store with fsync, metrics endpoint); ``--service-tree NAME=DIR`` adds the
   service of another source tree (a proposed change), measured the same way,
   in each configuration asked for (each client, plain and with labels);
@@ -105,7 +105,7 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
-# the client settings of the service (service.kafka)
+# the client settings of the service (perceptron_stream.kafka)
 GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
 PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024, "retries": 5}
 # The ceiling as tight as the client allows:
@@ -189,10 +189,10 @@ def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group
     consumer.subscribe([input_topic], on_assign=lambda c, partitions: print("assigned", len(partitions), flush=True))
     consume, produce, flush = consumer.consume, producer.produce, producer.flush
     if work:
-        from service.learning import make_learner
-        from service.metrics import ServiceMetrics
-        from service.wire.inputs import Decoder
-        from service.wire.messages import Rejection
+        from perceptron_stream.learning import make_learner
+        from perceptron_stream.metrics import ServiceMetrics
+        from perceptron_stream.wire.inputs import Decoder
+        from perceptron_stream.wire.messages import Rejection
 
         decode, learner = Decoder(1024 * 1024, 10_000).decode, make_learner("plain", 0.0, False)
         step, dumps, metrics = learner.step, orjson.dumps, ServiceMetrics(window=1000, version="bench", variant="plain")
@@ -414,11 +414,11 @@ def rss_kib(pid: int) -> int:
 
 
 class Service:
-    """``python -m service.cli serve`` (from ``tree``) as a child process."""
+    """``python -m perceptron_stream.cli serve`` (from ``tree``) as a child process."""
 
     def __init__(self, tree: Path, bootstrap: str, input_topic: str, output_topic: str, group: str, partitions: int,
                  log_path: Path, extra: list[str] = (), labels: bool = False):
-        from service.broker import free_port
+        from perceptron_stream.broker import free_port
 
         self.labels = labels  # done: labels joined, not events
         self.pending: float | None = None  # points waiting for their label, at the last progress read (labels only)
@@ -431,7 +431,7 @@ class Service:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
         env["PYTHONPATH"] = str(tree)
         self.log = open(log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args], cwd=tree, env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "serve", *args], cwd=tree, env=env,
                                         stdout=self.log, stderr=subprocess.STDOUT)
 
     @property
@@ -801,7 +801,7 @@ def main() -> int:
 
     from rich.console import Console
 
-    from service.streams import separable
+    from perceptron_stream.streams import separable
 
     for client in dict.fromkeys(args.client):
         if client in PEERS and importlib.util.find_spec(PEERS[client][1]) is None:
@@ -904,7 +904,7 @@ def new_broker(kind: str, logs: Path):
         from tests.support.apache_kafka import ApacheKafka
 
         return ApacheKafka(logs / "apache-kafka", heap="1g")
-    from service.broker import EmbeddedBroker
+    from perceptron_stream.broker import EmbeddedBroker
 
     return EmbeddedBroker(log_path=logs / "broker.log")
 

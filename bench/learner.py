@@ -40,7 +40,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from river import linear_model  # noqa: E402
 
-from service.learning import Perceptron  # noqa: E402
+from perceptron_stream.learning import Perceptron  # noqa: E402
 
 
 def make_stream(d: int, n: int, noise: float, seed: int = 42) -> tuple[list[list[float]], list[int]]:

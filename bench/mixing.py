@@ -6,7 +6,7 @@
 The learning core only (no Kafka): the stream is dealt round-robin to S
 shards, as keyed events spread over partitions; every shard learns its
 events in order and, every ``--mix-every`` events it learned, its weights
-are mixed with the others' (service.learning.mixing.simulate: synchronous
+are mixed with the others' (perceptron_stream.learning.mixing.simulate: synchronous
 rounds, the paper's Figure 3). For each stream, S and mixing it reports:
 
 - mistake rate: mistakes of the published predictions over all events (the
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from service.learning import Perceptron, make_learner  # noqa: E402
-from service.learning.mixing import shard, simulate  # noqa: E402
-from service.streams import credit, separable  # noqa: E402
+from perceptron_stream.learning import Perceptron, make_learner  # noqa: E402
+from perceptron_stream.learning.mixing import shard, simulate  # noqa: E402
+from perceptron_stream.streams import credit, separable  # noqa: E402
 
 SHARDS = (1, 2, 4, 8)
 MIXINGS = ("none", "uniform", "error")

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from service.learning import learner_from_state, make_learner
-from service.learning.mixing import mix_states
-from service.state.checkpoint import Checkpoint, Owner, encode_checkpoint
+from perceptron_stream.learning import learner_from_state, make_learner
+from perceptron_stream.learning.mixing import mix_states
+from perceptron_stream.state.checkpoint import Checkpoint, Owner, encode_checkpoint
 
 rng = random.Random(1)
 for d in (10, 1000, 50000):

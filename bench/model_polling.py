@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.broker import EmbeddedBroker, free_port  # noqa: E402
+from perceptron_stream.broker import EmbeddedBroker, free_port  # noqa: E402
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes | None:
@@ -62,7 +62,7 @@ def run_once(bootstrap: str, topic: str, model: Path, events: int, clients: int,
     port = free_port()
     metrics = f"http://127.0.0.1:{port}"
     log = open(work / f"service-{tag}.log", "wb")
-    service = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--bootstrap-servers", bootstrap, "--input-topic", topic,
+    service = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "serve", "--bootstrap-servers", bootstrap, "--input-topic", topic,
                                 "--output-topic", f"out-{tag}", "--dlq-topic", f"dlq-{tag}", "--group-id", f"g-{tag}",
                                 "--state-store", "none", "--metrics-port", str(port), "--initial-model", str(model)],
                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})

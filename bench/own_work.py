@@ -38,12 +38,12 @@ class NullStream:
 def records(count: int, labeled: bool = True, topic: str = "points"):
     """``count`` events of d = 10 as the client hands them over: with or without ``y`` on ``topic``; on the label
     topic (``topic="labels"``) the labels of the same events, ``{"id", "y"}``, in the same order."""
-    from service.streams import separable
+    from perceptron_stream.streams import separable
 
     try:
-        from service.kafka.contract import Record
+        from perceptron_stream.kafka.contract import Record
     except ImportError:  # before service/kafka/contract.py
-        from service.kafka.types import Record
+        from perceptron_stream.kafka.types import Record
     out = []
     for i, (e, _) in enumerate(zip(separable(dimensions=10, noise=0.05, seed=1), range(count))):
         if topic == "labels":
@@ -58,12 +58,12 @@ def records(count: int, labeled: bool = True, topic: str = "points"):
 def runner(args: list[str], recs, tmp: Path, labels=None):
     """A function that processes ``recs`` once through the service's own path, in batches of 1,000 (with
     ``labels``: after each batch of points, the labels of the batch before it, a lag of 1,000 as bench/e2e.py's)."""
-    from service.app import Application
-    from service.config import ServeSettings, load
+    from perceptron_stream.app import Application
+    from perceptron_stream.config import ServeSettings, load
 
     app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-store", "none", "--state-dir", str(tmp), *args]))
     try:
-        from service.pipeline.task import Tally
+        from perceptron_stream.pipeline.task import Tally
     except ImportError:  # the old Application: its own _process, over a stream that does nothing
         app.io = NullStream()
         return lambda: [app._process(recs[i:i + 1000]) for i in range(0, len(recs), 1000)]

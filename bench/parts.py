@@ -32,10 +32,10 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from own_work import best_cpu, records, report
 
-    from service.learning import make_learner
-    from service.pipeline.models import DriftWatch
-    from service.wire.inputs import Decoder
-    from service.wire.outputs import prediction
+    from perceptron_stream.learning import make_learner
+    from perceptron_stream.pipeline.models import DriftWatch
+    from perceptron_stream.wire.inputs import Decoder
+    from perceptron_stream.wire.outputs import prediction
 
     recs = records(args.events)
     events = [Decoder(1 << 20, 10_000).decode(r.value, r.key) for r in recs]

@@ -3,7 +3,7 @@
     python3 bench/pending.py                      # the table of bench/README.md "Delayed labels"
     python3 bench/pending.py --points 200000      # quicker
 
-The pending table of one partition (service.state.pending.PendingTable, SQLite
+The pending table of one partition (perceptron_stream.state.pending.PendingTable, SQLite
 on disk, as the local store keeps it) takes points of d = 10 as the service
 keeps them (features, the published y_pred and score, version, source), in
 batches of 1,000 committed like the service's batches, with a checkpoint every
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from service.state.pending import PendingTable  # noqa: E402
+from perceptron_stream.state.pending import PendingTable  # noqa: E402
 
 
 def rss_mib() -> float:

@@ -173,8 +173,8 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from service.broker import EmbeddedBroker
-    from service.streams import separable
+    from perceptron_stream.broker import EmbeddedBroker
+    from perceptron_stream.streams import separable
 
     try:
         import confluent_kafka  # the burst's producer, whatever the client under test

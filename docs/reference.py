@@ -33,8 +33,8 @@ from pydantic import SecretStr  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 from pydantic_settings import BaseSettings  # noqa: E402
 
-from service.cli import COMMANDS, main  # noqa: E402
-from service.config import env_var, flag  # noqa: E402
+from perceptron_stream.cli import COMMANDS, main  # noqa: E402
+from perceptron_stream.config import env_var, flag  # noqa: E402
 
 MARKER = re.compile(r"^<!-- generated: (?P<kind>[a-z]+) (?P<name>[a-z-]+) -->$", re.MULTILINE)
 SCHEMAS = ROOT / "schemas"

@@ -1,17 +1,17 @@
 """The service: wiring, and the poll loop.
 
-Start-up (:mod:`service.runtime.startup`) opens the topics, the store and the
+Start-up (:mod:`perceptron_stream.runtime.startup`) opens the topics, the store and the
 rest in dependency order; the wiring builds on what it opened (tasks from
-:mod:`service.runtime.factory`, the restorer, the checkpointer, the rebalance
+:mod:`perceptron_stream.runtime.factory`, the restorer, the checkpointer, the rebalance
 callbacks); the stream opens last. Each resource is registered with one
 :class:`~contextlib.ExitStack` as it opens and closed in reverse order.
 
 Per turn: poll (one list of records per partition) → settle assignments
-(:mod:`service.runtime.partitions`: restore what was assigned) → each
-partition's records to its task (:mod:`service.pipeline.task`: decode →
+(:mod:`perceptron_stream.runtime.partitions`: restore what was assigned) → each
+partition's records to its task (:mod:`perceptron_stream.pipeline.task`: decode →
 predict, then learn → prediction or dead letter sent) → wait for the
-brokers' acknowledgements (:mod:`service.runtime.delivery`) → checkpoint when
-due, then commit (:mod:`service.runtime.checkpointer`) → lag.
+brokers' acknowledgements (:mod:`perceptron_stream.runtime.delivery`) → checkpoint when
+due, then commit (:mod:`perceptron_stream.runtime.checkpointer`) → lag.
 
 Guarantees, and the order above that gives them:
 
@@ -24,7 +24,7 @@ Guarantees, and the order above that gives them:
   after it are learned again from the same state (``source`` tells copies apart);
   a stop inside a batch whose outputs were not all acknowledged writes no final checkpoint;
 - the offsets committed to the group are checkpoints' positions, never more;
-- group scope: one instance per model (:class:`~service.runtime.partitions.OneInstance`);
+- group scope: one instance per model (:class:`~perceptron_stream.runtime.partitions.OneInstance`);
   partition scope: any number, each partition's state moving with it.
 """
 
@@ -35,29 +35,29 @@ import logging
 import time
 from contextlib import ExitStack
 
-from service import __version__
-from service.config import ServeSettings
-from service.http import HttpEndpoints
-from service.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable
-from service.metrics import ServiceMetrics
-from service.pipeline.labels import LabelGate
-from service.pipeline.models import REPORT_PAGE, ModelReports, ModelSet
-from service.pipeline.task import Tally, TaskSet
-from service.runtime.checkpointer import Checkpointer
-from service.runtime.delivery import Delivery
-from service.runtime.factory import TaskFactory
-from service.runtime.health import Health, LagProbe
-from service.runtime.partitions import Assignments
-from service.runtime.restore import Restorer
-from service.runtime.retry import Retry, StartupError
-from service.runtime.shutdown import StopDeadline, left_undone
-from service.runtime.startup import (
+from perceptron_stream import __version__
+from perceptron_stream.config import ServeSettings
+from perceptron_stream.http import HttpEndpoints
+from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable
+from perceptron_stream.metrics import ServiceMetrics
+from perceptron_stream.pipeline.labels import LabelGate
+from perceptron_stream.pipeline.models import REPORT_PAGE, ModelReports, ModelSet
+from perceptron_stream.pipeline.task import Tally, TaskSet
+from perceptron_stream.runtime.checkpointer import Checkpointer
+from perceptron_stream.runtime.delivery import Delivery
+from perceptron_stream.runtime.factory import TaskFactory
+from perceptron_stream.runtime.health import Health, LagProbe
+from perceptron_stream.runtime.partitions import Assignments
+from perceptron_stream.runtime.restore import Restorer
+from perceptron_stream.runtime.retry import Retry, StartupError
+from perceptron_stream.runtime.shutdown import StopDeadline, left_undone
+from perceptron_stream.runtime.startup import (
     CHANGELOG_TOPIC_CONFIG,
     CHECKPOINT_TOPIC_CONFIG,
     Opened,
     Startup,
 )
-from service.state.checkpoint import Owner
+from perceptron_stream.state.checkpoint import Owner
 
 log = logging.getLogger("perceptron_stream")
 
@@ -104,7 +104,7 @@ class Application:
 
     def model_report(self, offset: int = 0, limit: int = REPORT_PAGE) -> dict:
         """GET /model: a page of the champion's and the challengers' weights and their numbers, per model this instance
-        serves; at most one copy of a model's weights per version (:class:`~service.pipeline.models.ModelReports`)."""
+        serves; at most one copy of a model's weights per version (:class:`~perceptron_stream.pipeline.models.ModelReports`)."""
         return self.reports.report(self.tasks.all(), self.settings.model_scope, self.settings.learning, offset, limit)
 
     # life cycle ----------------------------------------------------------

@@ -1,6 +1,6 @@
 """``perceptron-stream``: the command line.
 
-Each command's flags are its settings class in :mod:`service.config`
+Each command's flags are its settings class in :mod:`perceptron_stream.config`
 (``perceptron-stream serve --help`` lists them); a bad flag, environment
 variable or file value exits with code 2 and a message naming the setting.
 """
@@ -12,8 +12,8 @@ import logging
 import signal
 import sys
 
-from service import __version__
-from service.config import (
+from perceptron_stream import __version__
+from perceptron_stream.config import (
     BrokerSettings,
     ConfigError,
     DemoSettings,
@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_serve(settings: ServeSettings) -> int:
-    from service.app import Application, StartupError
-    from service.kafka import MissingTopicError
-    from service.state.checkpoint import CheckpointError
-    from service.state.local import StateLockedError
+    from perceptron_stream.app import Application, StartupError
+    from perceptron_stream.kafka import MissingTopicError
+    from perceptron_stream.state.checkpoint import CheckpointError
+    from perceptron_stream.state.local import StateLockedError
 
     _logging(settings.log_level)
     try:
@@ -93,7 +93,7 @@ def run_serve(settings: ServeSettings) -> int:
 
 
 def run_broker(settings: BrokerSettings) -> int:
-    from service.broker import EmbeddedBroker
+    from perceptron_stream.broker import EmbeddedBroker
 
     _logging()
     broker = EmbeddedBroker(settings.host, settings.port).start()
@@ -115,7 +115,7 @@ def run_broker(settings: BrokerSettings) -> int:
 
 
 def run_produce(settings: ProduceSettings) -> int:
-    from service.produce import ProduceError, produce
+    from perceptron_stream.produce import ProduceError, produce
 
     _logging("WARNING")
     stopping = []
@@ -131,8 +131,8 @@ def run_produce(settings: ProduceSettings) -> int:
 
 
 def run_train(settings: TrainSettings) -> int:
-    from service.learning.batch import train_report
-    from service.streams import is_csv, load_dataset
+    from perceptron_stream.learning.batch import train_report
+    from perceptron_stream.streams import is_csv, load_dataset
 
     try:
         data = load_dataset(settings.data, dense=settings.dense)
@@ -146,7 +146,7 @@ def run_train(settings: TrainSettings) -> int:
         print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
         return 2
     if settings.output is not None:
-        from service.learning import model_file
+        from perceptron_stream.learning import model_file
 
         # dense x events are features 0..d-1 to the service (load_dataset names them x0..x{d-1} in the report)
         features = list(range(len(data.names))) if data.form == "dense" else data.names
@@ -169,18 +169,18 @@ def run_train(settings: TrainSettings) -> int:
 
 def run_model_export(settings: ModelExportSettings) -> int:
     """The newest usable checkpoint of a model (its owner's group and topic checked), written as a model file."""
-    from service.learning import learner_from_state, model_file
-    from service.state.checkpoint import CheckpointError, Owner
+    from perceptron_stream.learning import learner_from_state, model_file
+    from perceptron_stream.state.checkpoint import CheckpointError, Owner
 
     _logging("WARNING")
     key = settings.checkpoint_key.get_secret_value().encode() if settings.checkpoint_key else None
     if settings.state_store == "local":
-        from service.state.local import LocalStore
+        from perceptron_stream.state.local import LocalStore
 
         store = LocalStore(settings.state_dir, settings.group_id)
     else:
-        from service.kafka import CompactedTopic, KafkaFatal, KafkaUnavailable
-        from service.state.kafka_store import KafkaStore
+        from perceptron_stream.kafka import CompactedTopic, KafkaFatal, KafkaUnavailable
+        from perceptron_stream.state.kafka_store import KafkaStore
 
         try:
             store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
@@ -208,7 +208,7 @@ def run_model_export(settings: ModelExportSettings) -> int:
 
 
 def run_demo(settings: DemoSettings) -> int:
-    from service.demo import run_demo as demo
+    from perceptron_stream.demo import run_demo as demo
 
     return demo(settings)
 

@@ -13,7 +13,7 @@ that names the setting in all its spellings (see :func:`load`).
 >>> load(ServeSettings, ["--batch-size", "0"])
 Traceback (most recent call last):
 ...
-service.config.ConfigError: invalid setting batch_size (--batch-size, PERCEPTRON_STREAM_BATCH_SIZE): Input should be greater than 0, got '0'
+perceptron_stream.config.ConfigError: invalid setting batch_size (--batch-size, PERCEPTRON_STREAM_BATCH_SIZE): Input should be greater than 0, got '0'
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ class ServeSettings(KafkaSettings):
     @field_validator("challengers")
     @classmethod
     def _challengers_parse(cls, value: str) -> str:
-        from service.pipeline.models import ModelSet
+        from perceptron_stream.pipeline.models import ModelSet
 
         ModelSet.parse(value)  # ValueError naming the challenger
         return value
@@ -305,7 +305,7 @@ class ServeSettings(KafkaSettings):
     def _initial_model_is_a_model_file(cls, value: Path | None) -> Path | None:
         if value is None:
             return value
-        from service.wire.messages import ModelFile
+        from perceptron_stream.wire.messages import ModelFile
 
         try:
             ModelFile.model_validate_json(value.read_bytes())

@@ -30,11 +30,11 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from service.app import Application, StartupError
-from service.broker import EmbeddedBroker
-from service.config import DemoSettings, ProduceSettings, ServeSettings, load
-from service.produce import ProduceError, produce
-from service.state.checkpoint import CheckpointError
+from perceptron_stream.app import Application, StartupError
+from perceptron_stream.broker import EmbeddedBroker
+from perceptron_stream.config import DemoSettings, ProduceSettings, ServeSettings, load
+from perceptron_stream.produce import ProduceError, produce
+from perceptron_stream.state.checkpoint import CheckpointError
 
 SPARK = "▁▂▃▄▅▆▇█"
 #: The variants the demo compares: the champion is ``--variant``, the others of these run as challengers.

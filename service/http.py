@@ -41,8 +41,8 @@ from urllib.parse import parse_qs, unquote
 import orjson
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from service.metrics import ServiceMetrics
-from service.runtime.health import Health
+from perceptron_stream.metrics import ServiceMetrics
+from perceptron_stream.runtime.health import Health
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def model_page(query: str) -> tuple[int, int] | str:
     >>> model_page(""), model_page("offset=2000&limit=500"), model_page("limit=0")
     ((0, 1000), (2000, 500), 'limit must be a whole number from 1 to 10000, got 0\\n')
     """
-    from service.pipeline.models import REPORT_MAX_PAGE, REPORT_PAGE
+    from perceptron_stream.pipeline.models import REPORT_MAX_PAGE, REPORT_PAGE
 
     args = parse_qs(query)
     out = []

@@ -26,7 +26,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from service.wire.messages import REASONS
+from perceptron_stream.wire.messages import REASONS
 
 #: A second to a week: labels come from seconds (a click) to months (a default) after their point.
 LABEL_DELAY_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400, 30 * 86400)
@@ -195,7 +195,7 @@ class ServiceMetrics:
         # Liveness for alerts: /healthz tells a probe, this tells Prometheus. Computed
         # at scrape time from the Health the loop beats, so a loop hung inside a
         # call still shows its last turn (NaN until a Health is tracked).
-        self._health = None  # the runtime's Health (service.runtime.health), tracked by the HTTP endpoints
+        self._health = None  # the runtime's Health (perceptron_stream.runtime.health), tracked by the HTTP endpoints
         self.poll_loop_last_turn = Gauge("perceptron_poll_loop_last_turn_timestamp_seconds",
                                          "Unix time at which the poll loop last turned (or waited, alive, for the brokers).", registry=registry)
         self.poll_loop_last_turn.set_function(self._last_turn_unix)
@@ -204,7 +204,7 @@ class ServiceMetrics:
         self.window = SlidingRate(window)
 
     def observe_tally(self, tally, latency_s: float) -> None:
-        """Count what one batch did (a :class:`~service.pipeline.task.Tally`)."""
+        """Count what one batch did (a :class:`~perceptron_stream.pipeline.task.Tally`)."""
         self.observe_batch(labeled=tally.labeled, unlabeled=tally.unlabeled, mistake_flags=tally.flags, updates=tally.updates,
                            latency_s=latency_s, dropped_features=tally.dropped)
         for reason, count in collections.Counter(tally.rejected).items():

@@ -4,9 +4,9 @@ A send is only a request: the count this reports is what the brokers
 acknowledged, and a run that lost messages says how many and fails with
 :class:`ProduceError`, whose message the command prints as one line (exit 1,
 or 2 for a bad setting). It sends through the Kafka layer, as the service
-does: the service's producer (:class:`service.kafka.CountingProducer`), its
-book-keeping of deliveries (:class:`service.kafka.ledger.Tally`) and its
-classification of errors (:mod:`service.kafka.errors`).
+does: the service's producer (:class:`perceptron_stream.kafka.CountingProducer`), its
+book-keeping of deliveries (:class:`perceptron_stream.kafka.ledger.Tally`) and its
+classification of errors (:mod:`perceptron_stream.kafka.errors`).
 
 Delayed labels (``--label-topic``): each synthetic event goes to ``--topic``
 without its ``y`` (the inline stream's event with ``y`` taken out, keyed by
@@ -15,7 +15,7 @@ topic ``--label-delay-seconds`` later, with the same key: with the same
 partition count (the label topic is created with ``--topic``'s, and checked),
 a label lands in its point's partition number. A ``--label-missing`` share of
 the labels never comes, and the ``--unlabeled`` share has none
-(:func:`service.streams.delayed_labels`). One loop sends both
+(:func:`perceptron_stream.streams.delayed_labels`). One loop sends both
 (:class:`PairedSchedule`): each point in its slot of ``--rate``, each label
 as it falls due; at the end it waits for the labels still to come, unless
 stopped. A seed writes the same points and the same labels, byte for byte
@@ -40,11 +40,11 @@ from typing import Self
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from service.config import ProduceSettings
-from service.kafka import CountingProducer, KafkaFatal, KafkaUnavailable, TopicSpec, ensure_topics, partition_counts
-from service.kafka.errors import describe
-from service.kafka.ledger import Tally
-from service.streams import csv_columns, delayed_labels, is_csv, read_file, synthetic
+from perceptron_stream.config import ProduceSettings
+from perceptron_stream.kafka import CountingProducer, KafkaFatal, KafkaUnavailable, TopicSpec, ensure_topics, partition_counts
+from perceptron_stream.kafka.errors import describe
+from perceptron_stream.kafka.ledger import Tally
+from perceptron_stream.streams import csv_columns, delayed_labels, is_csv, read_file, synthetic
 
 log = logging.getLogger(__name__)
 PROG = "perceptron-stream produce"

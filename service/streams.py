@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from service.learning.labels import CSV_LABELS
-from service.wire.messages import InputEvent
+from perceptron_stream.learning.labels import CSV_LABELS
+from perceptron_stream.wire.messages import InputEvent
 
 #: The largest margin the separable streams take. With ‖x‖ ≤ 1 no hyperplane
 #: keeps both classes 1 or more away; the rest of the gap leaves room for the

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from service.broker import EmbeddedBroker
+from perceptron_stream.broker import EmbeddedBroker
 from tests.support.apache_kafka import ApacheKafka, from_json, to_json, wait_ready
 from tests.support.brokers import new_broker
 from tests.support.launch import ServiceThread

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from service.app import Application, StartupError
-from service.config import ServeSettings, load
-from service.kafka import KafkaFatal, KafkaUnavailable
-from service.kafka.errors import service_error
-from service.runtime.retry import Retry
+from perceptron_stream.app import Application, StartupError
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
+from perceptron_stream.kafka.errors import service_error
+from perceptron_stream.runtime.retry import Retry
 
 
 @pytest.fixture
@@ -111,9 +111,9 @@ def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
 
 def _app_on(store_dir, *args):
     """An application wired to a local store, with no broker: its positions are taken to lie in the logs."""
-    from service.runtime.startup import Opened
-    from service.state.checkpoint import Owner
-    from service.state.local import LocalStore
+    from perceptron_stream.runtime.startup import Opened
+    from perceptron_stream.state.checkpoint import Owner
+    from perceptron_stream.state.local import LocalStore
 
     app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(store_dir), *args]))
     s = app.settings
@@ -128,7 +128,7 @@ def _restore(app) -> bool:
 
 
 def _save(app, seq=1):
-    from service.state.checkpoint import Checkpoint
+    from perceptron_stream.state.checkpoint import Checkpoint
 
     app.store.save(Checkpoint(seq=seq, positions={("points", 0): 5}, model=app.learner.to_state(),
                               meta=app.tasks.group.meta, created=1.0, owner=app.tasks.group.owner))

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from service.cli import main
+from perceptron_stream.cli import main
 from tests.support import SEED_003
 
 
@@ -105,7 +105,7 @@ def test_train_rejects_a_csv_label_that_is_not_one(tmp_path, capsys, label):
 
 
 def test_train_takes_the_wire_label_spellings_in_csv(tmp_path):
-    from service.streams import load_dataset
+    from perceptron_stream.streams import load_dataset
 
     data = tmp_path / "d.csv"
     data.write_text("x1,y\n1,1\n2,+1\n3,true\n4,TRUE\n5,-1\n6,0\n7,false\n8, False \n")
@@ -122,8 +122,8 @@ def test_produce_refuses_a_margin_the_unit_ball_cannot_hold(capsys, value):
 
 
 def test_produce_without_a_broker_names_bootstrap_servers(monkeypatch, capsys, signal_handlers):
-    from service import produce
-    from service.broker import free_port
+    from perceptron_stream import produce
+    from perceptron_stream.broker import free_port
 
     monkeypatch.setattr(produce, "CONNECT_TIMEOUT_S", 0.0)  # one attempt, not the 15 s a starting broker gets
     assert main(["produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--no-progress"]) == 1

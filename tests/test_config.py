@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from service.config import ConfigError, ProduceSettings, ServeSettings, load
+from perceptron_stream.config import ConfigError, ProduceSettings, ServeSettings, load
 
 
 def test_flags_override_env_which_override_the_file(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_sasl_password_is_never_echoed():
 
 
 def test_security_settings_reach_the_kafka_client(tmp_path):
-    from service.kafka import client_options
+    from perceptron_stream.kafka import client_options
 
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
@@ -106,8 +106,8 @@ def test_produce_settings_defaults():
 
 
 def test_the_command_exits_2_with_the_message():
-    result = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--batch-size", "-3"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", "--batch-size", "-3"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "invalid setting batch_size (--batch-size, PERCEPTRON_STREAM_BATCH_SIZE)" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "service.cli", "nonsense"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "nonsense"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "unknown command 'nonsense'" in result.stderr

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-import service.demo as demo
-from service.demo import DemoView, sparkline
-from service.learning import make_learner
-from service.metrics import ServiceMetrics
+import perceptron_stream.demo as demo
+from perceptron_stream.demo import DemoView, sparkline
+from perceptron_stream.learning import make_learner
+from perceptron_stream.metrics import ServiceMetrics
 
 
 class Clock:
@@ -94,7 +94,7 @@ def test_the_plain_line_says_the_same(app, monkeypatch):
 
 
 def _tally(**fields):
-    from service.pipeline.task import Tally
+    from perceptron_stream.pipeline.task import Tally
 
     tally = Tally()
     for name, value in fields.items():
@@ -115,7 +115,7 @@ FLAGS = {"champion": [True] + [False] * 9, "plain": [True] * 3 + [False] * 7, "p
 
 
 def test_each_challenger_has_a_line_beside_the_champion_and_drift_has_one(monkeypatch):
-    from service.demo import challengers
+    from perceptron_stream.demo import challengers
 
     assert challengers("averaged") == ["plain", "pocket"] and challengers("plain") == ["averaged", "pocket"]
     monkeypatch.setattr(demo.time, "monotonic", Clock())

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from service import http
-from service.http import MAX_HEAD_BYTES, HttpEndpoints
-from service.metrics import ServiceMetrics
-from service.runtime.health import Health
+from perceptron_stream import http
+from perceptron_stream.http import MAX_HEAD_BYTES, HttpEndpoints
+from perceptron_stream.metrics import ServiceMetrics
+from perceptron_stream.runtime.health import Health
 from tests.support import ROOT
 from tests.support.endpoints import http_get
 from tests.support.waiting import wait_until
@@ -182,9 +182,9 @@ def test_accept_failing_for_good_pauses_instead_of_spinning(serve, monkeypatch):
 
 CHILD = r"""
 import os, resource, sys, time
-from service.http import HttpEndpoints
-from service.metrics import ServiceMetrics
-from service.runtime.health import Health
+from perceptron_stream.http import HttpEndpoints
+from perceptron_stream.metrics import ServiceMetrics
+from perceptron_stream.runtime.health import Health
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 endpoints = HttpEndpoints(ServiceMetrics(window=10, version="t", variant="plain"), Health(30.0), "127.0.0.1", 0,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from service.metrics import LATENCY_BUCKETS, ServiceMetrics, SlidingRate, observe_many
+from perceptron_stream.metrics import LATENCY_BUCKETS, ServiceMetrics, SlidingRate, observe_many
 
 
 @settings(max_examples=300, deadline=None)
@@ -160,7 +160,7 @@ def test_poll_loop_gauge_follows_the_tracked_health():
     import math
     import time
 
-    from service.runtime.health import Health
+    from perceptron_stream.runtime.health import Health
 
     m = ServiceMetrics(window=4, version="test", variant="plain")
     assert math.isnan(_sample(m, "perceptron_poll_loop_last_turn_timestamp_seconds"))  # no Health tracked: unknown

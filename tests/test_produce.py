@@ -18,11 +18,11 @@ from kafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeToo
 from kafka.future import Future
 from rich.console import Console
 
-import service.kafka.kafka_python as kafka_python_module
-import service.produce as produce_module
-from service.config import ProduceSettings, load
-from service.cli import main
-from service.produce import (
+import perceptron_stream.kafka.kafka_python as kafka_python_module
+import perceptron_stream.produce as produce_module
+from perceptron_stream.config import ProduceSettings, load
+from perceptron_stream.cli import main
+from perceptron_stream.produce import (
     LABEL,
     POINT,
     PairedSchedule,
@@ -32,7 +32,7 @@ from service.produce import (
     paired_messages,
     produce,
 )
-from service.streams import POLICIES, bank_score, credit, delayed_labels, separable, separator, synthetic
+from perceptron_stream.streams import POLICIES, bank_score, credit, delayed_labels, separable, separator, synthetic
 from tests.support.statistics import within_binomial
 
 

@@ -2,9 +2,9 @@
 
 import re
 
-from service.cli import COMMANDS
-from service.config import ServeSettings, env_var, flag
-from service.metrics import ServiceMetrics
+from perceptron_stream.cli import COMMANDS
+from perceptron_stream.config import ServeSettings, env_var, flag
+from perceptron_stream.metrics import ServiceMetrics
 from tests.support import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")

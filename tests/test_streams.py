@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from service.streams import csv_columns, load_dataset, read_file
+from perceptron_stream.streams import csv_columns, load_dataset, read_file
 
 SEED_003 = "x1,x2,y\n1,2,1\n2,4,1\n3,4,1\n2,1,-1\n4,2,-1\n"
 

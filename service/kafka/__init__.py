@@ -1,4 +1,4 @@
-"""Everything that talks to Kafka, behind one small interface (:mod:`service.kafka.contract`).
+"""Everything that talks to Kafka, behind one small interface (:mod:`perceptron_stream.kafka.contract`).
 
 The application sees :class:`Record` tuples, a :class:`Stream` (the poll
 loop's consumer and producer), a few admin calls, and the service's own
@@ -8,30 +8,30 @@ in Kafka transactions (:func:`open_stream`; contract.py says what one
 covers), and adds :class:`Fenced` (stop: another instance owns the
 partitions) and :class:`Aborted` (read the span again) to those errors. Two clients stand behind the stream, chosen by
 the ``kafka_client`` setting, and share one delivery book-keeping
-(:mod:`service.kafka.ledger`), one error vocabulary (:mod:`service.kafka.errors`),
-one backoff (:mod:`service.kafka.backoff`) and one way of calling the
-application's rebalance callbacks (:mod:`service.kafka.rebalance`):
+(:mod:`perceptron_stream.kafka.ledger`), one error vocabulary (:mod:`perceptron_stream.kafka.errors`),
+one backoff (:mod:`perceptron_stream.kafka.backoff`) and one way of calling the
+application's rebalance callbacks (:mod:`perceptron_stream.kafka.rebalance`):
 
-- ``kafka-python`` (:mod:`service.kafka.kafka_python`, the default, pure Python);
-- ``confluent`` (:mod:`service.kafka.confluent`, librdkafka through
+- ``kafka-python`` (:mod:`perceptron_stream.kafka.kafka_python`, the default, pure Python);
+- ``confluent`` (:mod:`perceptron_stream.kafka.confluent`, librdkafka through
   confluent-kafka, the ``confluent`` extra): the client's work in C, several
   times the throughput (bench/README.md).
 
-Topic set-up, group membership, log ranges (:mod:`service.kafka.admin`) and
-the compacted topics (checkpoints, mixes: :mod:`service.kafka.compacted`) use
+Topic set-up, group membership, log ranges (:mod:`perceptron_stream.kafka.admin`) and
+the compacted topics (checkpoints, mixes: :mod:`perceptron_stream.kafka.compacted`) use
 kafka-python whichever client runs the poll loop: they are not on the hot
-path. kafka-python's clients are built by :mod:`service.kafka.kp_options`,
-with the mends of its bugs (:mod:`service.kafka.kp_mends`).
+path. kafka-python's clients are built by :mod:`perceptron_stream.kafka.kp_options`,
+with the mends of its bugs (:mod:`perceptron_stream.kafka.kp_mends`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from service.config import KafkaSettings
-from service.kafka.admin import cluster_identity, committed_offsets, ensure_topics, group_members, log_ranges, partition_counts
-from service.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
-from service.kafka.contract import (
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.admin import cluster_identity, committed_offsets, ensure_topics, group_members, log_ranges, partition_counts
+from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
+from perceptron_stream.kafka.contract import (
     BEGINNING,
     END,
     GROUP_TIMINGS,
@@ -48,9 +48,9 @@ from service.kafka.contract import (
     TopicSpec,
     first_offsets,
 )
-from service.kafka.kafka_python import CountingProducer, KafkaIO
-from service.kafka.kp_mends import close_producer
-from service.kafka.kp_options import client_options, make_producer, require_codecs
+from perceptron_stream.kafka.kafka_python import CountingProducer, KafkaIO
+from perceptron_stream.kafka.kp_mends import close_producer
+from perceptron_stream.kafka.kp_options import client_options, make_producer, require_codecs
 
 __all__ = [
     "BEGINNING",
@@ -110,7 +110,7 @@ def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: 
     if transactional_id is not None:  # the at-least-once stream is built exactly as before
         options["transactional_id"] = transactional_id
     if client == "confluent":
-        from service.kafka.confluent import ConfluentIO  # the optional extra: imported only when chosen
+        from perceptron_stream.kafka.confluent import ConfluentIO  # the optional extra: imported only when chosen
 
         return ConfluentIO(settings, **options, group_protocol=group_protocol)
     if group_protocol != "classic":

@@ -12,12 +12,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from service.config import KafkaSettings
-from service.kafka.backoff import Backoff
-from service.kafka.contract import MissingTopicError, TopicSpec
-from service.kafka.errors import FATAL_ERRORS, translated
-from service.kafka.kp_mends import AdminClient, close_consumer
-from service.kafka.kp_options import kafka_python_options
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.backoff import Backoff
+from perceptron_stream.kafka.contract import MissingTopicError, TopicSpec
+from perceptron_stream.kafka.errors import FATAL_ERRORS, translated
+from perceptron_stream.kafka.kp_mends import AdminClient, close_consumer
+from perceptron_stream.kafka.kp_options import kafka_python_options
 
 log = logging.getLogger(__name__)
 

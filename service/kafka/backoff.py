@@ -1,10 +1,10 @@
 """The one backoff of the service: delays that double from 0.2 s up to 5 s between attempts.
 
 Every retry loop uses it: the runtime's calls to the brokers
-(:class:`service.runtime.retry.Retry`, which re-exports it), the admin
-client's connection attempts (:mod:`service.kafka.admin`) and the delivery
-ledger's resends (:mod:`service.kafka.ledger`). It lives in the Kafka layer,
-not in service.runtime, because service.runtime imports service.kafka: the
+(:class:`perceptron_stream.runtime.retry.Retry`, which re-exports it), the admin
+client's connection attempts (:mod:`perceptron_stream.kafka.admin`) and the delivery
+ledger's resends (:mod:`perceptron_stream.kafka.ledger`). It lives in the Kafka layer,
+not in perceptron_stream.runtime, because perceptron_stream.runtime imports perceptron_stream.kafka: the
 other way round would be an import cycle. It knows nothing of Kafka.
 
 >>> b = Backoff(first=0.2, most=1.0)

@@ -19,10 +19,10 @@ import time
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from service.config import KafkaSettings
-from service.kafka.errors import service_error, translated
-from service.kafka.kp_mends import close_consumer, close_producer
-from service.kafka.kp_options import ISOLATION_LEVEL, kafka_python_options, make_producer
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.errors import service_error, translated
+from perceptron_stream.kafka.kp_mends import close_consumer, close_producer
+from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, kafka_python_options, make_producer
 
 
 class CompactedTopic:

@@ -1,20 +1,20 @@
-"""The confluent-kafka client (librdkafka) behind :mod:`service.kafka`'s interface: the ``confluent`` extra.
+"""The confluent-kafka client (librdkafka) behind :mod:`perceptron_stream.kafka`'s interface: the ``confluent`` extra.
 
-Same interface and guarantees as :class:`service.kafka.kafka_python.KafkaIO`,
+Same interface and guarantees as :class:`perceptron_stream.kafka.kafka_python.KafkaIO`,
 with the client's work (fetching, batching, checksums) in librdkafka's C
 threads instead of the poll loop's, which is what makes it several times
 faster (bench/README.md). librdkafka's errors are mapped to kafka-python's
-classes once (:func:`kafka_error`, with :data:`service.kafka.errors.LIBRDKAFKA_ERRORS`)
-and leave this module as the service's own (:func:`service.kafka.errors.service_error`),
+classes once (:func:`kafka_error`, with :data:`perceptron_stream.kafka.errors.LIBRDKAFKA_ERRORS`)
+and leave this module as the service's own (:func:`perceptron_stream.kafka.errors.service_error`),
 whichever client runs.
 
 With a transactional id, :class:`ConfluentIO`'s producer writes in
 transactions, as KafkaIO's: librdkafka's errors of a transactional call
 carry ``retriable()`` (the call is tried again until its deadline),
-``txn_requires_abort()`` (aborted, then :class:`~service.kafka.contract.Aborted`
-or, for a fenced member or generation, :class:`~service.kafka.contract.Fenced`)
+``txn_requires_abort()`` (aborted, then :class:`~perceptron_stream.kafka.contract.Aborted`
+or, for a fenced member or generation, :class:`~perceptron_stream.kafka.contract.Fenced`)
 and ``fatal()`` (the producer is broken for good: Fenced or KafkaFatal),
-classified by :func:`service.kafka.errors.transaction_error`.
+classified by :func:`perceptron_stream.kafka.errors.transaction_error`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaExcepti
 from confluent_kafka.admin import AdminClient
 from confluent_kafka import KafkaError as CKafkaError
 
-from service.config import KafkaSettings
-from service.kafka.contract import (
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.contract import (
     BEGINNING,
     END,
     GROUP_TIMINGS,
@@ -42,8 +42,8 @@ from service.kafka.contract import (
     Refused,
     first_offsets,
 )
-from service.kafka.admin import group_members
-from service.kafka.errors import (
+from perceptron_stream.kafka.admin import group_members
+from perceptron_stream.kafka.errors import (
     FATAL,
     LIBRDKAFKA_ERRORS,
     LIBRDKAFKA_TRANSACTION_ERRORS,
@@ -55,13 +55,13 @@ from service.kafka.errors import (
     service_error,
     transaction_error,
 )
-from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
-from service.kafka.ledger import Ledger
-from service.kafka.rebalance import RebalanceCallbacks
+from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
+from perceptron_stream.kafka.ledger import Ledger
+from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
 
-#: The producer, as :func:`service.kafka.kp_options.make_producer` and KafkaIO's:
+#: The producer, as :func:`perceptron_stream.kafka.kp_options.make_producer` and KafkaIO's:
 #: - acks=all; idempotence keeps each partition in order and free of duplicates
 #:   when librdkafka retries with requests in flight (Tansu grants producer ids);
 #: - records wait for the flush at the end of the batch (one request per
@@ -88,10 +88,10 @@ TRANSACTION_CALL_TIMEOUT_S = 30.0
 _LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
 
 #: librdkafka's own (negative) error codes that the service tells apart → kafka-python's class
-#: (:data:`service.kafka.errors.LIBRDKAFKA_ERRORS`, named there); the brokers' (positive) codes are Kafka's,
+#: (:data:`perceptron_stream.kafka.errors.LIBRDKAFKA_ERRORS`, named there); the brokers' (positive) codes are Kafka's,
 #: which kafka-python's for_code knows.
 _LOCAL_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_ERRORS.items()}
-#: ... and those that mean more in a transaction (:data:`service.kafka.errors.LIBRDKAFKA_TRANSACTION_ERRORS`).
+#: ... and those that mean more in a transaction (:data:`perceptron_stream.kafka.errors.LIBRDKAFKA_TRANSACTION_ERRORS`).
 _TRANSACTION_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_TRANSACTION_ERRORS.items()}
 
 
@@ -455,7 +455,7 @@ class ConfluentIO:
         self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
 
     def flush(self, timeout_s: float) -> list[Refused]:
-        """As :meth:`KafkaIO.flush <service.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`); in a
+        """As :meth:`KafkaIO.flush <perceptron_stream.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`); in a
         transaction a failed delivery aborts it (Aborted or Fenced raised)."""
         if not self.in_transaction:
             return self.ledger.settle(self, timeout_s)
@@ -477,7 +477,7 @@ class ConfluentIO:
             self.in_transaction = True
 
     def send_to(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
-        """As :meth:`KafkaIO.send_to <service.kafka.kafka_python.KafkaIO.send_to>`."""
+        """As :meth:`KafkaIO.send_to <perceptron_stream.kafka.kafka_python.KafkaIO.send_to>`."""
         if not self.in_transaction:
             raise RuntimeError("send_to writes into a transaction: begin() first")
         deadline = time.monotonic() + MAX_BLOCK_S
@@ -496,7 +496,7 @@ class ConfluentIO:
         self.ledger.failed((topic, key, value), RETRY)
 
     def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
-        """See :meth:`Stream.commit_transaction <service.kafka.contract.Stream.commit_transaction>`."""
+        """See :meth:`Stream.commit_transaction <perceptron_stream.kafka.contract.Stream.commit_transaction>`."""
         self.begin()
         refused = self.flush(timeout_s)
         deadline = time.monotonic() + timeout_s

@@ -149,7 +149,7 @@ class Stream(Protocol):
     (the clients translate their own errors). Rebalance callbacks, given at
     construction, run inside :meth:`poll` (and, with librdkafka, inside
     :meth:`commit`), between batches; what one raises, :meth:`poll` raises
-    as it was (:mod:`service.kafka.rebalance`).
+    as it was (:mod:`perceptron_stream.kafka.rebalance`).
     """
 
     def poll(self, timeout_ms: int, max_records: int) -> list[list[Record]]:

@@ -9,7 +9,7 @@ means the same whichever client met it:
   (:data:`LIBRDKAFKA_ERRORS`: confluent.py maps its errors through it);
 - :func:`delivery_kind`: what a failed delivery is (send it again, refused
   for good, fatal);
-- :func:`service_error`: the service's own error (:mod:`service.kafka.contract`:
+- :func:`service_error`: the service's own error (:mod:`perceptron_stream.kafka.contract`:
   :class:`KafkaFatal` naming what to fix, or :class:`KafkaUnavailable`) for
   a client's, and :func:`translated`, which raises it in their place;
 - :func:`transaction_error`: the same for what a transaction met, which
@@ -33,8 +33,8 @@ from collections.abc import Callable
 import kafka.errors as kerrors
 from kafka.errors import KafkaError
 
-from service.config import KafkaSettings, env_var, flag
-from service.kafka.contract import (  # noqa: F401 - the service's own errors, here with their vocabulary
+from perceptron_stream.config import KafkaSettings, env_var, flag
+from perceptron_stream.kafka.contract import (  # noqa: F401 - the service's own errors, here with their vocabulary
     Aborted,
     DeliveryError,
     Fenced,
@@ -189,7 +189,7 @@ def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
 
 
 def service_error(exc: BaseException | None, settings: KafkaSettings | None = None) -> BaseException:
-    """The service's own error (:mod:`service.kafka.contract`) for one of kafka-python's; others pass through.
+    """The service's own error (:mod:`perceptron_stream.kafka.contract`) for one of kafka-python's; others pass through.
 
     The one classification of the clients' errors (confluent.py maps
     librdkafka's to kafka-python's classes first): fatal (FATAL_ERRORS: a

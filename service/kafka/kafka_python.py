@@ -1,17 +1,17 @@
-"""The kafka-python client behind :mod:`service.kafka`'s interface (the default): the poll loop's stream, :class:`KafkaIO`,
+"""The kafka-python client behind :mod:`perceptron_stream.kafka`'s interface (the default): the poll loop's stream, :class:`KafkaIO`,
 and ``perceptron-stream produce``'s producer, :class:`CountingProducer`.
 
-How its clients are built is :mod:`service.kafka.kp_options`; the mends of
-kafka-python's bugs, :mod:`service.kafka.kp_mends`; what its errors mean,
-:mod:`service.kafka.errors`. The admin calls (:mod:`service.kafka.admin`) and
-the compacted topics (:mod:`service.kafka.compacted`) use kafka-python too,
+How its clients are built is :mod:`perceptron_stream.kafka.kp_options`; the mends of
+kafka-python's bugs, :mod:`perceptron_stream.kafka.kp_mends`; what its errors mean,
+:mod:`perceptron_stream.kafka.errors`. The admin calls (:mod:`perceptron_stream.kafka.admin`) and
+the compacted topics (:mod:`perceptron_stream.kafka.compacted`) use kafka-python too,
 whichever client runs the loop.
 
 With a transactional id, :class:`KafkaIO`'s producer writes in transactions
 (:meth:`KafkaIO.begin`, :meth:`KafkaIO.commit_transaction`, :meth:`KafkaIO.abort`):
 the outputs and the consumer's positions, sent with its group metadata
 (KIP-447), commit together. What a transaction meets is classified once
-(:func:`service.kafka.errors.transaction_error`), after aborting it where
+(:func:`perceptron_stream.kafka.errors.transaction_error`), after aborting it where
 kafka-python allows (not after ProducerFencedError, fatal to its producer).
 kafka-python's transactional calls wait for their answer without a deadline:
 while the brokers are away, a commit waits (the coordinator aborts the open
@@ -29,9 +29,9 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from service.config import KafkaSettings
-from service.kafka.admin import group_members
-from service.kafka.contract import (
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.admin import group_members
+from perceptron_stream.kafka.contract import (
     BEGINNING,
     END,
     GROUP_TIMINGS,
@@ -42,11 +42,11 @@ from service.kafka.contract import (
     Record,
     Refused,
 )
-from service.kafka.errors import FATAL, REFUSED_ERRORS, delivery_kind, service_error, transaction_error, translated
-from service.kafka.kp_mends import close_consumer, close_producer, mend_consumer
-from service.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS, kafka_python_options, make_producer
-from service.kafka.ledger import Ledger, Tally
-from service.kafka.rebalance import RebalanceCallbacks
+from perceptron_stream.kafka.errors import FATAL, REFUSED_ERRORS, delivery_kind, service_error, transaction_error, translated
+from perceptron_stream.kafka.kp_mends import close_consumer, close_producer, mend_consumer
+from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS, kafka_python_options, make_producer
+from perceptron_stream.kafka.ledger import Ledger, Tally
+from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class KafkaIO:
-    """One consumer in a group on the input topics, and one producer (the :class:`~service.kafka.contract.Stream`).
+    """One consumer in a group on the input topics, and one producer (the :class:`~perceptron_stream.kafka.contract.Stream`).
 
     Rebalance callbacks run inside :meth:`poll`, between batches, so the
     application always sees them with no batch in hand.
@@ -140,7 +140,7 @@ class KafkaIO:
     def poll(self, timeout_ms: int, max_records: int) -> list[list[Record]]:
         """The next records, one list per partition: kafka-python's ConsumerRecords, which have :class:`Record`'s attributes.
 
-        What a rebalance callback raised inside it is raised instead (:mod:`service.kafka.rebalance`).
+        What a rebalance callback raised inside it is raised instead (:mod:`perceptron_stream.kafka.rebalance`).
         """
         records = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         self.callbacks.raise_failure()
@@ -256,7 +256,7 @@ class KafkaIO:
         self._pending.append((topic, key, value, future))
 
     def commit_transaction(self, positions: dict[tuple[str, int], int], timeout_s: float) -> list[Refused]:
-        """See :meth:`Stream.commit_transaction <service.kafka.contract.Stream.commit_transaction>`."""
+        """See :meth:`Stream.commit_transaction <perceptron_stream.kafka.contract.Stream.commit_transaction>`."""
         self.begin()
         refused = self.flush(timeout_s)
         owned = self.consumer.assignment()

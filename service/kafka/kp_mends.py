@@ -34,7 +34,7 @@ from kafka.net.compat import KafkaNetClient
 from kafka.net.manager import KafkaConnectionManager
 from kafka.net.selector import NetworkSelector
 
-from service.kafka.errors import AUTHENTICATION_ERRORS, CERTIFICATE_REFUSED_ALERTS, ClientCertificateRefused, SslAuthenticationError
+from perceptron_stream.kafka.errors import AUTHENTICATION_ERRORS, CERTIFICATE_REFUSED_ALERTS, ClientCertificateRefused, SslAuthenticationError
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     Seen in 3.0.12 whenever the other partitions' records had all been
     returned: the parked records never came back and the partition was
     never fetched again (the label partition that the service holds until
-    its points come, service.app._points_first: no label ever joined). An
+    its points come, perceptron_stream.app._points_first: no label ever joined). An
     empty batch in line is the same as none to the fetcher, so it is cleared
     before each drain. Only where the fetcher has these attributes (a later
     kafka-python may lay them out otherwise, or fix it).

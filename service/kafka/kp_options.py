@@ -3,17 +3,17 @@ settings, and the codecs every reader needs.
 
 Every kafka-python client of the service (the stream's, the admin calls',
 the compacted topics') is built from :func:`kafka_python_options`, so each
-gets the mended network client (:mod:`service.kafka.kp_mends`).
+gets the mended network client (:mod:`perceptron_stream.kafka.kp_mends`).
 """
 
 from __future__ import annotations
 
 from kafka import KafkaProducer
 
-from service.config import KafkaSettings
-from service.kafka.contract import KafkaFatal
-from service.kafka.errors import CODEC_PACKAGES, translated
-from service.kafka.kp_mends import net_client
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.contract import KafkaFatal
+from perceptron_stream.kafka.errors import CODEC_PACKAGES, translated
+from perceptron_stream.kafka.kp_mends import net_client
 
 
 #: The service flushes its producer at the end of every batch, so its records

@@ -24,7 +24,7 @@ and how to renew it (:class:`Producer`).
 
 ``perceptron-stream produce`` sends nothing again: it counts the brokers'
 answers as they come (:class:`Tally`), with the same classification
-(:func:`service.kafka.errors.delivery_kind`), and reports what was lost.
+(:func:`perceptron_stream.kafka.errors.delivery_kind`), and reports what was lost.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from service.kafka.backoff import FIRST_DELAY_S, MOST_DELAY_S, Backoff
-from service.kafka.contract import DeliveryError, KafkaFatal, KafkaUnavailable, Refused
-from service.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, describe
+from perceptron_stream.kafka.backoff import FIRST_DELAY_S, MOST_DELAY_S, Backoff
+from perceptron_stream.kafka.contract import DeliveryError, KafkaFatal, KafkaUnavailable, Refused
+from perceptron_stream.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, describe
 
 log = logging.getLogger(__name__)
 

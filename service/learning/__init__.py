@@ -9,15 +9,15 @@ reused alone.
 - :func:`make_learner` / :func:`learner_from_state`: what the service runs
   and restores (optionally a StandardScaler in front, a cap on the features
   the model holds, feature hashing: :class:`HashedPerceptron`).
-- :mod:`service.learning.batch`: cyclic/random PLA and pocket over a data
+- :mod:`perceptron_stream.learning.batch`: cyclic/random PLA and pocket over a data
   set, margins, radius and the (R/γ)² bound.
 """
 
-from service.learning.factory import learner_from_state, make_learner
-from service.learning.hashing import HashedPerceptron
-from service.learning.labels import to_label
-from service.learning.perceptron import VARIANTS, Perceptron, StepResult
-from service.learning.scaled import ScaledPerceptron
+from perceptron_stream.learning.factory import learner_from_state, make_learner
+from perceptron_stream.learning.hashing import HashedPerceptron
+from perceptron_stream.learning.labels import to_label
+from perceptron_stream.learning.perceptron import VARIANTS, Perceptron, StepResult
+from perceptron_stream.learning.scaled import ScaledPerceptron
 
 __all__ = [
     "VARIANTS",

@@ -6,7 +6,7 @@ separable D, cyclic PLA halts after at most (R/γ)² updates; on a
 non-separable D it never halts, and pocket keeps the best weights met.
 
 The score is summed in feature order and the bias added last, like
-:class:`service.learning.Perceptron`, so one pass of cyclic PLA makes the
+:class:`perceptron_stream.learning.Perceptron`, so one pass of cyclic PLA makes the
 very same floats as streaming D through ``Perceptron().step``.
 
 Seed 003, cyclic PLA from 0:
@@ -27,7 +27,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from service.learning.labels import to_label
+from perceptron_stream.learning.labels import to_label
 
 ALGORITHMS = ("pla", "pocket")
 ORDERS = ("cyclic", "random")

@@ -1,16 +1,16 @@
 """The learners the service runs, made and rebuilt by name: the one place that knows every kind.
 
-A :class:`~service.learning.perceptron.Perceptron`, a
-:class:`~service.learning.scaled.ScaledPerceptron` (a StandardScaler in
-front), either behind a :class:`~service.learning.hashing.HashedPerceptron`.
+A :class:`~perceptron_stream.learning.perceptron.Perceptron`, a
+:class:`~perceptron_stream.learning.scaled.ScaledPerceptron` (a StandardScaler in
+front), either behind a :class:`~perceptron_stream.learning.hashing.HashedPerceptron`.
 """
 
 from __future__ import annotations
 
-from service.learning.hashing import STATE_KIND as HASHED_KIND
-from service.learning.hashing import HashedPerceptron
-from service.learning.perceptron import Perceptron
-from service.learning.scaled import STATE_KIND, ScaledPerceptron
+from perceptron_stream.learning.hashing import STATE_KIND as HASHED_KIND
+from perceptron_stream.learning.hashing import HashedPerceptron
+from perceptron_stream.learning.perceptron import Perceptron
+from perceptron_stream.learning.scaled import STATE_KIND, ScaledPerceptron
 
 
 def make_learner(variant: str = "plain", margin: float = 0.0, standardize: bool = False, max_features: int | None = None,

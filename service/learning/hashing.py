@@ -44,9 +44,9 @@ from typing import Any
 
 from river import base
 
-from service.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
-from service.learning.scaled import STATE_KIND as SCALED_KIND
-from service.learning.scaled import ScaledPerceptron
+from perceptron_stream.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
+from perceptron_stream.learning.scaled import STATE_KIND as SCALED_KIND
+from perceptron_stream.learning.scaled import ScaledPerceptron
 
 STATE_KIND = "hashed-perceptron"
 STATE_FORMAT = 1
@@ -63,7 +63,7 @@ class HashedPerceptron(base.Classifier):
     """``FeatureHasher(n_features, seed) | model``, with the perceptron's API (``step``, counters, state).
 
     ``model``: a :class:`Perceptron` (the default) or a
-    :class:`service.learning.ScaledPerceptron`: the scaler then sees buckets.
+    :class:`perceptron_stream.learning.ScaledPerceptron`: the scaler then sees buckets.
     """
 
     def __init__(self, n_features: int, model: Any = None, seed: int = 0) -> None:

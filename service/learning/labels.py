@@ -2,9 +2,9 @@
 
 The home of the label table. The perceptron learns y = -1/+1; producers also
 send 0/1 and false/true (river's datasets give bools). The wire
-(:mod:`service.wire.messages`, :mod:`service.wire.inputs`), the learner
-(:func:`to_label`, :mod:`service.learning.perceptron`) and the CSV reader
-(:mod:`service.streams`) look spellings up here, so they cannot disagree on
+(:mod:`perceptron_stream.wire.messages`, :mod:`perceptron_stream.wire.inputs`), the learner
+(:func:`to_label`, :mod:`perceptron_stream.learning.perceptron`) and the CSV reader
+(:mod:`perceptron_stream.streams`) look spellings up here, so they cannot disagree on
 what a spelling means; they differ only in which *types* they take: JSON on
 the wire is strict (an int or a bool: ``1.0`` is not a label there), the
 learner's ``learn_one`` also takes floats and numpy scalars that compare

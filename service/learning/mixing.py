@@ -52,8 +52,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from service.learning.factory import learner_from_state
-from service.learning.perceptron import Perceptron
+from perceptron_stream.learning.factory import learner_from_state
+from perceptron_stream.learning.perceptron import Perceptron
 
 #: The variants whose state has a defined mix.
 MIXABLE = ("plain", "margin", "averaged")

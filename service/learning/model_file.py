@@ -1,6 +1,6 @@
 """One model as a file (``train --output``, ``model export``, ``serve --initial-model``): to and from learners.
 
-The document's contract is :class:`service.wire.messages.ModelFile` (a JSON
+The document's contract is :class:`perceptron_stream.wire.messages.ModelFile` (a JSON
 Schema in ``schemas/``); this module only converts, with no Kafka or HTTP.
 
 >>> doc = from_weights({"age": 0.5, "debt": -1.0}, bias=0.25, source="train pla")
@@ -21,8 +21,8 @@ ValueError: the model file holds a plain perceptron, and --variant is averaged
 
 from __future__ import annotations
 
-from service.learning.factory import learner_from_state
-from service.learning.perceptron import Perceptron
+from perceptron_stream.learning.factory import learner_from_state
+from perceptron_stream.learning.perceptron import Perceptron
 
 KIND, FORMAT = "perceptron-stream.model", 1
 

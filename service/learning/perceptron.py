@@ -62,7 +62,7 @@ Which features the model holds (a bounded model):
   nearly every event carries a new name once the cap is reached, so refusing
   them would refuse most of the stream, and a dead letter has no way back
   into the model anyway.  The count tells the operator the cap is binding
-  (raise it, or hash the features: :class:`service.learning.HashedPerceptron`).
+  (raise it, or hash the features: :class:`perceptron_stream.learning.HashedPerceptron`).
   A model restored with more features than its cap keeps them all and adds
   none.
 - ``radius`` is measured on what the model takes in (known and admitted
@@ -93,7 +93,7 @@ from typing import Any
 
 from river import base
 
-from service.learning.labels import to_label
+from perceptron_stream.learning.labels import to_label
 
 VARIANTS = ("plain", "averaged", "pocket", "margin")
 STATE_KIND = "perceptron"

@@ -36,8 +36,8 @@ from typing import Any
 
 from river import base
 
-from service.learning.labels import to_label
-from service.learning.perceptron import Perceptron, StepResult, _Reader
+from perceptron_stream.learning.labels import to_label
+from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
 
 STATE_KIND = "scaled-perceptron"
 STATE_FORMAT = 1

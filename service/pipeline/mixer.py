@@ -4,10 +4,10 @@ Every ``--mix-every`` events a replica learns from, it publishes its state
 (its weights and its mistakes since its previous mix) to the compacted mix
 topic, keyed ``<group>/<partition>``, and replaces its weights by the mix of
 the latest state of every partition, each weighted by those mistakes
-(:mod:`service.learning.mixing`: McDonald, Hall & Mann 2010, error-weighted).
+(:mod:`perceptron_stream.learning.mixing`: McDonald, Hall & Mann 2010, error-weighted).
 
 A mix record is read back from a topic that others can write: it is a
-checkpoint document (:mod:`service.state.checkpoint`: checksummed, signed with
+checkpoint document (:mod:`perceptron_stream.state.checkpoint`: checksummed, signed with
 ``--checkpoint-key``, every field checked) whose owner, partition and model
 settings must be this model's, and whose model must rebuild; anything else is
 rejected, counted and logged, never mixed in. Each record names the records
@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from service.learning import learner_from_state
-from service.learning.mixing import mix_states, mixing_weights
-from service.state.checkpoint import Checkpoint, CheckpointError, Owner, decode_checkpoint, encode_checkpoint
+from perceptron_stream.learning import learner_from_state
+from perceptron_stream.learning.mixing import mix_states, mixing_weights
+from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner, decode_checkpoint, encode_checkpoint
 
 log = logging.getLogger("perceptron_stream")
 
@@ -66,7 +66,7 @@ class MixBoard:
         self.accept(partition, cp)
 
     def accept(self, partition: int, cp: Checkpoint) -> None:
-        from service.pipeline.task import partition_task
+        from perceptron_stream.pipeline.task import partition_task
 
         expected = Owner(self.owner.group_id, self.owner.input_topic, partition_task(partition),
                          self.owner.cluster_id, self.owner.topic_id)

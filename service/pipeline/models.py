@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from service.learning import VARIANTS, learner_from_state
+from perceptron_stream.learning import VARIANTS, learner_from_state
 
 
 class Frozen:
@@ -43,7 +43,7 @@ class Frozen:
     Its state is the wrapped model's as it was given: checkpoints keep it
     unchanged; the counters of what it predicted since live in memory.
 
-    >>> from service.learning import Perceptron
+    >>> from perceptron_stream.learning import Perceptron
     >>> frozen = Frozen(Perceptron.from_weights([1.0, -1.0]))
     >>> frozen.step([1.0, 3.0], 1), frozen.step([1.0, 3.0], 1), frozen.updates, frozen.seen, frozen.mistakes
     ((-1, -2.0, True), (-1, -2.0, True), 0, 2, 2)
@@ -257,7 +257,7 @@ class ModelReports:
       (its updates; its object, for a model replaced by a mix or a restore)
       changed since the last copy, and that copy is :data:`REPORT_COPY_EVERY_S`
       old, C-speed copies of its weight lists
-      (:meth:`~service.learning.Perceptron.weight_snapshot`, ``builds`` + 1):
+      (:meth:`~perceptron_stream.learning.Perceptron.weight_snapshot`, ``builds`` + 1):
       at most one copy per version, and one a second of a model that updates
       all the time (the report's ``weights_version`` says which version the
       weights are of, ``version`` the model's now);

@@ -7,11 +7,11 @@ mixing book-keeping), checkpointed, restored and moved with the partition;
 in ``--model-scope group`` one task holds the group's one model over every
 partition (the service's original behaviour).
 
-Per record: bytes → event (:mod:`service.wire.inputs`) → predict, then learn
+Per record: bytes → event (:mod:`perceptron_stream.wire.inputs`) → predict, then learn
 (the learner's fused ``step``) → the prediction or dead letter
-(:mod:`service.wire.outputs`) handed to ``send``; the position moves on.
+(:mod:`perceptron_stream.wire.outputs`) handed to ``send``; the position moves on.
 No Kafka and no HTTP here: outputs go to a callable, and the others'
-mixing states come from a :class:`~service.pipeline.mixer.MixBoard`.
+mixing states come from a :class:`~perceptron_stream.pipeline.mixer.MixBoard`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import logging
 import threading
 import time
 
-from service.state.checkpoint import Checkpoint, CheckpointError, Owner
-from service.wire.messages import Rejection
-from service.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
+from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
+from perceptron_stream.wire.messages import Rejection
+from perceptron_stream.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
 
 log = logging.getLogger("perceptron_stream")
 
 
 def _frozen(learner):
-    from service.pipeline.models import Frozen
+    from perceptron_stream.pipeline.models import Frozen
 
     return learner if isinstance(learner, Frozen) else Frozen(learner)
 
@@ -197,7 +197,7 @@ class Task:
 
     def _labels(self, records, send, tally: Tally) -> None:
         """Delayed labels: each joins its pending point (the model learns, the decision is scored), waits for its
-        point, or is a dead letter (:mod:`service.pipeline.labels`)."""
+        point, or is a dead letter (:mod:`perceptron_stream.pipeline.labels`)."""
         positions, joiner, mixer, models = self.positions, self.joiner, self.mixer, self.models
         with self.lock:
             run = _Learning(self, tally)

@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 import time
 
-from service.kafka import Aborted, Fenced, KafkaFatal, KafkaUnavailable
-from service.runtime.retry import Backoff, StartupError, fatal
-from service.state.kafka_store import CheckpointTooLargeError
+from perceptron_stream.kafka import Aborted, Fenced, KafkaFatal, KafkaUnavailable
+from perceptron_stream.runtime.retry import Backoff, StartupError, fatal
+from perceptron_stream.state.kafka_store import CheckpointTooLargeError
 
 log = logging.getLogger("perceptron_stream")
 

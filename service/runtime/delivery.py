@@ -5,13 +5,13 @@ then waits for the brokers' acknowledgements, ``FLUSH_WAIT_S`` at a time,
 logging an outage and marking the brokers away on ``/readyz`` between waits
 (a stop ends the wait: the batch is left unacknowledged, and so neither
 checkpointed nor committed). An output the brokers refuse for good becomes a
-dead letter (:mod:`service.wire.outputs`, the one builder) instead of stopping
+dead letter (:mod:`perceptron_stream.wire.outputs`, the one builder) instead of stopping
 the service for one event.
 
 Under exactly-once the batch's outputs are in the open transaction: a flush
-that fails aborts it (:class:`~service.kafka.Aborted`, or
-:class:`~service.kafka.Fenced`), raised as it is for the checkpointer to stop
-the service (:meth:`~service.runtime.checkpointer.Checkpointer.transaction_lost`).
+that fails aborts it (:class:`~perceptron_stream.kafka.Aborted`, or
+:class:`~perceptron_stream.kafka.Fenced`), raised as it is for the checkpointer to stop
+the service (:meth:`~perceptron_stream.runtime.checkpointer.Checkpointer.transaction_lost`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import orjson
 
-from service.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, Refused
-from service.runtime.retry import StartupError, fatal
-from service.wire.messages import Rejection
-from service.wire.outputs import dead_letter_value
+from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, Refused
+from perceptron_stream.runtime.retry import StartupError, fatal
+from perceptron_stream.wire.messages import Rejection
+from perceptron_stream.wire.outputs import dead_letter_value
 
 log = logging.getLogger("perceptron_stream")
 

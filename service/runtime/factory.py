@@ -1,11 +1,11 @@
 """The task factory: what a task (the group's model, or a partition's replica) is made of, from the settings.
 
-The one place that builds a :class:`~service.pipeline.task.Task`: its
+The one place that builds a :class:`~perceptron_stream.pipeline.task.Task`: its
 learner (frozen with ``--learning off``), decoder, mixer, joiner and pending
 tables, challengers and drift watch; and the one place a new model starts
 from ``--initial-model``. Start-up makes a factory from what it opened (the
 cluster's ids in the owner, the store, the changelog, the mix board); the
-rebalance callbacks ask it for a partition's task (:mod:`service.runtime.partitions`).
+rebalance callbacks ask it for a partition's task (:mod:`perceptron_stream.runtime.partitions`).
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ from pathlib import Path
 
 import orjson
 
-from service.config import ServeSettings
-from service.learning import make_learner, model_file
-from service.pipeline.labels import Joiner
-from service.pipeline.mixer import MixBoard, Mixer
-from service.pipeline.models import DriftWatch, Frozen, ModelSet
-from service.pipeline.task import Task, partition_task
-from service.runtime.retry import StartupError
-from service.state.changelog import Changelog
-from service.state.checkpoint import GROUP_TASK, Owner
-from service.state.pending import PendingTable
-from service.state.store import Store
-from service.wire.inputs import Decoder
+from perceptron_stream.config import ServeSettings
+from perceptron_stream.learning import make_learner, model_file
+from perceptron_stream.pipeline.labels import Joiner
+from perceptron_stream.pipeline.mixer import MixBoard, Mixer
+from perceptron_stream.pipeline.models import DriftWatch, Frozen, ModelSet
+from perceptron_stream.pipeline.task import Task, partition_task
+from perceptron_stream.runtime.retry import StartupError
+from perceptron_stream.state.changelog import Changelog
+from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
+from perceptron_stream.state.pending import PendingTable
+from perceptron_stream.state.store import Store
+from perceptron_stream.wire.inputs import Decoder
 
 log = logging.getLogger("perceptron_stream")
 

@@ -1,7 +1,7 @@
 """The mix topic followed: its new records fed to the mix board, a few times a second (--mix-every).
 
-Replicas publish their states to the mix topic (:mod:`service.pipeline.mixer`);
-every instance reads it back into its :class:`~service.pipeline.mixer.MixBoard`,
+Replicas publish their states to the mix topic (:mod:`perceptron_stream.pipeline.mixer`);
+every instance reads it back into its :class:`~perceptron_stream.pipeline.mixer.MixBoard`,
 whose latest states the replicas mix. Read a few times a second, not every turn
 of the loop: a poll of its consumer costs more than a turn of the loop on
 librdkafka, and replicas mix every --mix-every events.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from service.kafka import TopicTail
-from service.pipeline.mixer import MixBoard
-from service.runtime.retry import Retry
+from perceptron_stream.kafka import TopicTail
+from perceptron_stream.pipeline.mixer import MixBoard
+from perceptron_stream.runtime.retry import Retry
 
 #: How often the loop reads the mix topic's new records.
 MIX_READ_EVERY_S = 0.25

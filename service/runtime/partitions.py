@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import time
 
-from service.kafka import BEGINNING, END, GROUP_TIMINGS, first_offsets
-from service.runtime.retry import StartupError
-from service.state.local import StateLockedError
+from perceptron_stream.kafka import BEGINNING, END, GROUP_TIMINGS, first_offsets
+from perceptron_stream.runtime.retry import StartupError
+from perceptron_stream.state.local import StateLockedError
 
 log = logging.getLogger("perceptron_stream")
 

@@ -1,6 +1,6 @@
 """A task's state read back from its store, and checked before it is used.
 
-In this order: whose it is (:class:`~service.state.checkpoint.Owner`: group,
+In this order: whose it is (:class:`~perceptron_stream.state.checkpoint.Owner`: group,
 input topic and its id, cluster, task), whether this version can use it
 (model settings, a model it can rebuild), and whether its positions lie
 inside the partitions' logs. Another model's state is never used silently:
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from service.kafka import committed_offsets, log_ranges
-from service.learning import learner_from_state
-from service.runtime.retry import Retry, StartupError
-from service.state.checkpoint import (
+from perceptron_stream.kafka import committed_offsets, log_ranges
+from perceptron_stream.learning import learner_from_state
+from perceptron_stream.runtime.retry import Retry, StartupError
+from perceptron_stream.state.checkpoint import (
     GROUP_TASK,
     Checkpoint,
     CheckpointError,

@@ -1,13 +1,13 @@
 """How the service retries its calls to the brokers: with the one backoff (:class:`Backoff`, at home in
-:mod:`service.kafka.backoff` and re-exported here), and one classification of errors.
+:mod:`perceptron_stream.kafka.backoff` and re-exported here), and one classification of errors.
 
-The Kafka clients raise only the service's own errors (:mod:`service.kafka.contract`,
-decided by :mod:`service.kafka.errors`):
+The Kafka clients raise only the service's own errors (:mod:`perceptron_stream.kafka.contract`,
+decided by :mod:`perceptron_stream.kafka.errors`):
 
-- :class:`~service.kafka.contract.KafkaFatal`: retrying cannot help (a
+- :class:`~perceptron_stream.kafka.contract.KafkaFatal`: retrying cannot help (a
   setting, a permission): the service stops with :class:`StartupError`
   (exit 1), naming what to fix;
-- :class:`~service.kafka.contract.KafkaUnavailable`: the brokers are away or
+- :class:`~perceptron_stream.kafka.contract.KafkaUnavailable`: the brokers are away or
   busy: wait and try again, backing off, with ``/readyz`` not ready while
   they do not answer.
 
@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from service.kafka import KafkaFatal, KafkaUnavailable
-from service.kafka.backoff import Backoff  # the one backoff (service.kafka.backoff: why it lives there)
-from service.runtime.health import Health
+from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
+from perceptron_stream.kafka.backoff import Backoff  # the one backoff (perceptron_stream.kafka.backoff: why it lives there)
+from perceptron_stream.runtime.health import Health
 
 log = logging.getLogger("perceptron_stream")
 

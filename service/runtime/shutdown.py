@@ -12,7 +12,7 @@ passes, the process exits with :data:`EXIT_CODE` and a message saying what
 the loop was doing and what was left undone.
 
 Ending the process there is safe by the order the loop keeps (see
-:mod:`service.runtime.checkpointer`): a checkpoint holds only positions whose
+:mod:`perceptron_stream.runtime.checkpointer`): a checkpoint holds only positions whose
 outputs the brokers acknowledged, written atomically, and the group's
 offsets are only ever a checkpoint's. Whatever the loop was in the middle of,
 the state left behind is an earlier consistent point, from which the next

@@ -25,8 +25,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from uuid import uuid4
 
-from service.config import ServeSettings
-from service.kafka import (
+from perceptron_stream.config import ServeSettings
+from perceptron_stream.kafka import (
     CompactedTopic,
     KafkaFatal,
     PartitionedLog,
@@ -38,14 +38,14 @@ from service.kafka import (
     partition_counts,
     require_codecs,
 )
-from service.pipeline.mixer import MixBoard
-from service.runtime.factory import model_meta, signing_key
-from service.runtime.mixing import MixFeed
-from service.runtime.retry import Retry, StartupError, fatal
-from service.state.checkpoint import GROUP_TASK, Owner
-from service.state.kafka_store import KafkaStore
-from service.state.local import LocalStore
-from service.state.store import Store
+from perceptron_stream.pipeline.mixer import MixBoard
+from perceptron_stream.runtime.factory import model_meta, signing_key
+from perceptron_stream.runtime.mixing import MixFeed
+from perceptron_stream.runtime.retry import Retry, StartupError, fatal
+from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
+from perceptron_stream.state.kafka_store import KafkaStore
+from perceptron_stream.state.local import LocalStore
+from perceptron_stream.state.store import Store
 
 #: Settings of the checkpoint and mix topics when the service creates them:
 #: compacted, with segments rolled hourly (compaction never touches the active

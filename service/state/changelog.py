@@ -1,6 +1,6 @@
 """The changelog of the Kafka store's pending tables: their changes on a compacted topic, and a table rebuilt from it.
 
-With the Kafka store the pending tables (:mod:`service.state.pending`) live in
+With the Kafka store the pending tables (:mod:`perceptron_stream.state.pending`) live in
 a cache directory, so their durable copy is a changelog, as a Kafka Streams
 store's is: before each checkpoint the joiner writes the epoch's changes to a
 compacted topic partitioned like the input, each tagged with the checkpoint
@@ -17,7 +17,7 @@ import math
 
 import orjson
 
-from service.state.pending import PendingTable
+from perceptron_stream.state.pending import PendingTable
 
 log = logging.getLogger("perceptron_stream")
 

@@ -22,14 +22,14 @@ True
 >>> decode_checkpoint(encode_checkpoint(cp)[:-9])
 Traceback (most recent call last):
 ...
-service.state.checkpoint.CheckpointError: the checkpoint is not valid JSON (truncated or corrupt): ...
+perceptron_stream.state.checkpoint.CheckpointError: the checkpoint is not valid JSON (truncated or corrupt): ...
 >>> signed = encode_checkpoint(cp, key=b"k" * 32)
 >>> decode_checkpoint(signed, key=b"k" * 32) == cp
 True
 >>> decode_checkpoint(encode_checkpoint(cp), key=b"k" * 32)
 Traceback (most recent call last):
 ...
-service.state.checkpoint.CheckpointError: the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged
+perceptron_stream.state.checkpoint.CheckpointError: the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from service.state.checkpoint import (
+from perceptron_stream.state.checkpoint import (
     GROUP_TASK,
     KEEP_CHECKPOINTS,
     Checkpoint,

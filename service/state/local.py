@@ -17,7 +17,7 @@ instance pointed at the same state fails at start-up instead of forking the
 model.
 
 >>> import tempfile
->>> from service.state.checkpoint import Checkpoint, Owner
+>>> from perceptron_stream.state.checkpoint import Checkpoint, Owner
 >>> owner = Owner("g", "points")
 >>> store = LocalStore(tempfile.mkdtemp(), "g", keep=2)
 >>> for seq in (1, 2, 3):
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from service.state.checkpoint import (
+from perceptron_stream.state.checkpoint import (
     KEEP_CHECKPOINTS,
     MAX_CHECKPOINT_BYTES,
     Checkpoint,

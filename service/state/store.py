@@ -1,7 +1,7 @@
 """What a checkpoint store is: the one interface the runtime uses, whichever store the operator chose.
 
-Two stores satisfy it: :class:`~service.state.local.LocalStore` (a directory)
-and :class:`~service.state.kafka_store.KafkaStore` (a compacted topic). The
+Two stores satisfy it: :class:`~perceptron_stream.state.local.LocalStore` (a directory)
+and :class:`~perceptron_stream.state.kafka_store.KafkaStore` (a compacted topic). The
 runtime asks the store, never its type, what differs between them: where a
 task's pending tables live (:meth:`Store.pending_dir`).
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from service.state.checkpoint import Checkpoint, Owner
+from perceptron_stream.state.checkpoint import Checkpoint, Owner
 
 
 @runtime_checkable
@@ -31,7 +31,7 @@ class Store(Protocol):
 
     def load(self, task: str, expected: Owner | None = None, accept: Callable[[Checkpoint], None] | None = None,
              legacy: bool = False) -> Checkpoint | None:
-        """The newest usable checkpoint of ``task`` (see :func:`~service.state.checkpoint.newest_usable`)."""
+        """The newest usable checkpoint of ``task`` (see :func:`~perceptron_stream.state.checkpoint.newest_usable`)."""
 
     def adopt_legacy(self, task: str) -> None:
         """Take version 0.1's checkpoints as ``task``'s (the caller vouched for them)."""

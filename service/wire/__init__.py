@@ -1,1 +1,1 @@
-"""The wire: bytes in (:mod:`~service.wire.inputs`), the contract (:mod:`~service.wire.messages`), bytes out (:mod:`~service.wire.outputs`)."""
+"""The wire: bytes in (:mod:`~perceptron_stream.wire.inputs`), the contract (:mod:`~perceptron_stream.wire.messages`), bytes out (:mod:`~perceptron_stream.wire.outputs`)."""

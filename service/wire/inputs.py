@@ -14,7 +14,7 @@ decodes to the same :class:`Event` either way (tests/wire/test_schema.py checks 
 
 Decoding costs a parse or two of the message and its first error, whatever
 the message holds: the model stops at the first bad element of ``x`` or
-``features`` (:class:`~service.wire.messages.FirstErrorOnly`), and a message of ``MODEL_FIRST_BYTES``
+``features`` (:class:`~perceptron_stream.wire.messages.FirstErrorOnly`), and a message of ``MODEL_FIRST_BYTES``
 or more goes to the model alone, whose parser builds no Python object per
 element (the fast path's does, for a hostile message, before the model parses
 it again). bench/decoder.py measures the worst shapes (bench/README.md).
@@ -40,8 +40,8 @@ import msgspec
 import orjson
 from pydantic import ValidationError
 
-from service.learning.labels import json_label
-from service.wire.messages import Event, InputEvent, Label, LabelEvent, Rejection, _show
+from perceptron_stream.learning.labels import json_label
+from perceptron_stream.wire.messages import Event, InputEvent, Label, LabelEvent, Rejection, _show
 
 @functools.lru_cache(maxsize=64)
 def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | None) -> Callable[[bytes], Any]:
@@ -187,7 +187,7 @@ class Decoder:
 
 
 def decode_label(raw: bytes | None, key: bytes | None, max_message_bytes: int) -> Label | Rejection:
-    """A delayed label ``{"id": ..., "y": ...}`` (:class:`~service.wire.messages.LabelEvent`), or why it is rejected.
+    """A delayed label ``{"id": ..., "y": ...}`` (:class:`~perceptron_stream.wire.messages.LabelEvent`), or why it is rejected.
 
     >>> decode_label(b'{"id": "c-1", "y": true}', None, 1000)
     Label(id='c-1', y=1)

@@ -1,6 +1,6 @@
 """The wire contract: the messages producers send and consumers read, as pydantic models.
 
-``schemas/*.json`` is generated from them (``python -m service.wire.messages``;
+``schemas/*.json`` is generated from them (``python -m perceptron_stream.wire.messages``;
 a test fails when they drift):
 
 - :class:`InputEvent`, one labeled or unlabeled point;
@@ -8,8 +8,8 @@ a test fails when they drift):
 - :class:`DeadLetter`, published for every rejected input, with a reason a
   producer can act on.
 
-:mod:`service.wire.inputs` turns bytes into events with these rules;
-:mod:`service.wire.outputs` is the one place that builds each outgoing message.
+:mod:`perceptron_stream.wire.inputs` turns bytes into events with these rules;
+:mod:`perceptron_stream.wire.outputs` is the one place that builds each outgoing message.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.learning.labels import json_label
+from perceptron_stream.learning.labels import json_label
 
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
@@ -82,7 +82,7 @@ def _show(value: Any, limit: int = 40) -> str:
 
 
 def _label(value: Any) -> int | None:
-    """A JSON ``y`` to -1/+1 by :func:`~service.learning.labels.json_label`; None stays None (unlabeled).
+    """A JSON ``y`` to -1/+1 by :func:`~perceptron_stream.learning.labels.json_label`; None stays None (unlabeled).
 
     >>> [_label(v) for v in (1, -1, 0, True, False, None)]
     [1, -1, -1, 1, -1, None]
@@ -307,7 +307,7 @@ def json_schemas() -> dict[str, str]:
     }
 
 
-if __name__ == "__main__":  # python -m service.wire.messages: regenerate schemas/
+if __name__ == "__main__":  # python -m perceptron_stream.wire.messages: regenerate schemas/
     SCHEMA_DIR.mkdir(exist_ok=True)
     for filename, text in json_schemas().items():
         (SCHEMA_DIR / filename).write_text(text, encoding="utf-8")

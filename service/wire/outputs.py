@@ -2,7 +2,7 @@
 
 Every builder returns the bytes (or key and bytes) the service sends, so the
 shape of a message is written once, beside the pydantic model in
-:mod:`service.wire.messages` that documents it (tests check the two agree).
+:mod:`perceptron_stream.wire.messages` that documents it (tests check the two agree).
 
 >>> prediction("c-1", "points", 0, 17, 1, 2.5, 1, False, 42, 1000, 12)
 b'{"id":"c-1","source":{"topic":"points","partition":0,"offset":17},"y_pred":1,"score":2.5,"y":1,"mistake":false,"model":{"version":42,"seen":1000,"mistakes":12}}'
@@ -15,14 +15,14 @@ from collections.abc import Callable
 
 import orjson
 
-from service.wire.messages import DEAD_LETTER_RAW_LIMIT, Event, Rejection
+from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, Event, Rejection
 
 _dumps = orjson.dumps
 
 
 def outcome(label_id, y: int, y_pred: int, score: float, point_source: dict, topic: str, partition: int, offset: int,
             delay_seconds: float, version: int, seen: int, mistakes: int, replica: dict | None = None) -> bytes:
-    """The outcome of a published decision once its label came (see :class:`~service.wire.messages.Outcome`).
+    """The outcome of a published decision once its label came (see :class:`~perceptron_stream.wire.messages.Outcome`).
 
     >>> outcome("c-1", 1, -1, -0.31, {"topic": "points", "partition": 0, "offset": 17}, "labels", 0, 5, 12.5, 42, 1000, 12)[:60]
     b'{"id":"c-1","y":1,"y_pred":-1,"score":-0.31,"mistake":true,"'
@@ -39,7 +39,7 @@ def outcome(label_id, y: int, y_pred: int, score: float, point_source: dict, top
 
 def prediction(event_id, topic: str, partition: int, offset: int, y_pred: int, score: float, y: int | None,
                mistake: bool | None, version: int, seen: int, mistakes: int, replica: dict | None = None) -> bytes:
-    """A prediction (see :class:`~service.wire.messages.Prediction`); ``replica`` adds partition scope's model fields."""
+    """A prediction (see :class:`~perceptron_stream.wire.messages.Prediction`); ``replica`` adds partition scope's model fields."""
     model = {"version": version, "seen": seen, "mistakes": mistakes}
     if replica is not None:
         model = {**replica, **model}

@@ -33,8 +33,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from service.app import CHECKPOINT_TOPIC_CONFIG
-from service.config import ENV_PREFIX, ProduceSettings, ServeSettings, load
+from perceptron_stream.app import CHECKPOINT_TOPIC_CONFIG
+from perceptron_stream.config import ENV_PREFIX, ProduceSettings, ServeSettings, load
 from tests.support.manifests import serve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -755,11 +755,13 @@ def test_the_copied_files_build_the_package(tmp_path):
 
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        assert "service/cli.py" in names
+        assert "perceptron_stream/cli.py" in names
+        # one import package of the project's own name: nothing called `service` in site-packages
+        assert {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")} == {"perceptron_stream"}
         [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
         headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert re.search(r"^perceptron-stream\s*=\s*service\.cli:main", entry_points, re.M)
+    assert re.search(r"^perceptron-stream\s*=\s*perceptron_stream\.cli:main", entry_points, re.M)
     # PEP 639: the SPDX expression, not the deprecated License: text
     assert "License-Expression: MIT" in headers
     assert not any(line.startswith("License:") for line in headers)

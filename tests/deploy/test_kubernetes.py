@@ -30,7 +30,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 
-from service.config import ENV_PREFIX, ServeSettings
+from perceptron_stream.config import ENV_PREFIX, ServeSettings
 from tests.support import ROOT
 from tests.support.manifests import (
     DOCKERFILE,
@@ -346,9 +346,9 @@ def _served_status(path: str) -> int:
     import urllib.error
     import urllib.request
 
-    from service.http import HttpEndpoints
-    from service.metrics import ServiceMetrics
-    from service.runtime.health import Health
+    from perceptron_stream.http import HttpEndpoints
+    from perceptron_stream.metrics import ServiceMetrics
+    from perceptron_stream.runtime.health import Health
 
     endpoints = HttpEndpoints(ServiceMetrics(window=10, version="test", variant="plain"), Health(30.0), "127.0.0.1", 0).start()
     try:

@@ -29,7 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.config import ENV_PREFIX
+from perceptron_stream.config import ENV_PREFIX
 from tests.support.manifests import (
     KUBERNETES_VERSION,
     MANIFESTS,

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from service.cli import COMMANDS
-from service.config import CommandSettings, env_var, flag
-from service.metrics import ServiceMetrics
+from perceptron_stream.cli import COMMANDS
+from perceptron_stream.config import CommandSettings, env_var, flag
+from perceptron_stream.metrics import ServiceMetrics
 from tests.support.docs import DOCS, MKDOCS_YML, ROOT, Example, python_examples, reference_hook
 
 EXAMPLES = python_examples()

@@ -31,17 +31,17 @@ def kafka_client(request, monkeypatch):
     if request.param == "kafka-python":
         yield request.param
         return
-    import service.runtime.startup
-    from service.kafka.confluent import ConfluentIO
+    import perceptron_stream.runtime.startup
+    from perceptron_stream.kafka.confluent import ConfluentIO
 
     monkeypatch.setenv("PERCEPTRON_STREAM_KAFKA_CLIENT", "confluent")
     opened = []
-    open_stream = service.runtime.startup.open_stream
+    open_stream = perceptron_stream.runtime.startup.open_stream
 
     def spy(*args, **kwargs):
         opened.append(open_stream(*args, **kwargs))
         return opened[-1]
 
-    monkeypatch.setattr(service.runtime.startup, "open_stream", spy)
+    monkeypatch.setattr(perceptron_stream.runtime.startup, "open_stream", spy)
     yield request.param
     assert opened and all(type(io) is ConfluentIO for io in opened)

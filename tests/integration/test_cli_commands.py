@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from service.cli import main
+from perceptron_stream.cli import main
 from tests.support import ROOT, SEED_003
 from tests.support.topics import consume
 from tests.support.waiting import wait_until
@@ -47,7 +47,7 @@ def test_produce_exits_1_when_messages_are_not_acknowledged(broker, topics, tmp_
 def test_produce_command_through_pipes(broker, topics):
     """Not a terminal: no progress bar, no control codes, exit 0 and the acknowledged count last."""
     topic = topics["input_topic"]
-    process = subprocess.run([sys.executable, "-m", "service.cli", "produce", "--bootstrap-servers", broker.bootstrap_servers,
+    process = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "produce", "--bootstrap-servers", broker.bootstrap_servers,
                               "--topic", topic, "--stream", "noisy", "--count", "200", "--rate", "1000"],
                              capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert process.returncode == 0, process.stderr
@@ -57,10 +57,10 @@ def test_produce_command_through_pipes(broker, topics):
 
 
 def test_broker_command_serves_until_sigterm(tmp_path):
-    from service.broker import free_port
+    from perceptron_stream.broker import free_port
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "service.cli", "broker", "--port", str(port)], stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "broker", "--port", str(port)], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
         first = process.stdout.readline()

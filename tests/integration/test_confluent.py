@@ -1,4 +1,4 @@
-"""The confluent-kafka client (service.kafka.confluent) against the embedded broker, over TCP.
+"""The confluent-kafka client (perceptron_stream.kafka.confluent) against the embedded broker, over TCP.
 
 First the stream object alone (KafkaIO's contract: poll, seeks made in
 on_assigned, send/flush with retries, commit, lag, never hanging on frozen
@@ -15,16 +15,16 @@ import time
 import pytest
 from kafka import errors as kerrors
 
-from service.broker import EmbeddedBroker
-from service.config import KafkaSettings
-from service.kafka import (
+from perceptron_stream.broker import EmbeddedBroker
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka import (
     BEGINNING,
     DeliveryError,
     KafkaUnavailable,
     committed_offsets,
     confluent,
 )
-from service.kafka.confluent import ConfluentIO
+from perceptron_stream.kafka.confluent import ConfluentIO
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
 
@@ -95,7 +95,7 @@ def test_poll_send_flush_commit_and_lag(broker, topics):
 
 
 def test_paused_partitions_give_nothing_until_resumed_and_records_put_back_come_again(broker, topics):
-    """What the service does while a crashed member is still in its group (service.app._check_group)."""
+    """What the service does while a crashed member is still in its group (perceptron_stream.app._check_group)."""
     bootstrap, topic = broker.bootstrap_servers, topics["input_topic"]
     produce(bootstrap, topic, [b"v%d" % i for i in range(50)])
     io = _io(bootstrap, topics)

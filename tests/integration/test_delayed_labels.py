@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-from service.app import CHANGELOG_TOPIC_CONFIG
-from service.config import ServeSettings, load
-from service.learning import make_learner
-from service.streams import separable
+from perceptron_stream.app import CHANGELOG_TOPIC_CONFIG
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.learning import make_learner
+from perceptron_stream.streams import separable
 from tests.support.endpoints import http_get, metrics_once
 from tests.support.launch import settings_args, start_service_process
 from tests.support.topics import consume, create_topic, produce
@@ -301,7 +301,7 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
                 keys=[e["id"].encode() for e in mine], partition=p)
     consume(broker.bootstrap_servers, names["outcome_topic"], 200)
     service.stop()
-    from service.state.local import LocalStore
+    from perceptron_stream.state.local import LocalStore
 
     settings = load(ServeSettings, args)
     store = LocalStore(settings.state_dir, settings.group_id)

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.broker import free_port
+from perceptron_stream.broker import free_port
 from tests.support import ROOT
 from tests.support.endpoints import http_get
 from tests.support.waiting import wait_until
@@ -33,7 +33,7 @@ def _metric(port: int, name: str) -> float | None:
 def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
     port = free_port()
     out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port),
+    demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port),
                              "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         def metric(name):
@@ -62,7 +62,7 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     import signal
 
     port = free_port()
-    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--no-live", "--metrics-port", str(port)],
+    demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--no-live", "--metrics-port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, text=True)
     try:
         wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 if _listening(port) else False, 30, what="the demo's service")
@@ -91,7 +91,7 @@ def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port)],
+        demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
         try:
             stdout, stderr = demo.communicate(timeout=60)
@@ -113,7 +113,7 @@ def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path
 
     port = free_port()
     out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", "--delayed-labels", "--duration", "120", "--no-live",
+    demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--delayed-labels", "--duration", "120", "--no-live",
                              "--metrics-port", str(port), "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         try:

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from service.config import ServeSettings, load
-from service.kafka import CompactedTopic, committed_offsets
-from service.state.kafka_store import KafkaStore
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import CompactedTopic, committed_offsets
+from perceptron_stream.state.kafka_store import KafkaStore
 from tests.support.launch import settings_args, start_service_process
 from tests.support.service import (
     OutputWatcher,

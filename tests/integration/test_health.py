@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from service.broker import free_port
+from perceptron_stream.broker import free_port
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
 from tests.support.topics import create_topic, produce

@@ -11,17 +11,17 @@ import json
 
 import orjson
 
-from service.learning import make_learner
-from service.wire.inputs import Decoder
-from service.wire.messages import DeadLetter, Event
-from service.wire.outputs import DEAD_LETTER_ERROR_LIMIT, publishable
+from perceptron_stream.learning import make_learner
+from perceptron_stream.wire.inputs import Decoder
+from perceptron_stream.wire.messages import DeadLetter, Event
+from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, publishable
 from tests.support.hostile import MAX_BYTES, MAX_FEATURES, POISON, collect, service_messages
 
 
 def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
-    from service.config import ServeSettings, load
-    from service.state.local import LocalStore
-    from service.streams import separable
+    from perceptron_stream.config import ServeSettings, load
+    from perceptron_stream.state.local import LocalStore
+    from perceptron_stream.streams import separable
     from tests.support.launch import settings_args, start_service_process
     from tests.support.topics import consume, produce
     from tests.support.service import stop_process, tail

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from service.broker import free_port
-from service.streams import separable
+from perceptron_stream.broker import free_port
+from perceptron_stream.streams import separable
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args, start_service_process
 from tests.support.topics import consume, create_topic, produce

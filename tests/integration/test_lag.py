@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from service.config import KafkaSettings
+from perceptron_stream.config import KafkaSettings
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
 from tests.support.topics import create_topic, produce

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from service.learning import make_learner
-from service.streams import separable
+from perceptron_stream.learning import make_learner
+from perceptron_stream.streams import separable
 from tests.support import ROOT
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
@@ -90,7 +90,7 @@ def test_train_output_served_frozen_predicts_exactly_the_trained_weights(broker,
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(e) + "\n" for e in events[:200]))
     model = tmp_path / "model.json"
-    subprocess.run([sys.executable, "-m", "service.cli", "train", "--data", str(data), "--output", str(model)],
+    subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "train", "--data", str(data), "--output", str(model)],
                    check=True, capture_output=True, cwd=ROOT)
     doc = json.loads(model.read_text())
     assert doc["kind"] == "perceptron-stream.model" and doc["features"] == [0, 1, 2, 3, 4]  # dense x: features 0..d-1
@@ -117,7 +117,7 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     consume(broker.bootstrap_servers, topics["output_topic"], 500)
     service.stop()
     out = tmp_path / "exported.json"
-    done = subprocess.run([sys.executable, "-m", "service.cli", "model", "export", "--output", str(out), "--state-dir",
+    done = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "model", "export", "--output", str(out), "--state-dir",
                            str(tmp_path / "state"), "--group-id", topics["group_id"], "--input-topic", topics["input_topic"]],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
@@ -130,7 +130,7 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     assert first["model"]["seen"] == 501  # the exported counters, then this event
     again.stop()
     fresh = {**other, "group_id": topics["group_id"] + "-c"}
-    refused = subprocess.run([sys.executable, "-m", "service.cli", "serve", *settings_args(broker, fresh, tmp_path / "c"),
+    refused = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", *settings_args(broker, fresh, tmp_path / "c"),
                               "--initial-model", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert refused.returncode == 1 and "the model file holds a averaged perceptron, and --variant is plain" in refused.stderr
 
@@ -170,7 +170,7 @@ def _readme_warm_start() -> list[list[str]]:
 def _cli(args: list[str], cwd, broker=None, topic=None) -> subprocess.CompletedProcess:
     assert args[0] == "perceptron-stream"
     extra = [] if broker is None else ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--no-progress"]
-    done = subprocess.run([sys.executable, "-m", "service.cli", *args[1:], *extra], capture_output=True, text=True, cwd=cwd,
+    done = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", *args[1:], *extra], capture_output=True, text=True, cwd=cwd,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 0, done.stderr
     return done
@@ -219,7 +219,7 @@ def test_a_model_file_whose_features_cannot_meet_its_input_is_refused_at_start_u
     _cli(["perceptron-stream", "train", "--data", "d.csv", "--output", "model.json"], tmp_path)
     doc = json.loads((tmp_path / "model.json").read_text())
     (tmp_path / "bad.json").write_text(json.dumps({**doc, "input": "dense"}))  # says dense, holds names
-    refused = subprocess.run([sys.executable, "-m", "service.cli", "serve", *settings_args(broker, topics, tmp_path),
+    refused = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", *settings_args(broker, topics, tmp_path),
                               "--initial-model", str(tmp_path / "bad.json")], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert refused.returncode == 1
     assert "invalid setting initial_model (--initial-model): the model file says its features come from dense x" in refused.stderr

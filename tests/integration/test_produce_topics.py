@@ -6,8 +6,8 @@ Its checks that need no broker are tests/test_produce.py's.
 
 import json
 
-from service.config import ProduceSettings, load
-from service.produce import messages, paired_messages, produce
+from perceptron_stream.config import ProduceSettings, load
+from perceptron_stream.produce import messages, paired_messages, produce
 from tests.support.statistics import within_binomial
 from tests.support.topics import consume, create_topic
 
@@ -66,7 +66,7 @@ def test_the_label_topic_is_created_with_the_point_topics_partition_count(broker
             "--count", "30", "--label-delay-seconds", "0", "--no-progress"]
     assert produce(load(ProduceSettings, args)).labels == 30
     records = consume(broker.bootstrap_servers, label_topic, 30)
-    from service.kafka import partition_counts
+    from perceptron_stream.kafka import partition_counts
 
     settings = load(ProduceSettings, args)
     assert partition_counts(settings, [label_topic]) == {label_topic: 3}

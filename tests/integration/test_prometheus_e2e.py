@@ -35,7 +35,7 @@ import time
 import pytest
 import yaml
 
-from service.streams import separable
+from perceptron_stream.streams import separable
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
 from tests.support.topics import consume, create_topic, produce

@@ -15,10 +15,10 @@ import threading
 import pytest
 from confluent_kafka import Producer
 
-from service.config import KafkaSettings
-from service.kafka import KafkaFatal, KafkaIO, require_codecs
-from service.learning import make_learner
-from service.streams import separable
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka import KafkaFatal, KafkaIO, require_codecs
+from perceptron_stream.learning import make_learner
+from perceptron_stream.streams import separable
 from tests.support.launch import settings_args
 from tests.support.topics import consume, create_topic
 

@@ -11,7 +11,7 @@ listener.
 kafka-python 3.0 retried such a rejection until its bootstrap timeout and
 then reported "Unable to bootstrap", as for brokers that are away; librdkafka
 reports it to ``error_cb`` only, and tries again forever: both are the
-service's work-arounds (service.kafka), checked here against the real broker.
+service's work-arounds (perceptron_stream.kafka), checked here against the real broker.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import time
 import pytest
 from kafka.errors import SaslAuthenticationFailedError, UnsupportedSaslMechanismError
 
-from service.broker import free_port
-from service.config import KafkaSettings, ServeSettings, load
-from service.kafka import KafkaFatal
+from perceptron_stream.broker import free_port
+from perceptron_stream.config import KafkaSettings, ServeSettings, load
+from perceptron_stream.kafka import KafkaFatal
 from tests.support.endpoints import http_get
 from tests.support.launch import start_service_process
 from tests.support.topics import consume, produce
@@ -129,8 +129,8 @@ SASL = ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-
     (SaslAuthenticationFailedError("bad password"), ["sasl_username (--sasl-username", "sasl_password (--sasl-password"]),
 ])
 def test_the_message_names_the_settings_to_check(error, names):
-    from service.kafka.errors import service_error
-    from service.runtime.retry import fatal
+    from perceptron_stream.kafka.errors import service_error
+    from perceptron_stream.runtime.retry import fatal
 
     message = str(fatal(service_error(error, load(ServeSettings, SASL)), "reach the brokers"))
     assert message.startswith(f"could not reach the brokers: {error.__class__.__name__}") and all(n in message for n in names)

@@ -25,13 +25,13 @@ import time
 
 import pytest
 
-from service.config import ServeSettings, load
-from service.kafka import CompactedTopic
-from service.learning import learner_from_state, make_learner
-from service.learning.mixing import mix_states
-from service.state.checkpoint import decode_checkpoint
-from service.state.kafka_store import KafkaStore
-from service.streams import separable
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import CompactedTopic
+from perceptron_stream.learning import learner_from_state, make_learner
+from perceptron_stream.learning.mixing import mix_states
+from perceptron_stream.state.checkpoint import decode_checkpoint
+from perceptron_stream.state.kafka_store import KafkaStore
+from perceptron_stream.streams import separable
 from tests.support.launch import settings_args, start_service_process
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
@@ -97,7 +97,7 @@ def _args(broker, topics, tmp_path, store: str = "kafka", **extra) -> list[str]:
 def _replicas(args) -> dict:
     settings = load(ServeSettings, args)
     if settings.state_store == "local":
-        from service.state.local import LocalStore
+        from perceptron_stream.state.local import LocalStore
 
         local = LocalStore(settings.state_dir, settings.group_id)
         return {p: local.load(f"partition-{p}") for p in range(PARTITIONS)}

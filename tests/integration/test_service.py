@@ -6,8 +6,8 @@ import json
 import random
 import signal
 
-from service.learning import make_learner
-from service.streams import separable
+from perceptron_stream.learning import make_learner
+from perceptron_stream.streams import separable
 from tests.support.endpoints import http_get, metrics_once
 from tests.support.launch import settings_args, start_service_process
 from tests.support.topics import consume, create_topic, produce
@@ -179,7 +179,7 @@ def test_missing_topics_with_creation_off_fail_with_a_clear_message(broker, topi
     from tests.support import ROOT
 
     args = settings_args(broker, topics, tmp_path, create_topics=False)
-    result = subprocess.run([sys.executable, "-m", "service.cli", "serve", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1
     assert f"topics {topics['input_topic']}, {topics['output_topic']}, {topics['dlq_topic']} do not exist and create_topics is off" in result.stderr
 
@@ -200,7 +200,7 @@ def test_topics_are_created_with_the_configured_partitions(broker, topics, tmp_p
 def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broker, topics, tmp_path, service_thread):
     """Issue 12: 20 events of 10,000 new names each, some unlabeled; the model stays at the cap, every event is
     predicted (on its known features), and the features left out are counted, in the metric and the checkpoint."""
-    from service.state.local import LocalStore
+    from perceptron_stream.state.local import LocalStore
 
     cap, rng = 25_000, random.Random(12)
     events = []

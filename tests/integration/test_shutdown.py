@@ -1,4 +1,4 @@
-"""A stop that always works (service.runtime.shutdown): SIGTERM ends the process within --stop-timeout-seconds
+"""A stop that always works (perceptron_stream.runtime.shutdown): SIGTERM ends the process within --stop-timeout-seconds
 even when the poll loop is inside a client call that never returns, saying what was left undone, and nothing
 is checkpointed past what the brokers acknowledged.
 
@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from service.config import ServeSettings, load
-from service.learning import make_learner
-from service.state.local import LocalStore
-from service.streams import separable
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.learning import make_learner
+from perceptron_stream.state.local import LocalStore
+from perceptron_stream.streams import separable
 from tests.support import ROOT
 from tests.support.launch import settings_args
 from tests.support.topics import consume, produce
@@ -42,9 +42,9 @@ SERVE_WITH_A_STUCK_POLL = f"""
 import sys, threading
 fault, client, stick_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if client == "confluent":
-    from service.kafka.confluent import ConfluentIO as IO
+    from perceptron_stream.kafka.confluent import ConfluentIO as IO
 else:
-    from service.kafka.kafka_python import KafkaIO as IO
+    from perceptron_stream.kafka.kafka_python import KafkaIO as IO
 poll, handed = IO.poll, [0]
 
 def stuck_poll(self, timeout_ms, max_records):
@@ -59,7 +59,7 @@ def stuck_poll(self, timeout_ms, max_records):
     return batches
 
 IO.poll = stuck_poll
-from service.cli import main
+from perceptron_stream.cli import main
 sys.exit(main(["serve", *sys.argv[4:]]))
 """
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from service.config import ServeSettings, load
-from service.kafka import CompactedTopic
-from service.state.checkpoint import encode_checkpoint
-from service.state.kafka_store import KafkaStore
-from service.state.local import LocalStore
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import CompactedTopic
+from perceptron_stream.state.checkpoint import encode_checkpoint
+from perceptron_stream.state.kafka_store import KafkaStore
+from perceptron_stream.state.local import LocalStore
 from tests.support.brokers import new_broker
 from tests.support.launch import settings_args, start_service_process
 from tests.support.topics import produce

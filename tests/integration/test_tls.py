@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from service.broker import free_port
+from perceptron_stream.broker import free_port
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args, start_service_process
 from tests.support.waiting import wait_until
@@ -165,9 +165,9 @@ def test_service_over_tls_publishes_the_offline_learners_predictions(apache_kafk
                 and not any(noise in line for noise in KAFKA_PYTHON_NOISE) and not COORDINATOR_NOT_YET.search(line)]
     assert not troubles, tail(log_path)
     # the final checkpoint went through TLS too, into the compacted topic: the model of the offline run
-    from service.config import ServeSettings, load
-    from service.kafka import CompactedTopic
-    from service.state.kafka_store import KafkaStore
+    from perceptron_stream.config import ServeSettings, load
+    from perceptron_stream.kafka import CompactedTopic
+    from perceptron_stream.state.kafka_store import KafkaStore
 
     settings = load(ServeSettings, args)
     store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
@@ -225,8 +225,8 @@ def test_the_stream_raises_a_tls_refusal(apache_kafka, topics, client, refusal):
     """The poll loop's stream meets them too (brokers that change certificates while the service runs): raised
     as the service's fatal error, naming the setting, with either client (kafka-python's when it bootstraps,
     librdkafka's from poll: it reports them to error_cb only, and tries again forever)."""
-    from service.config import KafkaSettings
-    from service.kafka import KafkaFatal
+    from perceptron_stream.config import KafkaSettings
+    from perceptron_stream.kafka import KafkaFatal
 
     listener, flags, error, verdict = REFUSALS[refusal]
     settings = KafkaSettings(bootstrap_servers=apache_kafka.address(listener), **flags(apache_kafka.pki))

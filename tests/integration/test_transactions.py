@@ -22,8 +22,8 @@ import pytest
 from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
 
-from service.config import KafkaSettings
-from service.kafka import TRANSACTION_TIMEOUT_MS, CompactedTopic, Fenced, PartitionedLog, Stream, TopicTail, committed_offsets, open_stream
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka import TRANSACTION_TIMEOUT_MS, CompactedTopic, Fenced, PartitionedLog, Stream, TopicTail, committed_offsets, open_stream
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 

@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from service.config import ServeSettings, load
-from service.kafka import CompactedTopic
-from service.state.checkpoint import encode_checkpoint
-from service.state.kafka_store import KafkaStore
-from service.state.local import LocalStore
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import CompactedTopic
+from perceptron_stream.state.checkpoint import encode_checkpoint
+from perceptron_stream.state.kafka_store import KafkaStore
+from perceptron_stream.state.local import LocalStore
 from tests.support import ROOT
 from tests.support.brokers import new_broker
 from tests.support.checkpoints import resealed
@@ -186,8 +186,8 @@ def test_reading_the_checkpoint_topic_holds_one_record_per_slot(broker, topics, 
     """Measured on 0.1: six 8 MiB records took the start-up to 351 MB."""
     settings = load(ServeSettings, settings_args(broker, topics, tmp_path))
     name = topics["input_topic"] + "-checkpoints"
-    from service.app import CHECKPOINT_TOPIC_CONFIG
-    from service.kafka import TopicSpec, ensure_topics
+    from perceptron_stream.app import CHECKPOINT_TOPIC_CONFIG
+    from perceptron_stream.kafka import TopicSpec, ensure_topics
 
     ensure_topics(settings, [TopicSpec(name, 1, 1, CHECKPOINT_TOPIC_CONFIG)], True)
     topic = CompactedTopic(settings, name)
@@ -199,8 +199,8 @@ def test_reading_the_checkpoint_topic_holds_one_record_per_slot(broker, topics, 
         topic.close()
     code = textwrap.dedent(f"""
         import resource
-        from service.config import ServeSettings, load
-        from service.kafka import CompactedTopic
+        from perceptron_stream.config import ServeSettings, load
+        from perceptron_stream.kafka import CompactedTopic
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         topic = CompactedTopic(load(ServeSettings, ["--bootstrap-servers", {broker.bootstrap_servers!r}]), {name!r})
         latest = topic.read_latest({{b"{settings.group_id}/0", b"{settings.group_id}/1"}})

@@ -1,4 +1,4 @@
-"""What service.kafka.confluent translates, without a broker: librdkafka's errors into the service's, and the
+"""What perceptron_stream.kafka.confluent translates, without a broker: librdkafka's errors into the service's, and the
 settings into librdkafka's names.
 
 The client against a running broker is tests/integration/test_confluent.py's.
@@ -11,10 +11,10 @@ from confluent_kafka import KafkaError as CKafkaError
 from confluent_kafka import KafkaException
 from kafka import errors as kerrors
 
-from service.config import KafkaSettings
-from service.kafka import KafkaFatal, KafkaUnavailable, confluent
-from service.kafka.errors import FENCED_ERRORS
-from service.kafka.confluent import client_config, kafka_error
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable, confluent
+from perceptron_stream.kafka.errors import FENCED_ERRORS
+from perceptron_stream.kafka.confluent import client_config, kafka_error
 
 
 def test_confluent_errors_are_classified_as_kafka_pythons_then_leave_as_the_services():

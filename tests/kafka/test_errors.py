@@ -10,8 +10,8 @@ from __future__ import annotations
 import kafka.errors as kerrors
 import pytest
 
-from service.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable, MissingTopicError, errors
-from service.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, service_error, transaction_error
+from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable, MissingTopicError, errors
+from perceptron_stream.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, service_error, transaction_error
 
 
 @pytest.mark.parametrize("name", sorted({*errors.FATAL_ERROR_NAMES, *errors.REFUSED_ERROR_NAMES,

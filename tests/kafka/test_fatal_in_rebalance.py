@@ -27,12 +27,12 @@ pytestmark = pytest.mark.integration
 
 PROBLEM = "the test's fatal problem"
 
-#: `serve`, with one of the rebalance callbacks (service.runtime.partitions.Assignments) raising StartupError
+#: `serve`, with one of the rebalance callbacks (perceptron_stream.runtime.partitions.Assignments) raising StartupError
 SERVE_WITH_FAILING_CALLBACK = textwrap.dedent("""
     import sys
-    from service.cli import main
-    from service.runtime.partitions import Assignments
-    from service.runtime.retry import StartupError
+    from perceptron_stream.cli import main
+    from perceptron_stream.runtime.partitions import Assignments
+    from perceptron_stream.runtime.retry import StartupError
 
     callback = sys.argv[1]
     original = getattr(Assignments, callback)

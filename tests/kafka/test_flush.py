@@ -14,8 +14,8 @@ import time
 import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
-from service.kafka import Aborted, DeliveryError, KafkaIO
-from service.kafka.ledger import Ledger
+from perceptron_stream.kafka import Aborted, DeliveryError, KafkaIO
+from perceptron_stream.kafka.ledger import Ledger
 
 
 class Future:

@@ -1,13 +1,13 @@
-"""How both clients call the application's rebalance callbacks (service.kafka.rebalance), without a broker:
+"""How both clients call the application's rebalance callbacks (perceptron_stream.kafka.rebalance), without a broker:
 a failure is kept, never raised into the client, and raised once, as it was, by the stream's next poll."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.kafka import KafkaUnavailable
-from service.kafka.rebalance import RebalanceCallbacks
-from service.runtime.retry import StartupError
+from perceptron_stream.kafka import KafkaUnavailable
+from perceptron_stream.kafka.rebalance import RebalanceCallbacks
+from perceptron_stream.runtime.retry import StartupError
 
 
 def test_the_callbacks_get_sorted_partitions():

@@ -1,4 +1,4 @@
-"""``produce``'s book-keeping of deliveries (service.kafka.ledger.Tally): counts that hold under the producer's
+"""``produce``'s book-keeping of deliveries (perceptron_stream.kafka.ledger.Tally): counts that hold under the producer's
 I/O thread, and the one classification of a failure (refused for good, or the brokers broken)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
-from service.kafka.ledger import Tally
+from perceptron_stream.kafka.ledger import Tally
 
 
 def test_deliveries_count_from_another_thread():

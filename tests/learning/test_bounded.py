@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.learning import VARIANTS, HashedPerceptron, Perceptron, ScaledPerceptron, learner_from_state, make_learner
+from perceptron_stream.learning import VARIANTS, HashedPerceptron, Perceptron, ScaledPerceptron, learner_from_state, make_learner
 from tests.support import ROOT
 
 MARGIN = {"margin": 0.5}
@@ -201,7 +201,7 @@ HASH_NAMES = ["user=ann", "page=/checkout?id=42", "ua:Mozilla/5.0", "ünïcode-�
 def test_hashing_is_the_same_in_another_process():
     """The buckets must survive a restart: another interpreter, another PYTHONHASHSEED, same buckets."""
     here = HashedPerceptron(1 << 20).hash({name: float(i + 1) for i, name in enumerate(HASH_NAMES)})
-    code = ("import json, sys; from service.learning import HashedPerceptron; names = json.loads(sys.argv[1]); "
+    code = ("import json, sys; from perceptron_stream.learning import HashedPerceptron; names = json.loads(sys.argv[1]); "
             "print(json.dumps(sorted(HashedPerceptron(1 << 20).hash({n: float(i + 1) for i, n in enumerate(names)}).items())))")
     for seed in ("1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}

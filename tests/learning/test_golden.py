@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from service.learning import Perceptron, learner_from_state
-from service.learning.batch import margin, mistakes, pla, pocket, point_margins, train_report
+from perceptron_stream.learning import Perceptron, learner_from_state
+from perceptron_stream.learning.batch import margin, mistakes, pla, pocket, point_margins, train_report
 
 # seed 003
 D3_X = [[1, 2], [2, 4], [3, 4], [2, 1], [4, 2]]

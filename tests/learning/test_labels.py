@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from service.learning import to_label
-from service.learning.labels import LABELS, json_label
-from service.streams import csv_label
-from service.wire.inputs import Decoder, decode_label
-from service.wire.messages import Label, Rejection
+from perceptron_stream.learning import to_label
+from perceptron_stream.learning.labels import LABELS, json_label
+from perceptron_stream.streams import csv_label
+from perceptron_stream.wire.inputs import Decoder, decode_label
+from perceptron_stream.wire.messages import Label, Rejection
 
 SPELLINGS = [(1, 1), (-1, -1), (0, -1), (True, 1), (False, -1)]
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.learning import Perceptron, make_learner
-from service.learning.mixing import bound, mix_states, mixing_weights, shard, simulate
-from service.streams import separable, separator
+from perceptron_stream.learning import Perceptron, make_learner
+from perceptron_stream.learning.mixing import bound, mix_states, mixing_weights, shard, simulate
+from perceptron_stream.streams import separable, separator
 
 
 def _stream(d: int, margin: float, seed: int, count: int) -> tuple[list[tuple[list[float], int]], float]:

@@ -8,8 +8,8 @@ import math
 import pytest
 from river import base, evaluate, linear_model, metrics, preprocessing
 
-from service.learning import Perceptron, ScaledPerceptron, learner_from_state, make_learner
-from service.learning.perceptron import VARIANTS
+from perceptron_stream.learning import Perceptron, ScaledPerceptron, learner_from_state, make_learner
+from perceptron_stream.learning.perceptron import VARIANTS
 
 
 def test_starts_at_zero_and_zero_score_is_a_mistake():

@@ -9,8 +9,8 @@ import orjson
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from service.learning import VARIANTS, Perceptron, learner_from_state, make_learner
-from service.learning.batch import augmented_margin, mistake_bound, mistakes, pla, pocket, radius
+from perceptron_stream.learning import VARIANTS, Perceptron, learner_from_state, make_learner
+from perceptron_stream.learning.batch import augmented_margin, mistake_bound, mistakes, pla, pocket, radius
 
 coord = st.floats(min_value=-10, max_value=10, allow_nan=False, allow_infinity=False)
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from river import datasets, linear_model
 
-from service.learning import Perceptron
+from perceptron_stream.learning import Perceptron
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -109,7 +109,7 @@ def test_scaled_perceptron_in_progressive_val_score_with_bool_labels():
     """ScaledPerceptron (the service's standardised model) is river's pipeline there too."""
     from river import evaluate, metrics, preprocessing
 
-    from service.learning import ScaledPerceptron
+    from perceptron_stream.learning import ScaledPerceptron
 
     acc_ours = evaluate.progressive_val_score(datasets.Phishing(), ScaledPerceptron(), metrics.Accuracy())
     theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
@@ -144,7 +144,7 @@ def test_scaled_step_is_rivers_pipeline_learning_during_predict():
     """ScaledPerceptron.step = river's pipeline inside compose.learn_during_predict()."""
     from river import compose, preprocessing
 
-    from service.learning import make_learner
+    from perceptron_stream.learning import make_learner
 
     ours = make_learner(standardize=True)
     theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
@@ -171,7 +171,7 @@ DATASET_CHECKS = [
 
 
 def _models():
-    from service.learning import ScaledPerceptron
+    from perceptron_stream.learning import ScaledPerceptron
 
     return [Perceptron(), Perceptron("averaged"), Perceptron("pocket"), Perceptron("margin", 0.5), ScaledPerceptron()]
 

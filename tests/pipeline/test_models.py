@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from itertools import islice
 
-from service.learning import make_learner
-from service.pipeline.models import DriftWatch
-from service.streams import credit, separable
+from perceptron_stream.learning import make_learner
+from perceptron_stream.pipeline.models import DriftWatch
+from perceptron_stream.streams import credit, separable
 
 
 def _drifts(events, variant: str = "plain", standardize: bool = False, batch: int = 500) -> list[int]:

@@ -1,26 +1,26 @@
 """--processing-guarantee exactly-once without a broker: the start-up refusals, the transactional id, the
-checkpointer's transactions (service.runtime.checkpointer.Checkpointer.transact) and the Kafka store's
+checkpointer's transactions (perceptron_stream.runtime.checkpointer.Checkpointer.transact) and the Kafka store's
 transactional record and committed-only load. On Apache Kafka: tests/integration/test_exactly_once.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.config import ServeSettings, load
-from service.kafka import Aborted, Fenced, Refused
-from service.metrics import ServiceMetrics
-from service.runtime.checkpointer import Checkpointer
-from service.runtime.factory import TaskFactory
-from service.runtime.health import Health
-from service.runtime.retry import Retry, StartupError
-from service.runtime.startup import (
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import Aborted, Fenced, Refused
+from perceptron_stream.metrics import ServiceMetrics
+from perceptron_stream.runtime.checkpointer import Checkpointer
+from perceptron_stream.runtime.factory import TaskFactory
+from perceptron_stream.runtime.health import Health
+from perceptron_stream.runtime.retry import Retry, StartupError
+from perceptron_stream.runtime.startup import (
     EMBEDDED_BROKER_CLUSTER_ID,
     refuse_exactly_once_on,
     refuse_exactly_once_without,
     transactional_id,
 )
-from service.state.checkpoint import GROUP_TASK, Owner
-from service.state.kafka_store import KafkaStore
+from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
+from perceptron_stream.state.kafka_store import KafkaStore
 
 
 def _settings(*args: str) -> ServeSettings:

@@ -1,4 +1,4 @@
-"""Delivery alone (service.runtime.delivery): the outage wait, the stop, and refused outputs as dead letters."""
+"""Delivery alone (perceptron_stream.runtime.delivery): the outage wait, the stop, and refused outputs as dead letters."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 import orjson
 import pytest
 
-from service.config import ServeSettings, load
-from service.kafka import DeliveryError, KafkaFatal, Refused
-from service.metrics import ServiceMetrics
-from service.runtime.delivery import FLUSH_WAIT_S, Delivery
-from service.runtime.health import Health
-from service.runtime.retry import StartupError
-from service.wire.messages import DeadLetter
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import DeliveryError, KafkaFatal, Refused
+from perceptron_stream.metrics import ServiceMetrics
+from perceptron_stream.runtime.delivery import FLUSH_WAIT_S, Delivery
+from perceptron_stream.runtime.health import Health
+from perceptron_stream.runtime.retry import StartupError
+from perceptron_stream.wire.messages import DeadLetter
 
 SOURCE = {"topic": "points", "partition": 2, "offset": 41}
 

@@ -1,4 +1,4 @@
-"""The task factory alone (service.runtime.factory): what a task is made of, and where its pending tables live."""
+"""The task factory alone (perceptron_stream.runtime.factory): what a task is made of, and where its pending tables live."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from service.config import ServeSettings, load
-from service.pipeline.models import Frozen
-from service.runtime.factory import TaskFactory, model_meta
-from service.state.checkpoint import GROUP_TASK, Owner
-from service.state.kafka_store import KafkaStore
-from service.state.local import LocalStore
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.pipeline.models import Frozen
+from perceptron_stream.runtime.factory import TaskFactory, model_meta
+from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
+from perceptron_stream.state.kafka_store import KafkaStore
+from perceptron_stream.state.local import LocalStore
 
 
 def _settings(tmp_path, *args):
@@ -54,9 +54,9 @@ def test_pending_tables_live_where_the_store_says(tmp_path, store):
 
 
 def test_without_a_store_the_group_model_starts_from_the_factorys_initial_model(tmp_path):
-    from service.runtime.health import Health
-    from service.runtime.restore import Restorer
-    from service.runtime.retry import Retry
+    from perceptron_stream.runtime.health import Health
+    from perceptron_stream.runtime.restore import Restorer
+    from perceptron_stream.runtime.retry import Retry
 
     s = _settings(tmp_path, "--state-store", "none")
     started = []

@@ -1,4 +1,4 @@
-"""The final checkpoint's rule (service.runtime.checkpointer.Checkpointer.final) and a stop during start-up."""
+"""The final checkpoint's rule (perceptron_stream.runtime.checkpointer.Checkpointer.final) and a stop during start-up."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import socket
 
 import pytest
 
-from service.app import Application
-from service.config import ServeSettings, load
-from service.metrics import ServiceMetrics
-from service.runtime.checkpointer import Checkpointer
-from service.runtime.factory import TaskFactory
-from service.runtime.health import Health
-from service.runtime.retry import Retry
-from service.state.checkpoint import GROUP_TASK, Owner
+from perceptron_stream.app import Application
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.metrics import ServiceMetrics
+from perceptron_stream.runtime.checkpointer import Checkpointer
+from perceptron_stream.runtime.factory import TaskFactory
+from perceptron_stream.runtime.health import Health
+from perceptron_stream.runtime.retry import Retry
+from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
 
 NOT_ALL_ACKNOWLEDGED = ("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
                         "the next start learns and publishes it again from the last checkpoint")

@@ -1,4 +1,4 @@
-"""The stop deadline alone (service.runtime.shutdown), in a process of its own: its signals are real."""
+"""The stop deadline alone (perceptron_stream.runtime.shutdown), in a process of its own: its signals are real."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.support import ROOT
 #: wakeup fd's watcher sees the signal.
 MAIN_THREAD_NEVER_RUNS_PYTHON = """
 import signal, sys, time
-from service.runtime.shutdown import StopDeadline
+from perceptron_stream.runtime.shutdown import StopDeadline
 
 StopDeadline(1.0, lambda name: print("asked to stop by", name, flush=True), lambda: "stuck in a test").install()
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

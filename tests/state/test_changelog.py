@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.state.changelog import Changelog
-from service.state.pending import PendingTable
+from perceptron_stream.state.changelog import Changelog
+from perceptron_stream.state.pending import PendingTable
 
 
 class MemoryLog:

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.learning import learner_from_state, make_learner
-from service.state.checkpoint import (
+from perceptron_stream.learning import learner_from_state, make_learner
+from perceptron_stream.state.checkpoint import (
     Checkpoint,
     CheckpointError,
     ForeignStateError,
@@ -27,9 +27,9 @@ from service.state.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
-from service.state.kafka_store import CheckpointTooLargeError, KafkaStore
-from service.state.local import LocalStore, StateLockedError
-from service.streams import separable
+from perceptron_stream.state.kafka_store import CheckpointTooLargeError, KafkaStore
+from perceptron_stream.state.local import LocalStore, StateLockedError
+from perceptron_stream.streams import separable
 from tests.support import ROOT
 from tests.support.checkpoints import resealed
 
@@ -339,7 +339,7 @@ def test_the_lock_keeps_a_second_instance_out_and_dies_with_its_holder(tmp_path)
     again.close()
 
     # a holder killed with SIGKILL leaves its LOCK file behind, but no lock
-    code = (f"from service.state.local import LocalStore; LocalStore({str(tmp_path)!r}, 'g').lock('model'); "
+    code = (f"from perceptron_stream.state.local import LocalStore; LocalStore({str(tmp_path)!r}, 'g').lock('model'); "
             "print('locked', flush=True); import time; time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=ROOT)
     try:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.pipeline.labels import Joiner
-from service.state.pending import KEEP_EPOCHS, PendingTable, memory
+from perceptron_stream.pipeline.labels import Joiner
+from perceptron_stream.state.pending import KEEP_EPOCHS, PendingTable, memory
 
 IDS = st.one_of(st.integers(0, 6), st.sampled_from(["0", "1", "a", "b"]))  # 1 and "1" are different ids
 OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "labels", "early", "grace", "expire", "checkpoint", "commit",

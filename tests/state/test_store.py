@@ -1,11 +1,11 @@
-"""The store protocol (service.state.store): both stores satisfy it, and each says where pending tables live."""
+"""The store protocol (perceptron_stream.state.store): both stores satisfy it, and each says where pending tables live."""
 
 from __future__ import annotations
 
-from service.state.checkpoint import KEEP_CHECKPOINTS
-from service.state.kafka_store import KafkaStore
-from service.state.local import LocalStore
-from service.state.store import Store
+from perceptron_stream.state.checkpoint import KEEP_CHECKPOINTS
+from perceptron_stream.state.kafka_store import KafkaStore
+from perceptron_stream.state.local import LocalStore
+from perceptron_stream.state.store import Store
 
 
 def test_both_stores_satisfy_the_protocol(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.broker import EmbeddedBroker
+from perceptron_stream.broker import EmbeddedBroker
 from tests.support.apache_kafka import ApacheKafka
 
 

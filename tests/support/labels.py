@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 
-from service.kafka.contract import Record
-from service.learning import make_learner
-from service.pipeline.labels import Joiner
-from service.pipeline.task import Task
-from service.state.checkpoint import Owner
-from service.state.pending import PendingTable
-from service.wire.inputs import Decoder
+from perceptron_stream.kafka.contract import Record
+from perceptron_stream.learning import make_learner
+from perceptron_stream.pipeline.labels import Joiner
+from perceptron_stream.pipeline.task import Task
+from perceptron_stream.state.checkpoint import Owner
+from perceptron_stream.state.pending import PendingTable
+from perceptron_stream.wire.inputs import Decoder
 
 #: The grace period of :func:`make_joiner` (seconds).
 GRACE = 300.0

@@ -34,7 +34,7 @@ def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> s
     ``preexec_fn`` runs in the child before the service starts (e.g. to lower
     its open-files limit)."""
     log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "serve", *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             preexec_fn=preexec_fn)
 
 
@@ -42,8 +42,8 @@ class ServiceThread:
     """The Application running in a thread of the test process (the ``service_thread`` fixture starts and stops it)."""
 
     def __init__(self, args: list[str]):
-        from service.app import Application
-        from service.config import ServeSettings, load
+        from perceptron_stream.app import Application
+        from perceptron_stream.config import ServeSettings, load
 
         self.app = Application(load(ServeSettings, args))
         self.result = None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from service.config import ENV_PREFIX, ServeSettings, load
+from perceptron_stream.config import ENV_PREFIX, ServeSettings, load
 from tests.support import ROOT
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"

@@ -18,12 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-from service.config import ServeSettings, load
-from service.kafka import CompactedTopic
-from service.learning import make_learner
-from service.state.kafka_store import KafkaStore
-from service.state.local import LocalStore
-from service.streams import separable
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import CompactedTopic
+from perceptron_stream.learning import make_learner
+from perceptron_stream.state.kafka_store import KafkaStore
+from perceptron_stream.state.local import LocalStore
+from perceptron_stream.streams import separable
 from tests.support.launch import start_service_process
 from tests.support.topics import create_topic
 from tests.support.waiting import wait_until

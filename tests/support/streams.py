@@ -1,9 +1,9 @@
-"""The poll loop's stream (:func:`service.kafka.open_stream`) as the tests open it: one group, the test's input topic."""
+"""The poll loop's stream (:func:`perceptron_stream.kafka.open_stream`) as the tests open it: one group, the test's input topic."""
 
 from __future__ import annotations
 
-from service.config import KafkaSettings
-from service.kafka import Stream, open_stream
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka import Stream, open_stream
 
 
 def open_test_stream(settings: KafkaSettings, client: str, topics: dict, *, max_poll_records: int = 1000, **callbacks) -> Stream:

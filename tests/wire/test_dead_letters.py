@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from service.app import Application
-from service.wire.outputs import DEAD_LETTER_ERROR_LIMIT, dead_letter_record, dead_letter_value
-from service.config import ConfigError, ServeSettings, load
-from service.kafka import Record
-from service.wire.messages import DEAD_LETTER_RAW_LIMIT, DeadLetter, Rejection
+from perceptron_stream.app import Application
+from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, dead_letter_record, dead_letter_value
+from perceptron_stream.config import ConfigError, ServeSettings, load
+from perceptron_stream.kafka import Record
+from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, DeadLetter, Rejection
 
 CONTROL = bytes(range(32))
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-import service.wire.inputs as schema
-from service.wire.inputs import MODEL_FIRST_BYTES, Decoder
-from service.wire.messages import InputEvent, Rejection
+import perceptron_stream.wire.inputs as schema
+from perceptron_stream.wire.inputs import MODEL_FIRST_BYTES, Decoder
+from perceptron_stream.wire.messages import InputEvent, Rejection
 
 #: name → a message with ``n`` bad elements (or one bad value holding ``n`` elements)
 HOSTILE = {

@@ -25,11 +25,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.wire.outputs import DEAD_LETTER_ERROR_LIMIT, ID_MAX, ID_MIN, dead_letter_record, dead_letter_value, publishable
-from service.learning import make_learner
-from service.wire.inputs import Decoder
-from service.wire.messages import DEAD_LETTER_RAW_LIMIT, REASONS, DeadLetter, Event, Rejection
-from service.wire.outputs import dead_letter
+from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, ID_MAX, ID_MIN, dead_letter_record, dead_letter_value, publishable
+from perceptron_stream.learning import make_learner
+from perceptron_stream.wire.inputs import Decoder
+from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, REASONS, DeadLetter, Event, Rejection
+from perceptron_stream.wire.outputs import dead_letter
 from tests.support.hostile import MAX_BYTES, MAX_FEATURES, hostile_messages
 
 

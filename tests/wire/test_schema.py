@@ -6,18 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.wire.inputs import Decoder
+from perceptron_stream.wire.inputs import Decoder
 
-from service.wire.messages import DEAD_LETTER_RAW_LIMIT, SCHEMA_DIR, json_schemas, Event, Prediction, Rejection
+from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, SCHEMA_DIR, json_schemas, Event, Prediction, Rejection
 
-from service.wire.outputs import dead_letter
+from perceptron_stream.wire.outputs import dead_letter
 
 
 def test_committed_schemas_match_the_models():
     for filename, text in json_schemas().items():
         path = SCHEMA_DIR / filename
-        assert path.exists(), f"{path} is missing: run python -m service.wire.messages"
-        assert path.read_text(encoding="utf-8") == text, f"{path} drifted from the models: run python -m service.wire.messages"
+        assert path.exists(), f"{path} is missing: run python -m perceptron_stream.wire.messages"
+        assert path.read_text(encoding="utf-8") == text, f"{path} drifted from the models: run python -m perceptron_stream.wire.messages"
     assert sorted(p.name for p in SCHEMA_DIR.glob("*.json")) == sorted(json_schemas())
 
 

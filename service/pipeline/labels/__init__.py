@@ -4,7 +4,7 @@ The seeds' online protocol is "receive x, predict, observe y, pay for a
 mistake, update" (seed 004); here the label may come long after the
 decision was published. A point with an ``id`` and no ``y`` is predicted and
 published at once and kept in its partition's pending table
-(:mod:`service.state.pending`: SQLite, TTL, cap). When its label comes (on
+(:mod:`perceptron_stream.state.pending`: SQLite, TTL, cap). When its label comes (on
 ``--label-topic``, partitioned like the input, keyed like its point), the
 model learns (x, y) with its current weights (the update condition is the
 current y·score ≤ 0: that keeps the (R/γ)² bound), the *published*
@@ -29,7 +29,7 @@ local store keeps them beside the checkpoints and undoes what came after the
 restored one; the Kafka store writes each checkpoint's changes to a
 compacted changelog topic before the checkpoint, tagged with the checkpoint
 they belong to and the run that wrote them, and rebuilds the tables from it
-(:mod:`service.state.changelog`): changes a crashed run wrote after its last
+(:mod:`perceptron_stream.state.changelog`): changes a crashed run wrote after its last
 checkpoint are recognised and undone, as Kafka Streams restores a store from
 its changelog.
 
@@ -37,17 +37,17 @@ Where each part lives:
 
 - :mod:`.joiner` (:class:`Joiner`): one task's half, by input partition: keep
   a point, take a label (join it, hold it early, or dead-letter it), the
-  grace clock, the tables' checkpoints. :class:`~service.pipeline.task.Task`
+  grace clock, the tables' checkpoints. :class:`~perceptron_stream.pipeline.task.Task`
   hands it its points and its label batches;
 - :mod:`.join` (:class:`~.join.Join`): the join itself (learn, count,
   publish the outcome) and the label dead letters;
 - :mod:`.gate` (:class:`LabelGate`): the instance's half, each turn of the
-  poll loop (:mod:`service.app`): the grace clock moved on when the input is
+  poll loop (:mod:`perceptron_stream.app`): the grace clock moved on when the input is
   read to its end, labels due, expiry before a batch, early labels let go
   after it, the commit after the flush, the gauges' numbers.
 """
 
-from service.pipeline.labels.gate import LabelGate
-from service.pipeline.labels.joiner import Joiner
+from perceptron_stream.pipeline.labels.gate import LabelGate
+from perceptron_stream.pipeline.labels.joiner import Joiner
 
 __all__ = ["Joiner", "LabelGate"]

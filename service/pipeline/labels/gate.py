@@ -2,8 +2,8 @@
 
 A label may reach the brokers before its point; it is held (an *early* row of
 its task's pending table) until its point comes or the grace clock lets it go
-(:class:`~service.pipeline.labels.joiner.Joiner`). What the poll loop
-(:mod:`service.app`) must do for that each turn lives here, behind a small
+(:class:`~perceptron_stream.pipeline.labels.joiner.Joiner`). What the poll loop
+(:mod:`perceptron_stream.app`) must do for that each turn lives here, behind a small
 face:
 
 - :meth:`LabelGate.clock`, every turn: the grace clock of an input partition

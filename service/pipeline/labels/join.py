@@ -10,8 +10,8 @@ letter. No Kafka here: messages go to a ``send`` callable.
 
 from __future__ import annotations
 
-from service.wire.messages import Rejection
-from service.wire.outputs import dead_letter_record, outcome
+from perceptron_stream.wire.messages import Rejection
+from perceptron_stream.wire.outputs import dead_letter_record, outcome
 
 
 class Join:
@@ -24,7 +24,7 @@ class Join:
                send, tally, replica, models) -> None:
         """Learn (x, y) with the current weights, count the published decision's outcome, publish it.
 
-        ``point`` is the pending row (:meth:`~service.pipeline.labels.joiner.Joiner.keep`); ``topic``, ``partition``,
+        ``point`` is the pending row (:meth:`~perceptron_stream.pipeline.labels.joiner.Joiner.keep`); ``topic``, ``partition``,
         ``offset`` and ``at`` (seconds) are the label's."""
         mistake = point["y_pred"] != y
         learner.relabel(point["x"], y, mistake)

@@ -1,13 +1,13 @@
 """One task's half of the delayed-label path: its pending tables, by input partition, and the join of points and labels.
 
 A point with an ``id`` and no ``y`` is kept (:meth:`Joiner.keep`) in its
-partition's pending table (:mod:`service.state.pending`); a label takes its
-point and is joined (:mod:`service.pipeline.labels.join`), or waits for it as
+partition's pending table (:mod:`perceptron_stream.state.pending`); a label takes its
+point and is joined (:mod:`perceptron_stream.pipeline.labels.join`), or waits for it as
 an *early* row until the partition's points' stream time (the grace clock,
 :meth:`Joiner.stream_time`) passes it by the grace period, or is a dead
 letter. The tables are checkpointed and restored with the task
 (:meth:`Joiner.before_save`, :meth:`Joiner.restore`; with the Kafka store
-through :mod:`service.state.changelog`).
+through :mod:`perceptron_stream.state.changelog`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import base64
 import uuid
 
-from service.pipeline.labels.join import Join
-from service.state.checkpoint import CheckpointError
-from service.state.pending import PendingTable
-from service.wire.inputs import decode_label
-from service.wire.messages import Label, Rejection
+from perceptron_stream.pipeline.labels.join import Join
+from perceptron_stream.state.checkpoint import CheckpointError
+from perceptron_stream.state.pending import PendingTable
+from perceptron_stream.wire.inputs import decode_label
+from perceptron_stream.wire.messages import Label, Rejection
 
 
 class Joiner:
@@ -80,7 +80,7 @@ class Joiner:
     def read_to(self, partition: int, moment_ms: int) -> None:
         """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
         a fetch made after it): the grace clock may move there though no point came
-        (:meth:`~service.pipeline.labels.gate.LabelGate.clock`)."""
+        (:meth:`~perceptron_stream.pipeline.labels.gate.LabelGate.clock`)."""
         if moment_ms > self.all_read_at.get(partition, -1):
             self.all_read_at[partition] = moment_ms
 

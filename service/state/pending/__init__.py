@@ -48,9 +48,9 @@ a query: they are few, and capped by the joiner).
 ({'y': -1}, 0, 0)
 """
 
-from service.state.pending.memory import MEMORY_ROWS
-from service.state.pending.queries import EXPIRE_AT_ONCE, READ_AHEAD_CHUNK
-from service.state.pending.table import PendingTable
-from service.state.pending.undo import EARLY, KEEP_EPOCHS, STATES
+from perceptron_stream.state.pending.memory import MEMORY_ROWS
+from perceptron_stream.state.pending.queries import EXPIRE_AT_ONCE, READ_AHEAD_CHUNK
+from perceptron_stream.state.pending.table import PendingTable
+from perceptron_stream.state.pending.undo import EARLY, KEEP_EPOCHS, STATES
 
 __all__ = ["EARLY", "EXPIRE_AT_ONCE", "KEEP_EPOCHS", "MEMORY_ROWS", "READ_AHEAD_CHUNK", "STATES", "PendingTable"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from service.state.pending.undo import EARLY
+from perceptron_stream.state.pending.undo import EARLY
 
 #: How many changes of new rows a pending table keeps in memory before it writes them (at the latest, the
 #: checkpoint writes them): at most about 40 MB of points of d = 10 a table, so a partition.

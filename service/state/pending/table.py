@@ -1,7 +1,7 @@
 """The pending table of one input partition: its rows on disk and the open epoch's in memory, behind one face.
 
 :class:`PendingTable` keeps a partition's points until their label comes and
-its labels until their point comes (see :mod:`service.state.pending`); it
+its labels until their point comes (see :mod:`perceptron_stream.state.pending`); it
 decides what lives where: the open epoch's new rows in memory
 (:mod:`.memory`), the rest on disk with their undo log (:mod:`.undo`), read a
 batch at a time (:mod:`.queries`). Two verbs write: :meth:`PendingTable.commit`
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import orjson
 
-from service.state.pending.memory import OpenEpochRows
-from service.state.pending.queries import oldest, rows_of
-from service.state.pending.undo import EARLY, STATES, UndoTable, undo_value
+from perceptron_stream.state.pending.memory import OpenEpochRows
+from perceptron_stream.state.pending.queries import oldest, rows_of
+from perceptron_stream.state.pending.undo import EARLY, STATES, UndoTable, undo_value
 
 _UNREAD = object()  # an id take() finds no read-ahead row for (None is a row known to be absent)
 
@@ -30,7 +30,7 @@ def _key(point_id: str | int) -> str:
 
 
 class PendingTable:
-    """A partition's pending points and early labels (see :mod:`service.state.pending`); ``path`` a file, or
+    """A partition's pending points and early labels (see :mod:`perceptron_stream.state.pending`); ``path`` a file, or
     ``":memory:"``."""
 
     def __init__(self, path: str | Path, *, ttl_seconds: float, max_pending: int, track_changes: bool = False):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from service.state.pending.queries import oldest_pending
+from perceptron_stream.state.pending.queries import oldest_pending
 
 #: How many checkpoints back a restore may go (the stores keep the last 3).
 KEEP_EPOCHS = 3

@@ -3,8 +3,8 @@ input's lag is a callable)."""
 
 from __future__ import annotations
 
-from service.pipeline.labels import LabelGate
-from service.pipeline.task import Tally, TaskSet
+from perceptron_stream.pipeline.labels import LabelGate
+from perceptron_stream.pipeline.task import Tally, TaskSet
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 

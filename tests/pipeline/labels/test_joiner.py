@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from service.learning import make_learner
-from service.pipeline.task import Tally
+from perceptron_stream.learning import make_learner
+from perceptron_stream.pipeline.task import Tally
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 

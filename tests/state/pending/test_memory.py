@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from unittest import mock
 
-from service.state.pending import memory
-from service.state.pending.memory import OpenEpochRows
+from perceptron_stream.state.pending import memory
+from perceptron_stream.state.pending.memory import OpenEpochRows
 
 
 def test_it_asks_for_a_write_once_more_than_memory_rows_changes_wait():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 
-from service.state.pending.queries import (
+from perceptron_stream.state.pending.queries import (
     EXPIRE_AT_ONCE,
     READ_AHEAD_CHUNK,
     oldest,
     oldest_pending,
     rows_of,
 )
-from service.state.pending.undo import STATES, UndoTable
+from perceptron_stream.state.pending.undo import STATES, UndoTable
 
 
 def _table(rows) -> sqlite3.Connection:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.state.pending.undo import KEEP_EPOCHS, UndoTable
+from perceptron_stream.state.pending.undo import KEEP_EPOCHS, UndoTable
 
 
 def _rows(table: UndoTable) -> dict:
