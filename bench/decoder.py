@@ -72,12 +72,17 @@ def _valid_x(n):
 
 @shape("valid features", "a valid event of named features, 17-digit floats")
 def _valid_features(n):
-    return fill(b'{"id": "c-1042", "features": {', lambda i: b'"f%d": 0.%017d' % (i, 12345678901234567 + i * 7919), b'}, "y": 1}', n)
+    return fill(
+        b'{"id": "c-1042", "features": {',
+        lambda i: b'"f%d": 0.%017d' % (i, 12345678901234567 + i * 7919),
+        b'}, "y": 1}',
+        n,
+    )
 
 
 @shape("valid x ints", "a valid dense event of 0/1 features")
 def _valid_ints(n):
-    return fill(b'{"x": [', lambda i: b"01"[i % 2:i % 2 + 1], b"]}", n)
+    return fill(b'{"x": [', lambda i: b"01"[i % 2 : i % 2 + 1], b"]}", n)
 
 
 @shape("valid x + extra", "a valid dense event with a key of the producer's own (the model's path)")
@@ -94,46 +99,80 @@ shape('x ["1.5",…]', "x of numbers in strings")(lambda n: fill(b'{"x": [', sam
 shape("x [null,…]", "x of nulls")(lambda n: fill(b'{"x": [', same(b"null"), b"]}", n))
 shape("x [true,…]", "x of booleans")(lambda n: fill(b'{"x": [', same(b"true"), b"]}", n))
 shape("x [NaN,…]", "x of NaN (not JSON: orjson refuses it, the model reports non_finite)")(
-    lambda n: fill(b'{"x": [', same(b"NaN"), b"]}", n))
+    lambda n: fill(b'{"x": [', same(b"NaN"), b"]}", n)
+)
 shape("x [1e999,…]", "x of numbers that overflow to infinity")(lambda n: fill(b'{"x": [', same(b"1e999"), b"]}", n))
 shape("x [0,…]", "x of 0s (more than max_features from 200 KB)")(lambda n: fill(b'{"x": [', same(b"0"), b"]}", n))
 shape('x [[],…] + "é\\u0000"', "x of empty lists and strings with escapes")(
-    lambda n: fill(b'{"x": [', lambda i: b"[]" if i % 2 else b'"\\u00e9\\u0000"', b"]}", n))
-shape('features {"k": [],…}', "features of empty lists")(lambda n: fill(b'{"features": {', lambda i: b'"%d": []' % i, b"}}", n))
-shape('features {"k": {},…}', "features of empty objects")(lambda n: fill(b'{"features": {', lambda i: b'"%d": {}' % i, b"}}", n))
-shape('features {"k": null,…}', "features of nulls")(lambda n: fill(b'{"features": {', lambda i: b'"%d": null' % i, b"}}", n))
-shape('features {"k": "a",…}', "features of strings")(lambda n: fill(b'{"features": {', lambda i: b'"%d": "a"' % i, b"}}", n))
-shape('features {"k": NaN,…}', "features of NaN")(lambda n: fill(b'{"features": {', lambda i: b'"%d": NaN' % i, b"}}", n))
+    lambda n: fill(b'{"x": [', lambda i: b"[]" if i % 2 else b'"\\u00e9\\u0000"', b"]}", n)
+)
+shape('features {"k": [],…}', "features of empty lists")(
+    lambda n: fill(b'{"features": {', lambda i: b'"%d": []' % i, b"}}", n)
+)
+shape('features {"k": {},…}', "features of empty objects")(
+    lambda n: fill(b'{"features": {', lambda i: b'"%d": {}' % i, b"}}", n)
+)
+shape('features {"k": null,…}', "features of nulls")(
+    lambda n: fill(b'{"features": {', lambda i: b'"%d": null' % i, b"}}", n)
+)
+shape('features {"k": "a",…}', "features of strings")(
+    lambda n: fill(b'{"features": {', lambda i: b'"%d": "a"' % i, b"}}", n)
+)
+shape('features {"k": NaN,…}', "features of NaN")(
+    lambda n: fill(b'{"features": {', lambda i: b'"%d": NaN' % i, b"}}", n)
+)
 shape('features {"a": [],…} dup', "features of one key repeated, empty lists")(
-    lambda n: fill(b'{"features": {', same(b'"a": []'), b"}}", n))
+    lambda n: fill(b'{"features": {', same(b'"a": []'), b"}}", n)
+)
 shape('features {"\\u…": [],…}', "features of empty lists under escaped keys")(
-    lambda n: fill(b'{"features": {', lambda i: b'"\\u00e9%d": []' % i, b"}}", n))
+    lambda n: fill(b'{"features": {', lambda i: b'"\\u00e9%d": []' % i, b"}}", n)
+)
 shape("x and features bad", "both forms, both full of bad values")(
-    lambda n: fill(b'{"x": [', same(b"[]"), b"]", n // 2) + fill(b', "features": {', lambda i: b'"%d": []' % i, b"}}", n - n // 2))
-shape('id [[],…]', "an id that is a list of lists")(lambda n: fill(b'{"x": [1.0], "id": [', same(b"[]"), b"]}", n))
-shape('y {"k": [],…}', "a label that is an object of lists")(lambda n: fill(b'{"x": [1.0], "y": {', lambda i: b'"%d": []' % i, b"}}", n))
+    lambda n: (
+        fill(b'{"x": [', same(b"[]"), b"]", n // 2)
+        + fill(b', "features": {', lambda i: b'"%d": []' % i, b"}}", n - n // 2)
+    )
+)
+shape("id [[],…]", "an id that is a list of lists")(lambda n: fill(b'{"x": [1.0], "id": [', same(b"[]"), b"]}", n))
+shape('y {"k": [],…}', "a label that is an object of lists")(
+    lambda n: fill(b'{"x": [1.0], "y": {', lambda i: b'"%d": []' % i, b"}}", n)
+)
 shape("many extra keys", "a valid x and many keys of the producer's own")(
-    lambda n: fill(b'{"x": [1.0], ', lambda i: b'"k%d": 0' % i, b"}", n))
+    lambda n: fill(b'{"x": [1.0], ', lambda i: b'"k%d": 0' % i, b"}", n)
+)
 shape("many extra [] keys", "a valid x and many keys of the producer's own holding lists")(
-    lambda n: fill(b'{"x": [1.0], ', lambda i: b'"k%d": []' % i, b"}", n))
+    lambda n: fill(b'{"x": [1.0], ', lambda i: b'"k%d": []' % i, b"}", n)
+)
 shape("extra key deep", "a valid x and a key holding lists nested 150 deep, repeated")(
-    lambda n: fill(b'{"x": [1.0], "e": [', same(b"[" * 150 + b"]" * 150), b"]}", n))
+    lambda n: fill(b'{"x": [1.0], "e": [', same(b"[" * 150 + b"]" * 150), b"]}", n)
+)
 shape("root [[],…]", "a list of lists instead of an object")(lambda n: fill(b"[", same(b"[]"), b"]", n))
 shape("deep nesting", "lists nested as deep as the message allows")(lambda n: b'{"x": ' + b"[" * (n - 8) + b"}")
 # Found only at the end: everything before is parsed first.
-shape("[[],…] then cut", "x of empty lists, cut short (invalid JSON at the end)")(lambda n: fill(b'{"x": [', same(b"[]"), b",", n))
-shape("[[],…] then \\xff", "x of empty lists, then a byte that is not UTF-8")(lambda n: fill(b'{"x": [', same(b"[]"), b',"\xff"]}', n))
-shape("[[],…] then \\ud800", "x of empty lists, then a lone surrogate")(lambda n: fill(b'{"x": [', same(b"[]"), b',"\\ud800"]}', n))
+shape("[[],…] then cut", "x of empty lists, cut short (invalid JSON at the end)")(
+    lambda n: fill(b'{"x": [', same(b"[]"), b",", n)
+)
+shape("[[],…] then \\xff", "x of empty lists, then a byte that is not UTF-8")(
+    lambda n: fill(b'{"x": [', same(b"[]"), b',"\xff"]}', n)
+)
+shape("[[],…] then \\ud800", "x of empty lists, then a lone surrogate")(
+    lambda n: fill(b'{"x": [', same(b"[]"), b',"\\ud800"]}', n)
+)
 shape("floats then NaN", "a valid-looking x whose last value is NaN")(
-    lambda n: fill(b'{"x": [', lambda i: b"0.%017d" % (12345678901234567 + i * 7919), b",NaN]}", n))
+    lambda n: fill(b'{"x": [', lambda i: b"0.%017d" % (12345678901234567 + i * 7919), b",NaN]}", n)
+)
 shape("floats then []", "a valid-looking x whose last value is a list")(
-    lambda n: fill(b'{"x": [', lambda i: b"0.%017d" % (12345678901234567 + i * 7919), b",[]]}", n))
+    lambda n: fill(b'{"x": [', lambda i: b"0.%017d" % (12345678901234567 + i * 7919), b",[]]}", n)
+)
 # One big value.
 shape("long id string", "one long id")(lambda n: b'{"x": [1.0], "id": "' + b"a" * (n - 25) + b'"}')
 shape('x ["aaa…"]', "x holding one long string (quoted in the error)")(lambda n: b'{"x": ["' + b"a" * (n - 12) + b'"]}')
-shape('x ["\\u0000…"]', "x holding one long string of escapes")(lambda n: b'{"x": ["' + b"\\u0000" * ((n - 12) // 6) + b'"]}')
+shape('x ["\\u0000…"]', "x holding one long string of escapes")(
+    lambda n: b'{"x": ["' + b"\\u0000" * ((n - 12) // 6) + b'"]}'
+)
 shape("long key", "features with one long name and a bad value (quoted in the error)")(
-    lambda n: b'{"features": {"' + b"k" * (n - 25) + b'": "a"}}')
+    lambda n: b'{"features": {"' + b"k" * (n - 25) + b'": "a"}}'
+)
 shape("not UTF-8", "random-looking bytes")(lambda n: bytes((i * 131 + 7) % 256 for i in range(n)))
 shape("UTF-16", "a valid event, written in UTF-16")(lambda n: _valid_x(n // 2).decode().encode("utf-16"))
 
@@ -187,11 +226,22 @@ def main() -> int:
             if name == "valid x":
                 reference = per_byte
             kind = type(outcome).__name__ if type(outcome).__name__ == "Event" else outcome.reason
-            rows.append({"size": size, "shape": name, "bytes": len(raw), "outcome": kind, "us": cost * 1e6,
-                         "ns_per_byte": per_byte, "x_valid": per_byte / reference})
+            rows.append(
+                {
+                    "size": size,
+                    "shape": name,
+                    "bytes": len(raw),
+                    "outcome": kind,
+                    "us": cost * 1e6,
+                    "ns_per_byte": per_byte,
+                    "x_valid": per_byte / reference,
+                }
+            )
 
     print(f"# {platform.python_version()}, {platform.machine()}, tree {args.tree}, max_features {args.max_features}")
-    header = f"| {'size':>9} | {'shape':<28} | {'bytes':>9} | {'outcome':<17} | {'µs':>9} | {'ns/B':>7} | {'× valid':>8} |"
+    header = (
+        f"| {'size':>9} | {'shape':<28} | {'bytes':>9} | {'outcome':<17} | {'µs':>9} | {'ns/B':>7} | {'× valid':>8} |"
+    )
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for size in sizes:
@@ -199,13 +249,17 @@ def main() -> int:
         worst = max((r for r in group if r["shape"] != "valid x"), key=lambda r: r["x_valid"], default=None)
         for r in group:
             mark = " ◀" if r is worst else ""
-            print(f"| {r['size']:>9,} | {r['shape']:<28} | {r['bytes']:>9,} | {r['outcome']:<17} | {r['us']:>9,.1f} | "
-                  f"{r['ns_per_byte']:>7.1f} | {r['x_valid']:>7.1f}×{mark} |")
+            print(
+                f"| {r['size']:>9,} | {r['shape']:<28} | {r['bytes']:>9,} | {r['outcome']:<17} | {r['us']:>9,.1f} | "
+                f"{r['ns_per_byte']:>7.1f} | {r['x_valid']:>7.1f}×{mark} |"
+            )
     for size in sizes:
         group = [r for r in rows if r["size"] == size and r["shape"] != "valid x"]
         if group:
             worst = max(group, key=lambda r: r["x_valid"])
-            print(f"worst at {size:,} bytes: {worst['shape']} {worst['ns_per_byte']:.1f} ns/B = {worst['x_valid']:.1f}× valid")
+            print(
+                f"worst at {size:,} bytes: {worst['shape']} {worst['ns_per_byte']:.1f} ns/B = {worst['x_valid']:.1f}× valid"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))

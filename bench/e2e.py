@@ -123,7 +123,9 @@ LABELS_SETTLED = ("joined", "unknown_id", "duplicate")
 
 
 # --------------------------------------------------------------------------- ceilings (child processes)
-def ceiling_kafka_python(bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int) -> None:
+def ceiling_kafka_python(
+    bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int
+) -> None:
     """consume with a group → produce one message per input → flush → commit, per batch."""
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.consumer.subscription_state import ConsumerRebalanceListener
@@ -136,8 +138,14 @@ def ceiling_kafka_python(bootstrap: str, input_topic: str, output_topic: str, gr
         def on_partitions_revoked(self, revoked):
             pass
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                             auto_offset_reset="earliest", max_poll_records=batch, **CEILING_CONSUMER)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=batch,
+        **CEILING_CONSUMER,
+    )
     consumer.subscribe([input_topic], listener=Announce())
     producer = KafkaProducer(bootstrap_servers=bootstrap, **CEILING_PRODUCER)
     send, poll, flush, commit = producer.send, consumer.poll, producer.flush, consumer.commit
@@ -170,8 +178,9 @@ def wait_for_stop() -> None:
         pass
 
 
-def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int,
-                      work: bool = False) -> None:
+def ceiling_confluent(
+    bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int, work: bool = False
+) -> None:
     """The same loop on confluent-kafka (librdkafka): errors only are reported back to Python.
 
     ``work``: also the service's per-event path (decode, predict and learn, the prediction's JSON, the
@@ -180,12 +189,30 @@ def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
     failed = []
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
-                         "max.poll.interval.ms": 300_000, "fetch.wait.max.ms": 20, "broker.address.family": "v4"})
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1000, "batch.size": 1024 * 1024,
-                         "broker.address.family": "v4", "delivery.report.only.error": True,
-                         "on_delivery": lambda err, msg: failed.append(err)})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+            "max.poll.interval.ms": 300_000,
+            "fetch.wait.max.ms": 20,
+            "broker.address.family": "v4",
+        }
+    )
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 1000,
+            "batch.size": 1024 * 1024,
+            "broker.address.family": "v4",
+            "delivery.report.only.error": True,
+            "on_delivery": lambda err, msg: failed.append(err),
+        }
+    )
     consumer.subscribe([input_topic], on_assign=lambda c, partitions: print("assigned", len(partitions), flush=True))
     consume, produce, flush = consumer.consume, producer.produce, producer.flush
     if work:
@@ -213,10 +240,21 @@ def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group
                     raise RuntimeError(event.error)
                 y_pred, score, mistake = step(event.x, event.y)
                 flags.append(mistake)
-                produce(output_topic, dumps({
-                    "id": event.id, "source": {"topic": input_topic, "partition": partition, "offset": offset},
-                    "y_pred": y_pred, "score": score, "y": event.y, "mistake": mistake,
-                    "model": {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes}}), m.key())
+                produce(
+                    output_topic,
+                    dumps(
+                        {
+                            "id": event.id,
+                            "source": {"topic": input_topic, "partition": partition, "offset": offset},
+                            "y_pred": y_pred,
+                            "score": score,
+                            "y": event.y,
+                            "mistake": mistake,
+                            "model": {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes},
+                        }
+                    ),
+                    m.key(),
+                )
                 positions[partition] = offset
         else:
             for m in messages:
@@ -227,16 +265,22 @@ def ceiling_confluent(bootstrap: str, input_topic: str, output_topic: str, group
         if flush(30) or failed:
             raise RuntimeError(f"not acknowledged: {failed[:3]}")
         if work:
-            metrics.observe_batch(labeled=len(flags), unlabeled=0, mistake_flags=flags, updates=0,
-                                  latency_s=time.perf_counter() - started)
-        consumer.commit(offsets=[TopicPartition(input_topic, p, o + 1) for p, o in positions.items()], asynchronous=False)
+            metrics.observe_batch(
+                labeled=len(flags), unlabeled=0, mistake_flags=flags, updates=0, latency_s=time.perf_counter() - started
+            )
+        consumer.commit(
+            offsets=[TopicPartition(input_topic, p, o + 1) for p, o in positions.items()], asynchronous=False
+        )
         done += len(messages)
     wait_for_stop()
     consumer.close()
 
 
-CEILINGS = {"kafka-python": ceiling_kafka_python, "confluent": ceiling_confluent,
-            "confluent+service-path": lambda *args: ceiling_confluent(*args, work=True)}
+CEILINGS = {
+    "kafka-python": ceiling_kafka_python,
+    "confluent": ceiling_confluent,
+    "confluent+service-path": lambda *args: ceiling_confluent(*args, work=True),
+}
 
 # What a user would write instead (bench/peers): the module, and the package it needs beyond ours.
 # Imported in the worker only, so this file runs without them unless such a contender is asked for.
@@ -296,8 +340,13 @@ class Kafka:
         """``count`` records from the start of every partition of ``topic``."""
         from kafka import KafkaConsumer, TopicPartition
 
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
-                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            fetch_max_bytes=64 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
         try:
             tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
             consumer.assign(tps)
@@ -320,8 +369,12 @@ class Kafka:
         """
         from kafka import KafkaConsumer, TopicPartition
 
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
-                                 max_partition_fetch_bytes=1024 * 1024)
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            max_partition_fetch_bytes=1024 * 1024,
+        )
         try:
             tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
             firsts, lasts = [], []
@@ -357,7 +410,9 @@ class Contender(NamedTuple):
     kind: str  # "ceiling", "peer" (bench/peers) or "service"
     client: str
     tree: Path  # where the service's code is (ROOT, or a tree given with --service-tree)
-    labels: bool = False  # a service with delayed labels (--client service-labels): points and labels on topics of their own
+    labels: bool = (
+        False  # a service with delayed labels (--client service-labels): points and labels on topics of their own
+    )
 
 
 def _label_samples(outcomes) -> tuple[str, ...]:
@@ -377,8 +432,11 @@ def split_labels(event: dict) -> tuple[bytes, bytes, bytes]:
     >>> split_labels({"id": "e-1", "x": [0.5], "y": -1})
     (b'e-1', b'{"id":"e-1","x":[0.5]}', b'{"id":"e-1","y":-1}')
     """
-    return (event["id"].encode(), orjson.dumps({"id": event["id"], "x": event["x"]}),
-            orjson.dumps({"id": event["id"], "y": event["y"]}))
+    return (
+        event["id"].encode(),
+        orjson.dumps({"id": event["id"], "x": event["x"]}),
+        orjson.dumps({"id": event["id"], "y": event["y"]}),
+    )
 
 
 def labels_behind(split, lag: int = LABEL_LAG):
@@ -416,8 +474,18 @@ def rss_kib(pid: int) -> int:
 class Service:
     """``python -m perceptron_stream.cli serve`` (from ``tree``) as a child process."""
 
-    def __init__(self, tree: Path, bootstrap: str, input_topic: str, output_topic: str, group: str, partitions: int,
-                 log_path: Path, extra: list[str] = (), labels: bool = False):
+    def __init__(
+        self,
+        tree: Path,
+        bootstrap: str,
+        input_topic: str,
+        output_topic: str,
+        group: str,
+        partitions: int,
+        log_path: Path,
+        extra: list[str] = (),
+        labels: bool = False,
+    ):
         from perceptron_stream.broker import free_port
 
         self.labels = labels  # done: labels joined, not events
@@ -425,14 +493,35 @@ class Service:
 
         self.state = tempfile.TemporaryDirectory(prefix="e2e-state-")
         self.port = free_port()
-        args = ["--bootstrap-servers", bootstrap, "--input-topic", input_topic, "--output-topic", output_topic,
-                "--dlq-topic", output_topic + ".dlq", "--group-id", group, "--state-dir", self.state.name,
-                "--metrics-port", str(self.port), "--topic-partitions", str(partitions), *extra]
+        args = [
+            "--bootstrap-servers",
+            bootstrap,
+            "--input-topic",
+            input_topic,
+            "--output-topic",
+            output_topic,
+            "--dlq-topic",
+            output_topic + ".dlq",
+            "--group-id",
+            group,
+            "--state-dir",
+            self.state.name,
+            "--metrics-port",
+            str(self.port),
+            "--topic-partitions",
+            str(partitions),
+            *extra,
+        ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
         env["PYTHONPATH"] = str(tree)
         self.log = open(log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "serve", *args], cwd=tree, env=env,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
+            cwd=tree,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     @property
     def pid(self) -> int:
@@ -455,8 +544,11 @@ class Service:
     def processed(self) -> int:
         """Events whose outputs the brokers acknowledged (valid and rejected), from /metrics; with delayed
         labels, the labels settled (joined: a point predicted, then learned and scored; or dead-lettered)."""
-        counted = _label_samples(LABELS_SETTLED) if self.labels else \
-            ("perceptron_events_total{", "perceptron_rejected_events_total{")
+        counted = (
+            _label_samples(LABELS_SETTLED)
+            if self.labels
+            else ("perceptron_events_total{", "perceptron_rejected_events_total{")
+        )
         samples = self.samples(counted + (("perceptron_pending_labels",) if self.labels else ()))
         self.pending = samples.pop("perceptron_pending_labels", None)  # read by the same scrape: the memory run's
         return int(sum(samples.values()))
@@ -468,8 +560,11 @@ class Service:
                 text = r.read().decode()
         except OSError:
             return {}
-        return {name: float(value) for name, _, value in (line.rpartition(" ") for line in text.splitlines())
-                if name.startswith(prefixes)}
+        return {
+            name: float(value)
+            for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+            if name.startswith(prefixes)
+        }
 
     def dead_lettered_labels(self) -> int:
         """Labels that joined no point (unknown_id, duplicate): none is expected in these runs."""
@@ -491,13 +586,40 @@ class Service:
 class Ceiling:
     """A ceiling loop or a peer (this file, ``--worker``) as a child process."""
 
-    def __init__(self, client: str, bootstrap: str, input_topic: str, output_topic: str, group: str, events: int,
-                 batch: int, log_path: Path):
+    def __init__(
+        self,
+        client: str,
+        bootstrap: str,
+        input_topic: str,
+        output_topic: str,
+        group: str,
+        events: int,
+        batch: int,
+        log_path: Path,
+    ):
         self.log_path = log_path
         self.log = open(log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, __file__, "--worker", client, "--bootstrap", bootstrap,
-                                         "--worker-topics", input_topic, output_topic, group, "--events", str(events),
-                                         "--batch-size", str(batch)], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                client,
+                "--bootstrap",
+                bootstrap,
+                "--worker-topics",
+                input_topic,
+                output_topic,
+                group,
+                "--events",
+                str(events),
+                "--batch-size",
+                str(batch),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the worker says its partitions are assigned."""
@@ -527,22 +649,58 @@ class Ceiling:
         return self.process.returncode
 
 
-def start(c: Contender, kafka: Kafka, input_topic: str, output_topic: str, group: str, partitions: int, events: int,
-          batch: int, log_path: Path):
+def start(
+    c: Contender,
+    kafka: Kafka,
+    input_topic: str,
+    output_topic: str,
+    group: str,
+    partitions: int,
+    events: int,
+    batch: int,
+    log_path: Path,
+):
     for name in (output_topic, output_topic + ".dlq") + ((output_topic + ".outcomes",) if c.labels else ()):
         kafka.create(name, partitions)
     if c.kind in ("ceiling", "peer"):
         return Ceiling(c.client, kafka.bootstrap, input_topic, output_topic, group, events, batch, log_path)
     client = ["--kafka-client", c.client] if c.client != "kafka-python" else []  # the default: also for older trees
     if c.labels:  # input_topic names the pair written by Kafka.produce_split
-        return Service(c.tree, kafka.bootstrap, f"{input_topic}.points", output_topic, group, partitions, log_path,
-                       ["--batch-size", str(batch), *client, "--label-topic", f"{input_topic}.labels",
-                        "--outcome-topic", f"{output_topic}.outcomes", *LABEL_FLAGS], labels=True)
-    return Service(c.tree, kafka.bootstrap, input_topic, output_topic, group, partitions, log_path,
-                   ["--batch-size", str(batch), *client])
+        return Service(
+            c.tree,
+            kafka.bootstrap,
+            f"{input_topic}.points",
+            output_topic,
+            group,
+            partitions,
+            log_path,
+            [
+                "--batch-size",
+                str(batch),
+                *client,
+                "--label-topic",
+                f"{input_topic}.labels",
+                "--outcome-topic",
+                f"{output_topic}.outcomes",
+                *LABEL_FLAGS,
+            ],
+            labels=True,
+        )
+    return Service(
+        c.tree,
+        kafka.bootstrap,
+        input_topic,
+        output_topic,
+        group,
+        partitions,
+        log_path,
+        ["--batch-size", str(batch), *client],
+    )
 
 
-def wait_done(kafka: Kafka, worker, group: str, target: int, timeout: float, interval: float = 0.2, on_progress=None) -> None:
+def wait_done(
+    kafka: Kafka, worker, group: str, target: int, timeout: float, interval: float = 0.2, on_progress=None
+) -> None:
     """Until ``target`` events are done: a ceiling's or a peer's committed offsets; a service's
     acknowledged events from /metrics (it commits at its checkpoints, up to 30 s later)."""
     deadline = time.monotonic() + timeout
@@ -559,8 +717,9 @@ def wait_done(kafka: Kafka, worker, group: str, target: int, timeout: float, int
     raise RuntimeError(f"{target} not done after {timeout:.0f} s")
 
 
-def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int, events: int, batch: int, tag: str,
-                   logs: Path) -> dict:
+def throughput_run(
+    kafka: Kafka, c: Contender, input_topic: str, partitions: int, events: int, batch: int, tag: str, logs: Path
+) -> dict:
     """From the first output's CreateTime to the last one's, once every output was acknowledged.
 
     Also the CPU time per event of the contender's process (all its threads), from its first
@@ -583,8 +742,15 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
     try:
         # a service's progress is read from its /metrics: a scrape costs it ~1.5 ms of CPU, so not
         # too often (Prometheus scrapes every 15 s); the throughput comes from CreateTimes anyway
-        wait_done(kafka, worker, group, events, timeout=900, interval=0.5 if isinstance(worker, Service) else 0.1,
-                  on_progress=sample)
+        wait_done(
+            kafka,
+            worker,
+            group,
+            events,
+            timeout=900,
+            interval=0.5 if isinstance(worker, Service) else 0.1,
+            on_progress=sample,
+        )
         dead_lettered = worker.dead_lettered_labels() if c.labels else None
     finally:
         worker.stop()
@@ -601,9 +767,16 @@ def throughput_run(kafka: Kafka, c: Contender, input_topic: str, partitions: int
         (first, last), span = kafka.timestamp_span_ms(output_topic), "output CreateTimes"
     seconds = (last - first) / 1000
     (done0, cpu0), (done1, cpu1) = samples[0], samples[-1]
-    return {"name": c.name, "partitions": partitions, "events": events, "seconds": round(seconds, 3), "span": span,
-            "events_per_s": round(events / seconds, 1), **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
-            "cpu_us_per_event": round((cpu1 - cpu0) / (done1 - done0) * 1e6, 1) if done1 > done0 else None}
+    return {
+        "name": c.name,
+        "partitions": partitions,
+        "events": events,
+        "seconds": round(seconds, 3),
+        "span": span,
+        "events_per_s": round(events / seconds, 1),
+        **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
+        "cpu_us_per_event": round((cpu1 - cpu0) / (done1 - done0) * 1e6, 1) if done1 > done0 else None,
+    }
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -626,7 +799,9 @@ def rate_producer(kafka: Kafka, topic: str, payloads, rate: float, seconds: floa
     except ImportError:
         Producer = None
     if Producer is not None:
-        producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 1, "acks": "all", "broker.address.family": "v4"})
+        producer = Producer(
+            {"bootstrap.servers": kafka.bootstrap, "linger.ms": 1, "acks": "all", "broker.address.family": "v4"}
+        )
         client = "confluent-kafka"
 
         def send(key, value, partition):
@@ -637,6 +812,7 @@ def rate_producer(kafka: Kafka, topic: str, payloads, rate: float, seconds: floa
 
         def send(key, value, partition):
             producer.send(topic, value=value, key=key, partition=partition)
+
     sent = 0
     began = time.perf_counter()
     while sent < total:
@@ -656,8 +832,9 @@ def rate_producer(kafka: Kafka, topic: str, payloads, rate: float, seconds: floa
     return sent, client
 
 
-def latency_run(kafka: Kafka, c: Contender, payloads, partitions: int, rate: float, seconds: float, batch: int, tag: str,
-                logs: Path) -> dict:
+def latency_run(
+    kafka: Kafka, c: Contender, payloads, partitions: int, rate: float, seconds: float, batch: int, tag: str, logs: Path
+) -> dict:
     """``c`` runs, assigned, while events arrive at ``rate``; latency = output CreateTime − input CreateTime."""
     input_topic, output_topic, group = f"lat-in-{tag}", f"lat-out-{tag}", f"g-lat-{tag}"
     kafka.create(input_topic, partitions)
@@ -676,9 +853,19 @@ def latency_run(kafka: Kafka, c: Contender, payloads, partitions: int, rate: flo
     warm_until = min(inputs.values()) + 1000
     outputs = kafka.read(output_topic, sent)
     latencies = sorted(m.timestamp - inputs[m.key] for m in outputs if inputs[m.key] >= warm_until)
-    return {"name": c.name, "partitions": partitions, "target_rate": round(rate, 1), "achieved_rate": round(achieved, 1),
-            "producer": producer, "sent": sent, "outputs": len(outputs), "measured": len(latencies), "p50_ms": percentile(latencies, 0.50),
-            "p99_ms": percentile(latencies, 0.99), "max_ms": latencies[-1] if latencies else None}
+    return {
+        "name": c.name,
+        "partitions": partitions,
+        "target_rate": round(rate, 1),
+        "achieved_rate": round(achieved, 1),
+        "producer": producer,
+        "sent": sent,
+        "outputs": len(outputs),
+        "measured": len(latencies),
+        "p50_ms": percentile(latencies, 0.50),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": latencies[-1] if latencies else None,
+    }
 
 
 def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
@@ -689,12 +876,16 @@ def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
     >>> [(s["name"], r["name"]) for s, r in latency_pairs(runs)]
     [('service', 'ceiling kafka-python')]
     """
-    return [(s, r) for s, r in zip(runs, runs[1:])
-            if s["name"] == s.get("rate_of") == r.get("rate_of") != r["name"] and s["p99_ms"] is not None and r["p99_ms"]]
+    return [
+        (s, r)
+        for s, r in zip(runs, runs[1:])
+        if s["name"] == s.get("rate_of") == r.get("rate_of") != r["name"] and s["p99_ms"] is not None and r["p99_ms"]
+    ]
 
 
-def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, batch: int, tag: str, logs: Path,
-               every: int = 100_000) -> dict:
+def memory_run(
+    kafka: Kafka, c: Contender, records: list[dict], events: int, batch: int, tag: str, logs: Path, every: int = 100_000
+) -> dict:
     """VmRSS of the service each time its acknowledged events pass another ``every``, while a producer feeds it."""
     input_topic, output_topic, group = f"mem-in-{tag}", f"mem-out-{tag}", f"g-mem-{tag}"
     for name in (f"{input_topic}.points", f"{input_topic}.labels") if c.labels else (input_topic,):
@@ -750,45 +941,81 @@ def memory_run(kafka: Kafka, c: Contender, records: list[dict], events: int, bat
         feeder.join(30)
     first, last = samples[min(samples)], samples[max(samples)]
     # CPU while fed live (labels a moment after their points), beside the throughput runs' pre-produced backlog
-    return {"name": c.name, "events": events, "seconds": round(seconds, 1), "cpu_us_per_event": round(cpu / events * 1e6, 1),
-            **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
-            "rss_kib": {str(k): v for k, v in sorted(samples.items())},
-            **({"pending_max": {str(k): v for k, v in sorted(pending.items()) if k in samples}} if c.labels else {}),
-            "rss_first_mib": round(first / 1024, 1), "rss_last_mib": round(last / 1024, 1), "growth": round(last / first - 1, 4)}
+    return {
+        "name": c.name,
+        "events": events,
+        "seconds": round(seconds, 1),
+        "cpu_us_per_event": round(cpu / events * 1e6, 1),
+        **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
+        "rss_kib": {str(k): v for k, v in sorted(samples.items())},
+        **({"pending_max": {str(k): v for k, v in sorted(pending.items()) if k in samples}} if c.labels else {}),
+        "rss_first_mib": round(first / 1024, 1),
+        "rss_last_mib": round(last / 1024, 1),
+        "growth": round(last / first - 1, 4),
+    }
 
 
 # --------------------------------------------------------------------------- main
 def describe_tree(tree: Path) -> str:
     """The commit of a git tree, with '+changes' when its working copy differs from it."""
     try:
-        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no", "service"],
-                               capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no", "service"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return head + ("+changes" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "not a git tree"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--broker", choices=["apache-kafka", "embedded"], default="apache-kafka",
-                        help="the broker the runs share (default apache-kafka: what users run)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--broker",
+        choices=["apache-kafka", "embedded"],
+        default="apache-kafka",
+        help="the broker the runs share (default apache-kafka: what users run)",
+    )
     parser.add_argument("--events", type=int, default=200_000, help="events per throughput run (default 200000)")
     parser.add_argument("--partitions", default="1,4", help="partition counts, comma-separated (default 1,4)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per partition count; medians are reported")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each contender per partition count; medians are reported"
+    )
     parser.add_argument("--batch-size", type=int, default=1000, help="records per poll, ceiling and service alike")
-    parser.add_argument("--client", choices=["confluent", "confluent+service-path", "service-confluent", "service-labels", *PEERS],
-                        action="append", default=[],
-                        help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
-                             "service's per-event work too (what the service could do on that client); "
-                             "service-confluent: the service itself on confluent-kafka; quix+river, confluent+river: "
-                             "what a user would write instead (bench/peers, the bench extra)")
-    parser.add_argument("--service-tree", action="append", default=[], metavar="NAME=DIR",
-                        help="also the service from another source tree (e.g. a proposed change), side by side")
-    parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)")
-    parser.add_argument("--memory-events", type=int, default=0, help="events of the resident-memory run (0: skip; e.g. 1000000)")
-    parser.add_argument("--no-throughput", action="store_true", help="skip the throughput runs (and with them the latency runs): a memory run alone")
+    parser.add_argument(
+        "--client",
+        choices=["confluent", "confluent+service-path", "service-confluent", "service-labels", *PEERS],
+        action="append",
+        default=[],
+        help="also the ceiling on confluent-kafka; confluent+service-path: that loop doing the "
+        "service's per-event work too (what the service could do on that client); "
+        "service-confluent: the service itself on confluent-kafka; quix+river, confluent+river: "
+        "what a user would write instead (bench/peers, the bench extra)",
+    )
+    parser.add_argument(
+        "--service-tree",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also the service from another source tree (e.g. a proposed change), side by side",
+    )
+    parser.add_argument(
+        "--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)"
+    )
+    parser.add_argument(
+        "--memory-events", type=int, default=0, help="events of the resident-memory run (0: skip; e.g. 1000000)"
+    )
+    parser.add_argument(
+        "--no-throughput",
+        action="store_true",
+        help="skip the throughput runs (and with them the latency runs): a memory run alone",
+    )
     parser.add_argument("--json", type=Path, help="where to write the results (default bench/results/e2e-<time>.json)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -799,9 +1026,8 @@ def main() -> int:
         work(args.bootstrap, *args.worker_topics, args.events, args.batch_size)
         return 0
 
-    from rich.console import Console
-
     from perceptron_stream.streams import separable
+    from rich.console import Console
 
     for client in dict.fromkeys(args.client):
         if client in PEERS and importlib.util.find_spec(PEERS[client][1]) is None:
@@ -817,9 +1043,19 @@ def main() -> int:
     def service_contenders(tag: str, tree: Path) -> list[Contender]:
         """The service of ``tree`` in each configuration asked for (each client; plain, and with labels)."""
         clients = ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
-        return [Contender(f"service{tag}" + (" confluent" if client == "confluent" else "") + (" labels+challengers" if labels else ""),
-                          "service", client, tree, labels=labels)
-                for labels in [False] + ([True] if "service-labels" in args.client else []) for client in clients]
+        return [
+            Contender(
+                f"service{tag}"
+                + (" confluent" if client == "confluent" else "")
+                + (" labels+challengers" if labels else ""),
+                "service",
+                client,
+                tree,
+                labels=labels,
+            )
+            for labels in [False] + ([True] if "service-labels" in args.client else [])
+            for client in clients
+        ]
 
     services = service_contenders("", ROOT)
     for spec in args.service_tree:  # another tree, in the same configurations
@@ -835,11 +1071,19 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix=f"e2e-{stamp}-"))
     results: dict = {
-        "command": " ".join(["python3", "bench/e2e.py", *sys.argv[1:]]), "started": stamp, "broker": args.broker,
+        "command": " ".join(["python3", "bench/e2e.py", *sys.argv[1:]]),
+        "started": stamp,
+        "broker": args.broker,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_at_start": os.getloadavg()},
         "trees": {c.name: {"path": str(c.tree), "commit": describe_tree(c.tree)} for c in services},
-        "events": args.events, "dimensions": 10, "batch_size": args.batch_size, "repeats": args.repeats,
-        "throughput": [], "latency": [], "memory": [], "logs": str(logs),
+        "events": args.events,
+        "dimensions": 10,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "throughput": [],
+        "latency": [],
+        "memory": [],
+        "logs": str(logs),
     }
 
     console.print(f"generating {args.events:,} events (d=10, noise 0.05) ...")
@@ -859,16 +1103,20 @@ def main() -> int:
                     for name in (f"{topic}.points", f"{topic}.labels"):
                         kafka.create(name, p)
                     kafka.produce_split(topic, [split_labels(e) for e in events], p)
-                console.print(f"pre-produced {args.events:,} events to {topic} ({p} partition(s)) in {time.monotonic() - t0:.1f} s")
+                console.print(
+                    f"pre-produced {args.events:,} events to {topic} ({p} partition(s)) in {time.monotonic() - t0:.1f} s"
+                )
                 runs = []
                 for r in range(args.repeats):
                     for i, c in enumerate(contenders if r % 2 == 0 else contenders[::-1]):
                         run = throughput_run(kafka, c, topic, p, args.events, args.batch_size, f"p{p}-r{r}-{i}", logs)
                         run["repeat"] = r
                         runs.append(run)
-                        console.print(f"  p={p} repeat {r}: {c.name:24s} {run['events_per_s']:>10,.0f} events/s ({run['seconds']:.2f} s), "
-                                      f"{run['cpu_us_per_event']} µs CPU an event"
-                                      + (f", {run['dead_lettered_labels']} labels dead-lettered" if c.labels else ""))
+                        console.print(
+                            f"  p={p} repeat {r}: {c.name:24s} {run['events_per_s']:>10,.0f} events/s ({run['seconds']:.2f} s), "
+                            f"{run['cpu_us_per_event']} µs CPU an event"
+                            + (f", {run['dead_lettered_labels']} labels dead-lettered" if c.labels else "")
+                        )
                 results["throughput"].append(summarise(runs, contenders, p))
             for p in partitions if args.latency_seconds and not args.no_throughput else ():
                 for c in [c for c in services if not c.labels]:  # points with inline labels
@@ -877,15 +1125,30 @@ def main() -> int:
                     for runner in (c, bare.get(c.client)):
                         if runner is None:
                             continue
-                        console.print(f"latency: {runner.name}, {p} partition(s), {rate:,.0f} events/s for {args.latency_seconds:.0f} s ...")
-                        run = latency_run(kafka, runner, payloads, p, rate, args.latency_seconds, args.batch_size,
-                                          f"p{p}-{len(results['latency'])}", logs)
+                        console.print(
+                            f"latency: {runner.name}, {p} partition(s), {rate:,.0f} events/s for {args.latency_seconds:.0f} s ..."
+                        )
+                        run = latency_run(
+                            kafka,
+                            runner,
+                            payloads,
+                            p,
+                            rate,
+                            args.latency_seconds,
+                            args.batch_size,
+                            f"p{p}-{len(results['latency'])}",
+                            logs,
+                        )
                         run["rate_of"] = c.name
-                        console.print(f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms")
+                        console.print(
+                            f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms"
+                        )
                         results["latency"].append(run)
             for i, c in enumerate(services if args.memory_events else ()):
                 console.print(f"memory: {c.name}, {args.memory_events:,} events fed continuously ...")
-                results["memory"].append(memory_run(kafka, c, events, args.memory_events, args.batch_size, f"m{i}", logs))
+                results["memory"].append(
+                    memory_run(kafka, c, events, args.memory_events, args.batch_size, f"m{i}", logs)
+                )
         finally:
             kafka.close()
 
@@ -912,22 +1175,35 @@ def new_broker(kind: str, logs: Path):
 def summarise(runs: list[dict], contenders: list[Contender], partitions: int) -> dict:
     """Median events/s of each contender; each service's ratio to the kafka-python ceiling, median over repeats."""
     medians = {c.name: statistics.median(r["events_per_s"] for r in runs if r["name"] == c.name) for c in contenders}
-    cpu_runs = {c.name: [r["cpu_us_per_event"] for r in runs if r["name"] == c.name and r["cpu_us_per_event"] is not None]
-                for c in contenders}
+    cpu_runs = {
+        c.name: [r["cpu_us_per_event"] for r in runs if r["name"] == c.name and r["cpu_us_per_event"] is not None]
+        for c in contenders
+    }
     cpu = {name: statistics.median(v) if v else None for name, v in cpu_runs.items()}
     by_repeat: dict[int, dict] = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["name"]] = r["events_per_s"]
-    ratios = {c.name: [round(rep[c.name] / rep["ceiling kafka-python"], 3) for rep in by_repeat.values()]
-              for c in contenders if c.name != "ceiling kafka-python"}
+    ratios = {
+        c.name: [round(rep[c.name] / rep["ceiling kafka-python"], 3) for rep in by_repeat.values()]
+        for c in contenders
+        if c.name != "ceiling kafka-python"
+    }
     # every other service (another client, delayed labels, another tree) against the plain service, same round
-    to_service = {c.name: [round(rep[c.name] / rep["service"], 3) for rep in by_repeat.values()]
-                  for c in contenders if c.kind == "service" and c.name != "service"}
-    return {"partitions": partitions, "runs": runs, "events_per_s": medians, "cpu_us_per_event": cpu,
-            "ratio_to_kafka_python_ceiling": {name: statistics.median(v) for name, v in ratios.items()},
-            "ratios_by_repeat": ratios,
-            "ratio_to_service": {name: statistics.median(v) for name, v in to_service.items()},
-            "ratios_to_service_by_repeat": to_service}
+    to_service = {
+        c.name: [round(rep[c.name] / rep["service"], 3) for rep in by_repeat.values()]
+        for c in contenders
+        if c.kind == "service" and c.name != "service"
+    }
+    return {
+        "partitions": partitions,
+        "runs": runs,
+        "events_per_s": medians,
+        "cpu_us_per_event": cpu,
+        "ratio_to_kafka_python_ceiling": {name: statistics.median(v) for name, v in ratios.items()},
+        "ratios_by_repeat": ratios,
+        "ratio_to_service": {name: statistics.median(v) for name, v in to_service.items()},
+        "ratios_to_service_by_repeat": to_service,
+    }
 
 
 def service_rate(results: dict, name: str, partitions: int) -> float:
@@ -941,8 +1217,10 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
     from rich.table import Table
 
     if results["throughput"]:
-        table = Table(title=f"end to end on {results.get('broker', 'embedded')}, {results['events']:,} events, d=10, batch {results['batch_size']}, "
-                            f"median of {results['repeats']} (× = median same-round ratio to the kafka-python ceiling)")
+        table = Table(
+            title=f"end to end on {results.get('broker', 'embedded')}, {results['events']:,} events, d=10, batch {results['batch_size']}, "
+            f"median of {results['repeats']} (× = median same-round ratio to the kafka-python ceiling)"
+        )
         table.add_column("contender")
         for t in results["throughput"]:
             table.add_column(f"{t['partitions']} partition(s)\nevents/s", justify="right")
@@ -953,25 +1231,40 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
             for t in results["throughput"]:
                 ratio = t["ratio_to_kafka_python_ceiling"].get(c.name)
                 cpu = t["cpu_us_per_event"][c.name]  # None: a run too short for two progress samples
-                cells += [f"{t['events_per_s'][c.name]:,.0f}", "1" if ratio is None else f"{ratio:.2f}",
-                          "-" if cpu is None else f"{cpu:.0f}"]
+                cells += [
+                    f"{t['events_per_s'][c.name]:,.0f}",
+                    "1" if ratio is None else f"{ratio:.2f}",
+                    "-" if cpu is None else f"{cpu:.0f}",
+                ]
             table.add_row(c.name, *cells)
         console.print(table)
         for t in results["throughput"]:
             for name, ratios in t.get("ratios_to_service_by_repeat", {}).items():
-                console.print(f"{t['partitions']} partition(s): {name} / service, events/s in the same round: "
-                              + ", ".join(f"{r:.2f}" for r in ratios))
+                console.print(
+                    f"{t['partitions']} partition(s): {name} / service, events/s in the same round: "
+                    + ", ".join(f"{r:.2f}" for r in ratios)
+                )
     if results["latency"]:
         lat = Table(title="latency, input CreateTime → output CreateTime, at half the service's max rate")
         for name in ("contender", "at the rate of", "partitions", "events/s", "events", "p50 ms", "p99 ms", "max ms"):
             lat.add_column(name, justify="right")
         for r in results["latency"]:
-            lat.add_row(r["name"], r.get("rate_of", ""), str(r["partitions"]), f"{r['achieved_rate']:,.0f}", f"{r['measured']:,}",
-                        f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['max_ms']:.0f}")
+            lat.add_row(
+                r["name"],
+                r.get("rate_of", ""),
+                str(r["partitions"]),
+                f"{r['achieved_rate']:,.0f}",
+                f"{r['measured']:,}",
+                f"{r['p50_ms']:.0f}",
+                f"{r['p99_ms']:.0f}",
+                f"{r['max_ms']:.0f}",
+            )
         console.print(lat)
         for service, reference in latency_pairs(results["latency"]):
-            console.print(f"{service['partitions']} partition(s): {service['name']} p99 / {reference['name']} p99 at the same "
-                          f"rate: {service['p99_ms'] / reference['p99_ms']:.2f}")
+            console.print(
+                f"{service['partitions']} partition(s): {service['name']} p99 / {reference['name']} p99 at the same "
+                f"rate: {service['p99_ms'] / reference['p99_ms']:.2f}"
+            )
     for m in results["memory"]:
         mem = Table(title=f"{m['name']}: resident memory (VmRSS), {m['events']:,} events fed continuously")
         mem.add_column("events done", justify="right")
@@ -979,8 +1272,15 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
         if "pending_max" in m:
             mem.add_column("most points pending so far", justify="right")
         for k, v in m["rss_kib"].items():
-            mem.add_row(f"{int(k):,}", f"{v / 1024:.1f}", *([f"{max((n for j, n in m['pending_max'].items() if int(j) <= int(k)), default=0):,}"]
-                                                             if m.get("pending_max") else []))
+            mem.add_row(
+                f"{int(k):,}",
+                f"{v / 1024:.1f}",
+                *(
+                    [f"{max((n for j, n in m['pending_max'].items() if int(j) <= int(k)), default=0):,}"]
+                    if m.get("pending_max")
+                    else []
+                ),
+            )
         mem.add_row("growth, first → last", f"{m['growth'] * 100:+.1f}%")
         if "cpu_us_per_event" in m:
             mem.add_row("CPU µs an event (or decision), fed live", f"{m['cpu_us_per_event']:.1f}")

@@ -35,12 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import river  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from river import linear_model  # noqa: E402
-
-from perceptron_stream.learning import Perceptron  # noqa: E402
+import river
+from perceptron_stream.learning import Perceptron
+from rich.console import Console
+from rich.table import Table
+from river import linear_model
 
 
 def make_stream(d: int, n: int, noise: float, seed: int = 42) -> tuple[list[list[float]], list[int]]:
@@ -166,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.events} events, {args.repeats} rounds, CPU time; load average {os.getloadavg()[0]:.2f}"
     )
     if args.json:
-        args.json.write_text(json.dumps({"python": platform.python_version(), "river": river.__version__, "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps({"python": platform.python_version(), "river": river.__version__, "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from perceptron_stream.learning import Perceptron, make_learner  # noqa: E402
-from perceptron_stream.learning.mixing import shard, simulate  # noqa: E402
-from perceptron_stream.streams import credit, separable  # noqa: E402
+from perceptron_stream.learning import Perceptron, make_learner
+from perceptron_stream.learning.mixing import shard, simulate
+from perceptron_stream.streams import credit, separable
+from rich.console import Console
+from rich.table import Table
 
 SHARDS = (1, 2, 4, 8)
 MIXINGS = ("none", "uniform", "error")
@@ -41,6 +40,7 @@ MIXINGS = ("none", "uniform", "error")
 
 def streams(events: int, seed: int) -> dict[str, tuple[list, list, object]]:
     """name → (training events, fresh test events of the last concept, learner factory)."""
+
     def take(gen, n):
         return [(e["x"] if "x" in e else e["features"], e["y"]) for e in islice(gen, n)]
 
@@ -56,7 +56,9 @@ def streams(events: int, seed: int) -> dict[str, tuple[list, list, object]]:
 
 
 def accuracy(model, test: list) -> float:
-    return sum(1 for x, y in test if model.predict_one(x if isinstance(x, dict) else dict(enumerate(x))) == y) / len(test)
+    return sum(1 for x, y in test if model.predict_one(x if isinstance(x, dict) else dict(enumerate(x))) == y) / len(
+        test
+    )
 
 
 def main() -> None:
@@ -78,7 +80,9 @@ def main() -> None:
                 acc = sum(accuracy(m, test) for m in sim.shards) / len(sim.shards)
                 single = rate if s == 1 else single
                 relative = f" ({rate / single - 1:+.0%})" if s > 1 and single else ""
-                table.add_row(name if s == 1 else "", str(s), mixing if s > 1 else "—", f"{rate:.4f}{relative}", f"{acc:.4f}")
+                table.add_row(
+                    name if s == 1 else "", str(s), mixing if s > 1 else "—", f"{rate:.4f}{relative}", f"{acc:.4f}"
+                )
         table.add_section()
     console.print(table)
 

@@ -1,7 +1,8 @@
 """The cost of one mixing round in the learning core: mix 4 partitions' states, rebuild the learner, encode the record.
 
-    python3 bench/mixing_cost.py
+python3 bench/mixing_cost.py
 """
+
 import random
 import sys
 import time
@@ -26,7 +27,14 @@ for d in (10, 1000, 50000):
     t = time.perf_counter()
     for _ in range(reps):
         mixed = learner_from_state(mix_states(states[0], states, [0.25] * 4))
-        encode_checkpoint(Checkpoint(seq=1, positions={("points", 0): 1}, model=states[0], owner=owner,
-                                     task={"mix": {"mistakes": 3, "learned": 1000, "inputs": []}}))
+        encode_checkpoint(
+            Checkpoint(
+                seq=1,
+                positions={("points", 0): 1},
+                model=states[0],
+                owner=owner,
+                task={"mix": {"mistakes": 3, "learned": 1000, "inputs": []}},
+            )
+        )
     round_ms = (time.perf_counter() - t) / reps * 1000
     print(f"d = {d:>6,}: {round_ms:8.2f} ms a round, {round_ms * 1000 / 1000:7.2f} µs an event at --mix-every 1000")

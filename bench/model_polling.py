@@ -44,7 +44,9 @@ def _get(url: str, timeout: float = 5.0) -> bytes | None:
 
 def _events_total(metrics: str) -> float:
     body = _get(metrics + "/metrics") or b""
-    return sum(float(line.split()[-1]) for line in body.decode().splitlines() if line.startswith("perceptron_events_total{"))
+    return sum(
+        float(line.split()[-1]) for line in body.decode().splitlines() if line.startswith("perceptron_events_total{")
+    )
 
 
 def _pollers(url: str, clients: int, stop: threading.Event, served: list[int]) -> list[threading.Thread]:
@@ -52,6 +54,7 @@ def _pollers(url: str, clients: int, stop: threading.Event, served: list[int]) -
         while not stop.is_set():
             if _get(f"{url}/model") is not None:
                 served[i] += 1
+
     threads = [threading.Thread(target=poll, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
         t.start()
@@ -62,10 +65,34 @@ def run_once(bootstrap: str, topic: str, model: Path, events: int, clients: int,
     port = free_port()
     metrics = f"http://127.0.0.1:{port}"
     log = open(work / f"service-{tag}.log", "wb")
-    service = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "serve", "--bootstrap-servers", bootstrap, "--input-topic", topic,
-                                "--output-topic", f"out-{tag}", "--dlq-topic", f"dlq-{tag}", "--group-id", f"g-{tag}",
-                                "--state-store", "none", "--metrics-port", str(port), "--initial-model", str(model)],
-                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "serve",
+            "--bootstrap-servers",
+            bootstrap,
+            "--input-topic",
+            topic,
+            "--output-topic",
+            f"out-{tag}",
+            "--dlq-topic",
+            f"dlq-{tag}",
+            "--group-id",
+            f"g-{tag}",
+            "--state-store",
+            "none",
+            "--metrics-port",
+            str(port),
+            "--initial-model",
+            str(model),
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     stop, served = threading.Event(), [0] * clients
     try:
         while _get(metrics + "/model?limit=1") is None:  # up, with the initial model
@@ -99,15 +126,28 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=50_000, help="features of the served model")
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of (none, clients), alternating which goes first")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds of (none, clients), alternating which goes first"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-model-polling-"))
     names = [f"feature-{i:05d}" for i in range(args.features)]
     model = work / "wide.json"
-    model.write_text(json.dumps({"kind": "perceptron-stream.model", "format": 1, "variant": "plain", "input": "named",
-                                 "features": names, "weights": [((i * 7919) % 2001 - 1000) / 1000 for i in range(args.features)],
-                                 "bias": 0.0, "source": "bench/model_polling.py"}))
+    model.write_text(
+        json.dumps(
+            {
+                "kind": "perceptron-stream.model",
+                "format": 1,
+                "variant": "plain",
+                "input": "named",
+                "features": names,
+                "weights": [((i * 7919) % 2001 - 1000) / 1000 for i in range(args.features)],
+                "bias": 0.0,
+                "source": "bench/model_polling.py",
+            }
+        )
+    )
     broker = EmbeddedBroker("127.0.0.1", free_port()).start()
     try:
         from kafka import KafkaProducer
@@ -129,17 +169,24 @@ def main() -> int:
             for clients in order:
                 run = run_once(broker.bootstrap_servers, topic, model, args.events, clients, f"r{r}-c{clients}", work)
                 runs.append(run)
-                print(f"round {r + 1}: {clients} clients polling /model: {run['events_per_s']:,.0f} events/s "
-                      f"({run['reports_served']:,} reports served)", flush=True)
+                print(
+                    f"round {r + 1}: {clients} clients polling /model: {run['events_per_s']:,.0f} events/s "
+                    f"({run['reports_served']:,} reports served)",
+                    flush=True,
+                )
     finally:
         broker.stop()
     alone = [x["events_per_s"] for x in runs if x["clients"] == 0]
     polled = [x["events_per_s"] for x in runs if x["clients"]]
-    print(f"{args.features:,}-feature model, {args.events:,} events: {min(alone):,.0f}-{max(alone):,.0f} events/s alone, "
-          f"{min(polled):,.0f}-{max(polled):,.0f} with {args.clients} clients polling /model "
-          f"({min(p / a for p, a in zip(polled, alone)):.2f}-{max(p / a for p, a in zip(polled, alone)):.2f}x)")
+    print(
+        f"{args.features:,}-feature model, {args.events:,} events: {min(alone):,.0f}-{max(alone):,.0f} events/s alone, "
+        f"{min(polled):,.0f}-{max(polled):,.0f} with {args.clients} clients polling /model "
+        f"({min(p / a for p, a in zip(polled, alone)):.2f}-{max(p / a for p, a in zip(polled, alone)):.2f}x)"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"features": args.features, "events": args.events, "runs": runs}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"features": args.features, "events": args.events, "runs": runs}, indent=2) + "\n"
+        )
     return 0
 
 

@@ -50,8 +50,12 @@ def records(count: int, labeled: bool = True, topic: str = "points"):
             e = {"id": e["id"], "y": e["y"]}
         elif not labeled:
             e = {"id": e["id"], "x": e["x"]}
-        out.append(tuple.__new__(Record, (topic, 0, i, e["id"].encode(), json.dumps(e, separators=(",", ":")).encode(),
-                                          1_700_000_000_000 + i)))
+        out.append(
+            tuple.__new__(
+                Record,
+                (topic, 0, i, e["id"].encode(), json.dumps(e, separators=(",", ":")).encode(), 1_700_000_000_000 + i),
+            )
+        )
     return out
 
 
@@ -61,22 +65,24 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
     from perceptron_stream.app import Application
     from perceptron_stream.config import ServeSettings, load
 
-    app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-store", "none", "--state-dir", str(tmp), *args]))
+    app = Application(
+        load(ServeSettings, ["--metrics-port", "0", "--state-store", "none", "--state-dir", str(tmp), *args])
+    )
     try:
         from perceptron_stream.pipeline.task import Tally
     except ImportError:  # the old Application: its own _process, over a stream that does nothing
         app.io = NullStream()
-        return lambda: [app._process(recs[i:i + 1000]) for i in range(0, len(recs), 1000)]
+        return lambda: [app._process(recs[i : i + 1000]) for i in range(0, len(recs), 1000)]
     if app.settings.label_topic is not None and not hasattr(app, "factory"):  # before the task factory (which makes
-        import tempfile                                                      # its own cache directory), the app did
+        import tempfile  # its own cache directory), the app did
 
         app._cache_dir = tempfile.TemporaryDirectory()
     task = app.tasks.group
-    batches = [recs[i:i + 1000] for i in range(0, len(recs), 1000)]
+    batches = [recs[i : i + 1000] for i in range(0, len(recs), 1000)]
     if labels is not None:
         from itertools import chain
 
-        later = [labels[i:i + 1000] for i in range(0, len(labels), 1000)]
+        later = [labels[i : i + 1000] for i in range(0, len(labels), 1000)]
         batches = list(chain.from_iterable(zip(batches, [[]] + later[:-1]))) + [later[-1]]
 
     every = app.settings.checkpoint_interval_events
@@ -97,11 +103,14 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
                     seq, since = seq + 1, 0
                     task.joiner.saved(seq)
             app.metrics.observe_tally(tally, 0.001)
+
     if labels is not None:  # before each round, untimed: the tables emptied, so the same ids are new points again
+
         def reset():
             nonlocal seq
             task.joiner.restore(0, {}, [0])
             seq = 0
+
         run.reset = reset
     return run
 
@@ -111,8 +120,13 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tree", type=Path, default=ROOT, help="source tree whose service is measured")
-    parser.add_argument("--only", action="append", default=[], metavar="PREFIX",
-                        help="only the configurations whose name starts with PREFIX (e.g. plain); repeatable")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="only the configurations whose name starts with PREFIX (e.g. plain); repeatable",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     import tempfile
@@ -122,14 +136,19 @@ def main() -> None:
         configs["+ challengers averaged,pocket"] = (["--challengers", "averaged,pocket"], True)
         configs["+ label topic (points kept pending)"] = (["--label-topic", "labels"], False)
         configs["+ both"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], False)
-        configs["+ both, labels joined (an event: point + label)"] = (["--challengers", "averaged,pocket", "--label-topic", "labels"], "joined")
+        configs["+ both, labels joined (an event: point + label)"] = (
+            ["--challengers", "averaged,pocket", "--label-topic", "labels"],
+            "joined",
+        )
     if args.only:
         configs = {name: config for name, config in configs.items() if name.startswith(tuple(args.only))}
     with tempfile.TemporaryDirectory() as tmp:
         recs = {labeled: records(args.events, labeled) for labeled in (True, False)}
         labels = records(args.events, topic="labels")
-        runs = {name: runner(flags, recs[labeled is True], Path(tmp) / str(i), labels if labeled == "joined" else None)
-                for i, (name, (flags, labeled)) in enumerate(configs.items())}
+        runs = {
+            name: runner(flags, recs[labeled is True], Path(tmp) / str(i), labels if labeled == "joined" else None)
+            for i, (name, (flags, labeled)) in enumerate(configs.items())
+        }
         gc.collect()
         gc.freeze()  # as the service does after start-up
         report(args.tree, args.events, args.rounds, best_cpu(runs, args.rounds))

@@ -31,7 +31,6 @@ def main() -> None:
     sys.path.insert(0, str(args.tree.resolve()))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from own_work import best_cpu, records, report
-
     from perceptron_stream.learning import make_learner
     from perceptron_stream.pipeline.models import DriftWatch
     from perceptron_stream.wire.inputs import Decoder
@@ -59,8 +58,12 @@ def main() -> None:
     def drift():
         DriftWatch().update(flags)
 
-    pieces = {"decode and validate": decode, "step (predict, then learn)": step, "the prediction's JSON": encode,
-              "drift detection (river's DDM)": drift}
+    pieces = {
+        "decode and validate": decode,
+        "step (predict, then learn)": step,
+        "the prediction's JSON": encode,
+        "drift detection (river's DDM)": drift,
+    }
     gc.collect()
     gc.freeze()  # as the service does after start-up
     report(args.tree, args.events, args.rounds, best_cpu(pieces, args.rounds))

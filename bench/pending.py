@@ -24,10 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from perceptron_stream.state.pending import PendingTable  # noqa: E402
+from perceptron_stream.state.pending import PendingTable
+from rich.console import Console
+from rich.table import Table
 
 
 def rss_mib() -> float:
@@ -53,8 +52,14 @@ def main() -> None:
         table = PendingTable(path, ttl_seconds=1e12, max_pending=10 * args.points)
         seq, added_s, since = 0, 0.0, time.perf_counter()
         for i in range(args.points):
-            point = {"x": [round(rng.uniform(-1, 1), 6) for _ in range(10)], "y_pred": 1, "score": 0.5, "version": i,
-                     "source": {"topic": "points", "partition": 0, "offset": i}, "at": 1.7e9 + i}
+            point = {
+                "x": [round(rng.uniform(-1, 1), 6) for _ in range(10)],
+                "y_pred": 1,
+                "score": 0.5,
+                "version": i,
+                "source": {"topic": "points", "partition": 0, "offset": i},
+                "at": 1.7e9 + i,
+            }
             table.add(f"app-{i}", point, now=1.7e9 + i)
             if (i + 1) % 1000 == 0:
                 table.commit()
@@ -69,13 +74,19 @@ def main() -> None:
                     t0 = time.perf_counter()
                     for b in range(0, len(joins), 1000):  # as the service joins a batch's labels
                         if hasattr(table, "read_ahead"):  # (not in trees before it: --tree)
-                            table.read_ahead(joins[b:b + 1000])
-                        for point_id in joins[b:b + 1000]:
+                            table.read_ahead(joins[b : b + 1000])
+                        for point_id in joins[b : b + 1000]:
                             table.take(point_id, now=2e9)
                         table.commit()
                     join_us = (time.perf_counter() - t0) / len(joins) * 1e6
-                    table_view.add_row(f"{table.pending_count():,}", f"{checkpoint_ms:.1f}", f"{added_s / (i + 1) * 1e6:.1f}",
-                                       f"{join_us:.1f}", f"{rss_mib():.0f}", f"{path.stat().st_size / 2**20:.0f}")
+                    table_view.add_row(
+                        f"{table.pending_count():,}",
+                        f"{checkpoint_ms:.1f}",
+                        f"{added_s / (i + 1) * 1e6:.1f}",
+                        f"{join_us:.1f}",
+                        f"{rss_mib():.0f}",
+                        f"{path.stat().st_size / 2**20:.0f}",
+                    )
                 since = time.perf_counter()
         table.close()
     Console().print(table_view)

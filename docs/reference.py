@@ -29,12 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # mkdocs loads this file by path; the service package is the checkout's
     sys.path.insert(0, str(ROOT))
 
+from perceptron_stream.cli import COMMANDS, main  # noqa: E402
+from perceptron_stream.config import env_var, flag  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 from pydantic_settings import BaseSettings  # noqa: E402
-
-from perceptron_stream.cli import COMMANDS, main  # noqa: E402
-from perceptron_stream.config import env_var, flag  # noqa: E402
 
 MARKER = re.compile(r"^<!-- generated: (?P<kind>[a-z]+) (?P<name>[a-z-]+) -->$", re.MULTILINE)
 SCHEMAS = ROOT / "schemas"
@@ -94,7 +93,7 @@ def readable_default(field: Any) -> str:
     if isinstance(value, Path):
         home = str(Path.home())
         text = str(value)
-        value = "~" + text[len(home):] if text == home or text.startswith(home + "/") else text
+        value = "~" + text[len(home) :] if text == home or text.startswith(home + "/") else text
     return f"`{value}`"
 
 
@@ -116,8 +115,10 @@ def settings_table(command: str) -> str:
 
 def settings_table_of(cls: type[BaseSettings]) -> str:
     """The Markdown table of a settings class's fields, in the order of the class."""
-    rows = ["| setting | flag | environment variable | type | default | description |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| setting | flag | environment variable | type | default | description |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name, field in cls.model_fields.items():
         kind = readable_type(field.annotation)
         if field.annotation is bool:
@@ -125,8 +126,10 @@ def settings_table_of(cls: type[BaseSettings]) -> str:
         limits = bounds(field.metadata)
         if limits:
             kind += f", {limits}"
-        rows.append(f"| `{name}` | `{flag(name)}` | `{env_var(name)}` | {_cell(kind)} | {_cell(readable_default(field))} "
-                    f"| {_cell(field.description or '')} |")
+        rows.append(
+            f"| `{name}` | `{flag(name)}` | `{env_var(name)}` | {_cell(kind)} | {_cell(readable_default(field))} "
+            f"| {_cell(field.description or '')} |"
+        )
     return "\n".join(rows)
 
 
@@ -178,8 +181,10 @@ def _fields_table(schema: dict[str, Any], defs: dict[str, Any]) -> str:
     required = set(schema.get("required", ()))
     rows = ["| field | type | required | description |", "| --- | --- | --- | --- |"]
     for name, prop in schema.get("properties", {}).items():
-        rows.append(f"| `{name}` | {_cell(_schema_type(prop, defs))} | {'yes' if name in required else 'no'} "
-                    f"| {_cell(prop.get('description', ''))} |")
+        rows.append(
+            f"| `{name}` | {_cell(_schema_type(prop, defs))} | {'yes' if name in required else 'no'} "
+            f"| {_cell(prop.get('description', ''))} |"
+        )
     return "\n".join(rows)
 
 
@@ -197,11 +202,16 @@ def schema_section(name: str) -> str:
     parts.append(_fields_table(schema, defs))
     for def_name, definition in defs.items():
         if definition.get("properties"):
-            parts.append(f"`{def_name}`" + (f": {' '.join(definition['description'].split())}" if definition.get("description") else ""))
+            parts.append(
+                f"`{def_name}`"
+                + (f": {' '.join(definition['description'].split())}" if definition.get("description") else "")
+            )
             parts.append(_fields_table(definition, defs))
-    parts.append(f'??? note "The schema: schemas/{path.name}"\n\n    ```json\n'
-                 + "\n".join("    " + line for line in json.dumps(schema, indent=2, ensure_ascii=False).splitlines())
-                 + "\n    ```")
+    parts.append(
+        f'??? note "The schema: schemas/{path.name}"\n\n    ```json\n'
+        + "\n".join("    " + line for line in json.dumps(schema, indent=2, ensure_ascii=False).splitlines())
+        + "\n    ```"
+    )
     return "\n\n".join(parts)
 
 

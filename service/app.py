@@ -63,14 +63,20 @@ log = logging.getLogger("perceptron_stream")
 
 __all__ = ["CHANGELOG_TOPIC_CONFIG", "CHECKPOINT_TOPIC_CONFIG", "Application", "StartupError"]
 
+
 class Application:
     """The perceptron service. ``run()`` blocks until SIGTERM/SIGINT or :meth:`stop`."""
 
     def __init__(self, settings: ServeSettings):
         self.settings = s = settings
         self.per_partition = s.model_scope == "partition"
-        self.metrics = ServiceMetrics(window=s.mistake_rate_window, version=__version__, variant=s.variant, scope=s.model_scope,
-                                      challengers=[name for name, _, _ in ModelSet.parse(s.challengers)])
+        self.metrics = ServiceMetrics(
+            window=s.mistake_rate_window,
+            version=__version__,
+            variant=s.variant,
+            scope=s.model_scope,
+            challengers=[name for name, _, _ in ModelSet.parse(s.challengers)],
+        )
         self.health = Health(s.healthz_timeout_seconds)
         self.retry = Retry(self.health, lambda: self._stopping)
         self.delivery = Delivery(s, self.health, self.metrics, lambda: self._stopping)
@@ -79,7 +85,9 @@ class Application:
         self.reports = ModelReports()  # GET /model, read by the HTTP thread only
         self.http: HttpEndpoints | None = None
         self.stream = None  # the poll loop's consumer and producer, once start-up opened it
-        self.label_gate = LabelGate(self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms)  # labels ahead of points
+        self.label_gate = LabelGate(
+            self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms
+        )  # labels ahead of points
         self._stopping = False
         self._doing = "connecting to the brokers"  # what the loop is doing, for a stop that does not finish in time
         self.wire(Opened(Owner(s.group_id, s.input_topic)))  # nothing opened yet; start-up wires again
@@ -92,8 +100,18 @@ class Application:
         self.factory = TaskFactory(s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board)
         self.restorer = Restorer(s, self.store, self.retry, initial=self.factory.initial)
         self.checkpointer = Checkpointer(s, self.store, self.metrics, self.health, self.retry)
-        self.assignments = Assignments(s, self.tasks, self.factory.new_task, self.restorer, self.checkpointer, self.store,
-                                       self.health, self.metrics, self.lag, self.retry)
+        self.assignments = Assignments(
+            s,
+            self.tasks,
+            self.factory.new_task,
+            self.restorer,
+            self.checkpointer,
+            self.store,
+            self.health,
+            self.metrics,
+            self.lag,
+            self.retry,
+        )
         if not self.per_partition:
             self.tasks.add(self.factory.new_task(None))
 
@@ -116,23 +134,33 @@ class Application:
 
     def _stop_signalled(self, name: str) -> None:
         if not self._stopping:
-            log.info("stopping: finishing the batch in hand (%s; the process exits within %g s)",
-                     name, self.settings.stop_timeout_seconds)
+            log.info(
+                "stopping: finishing the batch in hand (%s; the process exits within %g s)",
+                name,
+                self.settings.stop_timeout_seconds,
+            )
         self._stopping = True
 
     def undone(self) -> str:
         """What the loop is doing and what it would leave undone if the process ended now (the stop deadline's
         message). Read on another thread while the loop runs: plain reads of counters and flags."""
-        return left_undone(self._doing, sum(task.unsaved for task in self.tasks.all()), self.assignments.batch_open,
-                           stored=self.store is not None, to_commit=self.checkpointer.pending_commit(),
-                           started=self.stream is not None)
+        return left_undone(
+            self._doing,
+            sum(task.unsaved for task in self.tasks.all()),
+            self.assignments.batch_open,
+            stored=self.store is not None,
+            to_commit=self.checkpointer.pending_commit(),
+            started=self.stream is not None,
+        )
 
     def run(self, install_signal_handlers: bool = True) -> int:
         s = self.settings
         if install_signal_handlers:
             StopDeadline(s.stop_timeout_seconds, self._stop_signalled, self.undone).install()
         with ExitStack() as resources:  # whatever opened is closed, in reverse order, however the run ends
-            self.http = HttpEndpoints(self.metrics, self.health, s.metrics_host, s.metrics_port, model_report=self.model_report).start()
+            self.http = HttpEndpoints(
+                self.metrics, self.health, s.metrics_host, s.metrics_port, model_report=self.model_report
+            ).start()
             resources.callback(self.http.stop)
             log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.http.port)
             if not self._start(resources):  # stopped meanwhile
@@ -189,8 +217,11 @@ class Application:
         while not self._stopping:
             self.health.beat()
             self._doing = polling
-            ok, batches = self.retry.once(lambda: stream.poll(s.poll_timeout_ms, s.batch_size),
-                                          f"read {s.input_topic} in group {s.group_id}", probe=True)
+            ok, batches = self.retry.once(
+                lambda: stream.poll(s.poll_timeout_ms, s.batch_size),
+                f"read {s.input_topic} in group {s.group_id}",
+                probe=True,
+            )
             if not ok:
                 time.sleep(0.5)
                 continue
@@ -221,7 +252,9 @@ class Application:
     def _process(self, batches) -> None:
         started = time.perf_counter()
         tally, send = Tally(), self.stream.send
-        if self.checkpointer.exactly_once:  # the batch's outputs go in the open transaction (the checkpointer commits it)
+        if (
+            self.checkpointer.exactly_once
+        ):  # the batch's outputs go in the open transaction (the checkpointer commits it)
             try:
                 self.stream.begin()
             except (KafkaFatal, KafkaUnavailable) as exc:

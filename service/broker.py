@@ -68,7 +68,9 @@ class EmbeddedBroker:
 
     name = "embedded"  # as the tests' parametrized broker fixture names it
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None, advertised_port: int | None = None):
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None, advertised_port: int | None = None
+    ):
         self.host = host
         self.port = port or free_port(host)
         #: the port clients are told to come back to (metadata), when a proxy sits in front (tests: TLS)
@@ -89,9 +91,20 @@ class EmbeddedBroker:
             self._log_file = open(self.log_path, "ab")
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         self.process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
-             "--storage-engine", "memory://tansu/"],
-            stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
+            [
+                broker_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                advertised,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it in order
         )
         try:

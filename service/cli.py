@@ -31,7 +31,10 @@ COMMANDS = {
     "produce": (ProduceSettings, "write a synthetic stream or replay a CSV/JSONL file into a topic"),
     "train": (TrainSettings, "run the batch algorithms (PLA, pocket) over a file; print JSON"),
     "demo": (DemoSettings, "broker + producer + service on this machine, with a live view"),
-    "model": (ModelExportSettings, "model export: the newest checkpoint of a model, as a model file (serve --initial-model)"),
+    "model": (
+        ModelExportSettings,
+        "model export: the newest checkpoint of a model, as a model file (serve --initial-model)",
+    ),
 }
 
 
@@ -61,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     settings_cls = COMMANDS[command][0]
     if command == "model" and not (args and args[0] in ("-h", "--help")):
         if not args or args[0] != "export":
-            print(f"{PROG} model: the only action is export: {PROG} model export --output model.json [--flags]", file=sys.stderr)
+            print(
+                f"{PROG} model: the only action is export: {PROG} model export --output model.json [--flags]",
+                file=sys.stderr,
+            )
             return 2
         args = args[1:]
     try:
@@ -140,8 +146,15 @@ def run_train(settings: TrainSettings) -> int:
         print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
         return 2
     try:
-        report = train_report(data.X, data.y, algorithm=settings.algorithm, order=settings.order, seed=settings.seed,
-                              max_passes=settings.max_passes, feature_names=data.names)
+        report = train_report(
+            data.X,
+            data.y,
+            algorithm=settings.algorithm,
+            order=settings.order,
+            seed=settings.seed,
+            max_passes=settings.max_passes,
+            feature_names=data.names,
+        )
     except ValueError as exc:
         print(f"{PROG} train: invalid setting data (--data): {exc}", file=sys.stderr)
         return 2
@@ -150,18 +163,30 @@ def run_train(settings: TrainSettings) -> int:
 
         # dense x events are features 0..d-1 to the service (load_dataset names them x0..x{d-1} in the report)
         features = list(range(len(data.names))) if data.form == "dense" else data.names
-        doc = model_file.from_weights(dict(zip(features, report["weights"])), report["bias"],
-                                      source=f"train {settings.algorithm} {settings.order} on {settings.data}"
-                                             f"{' --dense' if settings.dense else ''} ({report['updates']} updates, "
-                                             f"{report['training_mistakes']} training mistakes)")
+        doc = model_file.from_weights(
+            dict(zip(features, report["weights"])),
+            report["bias"],
+            source=f"train {settings.algorithm} {settings.order} on {settings.data}"
+            f"{' --dense' if settings.dense else ''} ({report['updates']} updates, "
+            f"{report['training_mistakes']} training mistakes)",
+        )
         try:
             settings.output.write_text(json.dumps(doc, indent=2) + "\n")
         except OSError as exc:
-            print(f"{PROG} train: invalid setting output (--output): cannot write {settings.output}: {exc.strerror}", file=sys.stderr)
+            print(
+                f"{PROG} train: invalid setting output (--output): cannot write {settings.output}: {exc.strerror}",
+                file=sys.stderr,
+            )
             return 2
-        meets = ('dense events, {"x": [...]} (values in column order)' if data.form == "dense" else
-                 'named events, {"features": {' + ", ".join(f'"{n}": ...' for n in data.names[:3]) + (", ..." if len(data.names) > 3 else "")
-                 + "}}" + (" (for dense x events: --dense)" if is_csv(settings.data) else ""))
+        meets = (
+            'dense events, {"x": [...]} (values in column order)'
+            if data.form == "dense"
+            else 'named events, {"features": {'
+            + ", ".join(f'"{n}": ...' for n in data.names[:3])
+            + (", ..." if len(data.names) > 3 else "")
+            + "}}"
+            + (" (for dense x events: --dense)" if is_csv(settings.data) else "")
+        )
         print(f"wrote {settings.output}: a model for {meets}", file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0
@@ -189,19 +214,28 @@ def run_model_export(settings: ModelExportSettings) -> int:
             return 1
     store.key = key
     try:
-        cp = store.load(settings.task, Owner(settings.group_id, settings.input_topic, settings.task),
-                        lambda cp: learner_from_state(cp.model))
+        cp = store.load(
+            settings.task,
+            Owner(settings.group_id, settings.input_topic, settings.task),
+            lambda cp: learner_from_state(cp.model),
+        )
     except (CheckpointError, Exception) as exc:  # whatever a store refuses: one line, exit 1
         print(f"{PROG} model export: {exc}", file=sys.stderr)
         return 1
     finally:
         store.close()
     if cp is None:
-        print(f"{PROG} model export: no checkpoint of {settings.task} of group {settings.group_id} in the {settings.state_store} store",
-              file=sys.stderr)
+        print(
+            f"{PROG} model export: no checkpoint of {settings.task} of group {settings.group_id} in the {settings.state_store} store",
+            file=sys.stderr,
+        )
         return 1
-    doc = model_file.from_learner(learner_from_state(cp.model), f"model export of checkpoint {cp.seq} of {settings.task} "
-                                  f"(group {settings.group_id}, input {settings.input_topic})", cp.meta)
+    doc = model_file.from_learner(
+        learner_from_state(cp.model),
+        f"model export of checkpoint {cp.seq} of {settings.task} "
+        f"(group {settings.group_id}, input {settings.input_topic})",
+        cp.meta,
+    )
     settings.output.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote checkpoint {cp.seq} of {settings.task} to {settings.output}", file=sys.stderr)
     return 0
@@ -213,8 +247,14 @@ def run_demo(settings: DemoSettings) -> int:
     return demo(settings)
 
 
-RUNNERS = {"serve": run_serve, "broker": run_broker, "produce": run_produce, "train": run_train, "demo": run_demo,
-           "model": run_model_export}
+RUNNERS = {
+    "serve": run_serve,
+    "broker": run_broker,
+    "produce": run_produce,
+    "train": run_train,
+    "demo": run_demo,
+    "model": run_model_export,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

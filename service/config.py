@@ -69,16 +69,22 @@ class _FileSource(PydanticBaseSettingsSource):
         try:
             text = path.read_bytes()
         except OSError as exc:
-            raise ConfigError(f"invalid setting config_file (--config-file): cannot read {path}: {exc.strerror}") from exc
+            raise ConfigError(
+                f"invalid setting config_file (--config-file): cannot read {path}: {exc.strerror}"
+            ) from exc
         try:
             data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text.decode())
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"invalid setting config_file (--config-file): {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from exc
+            raise ConfigError(
+                f"invalid setting config_file (--config-file): {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}"
+            ) from exc
         if not isinstance(data, dict):
             raise ConfigError(f"invalid setting config_file (--config-file): {path} must hold a table of settings")
         unknown = sorted(set(data) - set(settings_cls.model_fields))
         if unknown:
-            raise ConfigError(f"invalid setting config_file (--config-file): {path} has unknown settings: {', '.join(unknown)}")
+            raise ConfigError(
+                f"invalid setting config_file (--config-file): {path} has unknown settings: {', '.join(unknown)}"
+            )
         self.values = data
 
     def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is used instead
@@ -100,25 +106,37 @@ class CommandSettings(BaseSettings):
         validate_default=True,
     )
 
-    config_file: Path | None = Field(None, description="TOML or JSON file of settings (flags and env vars override it).")
+    config_file: Path | None = Field(
+        None, description="TOML or JSON file of settings (flags and env vars override it)."
+    )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
         return (init_settings, env_settings, _FileSource(settings_cls, _config_file.get()))
 
 
 class KafkaSettings(CommandSettings):
     """How to reach the brokers; passed through to the Kafka client."""
 
-    bootstrap_servers: str = Field("127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port].")
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="Kafka security protocol.")
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(None, description="SASL mechanism when the protocol is SASL_*.")
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port]."
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security protocol."
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism when the protocol is SASL_*."
+    )
     sasl_username: str | None = Field(None, description="SASL user name.")
     sasl_password: SecretStr | None = Field(None, description="SASL password (never logged).")
     ssl_cafile: Path | None = Field(None, description="CA bundle to verify the brokers (SSL, SASL_SSL).")
     ssl_certfile: Path | None = Field(None, description="Client certificate (mutual TLS).")
     ssl_keyfile: Path | None = Field(None, description="Client private key (mutual TLS).")
-    ssl_password: SecretStr | None = Field(None, description="Password of the client private key, when it is encrypted (never logged).")
+    ssl_password: SecretStr | None = Field(
+        None, description="Password of the client private key, when it is encrypted (never logged)."
+    )
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -137,9 +155,11 @@ class KafkaSettings(CommandSettings):
             host, colon, port = server.strip().rpartition(":")
             if not colon or not host or host.endswith(":") or not port.isdigit() or not 0 < int(port) < 65536:
                 example = f"{server.strip() or 'localhost'}:9092" if not colon else "127.0.0.1:9092"
-                raise ValueError(f"{server.strip()!r} has no port: give every server as host:port (e.g. {example})"
-                                 if not colon or host.endswith(":") else
-                                 f"{server.strip()!r} is not host:port with a port from 1 to 65535 (e.g. {example})")
+                raise ValueError(
+                    f"{server.strip()!r} has no port: give every server as host:port (e.g. {example})"
+                    if not colon or host.endswith(":")
+                    else f"{server.strip()!r} is not host:port with a port from 1 to 65535 (e.g. {example})"
+                )
         return value
 
     @model_validator(mode="after")
@@ -166,130 +186,209 @@ class ServeSettings(KafkaSettings):
     dlq_topic: str = Field("points.dlq", min_length=1, description="Dead-letter topic for rejected events.")
     group_id: str = Field("perceptron-stream", min_length=1, description="Kafka consumer group.")
     kafka_client: Literal["kafka-python", "confluent"] = Field(
-        "kafka-python", description="Client of the poll loop: kafka-python, or confluent (librdkafka, the confluent extra; "
-        "several times faster).")
+        "kafka-python",
+        description="Client of the poll loop: kafka-python, or confluent (librdkafka, the confluent extra; "
+        "several times faster).",
+    )
     group_protocol: Literal["classic", "consumer"] = Field(
-        "classic", description="Consumer group protocol: classic (JoinGroup/SyncGroup; every broker), or consumer (KIP-848, "
+        "classic",
+        description="Consumer group protocol: classic (JoinGroup/SyncGroup; every broker), or consumer (KIP-848, "
         "Apache Kafka 4.0+ and --kafka-client confluent only: incremental rebalances, partitions that stay where they are "
-        "are never stopped; session timeout and heartbeat are the brokers' group.consumer.* settings).")
+        "are never stopped; session timeout and heartbeat are the brokers' group.consumer.* settings).",
+    )
     model_scope: Literal["group", "partition"] = Field(
-        "group", description="group: one model over every partition, one active instance per group. partition: one replica "
+        "group",
+        description="group: one model over every partition, one active instance per group. partition: one replica "
         "per input partition, checkpointed and moved with it; any number of instances share the group (needs the kafka "
-        "store, or a --state-dir every instance shares).")
+        "store, or a --state-dir every instance shares).",
+    )
     mix_every: int = Field(
-        1000, ge=0, description="Partition scope: every N events a replica learns from, it publishes its state to "
+        1000,
+        ge=0,
+        description="Partition scope: every N events a replica learns from, it publishes its state to "
         "--mix-topic and mixes its weights with every partition's latest, weighted by their mistakes (0: never; "
-        "independent replicas).")
-    mix_topic: str = Field("perceptron-stream.mix", min_length=1, description="Compacted topic of the replicas' states (partition scope).")
+        "independent replicas).",
+    )
+    mix_topic: str = Field(
+        "perceptron-stream.mix", min_length=1, description="Compacted topic of the replicas' states (partition scope)."
+    )
     challengers: str = Field(
-        "", description="Comma-separated variants stepped beside the champion on the same events, scored, never "
-        "published: averaged, pocket, plain, margin:γ (e.g. averaged,pocket,margin:0.5).")
+        "",
+        description="Comma-separated variants stepped beside the champion on the same events, scored, never "
+        "published: averaged, pocket, plain, margin:γ (e.g. averaged,pocket,margin:0.5).",
+    )
     learning: Literal["on", "off"] = Field(
-        "on", description="off: predict, publish and count mistakes, never update (a model trained offline served as it is).")
+        "on",
+        description="off: predict, publish and count mistakes, never update (a model trained offline served as it is).",
+    )
     initial_model: Path | None = Field(
-        None, description="A model file (train --output, model export) a new model starts from; ignored, with a log "
-        "line, when a checkpoint exists.")
+        None,
+        description="A model file (train --output, model export) a new model starts from; ignored, with a log "
+        "line, when a checkpoint exists.",
+    )
     label_topic: str | None = Field(
-        None, description="Topic of delayed labels {\"id\", \"y\"}, keyed like their points, with the input topic's partition "
+        None,
+        description='Topic of delayed labels {"id", "y"}, keyed like their points, with the input topic\'s partition '
         "count. A point with an id and no y is then kept until its label comes: the model learns from it then, and the "
-        "published decision's outcome is counted and published on --outcome-topic.")
-    outcome_topic: str = Field("predictions.outcomes", min_length=1, description="Topic of the outcomes of joined delayed labels.")
-    label_ttl_seconds: float = Field(604_800.0, gt=0, description="How long a point waits for its label before it expires.")
-    max_pending: int = Field(1_000_000, gt=0, description="Most points waiting for a label, per partition; the oldest are evicted beyond it.")
+        "published decision's outcome is counted and published on --outcome-topic.",
+    )
+    outcome_topic: str = Field(
+        "predictions.outcomes", min_length=1, description="Topic of the outcomes of joined delayed labels."
+    )
+    label_ttl_seconds: float = Field(
+        604_800.0, gt=0, description="How long a point waits for its label before it expires."
+    )
+    max_pending: int = Field(
+        1_000_000, gt=0, description="Most points waiting for a label, per partition; the oldest are evicted beyond it."
+    )
     # 300 s: the longest a producer's defaults let a record be delivered after its send() (librdkafka's
     # message.timeout.ms 300,000; the Java client's and kafka-python's delivery.timeout.ms 120,000, which bound
     # linger.ms, retries and back-pressure alike): a point sent before its label is on the brokers by then, or never.
     label_grace_seconds: float = Field(
-        300.0, ge=0, allow_inf_nan=False,
+        300.0,
+        ge=0,
+        allow_inf_nan=False,
         description="How long a label whose point has not come waits for it (stream time: the partition's points' "
         "timestamps, or the input read to its end). Then it is dead-lettered unknown_id. Default: the longest delivery "
         "timeout of the producers' defaults (librdkafka's message.timeout.ms, 300 s): a point sent before its label is "
-        "on the brokers by then, or never.")
+        "on the brokers by then, or never.",
+    )
     max_early_labels: int = Field(
-        100_000, gt=0, description="Most labels waiting for their point, per partition; beyond it the oldest is dead-lettered "
-        "unknown_id at once.")
+        100_000,
+        gt=0,
+        description="Most labels waiting for their point, per partition; beyond it the oldest is dead-lettered "
+        "unknown_id at once.",
+    )
     pending_topic: str = Field(
-        "perceptron-stream.pending", min_length=1,
-        description="Compacted changelog of the pending points (--state-store kafka with --label-topic; partitioned like the input).")
-    auto_offset_reset: Literal["earliest", "latest"] = Field("earliest", description="Where a new group starts: earliest learns from the whole retained history.")
+        "perceptron-stream.pending",
+        min_length=1,
+        description="Compacted changelog of the pending points (--state-store kafka with --label-topic; partitioned like the input).",
+    )
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="Where a new group starts: earliest learns from the whole retained history."
+    )
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
-    margin: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ.")
-    standardize: bool = Field(False, description="Standardise features online (river StandardScaler) before the perceptron.")
+    margin: float = Field(
+        0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ."
+    )
+    standardize: bool = Field(
+        False, description="Standardise features online (river StandardScaler) before the perceptron."
+    )
     # 50,000: the largest model (averaged or pocket, --standardize: 4 names and 5 numbers a feature) with
     # 20-30 character names checkpoints to 7.9 MiB, under half the kafka store's 16 MiB record (100,000: 15.8 MiB,
     # 99%); bench/checkpoint_size.py measures it.
     max_model_features: int = Field(
-        50_000, ge=0,
+        50_000,
+        ge=0,
         description="Most features the model holds (0: no cap). Past it, a labeled event's new features are left out "
         "(it is predicted and learned from on the others) and counted in perceptron_dropped_features_total; unlabeled "
         "events never add features. At 50,000 with 20-30 character names the largest checkpoint (averaged or pocket, "
-        "--standardize) is 7.9 MiB, under half the kafka store's 16 MiB (bench/checkpoint_size.py).")
+        "--standardize) is 7.9 MiB, under half the kafka store's 16 MiB (bench/checkpoint_size.py).",
+    )
     hash_features: int = Field(
-        0, ge=0, le=1 << 24,
+        0,
+        ge=0,
+        le=1 << 24,
         description="Hash feature names into this many buckets before the model (river FeatureHasher, MurmurHash3; "
         "0: off), for open-ended names: the model then holds at most this many weights, names that share a bucket "
-        "share a weight. Dense x is hashed as the features 0..d-1. At most --max-model-features.")
+        "share a weight. Dense x is hashed as the features 0..d-1. At most --max-model-features.",
+    )
     batch_size: int = Field(1000, gt=0, le=100_000, description="Most records taken per poll.")
     poll_timeout_ms: int = Field(200, gt=0, le=60_000, description="How long one poll waits for records.")
     # At 5 ms kafka-python 3.0.12 stalled against the embedded broker (fetches answered, no records
     # returned, for minutes: 2 runs in 2); never at 20 ms (a dozen runs at 5,000-8,000 events/s). On
     # Apache Kafka a shorter wait gains nothing: its brokers answer as soon as records arrive.
     fetch_max_wait_ms: int = Field(
-        20, ge=20, le=60_000,
+        20,
+        ge=20,
+        le=60_000,
         description="Longest a broker holds a fetch that finds no new records (Kafka's fetch.max.wait.ms). "
-        "Apache Kafka answers as soon as records arrive; the embedded broker waits it out, so it bounds latency there.")
-    metrics_host: str = Field("127.0.0.1", description="Address of /metrics, /healthz and /readyz (0.0.0.0 in containers).")
-    metrics_port: int = Field(8000, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0 picks a free port).")
-    mistake_rate_window: int = Field(1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate.")
-    healthz_timeout_seconds: float = Field(30.0, gt=0, description="/healthz fails when the poll loop has not turned for this long.")
+        "Apache Kafka answers as soon as records arrive; the embedded broker waits it out, so it bounds latency there.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address of /metrics, /healthz and /readyz (0.0.0.0 in containers)."
+    )
+    metrics_port: int = Field(
+        8000, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0 picks a free port)."
+    )
+    mistake_rate_window: int = Field(
+        1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate."
+    )
+    healthz_timeout_seconds: float = Field(
+        30.0, gt=0, description="/healthz fails when the poll loop has not turned for this long."
+    )
     # 15 s: a stop whose brokers answer took 0.24-0.32 s (the batch in hand, its flush, the final
     # checkpoint, the commit, the close); one that has not ended in 15 s waits on a call that may never
     # return. Half of Kubernetes' default grace period (30 s) stays as margin before its SIGKILL.
     stop_timeout_seconds: float = Field(
-        15.0, gt=0, le=3600,
+        15.0,
+        gt=0,
+        le=3600,
         description="After SIGTERM or SIGINT the process exits within this long: if the batch in hand, the final "
-                    "checkpoint, the commit and the close are not done by then (a client call that never returns, "
-                    "brokers that do not answer), it exits 1 saying what was left undone (nothing is checkpointed "
-                    "past what the brokers acknowledged). Keep it under the orchestrator's grace period "
-                    "(Kubernetes: terminationGracePeriodSeconds, 30 s by default).")
-    state_store: Literal["local", "kafka", "none"] = Field("local", description="Where checkpoints go: a local directory, a compacted Kafka topic, or nowhere.")
+        "checkpoint, the commit and the close are not done by then (a client call that never returns, "
+        "brokers that do not answer), it exits 1 saying what was left undone (nothing is checkpointed "
+        "past what the brokers acknowledged). Keep it under the orchestrator's grace period "
+        "(Kubernetes: terminationGracePeriodSeconds, 30 s by default).",
+    )
+    state_store: Literal["local", "kafka", "none"] = Field(
+        "local", description="Where checkpoints go: a local directory, a compacted Kafka topic, or nowhere."
+    )
     state_dir: Path = Field(
         default_state_dir(),
         description="Directory of the local checkpoint store; each consumer group keeps its checkpoints in a "
-        "directory of its own inside it. Default: $XDG_STATE_HOME/perceptron-stream, else ~/.local/state/perceptron-stream.")
+        "directory of its own inside it. Default: $XDG_STATE_HOME/perceptron-stream, else ~/.local/state/perceptron-stream.",
+    )
     checkpoint_key: SecretStr | None = Field(
-        None, min_length=16,
+        None,
+        min_length=16,
         description="Secret that signs checkpoints (HMAC-SHA256); unsigned or badly signed ones are refused as damaged. "
-        "Give it in the environment or with --checkpoint-key-file, not on a command line others can read (never logged).")
-    checkpoint_key_file: Path | None = Field(None, description="File holding --checkpoint-key (its content, surrounding whitespace removed).")
+        "Give it in the environment or with --checkpoint-key-file, not on a command line others can read (never logged).",
+    )
+    checkpoint_key_file: Path | None = Field(
+        None, description="File holding --checkpoint-key (its content, surrounding whitespace removed)."
+    )
     start_over: bool = Field(
-        False, description="When the state store holds only checkpoints of another cluster, topic or log (positions outside "
+        False,
+        description="When the state store holds only checkpoints of another cluster, topic or log (positions outside "
         "the partitions' logs), or the group has committed offsets and no checkpoint, start a new model from "
-        "--auto-offset-reset instead of stopping. This model's own usable checkpoints are still restored.")
-    checkpoint_topic: str = Field("perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka checkpoint store.")
+        "--auto-offset-reset instead of stopping. This model's own usable checkpoints are still restored.",
+    )
+    checkpoint_topic: str = Field(
+        "perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka checkpoint store."
+    )
     checkpoint_interval_events: int = Field(10_000, gt=0, description="Checkpoint after this many events.")
-    checkpoint_interval_seconds: float = Field(30.0, gt=0, description="Checkpoint at least this often while events flow.")
+    checkpoint_interval_seconds: float = Field(
+        30.0, gt=0, description="Checkpoint at least this often while events flow."
+    )
     processing_guarantee: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",
         description="at-least-once: outputs are acknowledged before the offsets are committed (a crash repeats some "
         "outputs). exactly-once: a span's outputs, its checkpoint and its input positions are committed in one Kafka "
         "transaction, every --commit-interval-ms (read_committed readers see each input's outputs once); needs "
-        "--state-store kafka and Apache Kafka (not the embedded broker), and no --label-topic or --mix-every yet.")
+        "--state-store kafka and Apache Kafka (not the embedded broker), and no --label-topic or --mix-every yet.",
+    )
     commit_interval_ms: int = Field(
-        100, gt=0,
+        100,
+        gt=0,
         description="exactly-once: how often the open transaction is committed with its checkpoints and positions "
         "(Kafka Streams' default under exactly-once); outputs become visible to read_committed readers then. "
-        "at-least-once checkpoints by --checkpoint-interval-events/-seconds instead.")
-    create_topics: bool = Field(True, description="Create missing topics at start-up; when off, a missing topic is an error.")
+        "at-least-once checkpoints by --checkpoint-interval-events/-seconds instead.",
+    )
+    create_topics: bool = Field(
+        True, description="Create missing topics at start-up; when off, a missing topic is an error."
+    )
     topic_partitions: int = Field(1, gt=0, description="Partitions of topics the service creates.")
     topic_replication_factor: int = Field(1, gt=0, description="Replication factor of topics the service creates.")
     max_message_bytes: int = Field(
-        1_000_000, ge=1024,
+        1_000_000,
+        ge=1024,
         description="Larger input messages (key + value) are dead-lettered; a dead letter (key + value) stays within it too. "
-        "Keep it 1 KiB or more under the brokers' message.max.bytes: a prediction carries its input's key and id.")
+        "Keep it 1 KiB or more under the brokers' message.max.bytes: a prediction carries its input's key and id.",
+    )
     max_features: int = Field(10_000, gt=0, description="Events with more features are dead-lettered.")
     max_feature_value: float = Field(
-        1e15, gt=0, le=1e100, description="Events with a feature of larger magnitude are dead-lettered (out_of_range).")
+        1e15, gt=0, le=1e100, description="Events with a feature of larger magnitude are dead-lettered (out_of_range)."
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
     @field_validator("challengers")
@@ -313,7 +412,9 @@ class ServeSettings(KafkaSettings):
             raise ValueError(f"{value} cannot be read: {exc.strerror or exc}") from None
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
-            raise ValueError(f"{value} is not a model file: {first['msg']} at {'.'.join(map(str, first['loc'])) or 'the top'}") from None
+            raise ValueError(
+                f"{value} is not a model file: {first['msg']} at {'.'.join(map(str, first['loc'])) or 'the top'}"
+            ) from None
         return value
 
     @model_validator(mode="after")
@@ -326,38 +427,50 @@ class ServeSettings(KafkaSettings):
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"checkpoint_key_file {self.checkpoint_key_file} cannot be read: {exc}") from None
             if len(text) < 16:
-                raise ValueError(f"checkpoint_key_file {self.checkpoint_key_file} must hold a key of at least 16 characters")
+                raise ValueError(
+                    f"checkpoint_key_file {self.checkpoint_key_file} must hold a key of at least 16 characters"
+                )
             self.checkpoint_key = SecretStr(text)
         if len({self.input_topic, self.output_topic, self.dlq_topic}) < 3:
             raise ValueError("input_topic, output_topic and dlq_topic must be three different topics")
         if self.margin > 0 and self.variant != "margin":
             raise ValueError(f"margin {self.margin} is only used by variant margin (variant is {self.variant})")
         if self.hash_features and self.max_model_features and self.hash_features > self.max_model_features:
-            raise ValueError(f"hash_features {self.hash_features} is more than max_model_features {self.max_model_features}: "
-                             "the buckets past the cap would never be learned; lower hash_features, or raise "
-                             "max_model_features (mind the checkpoint size: bench/checkpoint_size.py)")
+            raise ValueError(
+                f"hash_features {self.hash_features} is more than max_model_features {self.max_model_features}: "
+                "the buckets past the cap would never be learned; lower hash_features, or raise "
+                "max_model_features (mind the checkpoint size: bench/checkpoint_size.py)"
+            )
         if self.learning == "off" and self.model_scope == "partition" and self.mix_every:
             raise ValueError("learning off with mix_every > 0: mixing changes the weights; use --mix-every 0")
         if self.label_topic is not None:
             used = {self.input_topic, self.output_topic, self.dlq_topic}
             if self.label_topic in used or self.outcome_topic in used | {self.label_topic}:
-                raise ValueError("label_topic and outcome_topic must differ from each other and from the input, output and "
-                                 "dead-letter topics")
+                raise ValueError(
+                    "label_topic and outcome_topic must differ from each other and from the input, output and "
+                    "dead-letter topics"
+                )
         if self.model_scope == "partition":
             if self.state_store == "none":
-                raise ValueError("model_scope partition needs state every instance can read: --state-store kafka, or "
-                                 "--state-store local with a --state-dir every instance shares (not none)")
+                raise ValueError(
+                    "model_scope partition needs state every instance can read: --state-store kafka, or "
+                    "--state-store local with a --state-dir every instance shares (not none)"
+                )
             if self.mix_every and self.variant == "pocket":
-                raise ValueError("variant pocket cannot mix (mix_every > 0): the pocket is the weights with the longest run "
-                                 "of correct predictions on one replica's stream, and a mix of pockets has no run; use "
-                                 "--mix-every 0 (independent replicas) or another variant")
+                raise ValueError(
+                    "variant pocket cannot mix (mix_every > 0): the pocket is the weights with the longest run "
+                    "of correct predictions on one replica's stream, and a mix of pockets has no run; use "
+                    "--mix-every 0 (independent replicas) or another variant"
+                )
             if len({self.input_topic, self.output_topic, self.dlq_topic, self.mix_topic}) < 4:
                 raise ValueError("mix_topic must differ from the input, output and dead-letter topics")
         if self.kafka_client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
             raise ValueError("kafka_client confluent needs confluent-kafka: pip install 'perceptron-stream[confluent]'")
         if self.group_protocol == "consumer" and self.kafka_client != "confluent":
-            raise ValueError("group_protocol consumer (KIP-848) needs --kafka-client confluent: kafka-python speaks only the "
-                             "classic group protocol")
+            raise ValueError(
+                "group_protocol consumer (KIP-848) needs --kafka-client confluent: kafka-python speaks only the "
+                "classic group protocol"
+            )
         return self
 
 
@@ -367,54 +480,95 @@ class ProduceSettings(KafkaSettings):
     model_config = SettingsConfigDict(cli_prog_name="perceptron-stream produce")
 
     topic: str = Field("points", min_length=1, description="Topic to write to.")
-    stream: Literal["separable", "noisy", "drift", "credit"] = Field("separable", description="Synthetic stream to generate (ignored with --file).")
-    file: Path | None = Field(None, description="Replay a CSV or JSONL file instead of generating (JSONL lines are sent as they are).")
-    dense: bool = Field(False, description="With a CSV --file: send each row's feature columns as a dense x, in column order "
-                        "(as train --dense reads them), not as named features.")
+    stream: Literal["separable", "noisy", "drift", "credit"] = Field(
+        "separable", description="Synthetic stream to generate (ignored with --file)."
+    )
+    file: Path | None = Field(
+        None, description="Replay a CSV or JSONL file instead of generating (JSONL lines are sent as they are)."
+    )
+    dense: bool = Field(
+        False,
+        description="With a CSV --file: send each row's feature columns as a dense x, in column order "
+        "(as train --dense reads them), not as named features.",
+    )
     count: int = Field(
-        10_000, ge=0, description="Events to write (0: forever). With --file the whole file is sent unless --count is given.")
+        10_000,
+        ge=0,
+        description="Events to write (0: forever). With --file the whole file is sent unless --count is given.",
+    )
     rate: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="Events per second (0: as fast as possible).")
     dimensions: int = Field(10, gt=0, le=10_000, description="Features of the separable/noisy/drift streams.")
     margin: float = Field(
-        0.1, ge=0.0, le=0.99, allow_inf_nan=False,
+        0.1,
+        ge=0.0,
+        le=0.99,
+        allow_inf_nan=False,
         description="Margin γ of the separable/noisy/drift streams: every point is γ or more from the hidden separator. "
-        "Points have ‖x‖ ≤ 1, so γ must stay below 1 (at most 0.99: room for the bias and for x's 6 decimals).")
-    noise: float = Field(0.05, ge=0.0, le=1.0, allow_inf_nan=False, description="Fraction of flipped labels (noisy, drift, credit).")
+        "Points have ‖x‖ ≤ 1, so γ must stay below 1 (at most 0.99: room for the bias and for x's 6 decimals).",
+    )
+    noise: float = Field(
+        0.05, ge=0.0, le=1.0, allow_inf_nan=False, description="Fraction of flipped labels (noisy, drift, credit)."
+    )
     drift_every: int = Field(
-        5_000, gt=0, description="drift: events between quarter turns of the separator; credit: events before the bank's policy changes.")
-    unlabeled: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Fraction of events sent without a label.")
+        5_000,
+        gt=0,
+        description="drift: events between quarter turns of the separator; credit: events before the bank's policy changes.",
+    )
+    unlabeled: float = Field(
+        0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Fraction of events sent without a label."
+    )
     seed: int = Field(
-        42, description="Random seed: the same seed writes the same stream, byte for byte (with --label-topic, the same "
-        "points and the same labels, each topic in the same order; only their interleaving in time depends on the clock).")
-    partitions: int = Field(1, gt=0, description="Partitions if the topic is created (the label topic gets --topic's count).")
+        42,
+        description="Random seed: the same seed writes the same stream, byte for byte (with --label-topic, the same "
+        "points and the same labels, each topic in the same order; only their interleaving in time depends on the clock).",
+    )
+    partitions: int = Field(
+        1, gt=0, description="Partitions if the topic is created (the label topic gets --topic's count)."
+    )
     label_topic: str | None = Field(
-        None, min_length=1,
-        description="Delayed labels: send each synthetic event to --topic without its y, and its label {\"id\", \"y\"} to "
+        None,
+        min_length=1,
+        description='Delayed labels: send each synthetic event to --topic without its y, and its label {"id", "y"} to '
         "this topic --label-delay-seconds later, keyed like its point (the same partition number: created with --topic's "
-        "partition count, and checked). Not with --file. Default: labels inline, in each event.")
+        "partition count, and checked). Not with --file. Default: labels inline, in each event.",
+    )
     label_delay_seconds: float = Field(
-        5.0, ge=0.0, allow_inf_nan=False,
+        5.0,
+        ge=0.0,
+        allow_inf_nan=False,
         description="With --label-topic: how long after its point a label is sent. At the end of the stream the command "
-        "waits for the labels still to come, unless stopped.")
+        "waits for the labels still to come, unless stopped.",
+    )
     label_missing: float = Field(
-        0.0, ge=0.0, le=1.0, allow_inf_nan=False,
+        0.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
         description="With --label-topic: share of the labeled points whose label never comes (seeded; the --unlabeled share "
-        "gets no label either).")
+        "gets no label either).",
+    )
     progress: bool = Field(True, description="Show a progress bar on stderr (a terminal only).")
 
     @model_validator(mode="after")
     def _labels_consistent(self):
         if self.label_topic is None:
-            if self.label_missing > 0 or self.label_delay_seconds != type(self).model_fields["label_delay_seconds"].default:
-                raise ValueError("label_delay_seconds (--label-delay-seconds) and label_missing (--label-missing) are only used "
-                                 "with label_topic (--label-topic)")
+            if (
+                self.label_missing > 0
+                or self.label_delay_seconds != type(self).model_fields["label_delay_seconds"].default
+            ):
+                raise ValueError(
+                    "label_delay_seconds (--label-delay-seconds) and label_missing (--label-missing) are only used "
+                    "with label_topic (--label-topic)"
+                )
             return self
         if self.label_topic == self.topic:
             raise ValueError("label_topic (--label-topic) and topic (--topic) must be two different topics")
         if self.file is not None:
-            raise ValueError("file (--file) and label_topic (--label-topic) cannot be combined: delayed labels are sent "
-                             "for the synthetic streams only; replay a file's labels inline (without --label-topic), or "
-                             "write its points and labels to the two topics yourself")
+            raise ValueError(
+                "file (--file) and label_topic (--label-topic) cannot be combined: delayed labels are sent "
+                "for the synthetic streams only; replay a file's labels inline (without --label-topic), or "
+                "write its points and labels to the two topics yourself"
+            )
         return self
 
 
@@ -437,11 +591,15 @@ class TrainSettings(CommandSettings):
     order: Literal["cyclic", "random"] = Field("cyclic", description="Order in which each pass visits the points.")
     seed: int | None = Field(None, description="Seed of the random order.")
     max_passes: int = Field(100, gt=0, description="τ: most passes over the data.")
-    output: Path | None = Field(None, description="Also write the result as a model file (serve --initial-model takes it).")
+    output: Path | None = Field(
+        None, description="Also write the result as a model file (serve --initial-model takes it)."
+    )
     dense: bool = Field(
-        False, description="Read a CSV's feature columns as a dense x, in column order, as the service numbers the values of "
-        "{\"x\": [...]} events (features 0..d-1), rather than as named features (the column names, which only "
-        "{\"features\": {...}} events share). The model file says which (its input). A JSONL file's events say it themselves.")
+        False,
+        description="Read a CSV's feature columns as a dense x, in column order, as the service numbers the values of "
+        '{"x": [...]} events (features 0..d-1), rather than as named features (the column names, which only '
+        '{"features": {...}} events share). The model file says which (its input). A JSONL file\'s events say it themselves.',
+    )
 
 
 class ModelExportSettings(KafkaSettings):
@@ -452,10 +610,14 @@ class ModelExportSettings(KafkaSettings):
     output: Path = Field(..., description="Where to write the model file.")
     group_id: str = Field("perceptron-stream", min_length=1, description="The model's consumer group.")
     input_topic: str = Field("points", min_length=1, description="The model's input topic.")
-    task: str = Field("model", min_length=1, description="model (group scope), or partition-N (a replica of partition scope).")
+    task: str = Field(
+        "model", min_length=1, description="model (group scope), or partition-N (a replica of partition scope)."
+    )
     state_store: Literal["local", "kafka"] = Field("local", description="Where the checkpoints are.")
     state_dir: Path = Field(default_state_dir(), description="Directory of the local checkpoint store.")
-    checkpoint_topic: str = Field("perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka store.")
+    checkpoint_topic: str = Field(
+        "perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka store."
+    )
     checkpoint_key: SecretStr | None = Field(None, description="The key checkpoints are signed with (never logged).")
 
 
@@ -470,17 +632,20 @@ class DemoSettings(CommandSettings):
     broker_port: int = Field(0, ge=0, le=65535, description="Port of the embedded broker (0 picks a free port).")
     standardize: bool = Field(True, description="Standardise the credit features online.")
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field(
-        "averaged", description="Perceptron variant of the champion (averaged shows the climb and recovery at the policy "
-        "change best); the others of averaged, plain and pocket run beside it as challengers.")
+        "averaged",
+        description="Perceptron variant of the champion (averaged shows the climb and recovery at the policy "
+        "change best); the others of averaged, plain and pocket run beside it as challengers.",
+    )
     noise: float = Field(0.02, ge=0.0, le=1.0, description="Fraction of flipped labels in the credit stream.")
     delayed_labels: bool = Field(
-        False, description="Delayed labels: the producer sends each application now and its outcome about 3 s later on a "
-        "label topic of its own (5% never come), and the service joins them (serve --label-topic).")
+        False,
+        description="Delayed labels: the producer sends each application now and its outcome about 3 s later on a "
+        "label topic of its own (5% never come), and the service joins them (serve --label-topic).",
+    )
     live: bool = Field(True, description="Show the live terminal view (off: print a line every few seconds).")
 
 
 Settings = TypeVar("Settings", bound=CommandSettings)
-
 
 
 def flag(name: str) -> str:

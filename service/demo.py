@@ -25,16 +25,15 @@ import time
 import traceback
 from collections import deque
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.panel import Panel
-from rich.table import Table
-
 from perceptron_stream.app import Application, StartupError
 from perceptron_stream.broker import EmbeddedBroker
 from perceptron_stream.config import DemoSettings, ProduceSettings, ServeSettings, load
 from perceptron_stream.produce import ProduceError, produce
 from perceptron_stream.state.checkpoint import CheckpointError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
 
 SPARK = "▁▂▃▄▅▆▇█"
 #: The variants the demo compares: the champion is ``--variant``, the others of these run as challengers.
@@ -92,8 +91,16 @@ def sparkline(values: list[float], top: float = 0.5) -> str:
 class DemoView:
     """What the terminal shows, computed from the running Application."""
 
-    def __init__(self, app: Application, bootstrap: str, metrics_url: str, drift_at: int, *, champion: str = "champion",
-                 label_delay: float | None = None):
+    def __init__(
+        self,
+        app: Application,
+        bootstrap: str,
+        metrics_url: str,
+        drift_at: int,
+        *,
+        champion: str = "champion",
+        label_delay: float | None = None,
+    ):
         """``champion``: its variant's name; ``label_delay``: the seconds after its point a label is sent (None: labels
         inline, in each event)."""
         self.app, self.bootstrap, self.metrics_url, self.drift_at = app, bootstrap, metrics_url, drift_at
@@ -113,15 +120,26 @@ class DemoView:
             self._next_rate_at = now + 1.0
         m = self.app.metrics
         last_drift = _sample(m.last_drift, "perceptron_last_drift_timestamp_seconds")
-        s = {"seen": learner.seen, "events_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0, "mistakes": learner.mistakes,
-             "updates": learner.updates, "rate": rate, "weights": dict(learner.weights), "bias": learner.bias,
-             "challengers": {name: window.value for name, window in list(m.challenger_windows.items())},
-             "drifts": int(_sample(m.drifts, "perceptron_drift_detected_total")),
-             "drift_ago": time.time() - last_drift if last_drift else None}
+        s = {
+            "seen": learner.seen,
+            "events_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0,
+            "mistakes": learner.mistakes,
+            "updates": learner.updates,
+            "rate": rate,
+            "weights": dict(learner.weights),
+            "bias": learner.bias,
+            "challengers": {name: window.value for name, window in list(m.challenger_windows.items())},
+            "drifts": int(_sample(m.drifts, "perceptron_drift_detected_total")),
+            "drift_ago": time.time() - last_drift if last_drift else None,
+        }
         if self.label_delay is not None:
             count = _sample(m.label_delay, "perceptron_label_delay_seconds_count")
-            s.update({outcome: int(_sample(m.labels, "perceptron_labels_total", outcome=outcome))
-                      for outcome in ("joined", "unknown_id", "expired")})
+            s.update(
+                {
+                    outcome: int(_sample(m.labels, "perceptron_labels_total", outcome=outcome))
+                    for outcome in ("joined", "unknown_id", "expired")
+                }
+            )
             s["pending"] = int(_sample(m.pending, "perceptron_pending_labels"))
             s["delay"] = _sample(m.label_delay, "perceptron_label_delay_seconds_sum") / count if count else None
         return s
@@ -131,19 +149,39 @@ class DemoView:
         stats = Table.grid(padding=(0, 2))
         stats.add_row("events", f"{s['seen']:,}", "events/s", f"{s['events_per_s']:,.0f}")
         stats.add_row("mistakes", f"{s['mistakes']:,}", "updates (model version)", f"{s['updates']:,}")
-        stats.add_row("mistake rate", f"{s['rate']:.1%} (last {self.app.metrics.window.window} labeled)",
-                      "trend (40 s)", sparkline(list(self.rates)))
+        stats.add_row(
+            "mistake rate",
+            f"{s['rate']:.1%} (last {self.app.metrics.window.window} labeled)",
+            "trend (40 s)",
+            sparkline(list(self.rates)),
+        )
         phase = "before" if s["seen"] < self.drift_at else "after"
         stats.add_row("bank policy", f"changes at event {self.drift_at:,} ({phase})", "", "")
         for name, rate in s["challengers"].items():
-            stats.add_row(f"challenger {name}", f"{rate:.1%} mistake rate", f"champion {self.champion}", f"{s['rate']:.1%}")
-        drift = "none detected" if not s["drifts"] else (
-            f"{s['drifts']:,} detected, the last {ago(s['drift_ago'])} ago" if s["drift_ago"] is not None else f"{s['drifts']:,} detected")
+            stats.add_row(
+                f"challenger {name}", f"{rate:.1%} mistake rate", f"champion {self.champion}", f"{s['rate']:.1%}"
+            )
+        drift = (
+            "none detected"
+            if not s["drifts"]
+            else (
+                f"{s['drifts']:,} detected, the last {ago(s['drift_ago'])} ago"
+                if s["drift_ago"] is not None
+                else f"{s['drifts']:,} detected"
+            )
+        )
         stats.add_row("drift (DDM)", drift, "", "")
         if self.label_delay is not None:
-            stats.add_row("labels pending", f"{s['pending']:,}", "joined / unknown_id", f"{s['joined']:,} / {s['unknown_id']:,}")
+            stats.add_row(
+                "labels pending", f"{s['pending']:,}", "joined / unknown_id", f"{s['joined']:,} / {s['unknown_id']:,}"
+            )
             delay = "none joined yet" if s["delay"] is None else f"{s['delay']:.1f} s on average"
-            stats.add_row("label delay", f"{delay} (sent {self.label_delay:g} s after)", "expired (never came)", f"{s['expired']:,}")
+            stats.add_row(
+                "label delay",
+                f"{delay} (sent {self.label_delay:g} s after)",
+                "expired (never came)",
+                f"{s['expired']:,}",
+            )
         weights = Table("feature", "weight", box=None, padding=(0, 2))
         for name, w in sorted(s["weights"].items(), key=lambda kv: str(kv[0])):
             weights.add_row(str(name), f"{w:+.3f}")
@@ -153,15 +191,19 @@ class DemoView:
 
     def line(self) -> str:
         s = self.sample()
-        line = (f"events={s['seen']} events/s={s['events_per_s']:.0f} mistakes={s['mistakes']} "
-                f"mistake_rate={s['rate']:.3f} updates={s['updates']}")
+        line = (
+            f"events={s['seen']} events/s={s['events_per_s']:.0f} mistakes={s['mistakes']} "
+            f"mistake_rate={s['rate']:.3f} updates={s['updates']}"
+        )
         line += "".join(f" {name}_mistake_rate={rate:.3f}" for name, rate in s["challengers"].items())
         line += f" drifts={s['drifts']}"
         if s["drift_ago"] is not None:
             line += f" last_drift_s_ago={s['drift_ago']:.0f}"
         if self.label_delay is not None:
-            line += (f" pending={s['pending']} joined={s['joined']} unknown_id={s['unknown_id']} expired={s['expired']}"
-                     f" label_delay_s={'-' if s['delay'] is None else format(s['delay'], '.1f')}")
+            line += (
+                f" pending={s['pending']} joined={s['joined']} unknown_id={s['unknown_id']} expired={s['expired']}"
+                f" label_delay_s={'-' if s['delay'] is None else format(s['delay'], '.1f')}"
+            )
         return line
 
 
@@ -179,7 +221,8 @@ def describe_failure(exc: BaseException, metrics_port: int) -> str:
 def _expected(exc: BaseException) -> bool:
     """A failure the message explains in full: no traceback needed."""
     return isinstance(exc, (StartupError, CheckpointError)) or (
-        isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EACCES))
+        isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EACCES)
+    )
 
 
 class _ServiceThread(threading.Thread):
@@ -214,32 +257,82 @@ def run_demo(settings: DemoSettings) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     drift_at = max(1000, int(settings.rate * 20))
     failure: str | None = None
-    with EmbeddedBroker(port=settings.broker_port) as broker, tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state:
+    with (
+        EmbeddedBroker(port=settings.broker_port) as broker,
+        tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state,
+    ):
         console.print(f"embedded broker on {broker.bootstrap_servers} (pid {broker.process.pid})")
         base = ["--bootstrap-servers", broker.bootstrap_servers]
         delayed = settings.delayed_labels
-        serve = load(ServeSettings, [*base, "--metrics-port", str(settings.metrics_port), "--state-dir", state, "--variant", settings.variant,
-                                     "--standardize" if settings.standardize else "--no-standardize", "--checkpoint-interval-seconds", "5",
-                                     "--challengers", ",".join(challengers(settings.variant)),
-                                     *(["--label-topic", LABEL_TOPIC, "--label-ttl-seconds", str(LABEL_TTL_S)] if delayed else [])])
+        serve = load(
+            ServeSettings,
+            [
+                *base,
+                "--metrics-port",
+                str(settings.metrics_port),
+                "--state-dir",
+                state,
+                "--variant",
+                settings.variant,
+                "--standardize" if settings.standardize else "--no-standardize",
+                "--checkpoint-interval-seconds",
+                "5",
+                "--challengers",
+                ",".join(challengers(settings.variant)),
+                *(["--label-topic", LABEL_TOPIC, "--label-ttl-seconds", str(LABEL_TTL_S)] if delayed else []),
+            ],
+        )
         app = Application(serve)
-        producer_settings = load(ProduceSettings, [*base, "--stream", "credit", "--count", "0", "--rate", str(settings.rate),
-                                                   "--noise", str(settings.noise), "--drift-every", str(drift_at), "--no-progress",
-                                                   *(["--label-topic", LABEL_TOPIC, "--label-delay-seconds", str(LABEL_DELAY_S),
-                                                      "--label-missing", str(LABEL_MISSING)] if delayed else [])])
+        producer_settings = load(
+            ProduceSettings,
+            [
+                *base,
+                "--stream",
+                "credit",
+                "--count",
+                "0",
+                "--rate",
+                str(settings.rate),
+                "--noise",
+                str(settings.noise),
+                "--drift-every",
+                str(drift_at),
+                "--no-progress",
+                *(
+                    [
+                        "--label-topic",
+                        LABEL_TOPIC,
+                        "--label-delay-seconds",
+                        str(LABEL_DELAY_S),
+                        "--label-missing",
+                        str(LABEL_MISSING),
+                    ]
+                    if delayed
+                    else []
+                ),
+            ],
+        )
         service = _ServiceThread(app)
         service.start()
         while app.http is None and service.is_alive():
             time.sleep(0.05)
-        producer = threading.Thread(target=_produce, args=(producer_settings, stop.is_set), name="producer", daemon=True)
+        producer = threading.Thread(
+            target=_produce, args=(producer_settings, stop.is_set), name="producer", daemon=True
+        )
         view = None
         try:
             if service.is_alive():
                 metrics_url = f"http://{serve.metrics_host}:{app.http.port}"
                 console.print(f"metrics on {metrics_url}/metrics", highlight=False)
                 producer.start()
-                view = DemoView(app, broker.bootstrap_servers, metrics_url, drift_at, champion=settings.variant,
-                                label_delay=LABEL_DELAY_S if delayed else None)
+                view = DemoView(
+                    app,
+                    broker.bootstrap_servers,
+                    metrics_url,
+                    drift_at,
+                    champion=settings.variant,
+                    label_delay=LABEL_DELAY_S if delayed else None,
+                )
                 deadline = time.monotonic() + settings.duration if settings.duration else float("inf")
                 if settings.live:
                     with Live(view.render(), console=console, refresh_per_second=4, screen=True) as live:
@@ -267,8 +360,11 @@ def run_demo(settings: DemoSettings) -> int:
             console.print(view.line(), highlight=False, soft_wrap=True)  # one line, as the lines before it
     # the broker (a child process) and the producer are down here, whatever happened
     if failure is not None:
-        print(f"perceptron-stream demo: the service failed: {failure} (the broker and the producer are stopped)",
-              file=sys.stderr, flush=True)
+        print(
+            f"perceptron-stream demo: the service failed: {failure} (the broker and the producer are stopped)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     console.print("stopped: broker, producer and service are down")
     return 0

@@ -39,10 +39,9 @@ from collections import OrderedDict
 from urllib.parse import parse_qs, unquote
 
 import orjson
-from prometheus_client.exposition import choose_encoder, gzip_accepted
-
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.runtime.health import Health
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +147,7 @@ def model_page(query: str) -> tuple[int, int] | str:
 
 
 class _Connection:
-    __slots__ = ("sock", "deadline", "received", "out", "sent")
+    __slots__ = ("deadline", "out", "received", "sent", "sock")
 
     def __init__(self, sock: socket.socket, deadline: float):
         self.sock = sock
@@ -171,9 +170,18 @@ class HttpEndpoints:
     limits of the module docstring (tests shorten them).
     """
 
-    def __init__(self, metrics: ServiceMetrics, health: Health, host: str, port: int, *,
-                 max_connections: int | None = None, head_timeout_s: float = HEAD_TIMEOUT_S,
-                 write_timeout_s: float = WRITE_TIMEOUT_S, model_report=None):
+    def __init__(
+        self,
+        metrics: ServiceMetrics,
+        health: Health,
+        host: str,
+        port: int,
+        *,
+        max_connections: int | None = None,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
+        model_report=None,
+    ):
         self._registry = metrics.registry
         self.model_report = model_report  # () -> the JSON-able report of GET /model (read-only), or None
         self.health = health
@@ -181,7 +189,9 @@ class HttpEndpoints:
         self.max_connections = max_connections or connection_cap(_open_files_limit())
         self.head_timeout_s, self.write_timeout_s = head_timeout_s, write_timeout_s
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)  # SO_REUSEADDR on POSIX
+        self._listener = socket.create_server(
+            (host, port), family=family, backlog=socket.SOMAXCONN
+        )  # SO_REUSEADDR on POSIX
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
@@ -245,7 +255,10 @@ class HttpEndpoints:
                     self._write(key.data)
         now = time.monotonic()
         for conn in [c for c in self._connections.values() if c.deadline <= now]:
-            log.debug("http: closing a connection that %s in time", "sent no complete request" if conn.idle else "did not take its response")
+            log.debug(
+                "http: closing a connection that %s in time",
+                "sent no complete request" if conn.idle else "did not take its response",
+            )
             self._close(conn)
         if self._accept_paused_until is not None and now >= self._accept_paused_until:
             self._accept_paused_until = None
@@ -357,7 +370,9 @@ class HttpEndpoints:
         if end < 0 and len(conn.received) <= MAX_HEAD_BYTES:
             return
         if end < 0 or end > MAX_HEAD_BYTES:
-            self._respond(conn, response("431 Request Header Fields Too Large", "text/plain", b"request head too large\n"))
+            self._respond(
+                conn, response("431 Request Header Fields Too Large", "text/plain", b"request head too large\n")
+            )
             return
         request = parse_head(conn.received[:end])
         if request is None:
@@ -375,7 +390,7 @@ class HttpEndpoints:
 
     def _write(self, conn: _Connection) -> None:
         try:
-            conn.sent += conn.sock.send(memoryview(conn.out)[conn.sent:])
+            conn.sent += conn.sock.send(memoryview(conn.out)[conn.sent :])
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -389,11 +404,15 @@ class HttpEndpoints:
             return self._metrics(method, query, headers)
         if path == "/model" and self.model_report is not None:
             if method not in ("GET", "HEAD"):
-                return response("405 Method Not Allowed", "text/plain", b"/model is read-only: GET\n", (("Allow", "GET"),))
+                return response(
+                    "405 Method Not Allowed", "text/plain", b"/model is read-only: GET\n", (("Allow", "GET"),)
+                )
             page = model_page(query)
             if isinstance(page, str):
                 return response("400 Bad Request", "text/plain", page.encode())
-            return response("200 OK", "application/json", orjson.dumps(self.model_report(*page)), send_body=method != "HEAD")
+            return response(
+                "200 OK", "application/json", orjson.dumps(self.model_report(*page)), send_body=method != "HEAD"
+            )
         checks = {"/healthz": self.health.live, "/readyz": self.health.ready}
         send_body = method != "HEAD"
         if path not in checks:
@@ -407,8 +426,12 @@ class HttpEndpoints:
         if method == "OPTIONS":
             return response("200 OK", None, b"", (("Allow", "OPTIONS,GET"),))
         if method != "GET":
-            return response("405 Method Not Allowed", None, f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode(),
-                            (("Allow", "OPTIONS,GET"),))
+            return response(
+                "405 Method Not Allowed",
+                None,
+                f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode(),
+                (("Allow", "OPTIONS,GET"),),
+            )
         encoder, content_type = choose_encoder(headers.get("accept", ""))
         registry = self._registry
         names = parse_qs(query).get("name[]")
@@ -418,7 +441,9 @@ class HttpEndpoints:
             body = encoder(registry)
         except Exception:
             log.exception("http: /metrics failed")
-            return response("500 Internal Server Error", "text/plain", b"collecting the metrics failed; see the service log\n")
+            return response(
+                "500 Internal Server Error", "text/plain", b"collecting the metrics failed; see the service log\n"
+            )
         extra = ()
         if gzip_accepted(headers.get("accept-encoding", "")):
             body, extra = gzip.compress(body), (("Content-Encoding", "gzip"),)

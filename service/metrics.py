@@ -7,14 +7,15 @@ process.
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from bisect import bisect_left
-import collections
 from collections import deque
 from functools import partial
 from itertools import islice
 
+from perceptron_stream.wire.messages import REASONS
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -25,8 +26,6 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-
-from perceptron_stream.wire.messages import REASONS
 
 #: A second to a week: labels come from seconds (a click) to months (a default) after their point.
 LABEL_DELAY_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400, 30 * 86400)
@@ -62,7 +61,7 @@ class SlidingRate:
         n = len(flags)
         if n >= self.window:
             self._flags.clear()
-            self._flags.extend(flags[n - self.window:])
+            self._flags.extend(flags[n - self.window :])
             self._count = sum(self._flags)
             return
         out = len(self._flags) + n - self.window  # how many the extend pushes out, from the left
@@ -125,88 +124,189 @@ class ServiceMetrics:
         self.registry = registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
-        self.events = Counter("perceptron_events", "Valid events processed, by whether they had a label.", ["kind"], registry=registry)
+        self.events = Counter(
+            "perceptron_events", "Valid events processed, by whether they had a label.", ["kind"], registry=registry
+        )
         self.labeled, self.unlabeled = self.events.labels("labeled"), self.events.labels("unlabeled")
-        self.mistakes = Counter("perceptron_mistakes", "Published predictions that were wrong (y·score ≤ 0).", registry=registry)
+        self.mistakes = Counter(
+            "perceptron_mistakes", "Published predictions that were wrong (y·score ≤ 0).", registry=registry
+        )
         self.updates = Counter("perceptron_updates", "Weight updates made by the perceptron.", registry=registry)
         self.dropped_features = Counter(
             "perceptron_dropped_features",
             "New features of labeled events left out of learning because the model held --max-model-features features.",
-            registry=registry)
+            registry=registry,
+        )
         self.unknown_features = Counter(
             "perceptron_events_without_known_features",
             "Valid events that shared no feature with a model holding some, so scored by its bias alone: a model trained "
             "on named features served dense x, or the reverse, or producers sending other names (the log says which, once).",
-            registry=registry)
-        self.rejected = Counter("perceptron_rejected_events", "Events sent to the dead-letter topic, by reason.", ["reason"], registry=registry)
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "perceptron_rejected_events",
+            "Events sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=registry,
+        )
         for reason in REASONS:  # every series exists from the start, so rate() and dashboards see zeros, not gaps
             self.rejected.labels(reason)
-        self.mistake_rate = Gauge("perceptron_mistake_rate", "Share of mistakes among the last N labeled events.", registry=registry)
-        Gauge("perceptron_mistake_rate_window_events", "N, the labeled events in the mistake-rate window.", registry=registry).set(window)
-        self.latency = Histogram("perceptron_processing_latency_seconds", "Seconds from polling an event to the broker's acknowledgement of its output.",
-                                 buckets=LATENCY_BUCKETS, registry=registry)
-        self.lag = Gauge("perceptron_consumer_lag", "Messages between the service's position and the end of each input partition.", ["topic", "partition"], registry=registry)
+        self.mistake_rate = Gauge(
+            "perceptron_mistake_rate", "Share of mistakes among the last N labeled events.", registry=registry
+        )
+        Gauge(
+            "perceptron_mistake_rate_window_events",
+            "N, the labeled events in the mistake-rate window.",
+            registry=registry,
+        ).set(window)
+        self.latency = Histogram(
+            "perceptron_processing_latency_seconds",
+            "Seconds from polling an event to the broker's acknowledgement of its output.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "perceptron_consumer_lag",
+            "Messages between the service's position and the end of each input partition.",
+            ["topic", "partition"],
+            registry=registry,
+        )
         # per replica in partition scope (a partition label), one model's in group scope (no label, as before)
         self.replica_labels = ["partition"] if scope == "partition" else []
-        self.weight_norm = Gauge("perceptron_weight_norm", "Euclidean norm of the predicting weights, bias included.",
-                                 self.replica_labels, registry=registry)
-        self.radius = Gauge("perceptron_data_radius", "R: the largest ‖x‖ seen, the constant 1 included.", self.replica_labels,
-                            registry=registry)
-        self.labels = Counter("perceptron_labels", "Delayed labels by outcome (joined, unknown_id, duplicate; early: came "
-                              "before their point and waited for it, then counted again as joined or unknown_id), and "
-                              "pending points dropped unlabeled (expired, evicted).", ["outcome"], registry=registry)
+        self.weight_norm = Gauge(
+            "perceptron_weight_norm",
+            "Euclidean norm of the predicting weights, bias included.",
+            self.replica_labels,
+            registry=registry,
+        )
+        self.radius = Gauge(
+            "perceptron_data_radius",
+            "R: the largest ‖x‖ seen, the constant 1 included.",
+            self.replica_labels,
+            registry=registry,
+        )
+        self.labels = Counter(
+            "perceptron_labels",
+            "Delayed labels by outcome (joined, unknown_id, duplicate; early: came "
+            "before their point and waited for it, then counted again as joined or unknown_id), and "
+            "pending points dropped unlabeled (expired, evicted).",
+            ["outcome"],
+            registry=registry,
+        )
         for outcome in ("joined", "unknown_id", "duplicate", "early", "expired", "evicted"):
             self.labels.labels(outcome)
-        self.pending = Gauge("perceptron_pending_labels", "Points predicted and published, waiting for their label.",
-                             registry=registry)
-        self.early = Gauge("perceptron_early_labels", "Labels that came before their point, waiting for it (at most "
-                           "--label-grace-seconds of stream time).", registry=registry)
-        self.label_delay = Histogram("perceptron_label_delay_seconds", "Seconds from a point to its label, per joined label.",
-                                     buckets=LABEL_DELAY_BUCKETS, registry=registry)
-        self.challenger_mistakes = Counter("perceptron_challenger_mistakes", "Mistakes a challenger variant made on the "
-                                           "champion's labeled events (never published).", ["challenger"], registry=registry)
-        self.challenger_rate = Gauge("perceptron_challenger_mistake_rate", "A challenger's share of mistakes among the last N "
-                                     "labeled events, beside perceptron_mistake_rate.", ["challenger"], registry=registry)
+        self.pending = Gauge(
+            "perceptron_pending_labels", "Points predicted and published, waiting for their label.", registry=registry
+        )
+        self.early = Gauge(
+            "perceptron_early_labels",
+            "Labels that came before their point, waiting for it (at most --label-grace-seconds of stream time).",
+            registry=registry,
+        )
+        self.label_delay = Histogram(
+            "perceptron_label_delay_seconds",
+            "Seconds from a point to its label, per joined label.",
+            buckets=LABEL_DELAY_BUCKETS,
+            registry=registry,
+        )
+        self.challenger_mistakes = Counter(
+            "perceptron_challenger_mistakes",
+            "Mistakes a challenger variant made on the champion's labeled events (never published).",
+            ["challenger"],
+            registry=registry,
+        )
+        self.challenger_rate = Gauge(
+            "perceptron_challenger_mistake_rate",
+            "A challenger's share of mistakes among the last N labeled events, beside perceptron_mistake_rate.",
+            ["challenger"],
+            registry=registry,
+        )
         self.challenger_windows = {name: SlidingRate(window) for name in challengers}
         for name in challengers:  # the series exist from the start: the dashboard compares them with the champion
             self.challenger_mistakes.labels(name)
             self.challenger_rate.labels(name)
-        self.drifts = Counter("perceptron_drift_detected", "Drift episodes river's DDM opened in the champion's mistake stream "
-                              "(one change, one count: detections while the model relearns are the same drift).",
-                              registry=registry)
-        self.last_drift = Gauge("perceptron_last_drift_timestamp_seconds", "Unix time the last drift episode began (0: none).",
-                                registry=registry)
-        self.mixes = Counter("perceptron_mixes", "Mixes of a replica's weights with the other partitions' (--mix-every).",
-                             ["partition"], registry=registry)
-        self.mix_rejected = Counter("perceptron_mix_records_rejected", "Records of the mix topic not mixed in, by reason.",
-                                    ["reason"], registry=registry)
-        for reason in ("damaged", "foreign", "settings", "key", "refused"):  # zeros from the start, as for rejected events
+        self.drifts = Counter(
+            "perceptron_drift_detected",
+            "Drift episodes river's DDM opened in the champion's mistake stream "
+            "(one change, one count: detections while the model relearns are the same drift).",
+            registry=registry,
+        )
+        self.last_drift = Gauge(
+            "perceptron_last_drift_timestamp_seconds",
+            "Unix time the last drift episode began (0: none).",
+            registry=registry,
+        )
+        self.mixes = Counter(
+            "perceptron_mixes",
+            "Mixes of a replica's weights with the other partitions' (--mix-every).",
+            ["partition"],
+            registry=registry,
+        )
+        self.mix_rejected = Counter(
+            "perceptron_mix_records_rejected",
+            "Records of the mix topic not mixed in, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in (
+            "damaged",
+            "foreign",
+            "settings",
+            "key",
+            "refused",
+        ):  # zeros from the start, as for rejected events
             self.mix_rejected.labels(reason)
-        self.last_checkpoint = Gauge("perceptron_last_checkpoint_timestamp_seconds", "Unix time of the last checkpoint written or restored.", registry=registry)
+        self.last_checkpoint = Gauge(
+            "perceptron_last_checkpoint_timestamp_seconds",
+            "Unix time of the last checkpoint written or restored.",
+            registry=registry,
+        )
         # --processing-guarantee exactly-once: every transaction ended, and how long its commit took
-        self.transactions = Counter("perceptron_transactions", "Kafka transactions ended (--processing-guarantee exactly-once), "
-                                    "by result: committed, or aborted (nothing of it visible).", ["result"], registry=registry)
+        self.transactions = Counter(
+            "perceptron_transactions",
+            "Kafka transactions ended (--processing-guarantee exactly-once), "
+            "by result: committed, or aborted (nothing of it visible).",
+            ["result"],
+            registry=registry,
+        )
         for result in ("committed", "aborted"):
             self.transactions.labels(result)
         self.transaction_commit = Histogram(
             "perceptron_transaction_commit_seconds",
             "Seconds a transaction's commit took: its checkpoints sent, outputs flushed, positions and commit acknowledged.",
-            buckets=LATENCY_BUCKETS, registry=registry)
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         # Liveness for alerts: /healthz tells a probe, this tells Prometheus. Computed
         # at scrape time from the Health the loop beats, so a loop hung inside a
         # call still shows its last turn (NaN until a Health is tracked).
         self._health = None  # the runtime's Health (perceptron_stream.runtime.health), tracked by the HTTP endpoints
-        self.poll_loop_last_turn = Gauge("perceptron_poll_loop_last_turn_timestamp_seconds",
-                                         "Unix time at which the poll loop last turned (or waited, alive, for the brokers).", registry=registry)
+        self.poll_loop_last_turn = Gauge(
+            "perceptron_poll_loop_last_turn_timestamp_seconds",
+            "Unix time at which the poll loop last turned (or waited, alive, for the brokers).",
+            registry=registry,
+        )
         self.poll_loop_last_turn.set_function(self._last_turn_unix)
-        self.assigned_partitions = Gauge("perceptron_assigned_partitions", "Input partitions assigned to this instance by its consumer group.", registry=registry)
-        Info("perceptron_build", "Version and model variant of the running service.", registry=registry).info({"version": version, "variant": variant})
+        self.assigned_partitions = Gauge(
+            "perceptron_assigned_partitions",
+            "Input partitions assigned to this instance by its consumer group.",
+            registry=registry,
+        )
+        Info("perceptron_build", "Version and model variant of the running service.", registry=registry).info(
+            {"version": version, "variant": variant}
+        )
         self.window = SlidingRate(window)
 
     def observe_tally(self, tally, latency_s: float) -> None:
         """Count what one batch did (a :class:`~perceptron_stream.pipeline.task.Tally`)."""
-        self.observe_batch(labeled=tally.labeled, unlabeled=tally.unlabeled, mistake_flags=tally.flags, updates=tally.updates,
-                           latency_s=latency_s, dropped_features=tally.dropped)
+        self.observe_batch(
+            labeled=tally.labeled,
+            unlabeled=tally.unlabeled,
+            mistake_flags=tally.flags,
+            updates=tally.updates,
+            latency_s=latency_s,
+            dropped_features=tally.dropped,
+        )
         for reason, count in collections.Counter(tally.rejected).items():
             self.rejected.labels(reason).inc(count)
         for partition, count in collections.Counter(tally.mixes).items():
@@ -225,8 +325,16 @@ class ServiceMetrics:
             self.last_drift.set(time.time())
         observe_all(self.label_delay, tally.delays)
 
-    def observe_batch(self, *, labeled: int, unlabeled: int, mistake_flags: list[bool], updates: int, latency_s: float,
-                      dropped_features: int = 0) -> None:
+    def observe_batch(
+        self,
+        *,
+        labeled: int,
+        unlabeled: int,
+        mistake_flags: list[bool],
+        updates: int,
+        latency_s: float,
+        dropped_features: int = 0,
+    ) -> None:
         """Count one processed batch; ``mistake_flags`` in event order, one per labeled event."""
         self.labeled.inc(labeled)
         self.unlabeled.inc(unlabeled)

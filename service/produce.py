@@ -37,14 +37,20 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from perceptron_stream.config import ProduceSettings
-from perceptron_stream.kafka import CountingProducer, KafkaFatal, KafkaUnavailable, TopicSpec, ensure_topics, partition_counts
+from perceptron_stream.kafka import (
+    CountingProducer,
+    KafkaFatal,
+    KafkaUnavailable,
+    TopicSpec,
+    ensure_topics,
+    partition_counts,
+)
 from perceptron_stream.kafka.errors import describe
 from perceptron_stream.kafka.ledger import Tally
 from perceptron_stream.streams import csv_columns, delayed_labels, is_csv, read_file, synthetic
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 log = logging.getLogger(__name__)
 PROG = "perceptron-stream produce"
@@ -91,8 +97,15 @@ def _encode(event: dict) -> bytes:
 
 
 def _events(settings: ProduceSettings) -> Iterator[dict]:
-    events = synthetic(settings.stream, dimensions=settings.dimensions, margin=settings.margin, noise=settings.noise,
-                       drift_every=settings.drift_every, seed=settings.seed, unlabeled=settings.unlabeled)
+    events = synthetic(
+        settings.stream,
+        dimensions=settings.dimensions,
+        margin=settings.margin,
+        noise=settings.noise,
+        drift_every=settings.drift_every,
+        seed=settings.seed,
+        unlabeled=settings.unlabeled,
+    )
     return itertools.islice(events, settings.count) if settings.count else events
 
 
@@ -111,7 +124,9 @@ class RateLimiter:
     ``clock`` and ``sleep`` are there so tests can check the schedule without waiting for it.
     """
 
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self, rate: float, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+    ):
         self.interval = 1.0 / rate if rate else 0.0
         self.clock, self.sleep = clock, sleep
         self.next_at = clock()
@@ -148,9 +163,15 @@ class PairedSchedule:
     labels that were never sent. ``clock`` and ``sleep`` as for the limiter.
     """
 
-    def __init__(self, pairs: Iterable[tuple[bytes, bytes, bytes | None]], rate: float, delay: float,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 should_stop: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        pairs: Iterable[tuple[bytes, bytes, bytes | None]],
+        rate: float,
+        delay: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
         self.pairs, self.delay = pairs, delay
         self.clock, self.sleep, self.should_stop = clock, sleep, should_stop
         self.limiter = RateLimiter(rate, clock, sleep)
@@ -190,9 +211,15 @@ class PairedSchedule:
 
 def _progress_bar(settings: ProduceSettings, console: Console) -> Progress:
     """On stderr, and on a terminal only: piped into a file or a program, a bar is control codes."""
-    return Progress(TextColumn("producing to [bold]{task.fields[topic]}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[acked]} acknowledged"), TimeElapsedColumn(), console=console,
-                    disable=not settings.progress or not console.is_terminal)
+    return Progress(
+        TextColumn("producing to [bold]{task.fields[topic]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[acked]} acknowledged"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not settings.progress or not console.is_terminal,
+    )
 
 
 class Written(int):
@@ -236,10 +263,13 @@ def _ensure_label_topic(settings: ProduceSettings) -> None:
     ensure_topics(settings, [TopicSpec(label_topic, wanted, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S)
     count = _partition_count(settings, label_topic)
     if count != wanted:
-        raise _fail(f"invalid setting label_topic (--label-topic): topic {label_topic} has {count} partition(s) and topic "
-                    f"{settings.topic} (--topic) has {wanted}: a label is keyed like its point to land in the same partition "
-                    f"number, so {label_topic} needs {wanted} partition(s) too (use another label topic, or recreate it); "
-                    "nothing was written", 2)
+        raise _fail(
+            f"invalid setting label_topic (--label-topic): topic {label_topic} has {count} partition(s) and topic "
+            f"{settings.topic} (--topic) has {wanted}: a label is keyed like its point to land in the same partition "
+            f"number, so {label_topic} needs {wanted} partition(s) too (use another label topic, or recreate it); "
+            "nothing was written",
+            2,
+        )
 
 
 def _check_file(settings: ProduceSettings, console: Console) -> None:
@@ -248,25 +278,37 @@ def _check_file(settings: ProduceSettings, console: Console) -> None:
     otherwise would be sent as a feature)."""
     if settings.file is None:
         if settings.dense:
-            raise _fail("invalid setting dense (--dense): it reads a CSV --file's columns as x; the synthetic streams "
-                        "have their own form", 2)
+            raise _fail(
+                "invalid setting dense (--dense): it reads a CSV --file's columns as x; the synthetic streams "
+                "have their own form",
+                2,
+            )
         return
     if not is_csv(settings.file):
         if settings.dense:
-            raise _fail(f"invalid setting dense (--dense): it reads a CSV's columns as x, and {settings.file} is JSONL "
-                        "(its lines are sent as they are)", 2)
+            raise _fail(
+                f"invalid setting dense (--dense): it reads a CSV's columns as x, and {settings.file} is JSONL "
+                "(its lines are sent as they are)",
+                2,
+            )
         return
     try:
         columns = csv_columns(settings.file)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise _fail(f"invalid setting file (--file): {exc}", 2) from None
     if "y" not in columns:
-        console.print(f"note: {settings.file} has no y column (its columns: {', '.join(columns)}): its rows are sent "
-                      "unlabeled, each column a feature; name the label column y to send labels", markup=False, highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"note: {settings.file} has no y column (its columns: {', '.join(columns)}): its rows are sent "
+            "unlabeled, each column a feature; name the label column y to send labels",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
-def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda: False, console: Console | None = None) -> Written:
+def produce(
+    settings: ProduceSettings, should_stop: Callable[[], bool] = lambda: False, console: Console | None = None
+) -> Written:
     """Write the messages; returns how many the brokers acknowledged (:class:`Written`), raises :class:`ProduceError`
     when any was not."""
     servers = f"the brokers at {settings.bootstrap_servers} (--bootstrap-servers)"
@@ -274,7 +316,9 @@ def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda:
         raise _fail(f"invalid setting file (--file): {settings.file} is not a readable file", 2)
     _check_file(settings, console or Console(stderr=True))
     try:
-        ensure_topics(settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S)
+        ensure_topics(
+            settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S
+        )
         if settings.label_topic is not None:
             _ensure_label_topic(settings)
         producer = CountingProducer(settings)
@@ -291,8 +335,9 @@ def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda:
     if settings.label_topic is None:
         outgoing = _paced(messages(settings), RateLimiter(settings.rate))
     else:
-        outgoing = schedule = PairedSchedule(paired_messages(settings), settings.rate, settings.label_delay_seconds,
-                                             should_stop=stopping)
+        outgoing = schedule = PairedSchedule(
+            paired_messages(settings), settings.rate, settings.label_delay_seconds, should_stop=stopping
+        )
     stopped, file_error = "", None
     progress = _progress_bar(settings, console or Console(stderr=True))
     try:
@@ -332,23 +377,34 @@ def produce(settings: ProduceSettings, should_stop: Callable[[], bool] = lambda:
         with book.lock:
             acked[kind], failed, errors = book.acknowledged, failed + book.failed, errors + book.errors
     if file_error:
-        raise _fail(f"invalid setting file (--file): {file_error}; {acked[POINT]} of the {attempted[POINT]} messages before it "
-                    "acknowledged", 2)
+        raise _fail(
+            f"invalid setting file (--file): {file_error}; {acked[POINT]} of the {attempted[POINT]} messages before it "
+            "acknowledged",
+            2,
+        )
     lost = sum(attempted.values()) - sum(acked.values())
     if lost:
-        reasons = [f"{n} × {error}" for error, n in errors.most_common(3)] + ([f"{lost - failed} unanswered"] if lost > failed else [])
+        reasons = [f"{n} × {error}" for error, n in errors.most_common(3)] + (
+            [f"{lost - failed} unanswered"] if lost > failed else []
+        )
         if settings.label_topic is None:
-            counted = f"{acked[POINT]} of {attempted[POINT]} messages acknowledged by {servers} on topic {settings.topic}"
+            counted = (
+                f"{acked[POINT]} of {attempted[POINT]} messages acknowledged by {servers} on topic {settings.topic}"
+            )
         else:
-            counted = (f"{acked[POINT]} of {attempted[POINT]} points on topic {settings.topic} and {acked[LABEL]} of "
-                       f"{attempted[LABEL]} labels on topic {settings.label_topic} acknowledged by {servers}")
+            counted = (
+                f"{acked[POINT]} of {attempted[POINT]} points on topic {settings.topic} and {acked[LABEL]} of "
+                f"{attempted[LABEL]} labels on topic {settings.label_topic} acknowledged by {servers}"
+            )
         raise _fail(f"{counted}; not acknowledged: {'; '.join(reasons)}{stopped}")
     written = Written(settings, acked[POINT], acked[LABEL], len(schedule.waiting) if schedule is not None else 0)
     log.info("%s", written.line)
     return written
 
 
-def _paced(source: Iterable[tuple[bytes | None, bytes]], limiter: RateLimiter) -> Iterator[tuple[int, bytes | None, bytes]]:
+def _paced(
+    source: Iterable[tuple[bytes | None, bytes]], limiter: RateLimiter
+) -> Iterator[tuple[int, bytes | None, bytes]]:
     """Today's stream (labels inline, or a file): every message for ``--topic``, at the rate."""
     for key, value in source:
         limiter.wait()

@@ -65,7 +65,9 @@ def _rounding(d: int) -> float:
     return 1e-6 * math.sqrt(d)
 
 
-def _draw_separator(rng: random.Random, d: int, margin: float, drift_every: int | None) -> Callable[[int], tuple[list[float], float]]:
+def _draw_separator(
+    rng: random.Random, d: int, margin: float, drift_every: int | None
+) -> Callable[[int], tuple[list[float], float]]:
     """Event index → (unit normal, bias): drawn first from ``rng``, so tests can rebuild the truth from the seed."""
     if not 0.0 <= margin <= MAX_MARGIN:
         raise ValueError(f"margin must be in [0, {MAX_MARGIN}] (points have ‖x‖ ≤ 1), got {margin}")
@@ -94,8 +96,9 @@ def _draw_separator(rng: random.Random, d: int, margin: float, drift_every: int 
     return at
 
 
-def separator(dimensions: int = 10, margin: float = 0.1, seed: int = 42,
-              drift_every: int | None = None) -> Callable[[int], tuple[list[float], float]]:
+def separator(
+    dimensions: int = 10, margin: float = 0.1, seed: int = 42, drift_every: int | None = None
+) -> Callable[[int], tuple[list[float], float]]:
     """The hidden separator of :func:`separable` with these settings: event i → (unit w, b).
 
     >>> w, b = separator(dimensions=3, seed=1)(0)
@@ -105,8 +108,14 @@ def separator(dimensions: int = 10, margin: float = 0.1, seed: int = 42,
     return _draw_separator(random.Random(seed), dimensions, margin, drift_every)
 
 
-def separable(dimensions: int = 10, margin: float = 0.1, noise: float = 0.0, seed: int = 42,
-              drift_every: int | None = None, unlabeled: float = 0.0) -> Iterator[dict]:
+def separable(
+    dimensions: int = 10,
+    margin: float = 0.1,
+    noise: float = 0.0,
+    seed: int = 42,
+    drift_every: int | None = None,
+    unlabeled: float = 0.0,
+) -> Iterator[dict]:
     """Points in the unit ball labeled by a hidden hyperplane w·x + b (see :func:`separator`).
 
     Each point is drawn uniformly in the ball, then its signed distance s to
@@ -189,7 +198,9 @@ def credit(noise: float = 0.05, seed: int = 42, drift_every: int = 5000, unlabel
         i += 1
 
 
-def synthetic(stream: str, *, dimensions: int, margin: float, noise: float, drift_every: int, seed: int, unlabeled: float) -> Iterator[dict]:
+def synthetic(
+    stream: str, *, dimensions: int, margin: float, noise: float, drift_every: int, seed: int, unlabeled: float
+) -> Iterator[dict]:
     """The named synthetic stream."""
     if stream == "separable":
         return separable(dimensions, margin, 0.0, seed, None, unlabeled)
@@ -218,7 +229,9 @@ def delayed_labels(events: Iterable[dict], missing: float = 0.0, seed: int = 42)
     """
     if not 0.0 <= missing <= 1.0:
         raise ValueError(f"missing must be a share in [0, 1], got {missing}")
-    rng = random.Random(f"perceptron-stream delayed labels {seed}")  # a str seed is hashed with SHA-512: stable across runs
+    rng = random.Random(
+        f"perceptron-stream delayed labels {seed}"
+    )  # a str seed is hashed with SHA-512: stable across runs
     for event in events:
         point = {k: v for k, v in event.items() if k != "y"}
         if "y" not in event or event["y"] is None:
@@ -291,9 +304,11 @@ def _check_header(path: Path, fieldnames: list[str] | None, first_line: str) -> 
             separator = csv.Sniffer().sniff(first_line, delimiters="".join(OTHER_SEPARATORS)).delimiter
         except csv.Error:  # the sniffer gives up on some one-line samples: the most frequent candidate, then
             separator = max(OTHER_SEPARATORS, key=first_line.count)
-        raise ValueError(f"{path}: the header {first_line.strip()!r} is one column: the file is separated by "
-                         f"{OTHER_SEPARATORS[separator]}, and CSV files are read comma-separated: save or export it "
-                         "with ',' between columns (and '.' as the decimal point)")
+        raise ValueError(
+            f"{path}: the header {first_line.strip()!r} is one column: the file is separated by "
+            f"{OTHER_SEPARATORS[separator]}, and CSV files are read comma-separated: save or export it "
+            "with ',' between columns (and '.' as the decimal point)"
+        )
     return fieldnames
 
 
@@ -324,12 +339,16 @@ def _csv_rows(path: Path, dense: bool = False, label_column: bool = False) -> It
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         fields = reader.fieldnames
-        columns = _check_header(path, fields, fields[0] if fields and len(fields) == 1 else "")  # one column: the whole line
+        columns = _check_header(
+            path, fields, fields[0] if fields and len(fields) == 1 else ""
+        )  # one column: the whole line
         if label_column and "y" not in columns:
             like = [c for c in columns if c.strip().lower() in ("y", "label", "target", "class", "outcome")]
             hint = f" (rename {like[0]!r} to y)" if like else ""
-            raise ValueError(f"{path}: no label column: the header has {', '.join(map(repr, columns))}, and the label "
-                             f"(-1/+1, 0/1 or false/true) is expected in a column named y{hint}")
+            raise ValueError(
+                f"{path}: no label column: the header has {', '.join(map(repr, columns))}, and the label "
+                f"(-1/+1, 0/1 or false/true) is expected in a column named y{hint}"
+            )
         for row in reader:
             lineno = reader.line_num  # the row's last line (a quoted cell may span lines)
             event: dict = {}
@@ -337,7 +356,9 @@ def _csv_rows(path: Path, dense: bool = False, label_column: bool = False) -> It
                 event["id"] = row.pop("id")
             label = row.pop("y", None)
             if None in row:  # more cells than the header has columns
-                raise ValueError(f"{path}:{lineno}: {len(columns) + len(row[None])} cells, and the header has {len(columns)} columns")
+                raise ValueError(
+                    f"{path}:{lineno}: {len(columns) + len(row[None])} cells, and the header has {len(columns)} columns"
+                )
             try:
                 values = {k: float(v) for k, v in row.items()}
                 if dense:
@@ -383,19 +404,25 @@ def load_dataset(path: Path, dense: bool = False) -> Dataset:
         try:
             event = InputEvent.model_validate_json(raw)
         except ValueError as exc:
-            raise ValueError(f"{where}: invalid event: {exc.errors(include_url=False)[0]['msg'] if hasattr(exc, 'errors') else exc}") from None
+            raise ValueError(
+                f"{where}: invalid event: {exc.errors(include_url=False)[0]['msg'] if hasattr(exc, 'errors') else exc}"
+            ) from None
         if event.y is None:
             raise ValueError(f"{where}: the event has no label; train needs labeled data")
         form = "features" if event.features is not None else "x"
         size = len(event.x) if event.x is not None else 0
         if dense and form == "features":
-            raise ValueError(f"{where}: the event names its features, and --dense reads a CSV's columns as a dense x: "
-                             "drop --dense, or write the events with x")
+            raise ValueError(
+                f"{where}: the event names its features, and --dense reads a CSV's columns as a dense x: "
+                "drop --dense, or write the events with x"
+            )
         if first is None:
             first = (lineno, form, size)
         elif form != first[1]:
-            raise ValueError(f"{where}: the event has {form!r} but the first event (line {first[0]}) has {first[1]!r}; "
-                             "a file must hold dense (x) events only or named (features) events only")
+            raise ValueError(
+                f"{where}: the event has {form!r} but the first event (line {first[0]}) has {first[1]!r}; "
+                "a file must hold dense (x) events only or named (features) events only"
+            )
         elif form == "x" and size != first[2]:
             raise ValueError(f"{where}: x has {size} values but the first event (line {first[0]}) has {first[2]}")
         if event.features is not None:

@@ -24,8 +24,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from perceptron_stream.broker import EmbeddedBroker
+
 from tests.support.apache_kafka import ApacheKafka, from_json, to_json, wait_ready
 from tests.support.brokers import new_broker
 from tests.support.launch import ServiceThread

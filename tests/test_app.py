@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from perceptron_stream.app import Application, StartupError
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
@@ -92,9 +91,14 @@ class DeniedStream:
         return [("points", 0)]
 
 
-@pytest.mark.parametrize("where,what", [("poll", "could not read points in group perceptron-stream"),
-                                        ("commit", "could not commit offsets of group perceptron-stream"),
-                                        ("lag", "could not read the end offsets for the lag")])
+@pytest.mark.parametrize(
+    "where,what",
+    [
+        ("poll", "could not read points in group perceptron-stream"),
+        ("commit", "could not commit offsets of group perceptron-stream"),
+        ("lag", "could not read the end offsets for the lag"),
+    ],
+)
 def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
     app.stream = app.assignments.stream = DeniedStream(where)
     app.tasks.group.positions[("points", 0)] = 5  # a batch acknowledged (no store before start-up): to be committed
@@ -130,14 +134,25 @@ def _restore(app) -> bool:
 def _save(app, seq=1):
     from perceptron_stream.state.checkpoint import Checkpoint
 
-    app.store.save(Checkpoint(seq=seq, positions={("points", 0): 5}, model=app.learner.to_state(),
-                              meta=app.tasks.group.meta, created=1.0, owner=app.tasks.group.owner))
+    app.store.save(
+        Checkpoint(
+            seq=seq,
+            positions={("points", 0): 5},
+            model=app.learner.to_state(),
+            meta=app.tasks.group.meta,
+            created=1.0,
+            owner=app.tasks.group.owner,
+        )
+    )
 
 
-@pytest.mark.parametrize("then, said", [
-    (["--max-model-features", "1000"], "max_model_features was 3, now 1000"),
-    (["--max-model-features", "3", "--hash-features", "2"], "hash_features was 0, now 2"),
-])
+@pytest.mark.parametrize(
+    "then, said",
+    [
+        (["--max-model-features", "1000"], "max_model_features was 3, now 1000"),
+        (["--max-model-features", "3", "--hash-features", "2"], "hash_features was 0, now 2"),
+    ],
+)
 def test_a_checkpoint_of_other_bounds_is_refused(tmp_path, then, said):
     first = _app_on(tmp_path, "--max-model-features", "3")
     first.learner.step({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, 1)

@@ -7,15 +7,17 @@ import json
 import math
 
 import pytest
-
 from perceptron_stream.cli import main
+
 from tests.support import SEED_003
 
 
 def _augmented_margin(report, X, Y):
     """γ as the report defines it: min_i y_i (w·x_i + b) / ||(b, w)||, computed here from scratch."""
     w, b = report["weights"], report["bias"]
-    return min(y * (sum(wi * xi for wi, xi in zip(w, x)) + b) for x, y in zip(X, Y)) / math.sqrt(b * b + sum(v * v for v in w))
+    return min(y * (sum(wi * xi for wi, xi in zip(w, x)) + b) for x, y in zip(X, Y)) / math.sqrt(
+        b * b + sum(v * v for v in w)
+    )
 
 
 def test_train_reproduces_seed_003_from_csv(tmp_path, capsys):
@@ -38,7 +40,12 @@ def test_train_bound_uses_the_margin_with_the_bias(tmp_path, capsys):
     data.write_text("".join(json.dumps({"x": x, "y": y}) + "\n" for x, y in zip(X, Y)))
     assert main(["train", "--data", str(data)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert (report["weights"], report["bias"], report["converged"], report["training_mistakes"]) == ([-3.0], 7.0, True, 0)
+    assert (report["weights"], report["bias"], report["converged"], report["training_mistakes"]) == (
+        [-3.0],
+        7.0,
+        True,
+        0,
+    )
     assert report["radius"] == math.sqrt(17) and report["margin"] == pytest.approx(1 / 3)
     assert report["updates"] == 25 and report["passes"] == 11  # cyclic PLA: the 11th pass is clean
     assert report["bound"] == pytest.approx((report["radius"] / _augmented_margin(report, X, Y)) ** 2) == 17 * 58
@@ -57,9 +64,32 @@ def test_train_bound_when_the_bias_alone_separates(tmp_path, capsys):
 def test_train_reads_the_wire_format_and_pocket_on_non_separable_data(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     # the offset example of seed 002, plus one flipped label: not separable any more
-    rows = [{"x": [1.0], "y": 1}, {"x": [2.0], "y": 1}, {"x": [3.0], "y": -1}, {"x": [4.0], "y": -1}, {"x": [1.5], "y": -1}]
+    rows = [
+        {"x": [1.0], "y": 1},
+        {"x": [2.0], "y": 1},
+        {"x": [3.0], "y": -1},
+        {"x": [4.0], "y": -1},
+        {"x": [1.5], "y": -1},
+    ]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert main(["train", "--data", str(data), "--algorithm", "pocket", "--order", "random", "--seed", "3", "--max-passes", "50"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--algorithm",
+                "pocket",
+                "--order",
+                "random",
+                "--seed",
+                "3",
+                "--max-passes",
+                "50",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["converged"] is False and report["bound"] is None
     assert report["training_mistakes"] == 1  # the best a line can do here

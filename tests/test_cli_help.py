@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import pytest
-
 from perceptron_stream.cli import COMMANDS, PROG, main
 from perceptron_stream.config import KafkaSettings
+
 from tests.support import ROOT
 
 
@@ -20,7 +20,13 @@ def test_help_shows_the_command_line_name(command, capsys):
 
 def test_help_through_python_dash_m():
     """`python -m perceptron_stream.cli` is where argparse would say "cli.py" (sys.argv[0])."""
-    proc = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: {PROG} serve "), proc.stdout.splitlines()[0]
 

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from perceptron_stream.config import ConfigError, ProduceSettings, ServeSettings, load
 
 
@@ -40,14 +39,29 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
         (["--output-topic", "points"], {}, "three different topics"),
         (["--margin", "0.5"], {}, "margin 0.5 is only used by variant margin"),
         (["--no-such-flag", "1"], {}, "unrecognized arguments: --no-such-flag"),
-        (["--max-model-features", "-1"], {}, "invalid setting max_model_features (--max-model-features, PERCEPTRON_STREAM_MAX_MODEL_FEATURES)"),
-        (["--hash-features", "-1"], {}, "invalid setting hash_features (--hash-features, PERCEPTRON_STREAM_HASH_FEATURES)"),
-        (["--hash-features", "1024"], {"PERCEPTRON_STREAM_MAX_MODEL_FEATURES": "1000"}, "hash_features 1024 is more than max_model_features 1000"),
+        (
+            ["--max-model-features", "-1"],
+            {},
+            "invalid setting max_model_features (--max-model-features, PERCEPTRON_STREAM_MAX_MODEL_FEATURES)",
+        ),
+        (
+            ["--hash-features", "-1"],
+            {},
+            "invalid setting hash_features (--hash-features, PERCEPTRON_STREAM_HASH_FEATURES)",
+        ),
+        (
+            ["--hash-features", "1024"],
+            {"PERCEPTRON_STREAM_MAX_MODEL_FEATURES": "1000"},
+            "hash_features 1024 is more than max_model_features 1000",
+        ),
         (["--group-protocol", "consumer"], {}, "group_protocol consumer (KIP-848) needs --kafka-client confluent"),
         (["--group-protocol", "eager"], {}, "invalid setting group_protocol"),
-        (["--bootstrap-servers", "127.0.0.1"], {},
-         "invalid setting bootstrap_servers (--bootstrap-servers, PERCEPTRON_STREAM_BOOTSTRAP_SERVERS): "
-         "'127.0.0.1' has no port: give every server as host:port (e.g. 127.0.0.1:9092)"),
+        (
+            ["--bootstrap-servers", "127.0.0.1"],
+            {},
+            "invalid setting bootstrap_servers (--bootstrap-servers, PERCEPTRON_STREAM_BOOTSTRAP_SERVERS): "
+            "'127.0.0.1' has no port: give every server as host:port (e.g. 127.0.0.1:9092)",
+        ),
         (["--bootstrap-servers", "a:9092,b:x"], {}, "'b:x' is not host:port with a port from 1 to 65535"),
     ],
 )
@@ -72,7 +86,10 @@ def test_a_bad_config_file_is_named(tmp_path):
 
 def test_sasl_password_is_never_echoed():
     with pytest.raises(ConfigError) as error:
-        load(ServeSettings, ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-password", "hunter2"])
+        load(
+            ServeSettings,
+            ["--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN", "--sasl-password", "hunter2"],
+        )
     assert "hunter2" not in str(error.value)
 
 
@@ -81,13 +98,35 @@ def test_security_settings_reach_the_kafka_client(tmp_path):
 
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
-    s = load(ServeSettings, ["--bootstrap-servers", "k1:9093,k2:9093", "--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512",
-                             "--sasl-username", "svc", "--sasl-password", "s3cret", "--ssl-cafile", str(ca),
-                             "--ssl-password", "keyp4ss"])
+    s = load(
+        ServeSettings,
+        [
+            "--bootstrap-servers",
+            "k1:9093,k2:9093",
+            "--security-protocol",
+            "SASL_SSL",
+            "--sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--sasl-username",
+            "svc",
+            "--sasl-password",
+            "s3cret",
+            "--ssl-cafile",
+            str(ca),
+            "--ssl-password",
+            "keyp4ss",
+        ],
+    )
     assert client_options(s) == {
-        "bootstrap_timeout_ms": 3000, "reconnect_backoff_max_ms": 5000,
-        "bootstrap_servers": ["k1:9093", "k2:9093"], "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_plain_username": "svc", "sasl_plain_password": "s3cret", "ssl_cafile": str(ca), "ssl_password": "keyp4ss",
+        "bootstrap_timeout_ms": 3000,
+        "reconnect_backoff_max_ms": 5000,
+        "bootstrap_servers": ["k1:9093", "k2:9093"],
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "svc",
+        "sasl_plain_password": "s3cret",
+        "ssl_cafile": str(ca),
+        "ssl_password": "keyp4ss",
     }
     assert "s3cret" not in repr(s) and "keyp4ss" not in repr(s)
 
@@ -106,8 +145,15 @@ def test_produce_settings_defaults():
 
 
 def test_the_command_exits_2_with_the_message():
-    result = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", "--batch-size", "-3"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", "serve", "--batch-size", "-3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "invalid setting batch_size (--batch-size, PERCEPTRON_STREAM_BATCH_SIZE)" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "nonsense"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", "nonsense"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and "unknown command 'nonsense'" in result.stderr

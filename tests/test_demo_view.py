@@ -3,13 +3,12 @@
 import re
 from types import SimpleNamespace
 
-import pytest
-from rich.console import Console
-
 import perceptron_stream.demo as demo
+import pytest
 from perceptron_stream.demo import DemoView, sparkline
 from perceptron_stream.learning import make_learner
 from perceptron_stream.metrics import ServiceMetrics
+from rich.console import Console
 
 
 class Clock:
@@ -38,8 +37,7 @@ def _learn(app, events):
     for features, y in events:
         _y_pred, _score, mistake = app.learner.step(features, y)
         flags.append(mistake)
-    app.metrics.observe_batch(labeled=len(flags), unlabeled=0, mistake_flags=flags,
-                              updates=0, latency_s=0.001)
+    app.metrics.observe_batch(labeled=len(flags), unlabeled=0, mistake_flags=flags, updates=0, latency_s=0.001)
     return flags
 
 
@@ -71,8 +69,12 @@ def test_the_view_shows_rate_mistakes_trend_and_weights_by_name(app, monkeypatch
         return next(line for line in lines if label in line)
 
     assert re.search(r"events\s+40\s+events/s\s+20\s", row("events/s")), row("events/s")
-    assert re.search(rf"mistakes\s+{learner.mistakes}\s+updates \(model version\)\s+{learner.updates}\s", row("mistakes")), row("mistakes")
-    assert re.search(rf"mistake rate\s+{re.escape(f'{rate:.1%}')} \(last 10 labeled\)", row("mistake rate")), row("mistake rate")
+    assert re.search(
+        rf"mistakes\s+{learner.mistakes}\s+updates \(model version\)\s+{learner.updates}\s", row("mistakes")
+    ), row("mistakes")
+    assert re.search(rf"mistake rate\s+{re.escape(f'{rate:.1%}')} \(last 10 labeled\)", row("mistake rate")), row(
+        "mistake rate"
+    )
     assert sparkline([0.0, rate]) in row("trend")  # one sample a second: the first at 0, then the rate now
     for name, weight in learner.weights.items():
         assert re.search(rf"\b{name}\s+{re.escape(f'{weight:+.3f}')}\s", row(name)), (name, weight, row(name))
@@ -106,8 +108,14 @@ def _challenged_app(flags):
     """The demo's champion (averaged) with its two challengers, after ``flags``' labeled events."""
     learner = make_learner("averaged", 0.0, False)
     metrics = ServiceMetrics(window=10, version="test", variant="averaged", challengers=["plain", "pocket"])
-    metrics.observe_tally(_tally(labeled=len(flags["champion"]), flags=flags["champion"],
-                                 challenger_flags={"plain": flags["plain"], "pocket": flags["pocket"]}), 0.001)
+    metrics.observe_tally(
+        _tally(
+            labeled=len(flags["champion"]),
+            flags=flags["champion"],
+            challenger_flags={"plain": flags["plain"], "pocket": flags["pocket"]},
+        ),
+        0.001,
+    )
     return SimpleNamespace(learner=learner, metrics=metrics)
 
 
@@ -126,10 +134,16 @@ def test_each_challenger_has_a_line_beside_the_champion_and_drift_has_one(monkey
     def row(label: str) -> str:
         return next(line for line in lines if label in line)
 
-    assert re.search(r"challenger plain\s+30\.0% mistake rate\s+champion averaged\s+10\.0%", row("challenger plain")), row("challenger plain")
-    assert re.search(r"challenger pocket\s+20\.0% mistake rate\s+champion averaged\s+10\.0%", row("challenger pocket")), row("challenger pocket")
+    assert re.search(r"challenger plain\s+30\.0% mistake rate\s+champion averaged\s+10\.0%", row("challenger plain")), (
+        row("challenger plain")
+    )
+    assert re.search(
+        r"challenger pocket\s+20\.0% mistake rate\s+champion averaged\s+10\.0%", row("challenger pocket")
+    ), row("challenger pocket")
     assert re.search(r"drift \(DDM\)\s+none detected", row("drift")), row("drift")
-    assert not any("pending" in line or "label delay" in line for line in lines)  # labels inline: no delayed-label lines
+    assert not any(
+        "pending" in line or "label delay" in line for line in lines
+    )  # labels inline: no delayed-label lines
 
     wall = Clock(1_700_000_000.0)
     monkeypatch.setattr(demo.time, "time", wall)
@@ -150,16 +164,24 @@ def test_delayed_labels_show_pending_joined_unknown_and_the_delay(monkeypatch):
     assert "none joined yet (sent 3 s after)" in before
 
     m = app.metrics
-    m.observe_tally(_tally(label_outcomes=["joined"] * 1200 + ["unknown_id"] * 2 + ["expired"] * 7,
-                           delays=[2.5] * 600 + [3.5] * 600), 0.001)
+    m.observe_tally(
+        _tally(
+            label_outcomes=["joined"] * 1200 + ["unknown_id"] * 2 + ["expired"] * 7, delays=[2.5] * 600 + [3.5] * 600
+        ),
+        0.001,
+    )
     m.pending.set(1503)
     lines = _render(view).splitlines()
 
     def row(label: str) -> str:
         return next(line for line in lines if label in line)
 
-    assert re.search(r"labels pending\s+1,503\s+joined / unknown_id\s+1,200 / 2\b", row("labels pending")), row("labels pending")
-    assert re.search(r"label delay\s+3\.0 s on average \(sent 3 s after\)\s+expired \(never came\)\s+7\b", row("label delay")), row("label delay")
+    assert re.search(r"labels pending\s+1,503\s+joined / unknown_id\s+1,200 / 2\b", row("labels pending")), row(
+        "labels pending"
+    )
+    assert re.search(
+        r"label delay\s+3\.0 s on average \(sent 3 s after\)\s+expired \(never came\)\s+7\b", row("label delay")
+    ), row("label delay")
     assert row("challenger plain") and row("drift (DDM)")  # the lines of both modes stay
     line = view.line()
     assert "pending=1503 joined=1200 unknown_id=2 expired=7 label_delay_s=3.0" in line, line

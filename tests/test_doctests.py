@@ -11,9 +11,8 @@ import doctest
 import importlib
 import pkgutil
 
-import pytest
-
 import perceptron_stream
+import pytest
 
 
 def _modules() -> list[str]:

@@ -5,9 +5,8 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-
 from perceptron_stream.metrics import LATENCY_BUCKETS, ServiceMetrics, SlidingRate, observe_many
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 
 @settings(max_examples=300, deadline=None)
@@ -101,7 +100,9 @@ def _promtool() -> str:
     import shutil
 
     path = shutil.which("promtool")
-    assert path, "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
+    assert path, (
+        "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
+    )
     return path
 
 
@@ -134,9 +135,13 @@ def test_every_metric_is_exported_with_its_type_and_help_and_passes_promtool():
     assert proc.returncode == 0 and not proc.stdout.strip(), (proc.stdout + proc.stderr).decode()
     families = {f.name: f for f in text_string_to_metric_families(text.decode())}
     # prometheus-client adds a <name>_created gauge beside each counter and histogram
-    exported = {name for name in families if name.startswith("perceptron_")
-                and not (name.endswith("_created") and name.removesuffix("_created") in families)}
-    assert exported == set(ISSUE_METRICS), (exported ^ set(ISSUE_METRICS))
+    exported = {
+        name
+        for name in families
+        if name.startswith("perceptron_")
+        and not (name.endswith("_created") and name.removesuffix("_created") in families)
+    }
+    assert exported == set(ISSUE_METRICS), exported ^ set(ISSUE_METRICS)
     for name, kind in ISSUE_METRICS.items():
         family = families[name]
         assert family.type == kind, (name, family.type)
@@ -145,7 +150,10 @@ def test_every_metric_is_exported_with_its_type_and_help_and_passes_promtool():
         assert sample_names == {name + suffix for suffix in SAMPLE_SUFFIXES[kind]}, (name, sample_names)
     [build] = families["perceptron_build_info"].samples
     assert build.labels == {"version": "1.2.3", "variant": "plain"} and build.value == 1
-    assert {s.labels["kind"] for s in families["perceptron_events"].samples if s.name.endswith("_total")} == {"labeled", "unlabeled"}
+    assert {s.labels["kind"] for s in families["perceptron_events"].samples if s.name.endswith("_total")} == {
+        "labeled",
+        "unlabeled",
+    }
 
 
 def test_promtool_check_metrics_can_fail():

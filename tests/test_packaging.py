@@ -17,13 +17,20 @@ def _declared() -> list[str]:
 
 def test_every_package_directory_is_declared():
     """setuptools cannot find packages under another name, so pyproject lists them: a new one must be added."""
-    on_disk = {".".join(("perceptron_stream", *init.parent.relative_to(ROOT / "service").parts))
-               for init in (ROOT / "service").rglob("__init__.py")}
+    on_disk = {
+        ".".join(("perceptron_stream", *init.parent.relative_to(ROOT / "service").parts))
+        for init in (ROOT / "service").rglob("__init__.py")
+    }
     assert on_disk == set(_declared())
 
 
 def test_python_dash_m_runs_the_command_line():
-    done = subprocess.run([sys.executable, "-m", "perceptron_stream", "--version"], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT.parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT.parent,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("perceptron-stream ")

@@ -13,15 +13,13 @@ import json
 import math
 import time
 
+import perceptron_stream.kafka.kafka_python as kafka_python_module
+import perceptron_stream.produce as produce_module
 import pytest
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 from kafka.future import Future
-from rich.console import Console
-
-import perceptron_stream.kafka.kafka_python as kafka_python_module
-import perceptron_stream.produce as produce_module
-from perceptron_stream.config import ProduceSettings, load
 from perceptron_stream.cli import main
+from perceptron_stream.config import ProduceSettings, load
 from perceptron_stream.produce import (
     LABEL,
     POINT,
@@ -33,8 +31,9 @@ from perceptron_stream.produce import (
     produce,
 )
 from perceptron_stream.streams import POLICIES, bank_score, credit, delayed_labels, separable, separator, synthetic
-from tests.support.statistics import within_binomial
+from rich.console import Console
 
+from tests.support.statistics import within_binomial
 
 
 def _take(events, n):
@@ -49,9 +48,8 @@ def _distance(w, b, x):
     return sum(p * q for p, q in zip(w, x)) + b
 
 
-
-
 # ---------------------------------------------------------------- synthetic streams
+
 
 @pytest.mark.parametrize("dimensions, margin", [(1, 0.3), (2, 0.5), (10, 0.1), (10, 0.99), (300, 0.5)])
 def test_separable_points_keep_the_promised_margin(dimensions, margin):
@@ -79,7 +77,9 @@ def test_a_margin_the_ball_cannot_hold_is_refused_not_looped_on():
 @pytest.mark.parametrize("noise", [0.05, 0.3])
 def test_noisy_stream_flips_the_share_of_labels_asked_for(noise):
     n = 20_000
-    events = _take(synthetic("noisy", dimensions=3, margin=0.05, noise=noise, drift_every=5000, seed=5, unlabeled=0.0), n)
+    events = _take(
+        synthetic("noisy", dimensions=3, margin=0.05, noise=noise, drift_every=5000, seed=5, unlabeled=0.0), n
+    )
     w, b = separator(dimensions=3, margin=0.05, seed=5)(0)
     flips = sum(e["y"] != _sign(_distance(w, b, e["x"])) for e in events)
     assert within_binomial(flips, n, noise), (flips, n * noise)
@@ -88,7 +88,9 @@ def test_noisy_stream_flips_the_share_of_labels_asked_for(noise):
 
 def test_drift_stream_turns_the_separator_every_drift_every_events():
     drift = 1000
-    events = _take(synthetic("drift", dimensions=5, margin=0.1, noise=0.0, drift_every=drift, seed=7, unlabeled=0.0), 3 * drift)
+    events = _take(
+        synthetic("drift", dimensions=5, margin=0.1, noise=0.0, drift_every=drift, seed=7, unlabeled=0.0), 3 * drift
+    )
     truth = separator(dimensions=5, margin=0.1, seed=7, drift_every=drift)
     assert truth(drift - 1) == truth(0) and truth(drift) != truth(0) and truth(2 * drift) != truth(drift)
     w1, w2 = truth(0)[0], truth(drift)[0]
@@ -102,8 +104,8 @@ def test_drift_stream_turns_the_separator_every_drift_every_events():
         return sum(_sign(_distance(w0, b0, e["x"])) == e["y"] for e in part) / len(part)
 
     assert accuracy(events[:drift]) == 1.0
-    assert accuracy(events[drift:2 * drift]) < 0.7  # about a coin toss after a quarter turn
-    assert accuracy(events[2 * drift:]) < 0.3  # half a turn: mostly wrong
+    assert accuracy(events[drift : 2 * drift]) < 0.7  # about a coin toss after a quarter turn
+    assert accuracy(events[2 * drift :]) < 0.3  # half a turn: mostly wrong
 
 
 def test_credit_stream_tells_the_story_of_the_seeds():
@@ -122,8 +124,15 @@ def test_credit_stream_tells_the_story_of_the_seeds():
     assert 0.2 < sum(approved) / len(approved) < 0.8
     rich_and_debt_free = [e["y"] for e in events if e["features"]["salary"] > 60_000 and e["features"]["debt"] < 8_000]
     poor_and_indebted = [e["y"] for e in events if e["features"]["salary"] < 35_000 and e["features"]["debt"] > 20_000]
-    assert rich_and_debt_free.count(1) / len(rich_and_debt_free) > 0.9 > 0.1 > poor_and_indebted.count(1) / len(poor_and_indebted)
-    old_policy_wrong = sum(_sign(bank_score(e["features"], POLICIES[0])) != e["y"] for e in events[drift:]) / (2 * drift)
+    assert (
+        rich_and_debt_free.count(1) / len(rich_and_debt_free)
+        > 0.9
+        > 0.1
+        > poor_and_indebted.count(1) / len(poor_and_indebted)
+    )
+    old_policy_wrong = sum(_sign(bank_score(e["features"], POLICIES[0])) != e["y"] for e in events[drift:]) / (
+        2 * drift
+    )
     assert old_policy_wrong > 0.05  # the policy really changed at drift_every
 
 
@@ -146,8 +155,25 @@ def test_unlabeled_share(stream):
 @pytest.mark.parametrize("stream", ["separable", "noisy", "drift", "credit"])
 def test_the_same_seed_writes_the_same_bytes(stream):
     def written(seed):
-        return list(messages(load(ProduceSettings, ["--stream", stream, "--count", "300", "--seed", str(seed),
-                                                    "--unlabeled", "0.1", "--drift-every", "100"])))
+        return list(
+            messages(
+                load(
+                    ProduceSettings,
+                    [
+                        "--stream",
+                        stream,
+                        "--count",
+                        "300",
+                        "--seed",
+                        str(seed),
+                        "--unlabeled",
+                        "0.1",
+                        "--drift-every",
+                        "100",
+                    ],
+                )
+            )
+        )
 
     first = written(9)
     assert len(first) == 300 and first == written(9)
@@ -158,11 +184,16 @@ def test_the_same_seed_writes_the_same_bytes(stream):
 
 # ---------------------------------------------------------------- files
 
+
 def test_a_jsonl_file_is_sent_line_by_line_as_it_is(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_bytes(b'{"x": [1.0], "y": 1}\nnot json\n\n\xff\xfe\n{"x": [1, 2], "y": 2}\r\n')
     assert list(messages(load(ProduceSettings, ["--file", str(data)]))) == [
-        (None, b'{"x": [1.0], "y": 1}'), (None, b"not json"), (None, b"\xff\xfe"), (None, b'{"x": [1, 2], "y": 2}')]
+        (None, b'{"x": [1.0], "y": 1}'),
+        (None, b"not json"),
+        (None, b"\xff\xfe"),
+        (None, b'{"x": [1, 2], "y": 2}'),
+    ]
 
 
 def test_a_file_is_sent_whole_unless_count_is_given(tmp_path):
@@ -174,6 +205,7 @@ def test_a_file_is_sent_whole_unless_count_is_given(tmp_path):
 
 
 # ---------------------------------------------------------------- rate limit
+
 
 class FakeClock:
     def __init__(self):
@@ -222,6 +254,7 @@ def test_the_rate_limit_in_real_time():
 
 # ---------------------------------------------------------------- acknowledgements and the progress bar (no broker)
 
+
 class FakeProducer:
     """Answers send i as ``outcome(i)`` says: None acknowledges, an exception fails the future,
     ("raise", exc) raises from send, "pending" never answers."""
@@ -256,6 +289,7 @@ class FakeProducer:
 def fake_kafka(monkeypatch):
     """A FakeProducer, and topics that exist once ensured (``producer.created``: their specs), with
     ``partitions`` (topic → count) for those that exist already."""
+
     def install(outcome=lambda i: None, partitions=None):
         producer = FakeProducer(outcome)
         existing = dict(partitions or {})
@@ -268,8 +302,12 @@ def fake_kafka(monkeypatch):
                     existing[spec.name] = spec.partitions
 
         monkeypatch.setattr(produce_module, "ensure_topics", ensure)
-        monkeypatch.setattr(produce_module, "partition_counts", lambda settings, names: {n: existing.get(n, 0) for n in names})
-        monkeypatch.setattr(kafka_python_module, "make_producer", lambda settings: producer)  # produce's CountingProducer's
+        monkeypatch.setattr(
+            produce_module, "partition_counts", lambda settings, names: {n: existing.get(n, 0) for n in names}
+        )
+        monkeypatch.setattr(
+            kafka_python_module, "make_producer", lambda settings: producer
+        )  # produce's CountingProducer's
         return producer
 
     return install
@@ -295,7 +333,9 @@ def test_a_refused_message_fails_the_run_but_not_the_others(fake_kafka, capsys):
     assert "--bootstrap-servers" in last
 
 
-@pytest.mark.parametrize("failure", [KafkaConnectionError("broker gone"), ("raise", KafkaTimeoutError("no metadata in 10 s"))])
+@pytest.mark.parametrize(
+    "failure", [KafkaConnectionError("broker gone"), ("raise", KafkaTimeoutError("no metadata in 10 s"))]
+)
 def test_a_broker_failure_stops_sending(fake_kafka, capsys, failure):
     producer = fake_kafka(lambda i: failure if i >= 4 else None)
     with pytest.raises(ProduceError) as caught:
@@ -353,6 +393,7 @@ def test_a_bad_csv_row_stops_the_replay_naming_the_line(fake_kafka, tmp_path, ca
 
 # ---------------------------------------------------------------- delayed labels: the pairs
 
+
 def _paired_args(*args):
     return ["--stream", "credit", "--count", "2000", "--seed", "3", "--label-topic", "labels", *args]
 
@@ -365,7 +406,9 @@ def test_points_are_todays_events_without_y_and_labels_pair_up_by_id():
     for (key, point, label), (inline_key, event) in zip(pairs, inline):
         whole = json.loads(event)
         assert key == inline_key == whole["id"].encode()  # keyed by the id, as today
-        assert point == json.dumps({k: v for k, v in whole.items() if k != "y"}, separators=(",", ":")).encode()  # byte for byte
+        assert (
+            point == json.dumps({k: v for k, v in whole.items() if k != "y"}, separators=(",", ":")).encode()
+        )  # byte for byte
         if label is not None:
             assert label == json.dumps({"id": whole["id"], "y": whole["y"]}, separators=(",", ":")).encode()
     labeled = [json.loads(e) for _, e in inline if "y" in json.loads(e)]
@@ -400,6 +443,7 @@ def test_a_label_without_an_id_to_join_is_refused():
 
 # ---------------------------------------------------------------- delayed labels: the schedule
 
+
 def _timeline(pairs, rate, delay, clock, stop=lambda: False, send_s=0.001):
     """(kind, key, clock time) of what the schedule hands out; each send takes ``send_s`` of the fake clock."""
     schedule = PairedSchedule(pairs, rate, delay, clock=clock, sleep=clock.sleep, should_stop=stop)
@@ -421,14 +465,20 @@ def test_each_label_goes_out_its_delay_after_its_point(rate, delay):
     points = {key: t for kind, key, t in out if kind == POINT}
     labels = {key: t for kind, key, t in out if kind == LABEL}
     assert list(points) == [f"k{i}".encode() for i in range(40)]  # every point, in order
-    assert list(labels) == [f"k{i}".encode() for i in range(40) if i not in (3, 17)]  # every label but the missing, in order
+    assert list(labels) == [
+        f"k{i}".encode() for i in range(40) if i not in (3, 17)
+    ]  # every label but the missing, in order
     for key, t in labels.items():
-        assert delay - 1e-9 <= t - points[key] < delay + 0.01, key  # on time (a send in progress may hold it a millisecond)
+        assert delay - 1e-9 <= t - points[key] < delay + 0.01, (
+            key
+        )  # on time (a send in progress may hold it a millisecond)
     times = [t for _, _, t in out]
     assert times == sorted(times) and not schedule.waiting
     if rate:
         # in their slots (a label's send just before a slot may hold a point a millisecond)
-        assert all(b - a == pytest.approx(1 / rate, abs=0.0011) for a, b in zip(points.values(), list(points.values())[1:]))
+        assert all(
+            b - a == pytest.approx(1 / rate, abs=0.0011) for a, b in zip(points.values(), list(points.values())[1:])
+        )
     due = {key: points[key] + delay for key in labels}
     for index, (kind, key, t) in enumerate(out):  # no point goes out while a label past its time still waits
         if kind == POINT:
@@ -440,7 +490,14 @@ def test_rate_0_and_delay_0_interleave_point_and_label():
     clock = FakeClock()
     out, _ = _timeline(_pairs(4, missing={2}), 0.0, 0.0, clock, send_s=0.0)
     assert [(kind, key) for kind, key, _ in out] == [
-        (POINT, b"k0"), (LABEL, b"k0"), (POINT, b"k1"), (LABEL, b"k1"), (POINT, b"k2"), (POINT, b"k3"), (LABEL, b"k3")]
+        (POINT, b"k0"),
+        (LABEL, b"k0"),
+        (POINT, b"k1"),
+        (LABEL, b"k1"),
+        (POINT, b"k2"),
+        (POINT, b"k3"),
+        (LABEL, b"k3"),
+    ]
 
 
 def test_the_end_of_the_stream_waits_for_the_labels_to_come_unless_stopped():
@@ -449,17 +506,22 @@ def test_the_end_of_the_stream_waits_for_the_labels_to_come_unless_stopped():
     out, schedule = _timeline(_pairs(5), 0.0, 60.0, clock)
     assert [kind for kind, _, _ in out] == [POINT] * 5 + [LABEL] * 5 and out[-1][2] - start >= 60.0
     clock = FakeClock()
-    out, schedule = _timeline(_pairs(5), 0.0, 60.0, clock, stop=lambda: clock() > 130.0)  # Ctrl-C half-way through the wait
+    out, schedule = _timeline(
+        _pairs(5), 0.0, 60.0, clock, stop=lambda: clock() > 130.0
+    )  # Ctrl-C half-way through the wait
     assert [kind for kind, _, _ in out] == [POINT] * 5 and len(schedule.waiting) == 5 and schedule.stopped
     assert clock() < 130.2  # noticed within a tick, not at the labels' time
 
 
 # ---------------------------------------------------------------- delayed labels: produce (no broker)
 
+
 def test_paired_produce_sends_points_and_labels_keyed_alike(fake_kafka):
     producer = fake_kafka(partitions={"points": 3})
-    settings = load(ProduceSettings, ["--no-progress", *_paired_args("--count", "300", "--label-delay-seconds", "0",
-                                                                    "--label-missing", "0.1")])
+    settings = load(
+        ProduceSettings,
+        ["--no-progress", *_paired_args("--count", "300", "--label-delay-seconds", "0", "--label-missing", "0.1")],
+    )
     written = produce(settings)
     expected = list(paired_messages(settings))
     labels = sum(label is not None for _, _, label in expected)
@@ -496,7 +558,9 @@ def test_a_label_topic_with_another_partition_count_is_refused(fake_kafka):
 
 
 def test_lost_labels_fail_the_run_naming_both_topics(fake_kafka):
-    fake_kafka(lambda i: MessageSizeTooLargeError("too large") if i % 2 else None)  # delay 0, rate 0: every label refused
+    fake_kafka(
+        lambda i: MessageSizeTooLargeError("too large") if i % 2 else None
+    )  # delay 0, rate 0: every label refused
     with pytest.raises(ProduceError) as caught:
         produce(load(ProduceSettings, ["--no-progress", *_paired_args("--count", "10", "--label-delay-seconds", "0")]))
     message = str(caught.value)
@@ -513,22 +577,35 @@ def test_a_stop_while_labels_wait_says_how_many_were_never_sent(fake_kafka):
         return len(producer.sent) == 20 and (ticks.append(1) or len(ticks) > 3)
 
     started = time.monotonic()
-    written = produce(load(ProduceSettings, ["--no-progress", *_paired_args("--count", "20", "--label-delay-seconds", "30")]),
-                      should_stop=stop_while_waiting)
+    written = produce(
+        load(ProduceSettings, ["--no-progress", *_paired_args("--count", "20", "--label-delay-seconds", "30")]),
+        should_stop=stop_while_waiting,
+    )
     assert time.monotonic() - started < 10.0
     assert (written.points, written.labels, written.unsent_labels) == (20, 0, 20)
-    assert written.line == ("wrote 20 points to points and 0 labels to labels; "
-                            "stopped with 20 more labels waiting for their time (never sent)")
+    assert written.line == (
+        "wrote 20 points to points and 0 labels to labels; "
+        "stopped with 20 more labels waiting for their time (never sent)"
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--label-topic", "labels", "--file", "events.jsonl"], "file (--file) and label_topic (--label-topic) cannot be combined"),
-    (["--label-missing", "0.1"], "label_missing (--label-missing) are only used with label_topic (--label-topic)"),
-    (["--label-delay-seconds", "1"], "label_delay_seconds (--label-delay-seconds) and label_missing"),
-    (["--label-topic", "points"], "label_topic (--label-topic) and topic (--topic) must be two different topics"),
-    (["--label-topic", "labels", "--label-delay-seconds", "-1"], "invalid setting label_delay_seconds (--label-delay-seconds"),
-    (["--label-topic", "labels", "--label-missing", "1.5"], "invalid setting label_missing (--label-missing"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--label-topic", "labels", "--file", "events.jsonl"],
+            "file (--file) and label_topic (--label-topic) cannot be combined",
+        ),
+        (["--label-missing", "0.1"], "label_missing (--label-missing) are only used with label_topic (--label-topic)"),
+        (["--label-delay-seconds", "1"], "label_delay_seconds (--label-delay-seconds) and label_missing"),
+        (["--label-topic", "points"], "label_topic (--label-topic) and topic (--topic) must be two different topics"),
+        (
+            ["--label-topic", "labels", "--label-delay-seconds", "-1"],
+            "invalid setting label_delay_seconds (--label-delay-seconds",
+        ),
+        (["--label-topic", "labels", "--label-missing", "1.5"], "invalid setting label_missing (--label-missing"),
+    ],
+)
 def test_label_settings_that_cannot_work_exit_2_at_start_up(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "events.jsonl").write_text('{"id": "a", "x": [1.0], "y": 1}\n')
@@ -551,7 +628,9 @@ def test_a_csv_with_a_byte_order_mark_sends_its_first_column_by_its_name(fake_ka
     assert json.loads(producer.sent[1][1]) == {"x": [31.0, 52000.0], "y": 1}
 
 
-def test_a_csv_of_another_separator_is_refused_before_anything_is_sent_and_one_without_y_is_said_unlabeled(fake_kafka, tmp_path):
+def test_a_csv_of_another_separator_is_refused_before_anything_is_sent_and_one_without_y_is_said_unlabeled(
+    fake_kafka, tmp_path
+):
     data = tmp_path / "d.csv"
     data.write_text("age;salary;y\n31;52000;1\n")
     producer = fake_kafka()

@@ -1,10 +1,10 @@
 """README.md stays true to the code: settings, commands, metrics and the test command."""
 
-import re
 
 from perceptron_stream.cli import COMMANDS
 from perceptron_stream.config import ServeSettings, env_var, flag
 from perceptron_stream.metrics import ServiceMetrics
+
 from tests.support import ROOT
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -21,7 +21,11 @@ def test_every_command_is_documented():
 
 
 def test_every_service_metric_is_documented():
-    names = {m.name for m in ServiceMetrics(window=10, version="t", variant="plain").registry.collect() if m.name.startswith("perceptron_")}
+    names = {
+        m.name
+        for m in ServiceMetrics(window=10, version="t", variant="plain").registry.collect()
+        if m.name.startswith("perceptron_")
+    }
     assert names, "no perceptron_ metrics"
     for name in names:
         # counters are exposed with _total, infos with _info

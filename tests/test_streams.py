@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from perceptron_stream.streams import csv_columns, load_dataset, read_file
 
 SEED_003 = "x1,x2,y\n1,2,1\n2,4,1\n3,4,1\n2,1,-1\n4,2,-1\n"
@@ -18,8 +17,10 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
     data.write_bytes("\ufeffage,salary,y\r\n31,52000,1\r\n45,18000,-1\r\n".encode())
     assert csv_columns(data) == ["age", "salary", "y"]
     assert load_dataset(data).names == ["age", "salary"]
-    assert [json.loads(m) for m in read_file(data)] == [{"features": {"age": 31.0, "salary": 52000.0}, "y": 1},
-                                                        {"features": {"age": 45.0, "salary": 18000.0}, "y": -1}]
+    assert [json.loads(m) for m in read_file(data)] == [
+        {"features": {"age": 31.0, "salary": 52000.0}, "y": 1},
+        {"features": {"age": 45.0, "salary": 18000.0}, "y": -1},
+    ]
 
 
 @pytest.mark.parametrize("separator, name", [(";", "';' (semicolon)"), ("\t", "tab"), ("|", "'|' (pipe)")])
@@ -37,8 +38,10 @@ def test_train_needs_a_y_column_and_says_which_columns_it_found(tmp_path):
     data.write_text("age,salary,label\n31,52000,1\n")
     with pytest.raises(ValueError) as caught:
         load_dataset(data)
-    assert str(caught.value) == (f"{data}: no label column: the header has 'age', 'salary', 'label', and the label "
-                                 "(-1/+1, 0/1 or false/true) is expected in a column named y (rename 'label' to y)")
+    assert str(caught.value) == (
+        f"{data}: no label column: the header has 'age', 'salary', 'label', and the label "
+        "(-1/+1, 0/1 or false/true) is expected in a column named y (rename 'label' to y)"
+    )
     # replayed, such a file is unlabeled events (every column a feature): produce says so on stderr
     assert json.loads(next(read_file(data))) == {"features": {"age": 31.0, "salary": 52000.0, "label": 1.0}}
 
@@ -56,8 +59,10 @@ def test_dense_reads_the_feature_columns_as_x_in_order(tmp_path):
     named, dense = load_dataset(data), load_dataset(data, dense=True)
     assert (named.X, named.y, named.form) == (dense.X, dense.y, "named") == ([[1.0, 2.0], [2.0, 4.0]], [1, 1], "named")
     assert (dense.names, dense.form) == (["x0", "x1"], "dense")
-    assert [json.loads(m) for m in read_file(data, dense=True)] == [{"id": "a", "x": [1.0, 2.0], "y": 1},
-                                                                    {"id": "b", "x": [2.0, 4.0], "y": 1}]
+    assert [json.loads(m) for m in read_file(data, dense=True)] == [
+        {"id": "a", "x": [1.0, 2.0], "y": 1},
+        {"id": "b", "x": [2.0, 4.0], "y": 1},
+    ]
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text('{"features": {"a": 1}, "y": 1}\n')
     with pytest.raises(ValueError, match="--dense reads a CSV's columns as a dense x"):

@@ -25,8 +25,14 @@ from bench.peers.river_model import predictor, standalone_arguments
 
 def run(bootstrap: str, input_topic: str, output_topic: str, group: str, events: int = 0, batch: int = 500) -> None:
     """Until SIGTERM. (``events`` is not used: the runner reads progress from the committed offsets.)"""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     producer = Producer({"bootstrap.servers": bootstrap})
     predict_and_learn = predictor()
     failed = []

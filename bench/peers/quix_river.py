@@ -56,8 +56,7 @@ def run(bootstrap: str, input_topic: str, output_topic: str, group: str, events:
             print(f"processed {done} {time.time() * 1000:.1f}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="quix-state-") as state:  # stateless, but Quix makes ./state
-        application(bootstrap, input_topic, output_topic, group, on_message_processed=processed,
-                    state_dir=state).run()
+        application(bootstrap, input_topic, output_topic, group, on_message_processed=processed, state_dir=state).run()
 
 
 def main() -> None:

@@ -29,7 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from perceptron_stream.config import KafkaSettings
-from perceptron_stream.kafka.admin import cluster_identity, committed_offsets, ensure_topics, group_members, log_ranges, partition_counts
+from perceptron_stream.kafka.admin import (
+    cluster_identity,
+    committed_offsets,
+    ensure_topics,
+    group_members,
+    log_ranges,
+    partition_counts,
+)
 from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
 from perceptron_stream.kafka.contract import (
     BEGINNING,
@@ -87,9 +94,20 @@ __all__ = [
 ]
 
 
-def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: list[str], auto_offset_reset: str,
-                on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int,
-                group_protocol: str = "classic", transactional_id: str | None = None) -> Stream:
+def open_stream(
+    settings: KafkaSettings,
+    client: str,
+    *,
+    group_id: str,
+    topics: list[str],
+    auto_offset_reset: str,
+    on_assigned: Callable,
+    on_revoked: Callable,
+    max_poll_records: int,
+    fetch_max_wait_ms: int,
+    group_protocol: str = "classic",
+    transactional_id: str | None = None,
+) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
     ``on_assigned``/``on_revoked`` get sorted ``(topic, partition)`` lists and
@@ -105,8 +123,15 @@ def open_stream(settings: KafkaSettings, client: str, *, group_id: str, topics: 
     instance: the group's generation fences a zombie (KIP-447), so the id need
     not follow the partitions. Without one the stream is the at-least-once one.
     """
-    options = dict(group_id=group_id, topics=topics, auto_offset_reset=auto_offset_reset, on_assigned=on_assigned,
-                   on_revoked=on_revoked, max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms)
+    options = dict(
+        group_id=group_id,
+        topics=topics,
+        auto_offset_reset=auto_offset_reset,
+        on_assigned=on_assigned,
+        on_revoked=on_revoked,
+        max_poll_records=max_poll_records,
+        fetch_max_wait_ms=fetch_max_wait_ms,
+    )
     if transactional_id is not None:  # the at-least-once stream is built exactly as before
         options["transactional_id"] = transactional_id
     if client == "confluent":

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
-
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.backoff import Backoff
 from perceptron_stream.kafka.contract import MissingTopicError, TopicSpec
@@ -29,16 +28,24 @@ def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: 
     Connecting is retried for ``timeout_s`` (0: one attempt, for callers with a retry loop of their own).
     """
     topics = list(topics)
-    admin = _retrying(lambda: KafkaAdminClient(**kafka_python_options(settings), request_timeout_ms=10_000), "connect to the brokers", timeout_s)
+    admin = _retrying(
+        lambda: KafkaAdminClient(**kafka_python_options(settings), request_timeout_ms=10_000),
+        "connect to the brokers",
+        timeout_s,
+    )
     try:
         existing = set(admin.list_topics())
         missing = [t for t in topics if t.name not in existing]
         if missing and not create:
             names = ", ".join(t.name for t in missing)
-            raise MissingTopicError(f"topics {names} do not exist and create_topics is off (--create-topics or create them)")
+            raise MissingTopicError(
+                f"topics {names} do not exist and create_topics is off (--create-topics or create them)"
+            )
         for topic in missing:
             try:
-                admin.create_topics([NewTopic(topic.name, topic.partitions, topic.replication_factor, topic_configs=dict(topic.config))])
+                admin.create_topics(
+                    [NewTopic(topic.name, topic.partitions, topic.replication_factor, topic_configs=dict(topic.config))]
+                )
                 log.info("created topic %s with %d partition(s)", topic.name, topic.partitions)
             except TopicAlreadyExistsError:
                 pass
@@ -60,7 +67,6 @@ def _retrying(action: Callable, what: str, timeout_s: float):
             delay = backoff.next()
             log.warning("could not %s (%s); retrying in %.1f s", what, exc.__class__.__name__, delay)
             time.sleep(delay)
-
 
 
 @translated
@@ -130,9 +136,15 @@ def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> 
     fetch at it: the embedded broker answers ListOffsets with the start of the
     last batch + 1 (README "Brokers"), a fetch tells the true end.
     """
-    consumer = KafkaConsumer(**kafka_python_options(settings), enable_auto_commit=False, group_id=None,
-                             max_poll_records=1, fetch_max_bytes=64 * 1024, max_partition_fetch_bytes=64 * 1024,
-                             request_timeout_ms=int(timeout_s * 1000))
+    consumer = KafkaConsumer(
+        **kafka_python_options(settings),
+        enable_auto_commit=False,
+        group_id=None,
+        max_poll_records=1,
+        fetch_max_bytes=64 * 1024,
+        max_partition_fetch_bytes=64 * 1024,
+        request_timeout_ms=int(timeout_s * 1000),
+    )
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:

@@ -18,7 +18,6 @@ import time
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
-
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.errors import service_error, translated
 from perceptron_stream.kafka.kp_mends import close_consumer, close_producer
@@ -46,15 +45,23 @@ class CompactedTopic:
         1 MiB (a larger record still comes, alone), few records are handed over
         per poll, and the values of other keys are dropped as they come.
         """
-        consumer = KafkaConsumer(**kafka_python_options(self.settings), enable_auto_commit=False, group_id=None,
-                                 isolation_level=ISOLATION_LEVEL,
-                                 fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=16)
+        consumer = KafkaConsumer(
+            **kafka_python_options(self.settings),
+            enable_auto_commit=False,
+            group_id=None,
+            isolation_level=ISOLATION_LEVEL,
+            fetch_max_bytes=1024 * 1024,
+            max_partition_fetch_bytes=1024 * 1024,
+            max_poll_records=16,
+        )
         try:
             partitions = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
             if not tps:  # the service made sure it exists: not "no checkpoint", which would start a new model
-                raise KafkaError(f"the checkpoint topic {self.topic} shows no partitions (metadata not there yet, "
-                                 "or the topic is not visible to this client: check its ACLs)")
+                raise KafkaError(
+                    f"the checkpoint topic {self.topic} shows no partitions (metadata not there yet, "
+                    "or the topic is not visible to this client: check its ACLs)"
+                )
             consumer.assign(tps)
             consumer.seek_to_beginning(*tps)
             ends = consumer.end_offsets(tps)
@@ -92,13 +99,22 @@ class TopicTail:
     @translated
     def __init__(self, settings: KafkaSettings, topic: str):
         self.settings, self.topic = settings, topic
-        self.consumer = KafkaConsumer(**kafka_python_options(settings), enable_auto_commit=False, group_id=None,
-                                      isolation_level=ISOLATION_LEVEL, fetch_max_bytes=1024 * 1024, max_partition_fetch_bytes=1024 * 1024, max_poll_records=64,
-                                      fetch_max_wait_ms=20)
+        self.consumer = KafkaConsumer(
+            **kafka_python_options(settings),
+            enable_auto_commit=False,
+            group_id=None,
+            isolation_level=ISOLATION_LEVEL,
+            fetch_max_bytes=1024 * 1024,
+            max_partition_fetch_bytes=1024 * 1024,
+            max_poll_records=64,
+            fetch_max_wait_ms=20,
+        )
         try:
             partitions = self.consumer.partitions_for_topic(topic) or set()
             if not partitions:
-                raise KafkaError(f"topic {topic} shows no partitions (metadata not there yet, or not visible to this client)")
+                raise KafkaError(
+                    f"topic {topic} shows no partitions (metadata not there yet, or not visible to this client)"
+                )
             tps = [TopicPartition(topic, p) for p in sorted(partitions)]
             self.consumer.assign(tps)
             self.consumer.seek_to_beginning(*tps)
@@ -144,8 +160,14 @@ class PartitionedLog:
             raise service_error(exc, self.settings) from exc
 
     def _read(self, partition: int, timeout_s: float):
-        consumer = KafkaConsumer(**kafka_python_options(self.settings), enable_auto_commit=False, group_id=None,
-                                 isolation_level=ISOLATION_LEVEL, fetch_max_bytes=4 * 1024 * 1024, max_partition_fetch_bytes=4 * 1024 * 1024)
+        consumer = KafkaConsumer(
+            **kafka_python_options(self.settings),
+            enable_auto_commit=False,
+            group_id=None,
+            isolation_level=ISOLATION_LEVEL,
+            fetch_max_bytes=4 * 1024 * 1024,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+        )
         try:
             tp = TopicPartition(self.topic, partition)
             consumer.assign([tp])
@@ -158,7 +180,9 @@ class PartitionedLog:
                     for m in messages:
                         yield m.key, m.value
                 quiet = quiet + 1 if not batches else 0
-                if consumer.position(tp) >= end and quiet >= 1:  # end_offsets may read short (the embedded broker): one quiet poll too
+                if (
+                    consumer.position(tp) >= end and quiet >= 1
+                ):  # end_offsets may read short (the embedded broker): one quiet poll too
                     return
             raise KafkaError(f"reading {self.topic}[{partition}] did not finish within {timeout_s:.0f} s")
         finally:

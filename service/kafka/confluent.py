@@ -27,10 +27,10 @@ from collections.abc import Callable
 
 import kafka.errors as kerrors
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 from confluent_kafka import KafkaError as CKafkaError
-
+from confluent_kafka.admin import AdminClient
 from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.admin import group_members
 from perceptron_stream.kafka.contract import (
     BEGINNING,
     END,
@@ -42,7 +42,6 @@ from perceptron_stream.kafka.contract import (
     Refused,
     first_offsets,
 )
-from perceptron_stream.kafka.admin import group_members
 from perceptron_stream.kafka.errors import (
     FATAL,
     LIBRDKAFKA_ERRORS,
@@ -92,7 +91,9 @@ _LOGICAL_OFFSETS = {BEGINNING: OFFSET_BEGINNING, END: OFFSET_END}
 #: which kafka-python's for_code knows.
 _LOCAL_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_ERRORS.items()}
 #: ... and those that mean more in a transaction (:data:`perceptron_stream.kafka.errors.LIBRDKAFKA_TRANSACTION_ERRORS`).
-_TRANSACTION_ERRORS = {getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_TRANSACTION_ERRORS.items()}
+_TRANSACTION_ERRORS = {
+    getattr(CKafkaError, code): getattr(kerrors, name) for code, name in LIBRDKAFKA_TRANSACTION_ERRORS.items()
+}
 
 
 def kafka_error(err: CKafkaError | None, in_transaction: bool = False) -> kerrors.KafkaError:
@@ -114,7 +115,9 @@ def _translated(method: Callable) -> Callable:
         try:
             return method(self, *args, **kwargs)
         except KafkaException as exc:
-            raise service_error(kafka_error(exc.args[0] if exc.args else None), getattr(self, "settings", None)) from exc
+            raise service_error(
+                kafka_error(exc.args[0] if exc.args else None), getattr(self, "settings", None)
+            ) from exc
         except kerrors.KafkaError as exc:
             raise service_error(exc, getattr(self, "settings", None)) from exc
 
@@ -134,8 +137,11 @@ def client_config(settings: KafkaSettings) -> dict:
             config["sasl.username"] = settings.sasl_username
         if settings.sasl_password is not None:
             config["sasl.password"] = settings.sasl_password.get_secret_value()
-    for name, key in (("ssl_cafile", "ssl.ca.location"), ("ssl_certfile", "ssl.certificate.location"),
-                      ("ssl_keyfile", "ssl.key.location")):
+    for name, key in (
+        ("ssl_cafile", "ssl.ca.location"),
+        ("ssl_certfile", "ssl.certificate.location"),
+        ("ssl_keyfile", "ssl.key.location"),
+    ):
         if getattr(settings, name) is not None:
             config[key] = str(getattr(settings, name))
     if settings.ssl_password is not None:
@@ -148,9 +154,15 @@ def _group_config(protocol: str) -> dict:
     labels to points needs it): the classic one with the client-side range assignor, KIP-848's with the brokers'
     range assignor. Under KIP-848 the brokers own the session timeout and heartbeat (group.consumer.*)."""
     if protocol == "consumer":
-        return {"group.protocol": "consumer", "group.remote.assignor": "range",
-                "max.poll.interval.ms": GROUP_TIMINGS["max_poll_interval_ms"]}
-    return {"partition.assignment.strategy": "range", **{name.replace("_", "."): value for name, value in GROUP_TIMINGS.items()}}
+        return {
+            "group.protocol": "consumer",
+            "group.remote.assignor": "range",
+            "max.poll.interval.ms": GROUP_TIMINGS["max_poll_interval_ms"],
+        }
+    return {
+        "partition.assignment.strategy": "range",
+        **{name.replace("_", "."): value for name, value in GROUP_TIMINGS.items()},
+    }
 
 
 class ConfluentIO:
@@ -166,22 +178,39 @@ class ConfluentIO:
     in_transaction = False
 
     @_translated
-    def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
-                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
-                 client_id: str = "perceptron-stream", group_protocol: str = "classic",
-                 transactional_id: str | None = None):
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        group_id: str,
+        topics: list[str],
+        auto_offset_reset: str,
+        on_assigned: Callable,
+        on_revoked: Callable,
+        max_poll_records: int,
+        fetch_max_wait_ms: int = 500,
+        client_id: str = "perceptron-stream",
+        group_protocol: str = "classic",
+        transactional_id: str | None = None,
+    ):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
         self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked), auto_offset_reset
         self._rejected: kerrors.KafkaError | None = None  # SASL mechanism or credentials rejected, or certificate
         common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
-        self.consumer = Consumer({
-            **common, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": auto_offset_reset,
-            "fetch.wait.max.ms": fetch_max_wait_ms, "on_commit": self._committed,
-            # librdkafka's default too, explicit: committed records only, as KafkaIO reads
-            "isolation.level": ISOLATION_LEVEL,
-            **_group_config(group_protocol),
-        })
+        self.consumer = Consumer(
+            {
+                **common,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": auto_offset_reset,
+                "fetch.wait.max.ms": fetch_max_wait_ms,
+                "on_commit": self._committed,
+                # librdkafka's default too, explicit: committed records only, as KafkaIO reads
+                "isolation.level": ISOLATION_LEVEL,
+                **_group_config(group_protocol),
+            }
+        )
         self.incremental = group_protocol == "consumer"
         self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
         self.transactional_id, self.in_transaction = transactional_id, False
@@ -189,9 +218,13 @@ class ConfluentIO:
             # the coordinator aborts a transaction left open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks
             # read_committed readers about that long: contract.py); idempotent already (PRODUCER). librdkafka bounds a message's
             # time (message.timeout.ms) by the transaction's and wants the linger shorter: still a flush's wait
-            self._producer_config.update({"transactional.id": transactional_id,
-                                          "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                                          "linger.ms": TRANSACTION_TIMEOUT_MS // 2})
+            self._producer_config.update(
+                {
+                    "transactional.id": transactional_id,
+                    "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                    "linger.ms": TRANSACTION_TIMEOUT_MS // 2,
+                }
+            )
         self.producer = Producer(self._producer_config)
         if transactional_id is not None:
             try:
@@ -243,8 +276,14 @@ class ConfluentIO:
                 batch.append(new(Record, (topic, partition, m.offset(), m.key(), m.value(), m.timestamp()[1])))
         error = None
         if sum(map(len, by_partition.values())) < len(messages):
-            error = next((m.error() for m in messages
-                          if m.error() is not None and m.error().code() != CKafkaError._PARTITION_EOF), None)
+            error = next(
+                (
+                    m.error()
+                    for m in messages
+                    if m.error() is not None and m.error().code() != CKafkaError._PARTITION_EOF
+                ),
+                None,
+            )
         if error is not None:
             if not by_partition:
                 raise KafkaException(error)
@@ -274,7 +313,9 @@ class ConfluentIO:
         self._drop_stashed(partitions)
         self.callbacks.assigned((tp.topic, tp.partition) for tp in partitions)
         seeks, self._seeks = self._seeks, None
-        starts = [TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset)) for tp in partitions]
+        starts = [
+            TopicPartition(tp.topic, tp.partition, seeks.get((tp.topic, tp.partition), tp.offset)) for tp in partitions
+        ]
         if self.incremental:
             consumer.incremental_assign(starts)
         else:
@@ -352,7 +393,9 @@ class ConfluentIO:
         while self._commits_waiting:  # the answers come in order: the last one is this commit's
             left = 1.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
-                raise kerrors.KafkaTimeoutError(f"commit not acknowledged within {timeout_s:.1f} s")  # translated on the way out
+                raise kerrors.KafkaTimeoutError(
+                    f"commit not acknowledged within {timeout_s:.1f} s"
+                )  # translated on the way out
             # consume() serves the answer but returns only when its count is
             # reached or its time is up: short turns, and a bounded stash
             room = self.max_poll_records - len(self._stash)
@@ -393,7 +436,9 @@ class ConfluentIO:
         positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(tps)}
         unknown = [tp for tp in tps if positions[(tp.topic, tp.partition)] < 0]
         if unknown and ask_broker:
-            positions.update({(tp.topic, tp.partition): tp.offset for tp in self.consumer.committed(unknown, timeout=left())})
+            positions.update(
+                {(tp.topic, tp.partition): tp.offset for tp in self.consumer.committed(unknown, timeout=left())}
+            )
         out = {}
         for tp in tps:
             key = (tp.topic, tp.partition)
@@ -446,13 +491,17 @@ class ConfluentIO:
                 return True
             except BufferError:
                 continue
-        log.warning("the producer's queue stayed full for %.0f s; the rest of the batch waits for the flush", MAX_BLOCK_S)
+        log.warning(
+            "the producer's queue stayed full for %.0f s; the rest of the batch waits for the flush", MAX_BLOCK_S
+        )
         return False
 
     def _undelivered(self, err: CKafkaError, msg) -> None:
         error = kafka_error(err, self.in_transaction)
         kind = delivery_kind(error)
-        self.ledger.failed((msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error)
+        self.ledger.failed(
+            (msg.topic(), msg.key(), msg.value()), kind, service_error(error, self.settings) if kind == FATAL else error
+        )
 
     def flush(self, timeout_s: float) -> list[Refused]:
         """As :meth:`KafkaIO.flush <perceptron_stream.kafka.kafka_python.KafkaIO.flush>` (:meth:`Ledger.settle`); in a
@@ -504,7 +553,9 @@ class ConfluentIO:
         offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if (t, p) in owned]
         if offsets:
             metadata = self.consumer.consumer_group_metadata()
-            self._transactional(lambda left: self.producer.send_offsets_to_transaction(offsets, metadata, left), deadline)
+            self._transactional(
+                lambda left: self.producer.send_offsets_to_transaction(offsets, metadata, left), deadline
+            )
         self._transactional(self.producer.commit_transaction, deadline)
         self.in_transaction = False
         return refused
@@ -517,8 +568,12 @@ class ConfluentIO:
                 return call(max(0.001, deadline - time.monotonic()))
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
-                if (isinstance(err, CKafkaError) and err.retriable() and not err.txn_requires_abort()
-                        and time.monotonic() < deadline):
+                if (
+                    isinstance(err, CKafkaError)
+                    and err.retriable()
+                    and not err.txn_requires_abort()
+                    and time.monotonic() < deadline
+                ):
                     continue
                 error = self._transaction_error(exc)
                 self._abort_quietly()
@@ -538,8 +593,11 @@ class ConfluentIO:
 
     def _transaction_error(self, exc: KafkaException) -> BaseException:
         err = exc.args[0] if exc.args else None
-        return transaction_error(kafka_error(err, in_transaction=True), self.settings,
-                                 producer_broken=isinstance(err, CKafkaError) and err.fatal())
+        return transaction_error(
+            kafka_error(err, in_transaction=True),
+            self.settings,
+            producer_broken=isinstance(err, CKafkaError) and err.fatal(),
+        )
 
     def _abort_quietly(self) -> None:
         try:
@@ -571,8 +629,10 @@ class ConfluentIO:
         try:
             waiting = self.producer.flush(5.0)
             if waiting or self.ledger.owed() or self._held:
-                log.warning("closed the producer with %d message(s) not acknowledged",
-                            waiting + self.ledger.owed() + len(self._held))
+                log.warning(
+                    "closed the producer with %d message(s) not acknowledged",
+                    waiting + self.ledger.owed() + len(self._held),
+                )
                 self.producer.purge(in_queue=True, in_flight=True, blocking=False)
         except Exception as exc:  # a broken producer: nothing it held was committed
             log.warning("closing the producer failed (%s)", exc.__class__.__name__)
@@ -582,8 +642,10 @@ class ConfluentIO:
             closer.start()
             closer.join(CLOSE_TIMEOUT_S)
             if closer.is_alive():
-                log.warning("the consumer did not leave its group within %.0f s; the group notices at the session "
-                            "timeout", CLOSE_TIMEOUT_S)
+                log.warning(
+                    "the consumer did not leave its group within %.0f s; the group notices at the session timeout",
+                    CLOSE_TIMEOUT_S,
+                )
 
 
 def _client_error(err: CKafkaError) -> None:
@@ -608,7 +670,9 @@ def authentication_error(err: CKafkaError) -> kerrors.KafkaError | None:
     text = err.str()
     if err.code() == CKafkaError._SSL and "certificate verify failed" in text:
         return SslAuthenticationError(text)
-    if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(f"SSL alert number {n}" in text for n in (42, 46, 48, 116)):
+    if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(
+        f"SSL alert number {n}" in text for n in (42, 46, 48, 116)
+    ):
         return ClientCertificateRefused(text)  # bad_certificate, certificate_unknown, unknown_ca, certificate_required
     if err.code() != CKafkaError._AUTHENTICATION:
         return None

@@ -93,7 +93,9 @@ class KafkaUnavailable(Exception):
 class KafkaFatal(Exception):
     """Retrying cannot cure it: a setting or the brokers' permissions must change. ``hint`` says which."""
 
-    def __init__(self, message: str, hint: str = "check the Kafka settings (security, credentials, ACLs, replication factor)"):
+    def __init__(
+        self, message: str, hint: str = "check the Kafka settings (security, credentials, ACLs, replication factor)"
+    ):
         super().__init__(message)
         self.hint = hint
 
@@ -112,8 +114,11 @@ class Fenced(KafkaFatal):
     """
 
     def __init__(self, message: str):
-        super().__init__(message, "another instance owns these partitions now (this one stopped polling past its "
-                                  "session timeout, or shares its transactional id): restart it")
+        super().__init__(
+            message,
+            "another instance owns these partitions now (this one stopped polling past its "
+            "session timeout, or shares its transactional id): restart it",
+        )
 
 
 class Aborted(KafkaUnavailable):

@@ -32,7 +32,6 @@ from collections.abc import Callable
 
 import kafka.errors as kerrors
 from kafka.errors import KafkaError
-
 from perceptron_stream.config import KafkaSettings, env_var, flag
 from perceptron_stream.kafka.contract import (  # noqa: F401 - the service's own errors, here with their vocabulary
     Aborted,
@@ -64,24 +63,38 @@ class ClientCertificateRefused(SslAuthenticationError):
 
 
 #: TLS alerts with which the brokers refuse the client's certificate (OpenSSL's reasons)
-CERTIFICATE_REFUSED_ALERTS = ("SSLV3_ALERT_BAD_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA",
-                              "SSLV3_ALERT_CERTIFICATE_UNKNOWN")
+CERTIFICATE_REFUSED_ALERTS = (
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    "TLSV1_ALERT_UNKNOWN_CA",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+)
 
 #: kafka-python's classes of a rejected SASL mechanism (error 33), SASL exchange (34) or credentials (58).
 AUTHENTICATION_ERROR_NAMES = ("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError")
 
 #: kafka-python's classes of errors that retrying cannot cure: a setting or the brokers' permissions must change.
 FATAL_ERROR_NAMES = (
-    "AuthorizationError", *AUTHENTICATION_ERROR_NAMES,
-    "InvalidReplicationFactorError", "InvalidPartitionsError", "InvalidTopicError", "PolicyViolationError",
+    "AuthorizationError",
+    *AUTHENTICATION_ERROR_NAMES,
+    "InvalidReplicationFactorError",
+    "InvalidPartitionsError",
+    "InvalidTopicError",
+    "PolicyViolationError",
     "KafkaConfigurationError",  # e.g. librdkafka refusing an unreadable PEM file
     # records the client cannot decompress: every read of the partition fails alike until a package is installed
-    "UnsupportedCodecError", "UnsupportedCompressionTypeError",
+    "UnsupportedCodecError",
+    "UnsupportedCompressionTypeError",
 )
 
 #: kafka-python's classes of errors of one message that sending it again cannot cure: the brokers refuse it for
 #: good (larger than the topic allows, invalid).
-REFUSED_ERROR_NAMES = ("MessageSizeTooLargeError", "RecordListTooLargeError", "InvalidRecordError", "CorruptRecordError")
+REFUSED_ERROR_NAMES = (
+    "MessageSizeTooLargeError",
+    "RecordListTooLargeError",
+    "InvalidRecordError",
+    "CorruptRecordError",
+)
 
 #: kafka-python's classes of "this instance may no longer write for these partitions" (:class:`Fenced`): the
 #: transaction coordinator gave the producer's epoch to another (ProducerFencedError; InvalidProducerEpochError,
@@ -89,8 +102,14 @@ REFUSED_ERROR_NAMES = ("MessageSizeTooLargeError", "RecordListTooLargeError", "I
 #: stale member or generation (KIP-447: IllegalGenerationError, UnknownMemberIdError, FencedInstanceIdError;
 #: kafka-python raises those of a TxnOffsetCommit as CommitFailedError). Outside a transaction the consumer's
 #: own commit may meet the last three in a rebalance: there they stay retried (:func:`service_error`).
-FENCED_ERROR_NAMES = ("ProducerFencedError", "InvalidProducerEpochError", "CommitFailedError", "IllegalGenerationError",
-                      "UnknownMemberIdError", "FencedInstanceIdError")
+FENCED_ERROR_NAMES = (
+    "ProducerFencedError",
+    "InvalidProducerEpochError",
+    "CommitFailedError",
+    "IllegalGenerationError",
+    "UnknownMemberIdError",
+    "FencedInstanceIdError",
+)
 
 #: The brokers rejected the SASL mechanism or the credentials: sasl_mechanism, sasl_username or sasl_password
 #: must change; or the client rejected the brokers' certificate: ssl_cafile must change.
@@ -173,18 +192,28 @@ def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
 
     if isinstance(exc, (kerrors.UnsupportedCodecError, kerrors.UnsupportedCompressionTypeError)):
         return codec_hint(exc)
-    mechanism = f"SASL mechanism {settings.sasl_mechanism}" if settings is not None and settings.sasl_mechanism else "the SASL mechanism"
+    mechanism = (
+        f"SASL mechanism {settings.sasl_mechanism}"
+        if settings is not None and settings.sasl_mechanism
+        else "the SASL mechanism"
+    )
     if isinstance(exc, (kerrors.UnsupportedSaslMechanismError, kerrors.IllegalSaslStateError)):
         return f"the brokers do not accept {mechanism}: check {named('sasl_mechanism')}"
     if isinstance(exc, kerrors.SaslAuthenticationFailedError):
-        return (f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
-                f"and {named('sasl_mechanism')}")
+        return (
+            f"the brokers refused the credentials for {mechanism}: check {named('sasl_username', 'sasl_password')}, "
+            f"and {named('sasl_mechanism')}"
+        )
     if isinstance(exc, ClientCertificateRefused):
-        return (f"the brokers require a client certificate signed by a CA they trust: check "
-                f"{named('ssl_certfile', 'ssl_keyfile')}")
+        return (
+            f"the brokers require a client certificate signed by a CA they trust: check "
+            f"{named('ssl_certfile', 'ssl_keyfile')}"
+        )
     if isinstance(exc, SslAuthenticationError):
-        return (f"the brokers' TLS certificate is not signed by a CA of {named('ssl_cafile')}, or not for the "
-                f"address in {named('bootstrap_servers')}")
+        return (
+            f"the brokers' TLS certificate is not signed by a CA of {named('ssl_cafile')}, or not for the "
+            f"address in {named('bootstrap_servers')}"
+        )
     return "check the Kafka settings (security, credentials, ACLs, replication factor)"
 
 
@@ -206,8 +235,9 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     return KafkaUnavailable(text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError))
 
 
-def transaction_error(exc: BaseException | None, settings: KafkaSettings | None = None, *,
-                      producer_broken: bool = False) -> BaseException:
+def transaction_error(
+    exc: BaseException | None, settings: KafkaSettings | None = None, *, producer_broken: bool = False
+) -> BaseException:
     """The service's error for what a transaction met (a kafka-python class; confluent.py maps librdkafka's first),
     after which the transaction was aborted where the client allowed:
 
@@ -230,8 +260,10 @@ def transaction_error(exc: BaseException | None, settings: KafkaSettings | None 
         return error
     if producer_broken:
         return KafkaFatal(describe(exc), "the client's transactional producer failed for good: restart the instance")
-    return Aborted(f"transaction aborted: {describe(error) if error is not None else 'no answer'}",
-                   timed_out=getattr(error, "timed_out", False))
+    return Aborted(
+        f"transaction aborted: {describe(error) if error is not None else 'no answer'}",
+        timed_out=getattr(error, "timed_out", False),
+    )
 
 
 def translated(function: Callable) -> Callable:
@@ -242,7 +274,9 @@ def translated(function: Callable) -> Callable:
         try:
             return function(*args, **kwargs)
         except KafkaError as exc:
-            settings = next((a for a in args if isinstance(a, KafkaSettings)), getattr(args[0], "settings", None) if args else None)
+            settings = next(
+                (a for a in args if isinstance(a, KafkaSettings)), getattr(args[0], "settings", None) if args else None
+            )
             raise service_error(exc, settings) from exc
 
     return wrapper

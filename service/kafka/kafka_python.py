@@ -28,7 +28,6 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
-
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.admin import group_members
 from perceptron_stream.kafka.contract import (
@@ -42,9 +41,21 @@ from perceptron_stream.kafka.contract import (
     Record,
     Refused,
 )
-from perceptron_stream.kafka.errors import FATAL, REFUSED_ERRORS, delivery_kind, service_error, transaction_error, translated
+from perceptron_stream.kafka.errors import (
+    FATAL,
+    REFUSED_ERRORS,
+    delivery_kind,
+    service_error,
+    transaction_error,
+    translated,
+)
 from perceptron_stream.kafka.kp_mends import close_consumer, close_producer, mend_consumer
-from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS, kafka_python_options, make_producer
+from perceptron_stream.kafka.kp_options import (
+    ISOLATION_LEVEL,
+    LINGER_UNTIL_FLUSH_MS,
+    kafka_python_options,
+    make_producer,
+)
 from perceptron_stream.kafka.ledger import Ledger, Tally
 from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 
@@ -92,19 +103,35 @@ class KafkaIO:
     in_transaction = False
 
     @translated
-    def __init__(self, settings: KafkaSettings, *, group_id: str, topics: list[str], auto_offset_reset: str,
-                 on_assigned: Callable, on_revoked: Callable, max_poll_records: int, fetch_max_wait_ms: int = 500,
-                 client_id: str = "perceptron-stream", transactional_id: str | None = None):
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        group_id: str,
+        topics: list[str],
+        auto_offset_reset: str,
+        on_assigned: Callable,
+        on_revoked: Callable,
+        max_poll_records: int,
+        fetch_max_wait_ms: int = 500,
+        client_id: str = "perceptron-stream",
+        transactional_id: str | None = None,
+    ):
         self.settings = settings
         self.group_id = group_id
         self.transactional_id = transactional_id
         self.in_transaction = False
         self.consumer = KafkaConsumer(
-            **kafka_python_options(settings), group_id=group_id, client_id=client_id,
-            enable_auto_commit=False, auto_offset_reset=auto_offset_reset,
+            **kafka_python_options(settings),
+            group_id=group_id,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset=auto_offset_reset,
             # records of aborted transactions are never predicted nor learned (kafka-python's default would read them)
             isolation_level=ISOLATION_LEVEL,
-            max_poll_records=max_poll_records, fetch_max_wait_ms=fetch_max_wait_ms, request_timeout_ms=10_000,
+            max_poll_records=max_poll_records,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            request_timeout_ms=10_000,
             # the range assignor gives partition p of every topic to one member (the join of labels to points needs it)
             partition_assignment_strategy=[RangePartitionAssignor],
             **GROUP_TIMINGS,
@@ -126,8 +153,12 @@ class KafkaIO:
             return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS)
         # idempotent (kafka-python turns it on with a transactional id); the coordinator aborts a transaction left
         # open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks read_committed readers about that long: contract.py)
-        producer = make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS, transactional_id=self.transactional_id,
-                                 transaction_timeout_ms=TRANSACTION_TIMEOUT_MS)
+        producer = make_producer(
+            self.settings,
+            linger_ms=LINGER_UNTIL_FLUSH_MS,
+            transactional_id=self.transactional_id,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+        )
         try:
             producer.init_transactions()  # aborts what an earlier producer of this id left open, fences it
         except BaseException:
@@ -179,8 +210,10 @@ class KafkaIO:
         owned = self.consumer.assignment()
         positions = {tp: o for tp, o in positions.items() if TopicPartition(*tp) in owned}
         if positions:
-            self.consumer.commit({TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()},
-                                 timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
+            self.consumer.commit(
+                {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()},
+                timeout_ms=None if timeout_s is None else int(timeout_s * 1000),
+            )
 
     @translated
     def lag(self, timeout_s: float | None = None, ask_broker: bool = True) -> dict[tuple[str, int], int]:
@@ -200,8 +233,11 @@ class KafkaIO:
         else:
             ends = {tp: self.consumer.highwater(tp) for tp in tps}
         timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
-        return {(tp.topic, tp.partition): max(0, ends[tp] - self.consumer.position(tp, timeout_ms=timeout_ms))
-                for tp in tps if ends[tp] is not None}
+        return {
+            (tp.topic, tp.partition): max(0, ends[tp] - self.consumer.position(tp, timeout_ms=timeout_ms))
+            for tp in tps
+            if ends[tp] is not None
+        }
 
     def group_members(self) -> list[str]:
         """Member ids of the live members of this consumer's group, this one included."""
@@ -217,7 +253,9 @@ class KafkaIO:
             except REFUSED_ERRORS as exc:  # e.g. larger than max_request_size: never sendable
                 future = _NotSent(exc)
             except KafkaError as exc:  # e.g. no metadata within max_block_ms: the brokers are away
-                log.warning("the producer refused a message (%s); it is sent again at the flush", exc.__class__.__name__)
+                log.warning(
+                    "the producer refused a message (%s); it is sent again at the flush", exc.__class__.__name__
+                )
                 self._refused, future = True, _NOT_SENT
         self._pending.append((topic, key, value, future))
 
@@ -260,8 +298,11 @@ class KafkaIO:
         self.begin()
         refused = self.flush(timeout_s)
         owned = self.consumer.assignment()
-        offsets = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in positions.items()
-                   if TopicPartition(t, p) in owned}
+        offsets = {
+            TopicPartition(t, p): OffsetAndMetadata(o, "", -1)
+            for (t, p), o in positions.items()
+            if TopicPartition(t, p) in owned
+        }
         try:
             if offsets:
                 self.producer.send_offsets_to_transaction(offsets, self.consumer.group_metadata())

@@ -33,8 +33,12 @@ from kafka.errors import KafkaError
 from kafka.net.compat import KafkaNetClient
 from kafka.net.manager import KafkaConnectionManager
 from kafka.net.selector import NetworkSelector
-
-from perceptron_stream.kafka.errors import AUTHENTICATION_ERRORS, CERTIFICATE_REFUSED_ALERTS, ClientCertificateRefused, SslAuthenticationError
+from perceptron_stream.kafka.errors import (
+    AUTHENTICATION_ERRORS,
+    CERTIFICATE_REFUSED_ALERTS,
+    ClientCertificateRefused,
+    SslAuthenticationError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +80,11 @@ class _RejectionsAreFinal(KafkaConnectionManager):
         if conn not in self._watched:
             self._watched.add(conn)
             conn.init_future.add_callback(lambda _: self._rejected.pop(node_id, None))
-            conn.init_future.add_errback(lambda error: (rejection := _rejection(error)) is not None
-                                         and self._rejected.__setitem__(node_id, rejection))
+            conn.init_future.add_errback(
+                lambda error: (
+                    (rejection := _rejection(error)) is not None and self._rejected.__setitem__(node_id, rejection)
+                )
+            )
         return conn
 
     async def _build_transport(self, node, timeout_at=None):
@@ -128,8 +135,6 @@ def _recv_then_eof(receive: Callable) -> tuple[bytes, Exception | None]:
     if data and isinstance(error, kerrors.KafkaConnectionError) and str(error).endswith("socket disconnected"):
         return data, None
     return data, error
-
-
 
 
 def net_client(**configs) -> KafkaNetClient:
@@ -216,7 +221,6 @@ def close_consumer(consumer: KafkaConsumer, **options) -> None:
         consumer.close(**options)
 
 
-
 class AdminClient(KafkaAdminClient):
     """kafka-python's admin client, tolerant of authorized-operation bits it cannot name.
 
@@ -235,7 +239,6 @@ class AdminClient(KafkaAdminClient):
         except ValueError:
             obj.pop("authorized_operations", None)
             return obj
-
 
 
 def mend_consumer(consumer: KafkaConsumer) -> None:
@@ -266,7 +269,9 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     (labels held until their points come) and bench/e2e.py.
     """
     fetcher = getattr(consumer, "_fetcher", None)
-    if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records", "_paused_partition_records")):
+    if not all(
+        hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records", "_paused_partition_records")
+    ):
         return
     drain = fetcher.fetched_records
 

@@ -9,12 +9,10 @@ gets the mended network client (:mod:`perceptron_stream.kafka.kp_mends`).
 from __future__ import annotations
 
 from kafka import KafkaProducer
-
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.contract import KafkaFatal
 from perceptron_stream.kafka.errors import CODEC_PACKAGES, translated
 from perceptron_stream.kafka.kp_mends import net_client
-
 
 #: The service flushes its producer at the end of every batch, so its records
 #: wait for that flush: one produce request per batch. With a short linger the
@@ -50,10 +48,11 @@ def require_codecs() -> None:
     missing = missing_codecs()
     if missing:
         packages = sorted(set(missing.values()))
-        raise KafkaFatal(f"kafka-python cannot decompress {', '.join(missing)} (not installed: {', '.join(packages)})",
-                         f"pip install {' '.join(packages)} (dependencies of perceptron-stream: reinstalling the service "
-                         "installs them)")
-
+        raise KafkaFatal(
+            f"kafka-python cannot decompress {', '.join(missing)} (not installed: {', '.join(packages)})",
+            f"pip install {' '.join(packages)} (dependencies of perceptron-stream: reinstalling the service "
+            "installs them)",
+        )
 
 
 def client_options(settings: KafkaSettings) -> dict:
@@ -87,6 +86,13 @@ def kafka_python_options(settings: KafkaSettings) -> dict:
 @translated
 def make_producer(settings: KafkaSettings, **overrides) -> KafkaProducer:
     """A producer that waits for all in-sync replicas (acks=all) and batches briefly."""
-    options = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024,
-               "retries": 5, "max_block_ms": 10_000, **overrides}
+    options = {
+        "acks": "all",
+        "linger_ms": 5,
+        "batch_size": 256 * 1024,
+        "max_request_size": 4 * 1024 * 1024,
+        "retries": 5,
+        "max_block_ms": 10_000,
+        **overrides,
+    }
     return KafkaProducer(**kafka_python_options(settings), **options)

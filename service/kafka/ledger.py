@@ -105,8 +105,10 @@ class Ledger:
                 failed, self._failed = self._failed, []
                 raise DeliveryError(f"{len(failed)} message(s) of the transaction not delivered") from failed[0][1]
             if waiting or time.monotonic() >= deadline:
-                raise DeliveryError(f"{waiting + len(self._failed)} message(s) not acknowledged by the brokers within {timeout_s:g} s",
-                                    timed_out=True)
+                raise DeliveryError(
+                    f"{waiting + len(self._failed)} message(s) not acknowledged by the brokers within {timeout_s:g} s",
+                    timed_out=True,
+                )
             delay = backoff.next()
             log.warning("%d message(s) not acknowledged; sending them again in %.1f s", len(self._failed), delay)
             time.sleep(delay)

@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable
 class RebalanceCallbacks:
     """``on_assigned`` and ``on_revoked`` of the application, given sorted ``(topic, partition)`` lists."""
 
-    def __init__(self, on_assigned: Callable[[list[tuple[str, int]]], None],
-                 on_revoked: Callable[[list[tuple[str, int]]], None]):
+    def __init__(
+        self, on_assigned: Callable[[list[tuple[str, int]]], None], on_revoked: Callable[[list[tuple[str, int]]], None]
+    ):
         self.on_assigned, self.on_revoked = on_assigned, on_revoked
         self.failure: BaseException | None = None  # what a callback raised, until the stream raises it
 
@@ -44,7 +45,7 @@ class RebalanceCallbacks:
             return
         try:
             callback(sorted(partitions))
-        except Exception as exc:  # noqa: BLE001 - kept for raise_failure, never raised into the client
+        except Exception as exc:
             self.failure = exc
 
     def raise_failure(self) -> None:

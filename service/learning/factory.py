@@ -13,8 +13,13 @@ from perceptron_stream.learning.perceptron import Perceptron
 from perceptron_stream.learning.scaled import STATE_KIND, ScaledPerceptron
 
 
-def make_learner(variant: str = "plain", margin: float = 0.0, standardize: bool = False, max_features: int | None = None,
-                 hash_features: int = 0) -> Perceptron | ScaledPerceptron | HashedPerceptron:
+def make_learner(
+    variant: str = "plain",
+    margin: float = 0.0,
+    standardize: bool = False,
+    max_features: int | None = None,
+    hash_features: int = 0,
+) -> Perceptron | ScaledPerceptron | HashedPerceptron:
     """The model the service runs: a :class:`Perceptron`, with a StandardScaler in front if asked,
     holding at most ``max_features`` features (None: no cap), and with the features hashed into
     ``hash_features`` buckets first when it is not 0 (:class:`HashedPerceptron`).
@@ -26,7 +31,9 @@ def make_learner(variant: str = "plain", margin: float = 0.0, standardize: bool 
     >>> type(make_learner(hash_features=1024)).__name__
     'HashedPerceptron'
     """
-    model = ScaledPerceptron(variant, margin, max_features) if standardize else Perceptron(variant, margin, max_features)
+    model = (
+        ScaledPerceptron(variant, margin, max_features) if standardize else Perceptron(variant, margin, max_features)
+    )
     if hash_features:
         return HashedPerceptron(hash_features, model)
     return model
@@ -47,4 +54,6 @@ def learner_from_state(state: dict) -> Perceptron | ScaledPerceptron | HashedPer
         return ScaledPerceptron.from_state(state)
     if kind == HASHED_KIND:
         return HashedPerceptron.from_state(state)
-    raise ValueError(f"invalid learner state: unknown kind {kind!r} (expected 'perceptron', 'scaled-perceptron' or 'hashed-perceptron')")
+    raise ValueError(
+        f"invalid learner state: unknown kind {kind!r} (expected 'perceptron', 'scaled-perceptron' or 'hashed-perceptron')"
+    )

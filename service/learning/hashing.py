@@ -42,11 +42,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from river import base
-
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
 from perceptron_stream.learning.scaled import STATE_KIND as SCALED_KIND
 from perceptron_stream.learning.scaled import ScaledPerceptron
+from river import base
 
 STATE_KIND = "hashed-perceptron"
 STATE_FORMAT = 1
@@ -129,7 +128,12 @@ class HashedPerceptron(base.Classifier):
         return {
             "kind": STATE_KIND,
             "format": STATE_FORMAT,
-            "hasher": {"n_features": self.n_features, "seed": self.seed, "alternate_sign": True, "probes": self._probes()},
+            "hasher": {
+                "n_features": self.n_features,
+                "seed": self.seed,
+                "alternate_sign": True,
+                "probes": self._probes(),
+            },
             "model": self.model.to_state(),
         }
 
@@ -154,8 +158,10 @@ class HashedPerceptron(base.Classifier):
         except ValueError as exc:
             hs.fail(str(exc))
         if m._probes() != hs.get("probes"):
-            st.fail("the feature hasher puts the probe names into other buckets than the one that wrote this state "
-                    "(river's hash changed?): its weights would be read under other features")
+            st.fail(
+                "the feature hasher puts the probe names into other buckets than the one that wrote this state "
+                "(river's hash changed?): its weights would be read under other features"
+            )
         inner = st.get("model")
         kind = inner.get("kind") if isinstance(inner, dict) else None
         if kind == "perceptron":

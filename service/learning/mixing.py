@@ -104,7 +104,7 @@ def mix_states(own: dict, states: Sequence[dict], mu: Sequence[float]) -> dict:
     names = list(order)
     cap = mine.get("max_features")
     if cap is not None and len(names) > cap:  # the replica's own features first, then the others' up to its cap
-        names = names[:max(cap, len(mine["features"]))]
+        names = names[: max(cap, len(mine["features"]))]
 
     def mixed(extract) -> tuple[list[float], float]:
         """Σ μ_i·(weights, bias) of every state, the weights as ``extract(state)`` names them."""
@@ -120,6 +120,7 @@ def mix_states(own: dict, states: Sequence[dict], mu: Sequence[float]) -> dict:
     out = dict(mine, features=names)
     out["weights"], out["bias"] = mixed(lambda p: (_named(p, "weights"), p["bias"]))
     if variant == "averaged":
+
         def average(p: dict) -> tuple[dict, float]:
             """The averaged (predicting) weights a = w − u/c of a state."""
             c, w, u = p["averaged"]["c"], _named(p, "weights"), dict(zip(p["features"], p["averaged"]["sum"]))
@@ -127,8 +128,11 @@ def mix_states(own: dict, states: Sequence[dict], mu: Sequence[float]) -> dict:
 
         a, ab = mixed(average)
         c = mine["averaged"]["c"]
-        out["averaged"] = {"sum": [c * (w - ai) for w, ai in zip(out["weights"], a)],
-                           "bias_sum": c * (out["bias"] - ab), "c": c}
+        out["averaged"] = {
+            "sum": [c * (w - ai) for w, ai in zip(out["weights"], a)],
+            "bias_sum": c * (out["bias"] - ab),
+            "c": c,
+        }
     return _rewrap(own, states, out)
 
 
@@ -162,8 +166,12 @@ def _pooled_scaler(own: dict, scalers: Sequence[dict]) -> dict:
         means_out[name], vars_out[name] = mean, max(0.0, s2 / n - mean * mean)
     own_counts = dict((k, v) for k, v in own["counts"])
     names = list(dict.fromkeys([k for k, _ in own["counts"]] + list(pooled)))
-    return dict(own, counts=[[k, own_counts.get(k, 0)] for k in names],
-                means=[[k, means_out.get(k, 0.0)] for k in names], vars=[[k, vars_out.get(k, 0.0)] for k in names])
+    return dict(
+        own,
+        counts=[[k, own_counts.get(k, 0)] for k in names],
+        means=[[k, means_out.get(k, 0.0)] for k in names],
+        vars=[[k, vars_out.get(k, 0.0)] for k in names],
+    )
 
 
 # The synchronous simulation of Figure 3 --------------------------------------------------
@@ -187,8 +195,13 @@ class Simulation(NamedTuple):
         return sum(m * k for r in self.rounds for m, k in zip(r.mu, r.mistakes))
 
 
-def simulate(shards: Sequence[Sequence[tuple[Any, int]]], *, round_events: int, mixing: str = "error",
-             learner: Callable[[], Any] = Perceptron) -> Simulation:
+def simulate(
+    shards: Sequence[Sequence[tuple[Any, int]]],
+    *,
+    round_events: int,
+    mixing: str = "error",
+    learner: Callable[[], Any] = Perceptron,
+) -> Simulation:
     """Each shard learns ``round_events`` of its events per round from the round's common weights, then the
     weights are mixed (``mixing``: ``"error"``, ``"uniform"``, or ``"none"`` for independent models).
     ``learner`` makes a shard's model (a :class:`Perceptron`, or ``make_learner``'s with a scaler).
@@ -210,7 +223,7 @@ def simulate(shards: Sequence[Sequence[tuple[Any, int]]], *, round_events: int, 
         ks = []
         for model, events in zip(models, shards):
             before = model.updates
-            for x, y in events[start:start + round_events]:
+            for x, y in events[start : start + round_events]:
                 model.step(x, y)
             ks.append(model.updates - before)  # the mistakes of the learning weights: what the proof counts
         if mixing == "none":

@@ -44,20 +44,39 @@ def input_form(features) -> str | None:
 
 def from_weights(weights: dict, bias: float, source: str, variant: str = "plain", margin: float = 0.0) -> dict:
     """A model file of weights alone (the batch algorithms' result): dense x's features are 0..d-1, named ones str."""
-    return {"kind": KIND, "format": FORMAT, "variant": variant, "margin": margin, "standardize": False, "hash_features": 0,
-            "input": input_form(weights), "features": list(weights), "weights": [float(v) for v in weights.values()],
-            "bias": float(bias), "source": source}
+    return {
+        "kind": KIND,
+        "format": FORMAT,
+        "variant": variant,
+        "margin": margin,
+        "standardize": False,
+        "hash_features": 0,
+        "input": input_form(weights),
+        "features": list(weights),
+        "weights": [float(v) for v in weights.values()],
+        "bias": float(bias),
+        "source": source,
+    }
 
 
 def from_learner(learner, source: str, settings_meta: dict) -> dict:
     """A model file of a running learner: its predicting weights, and its whole state for an exact start."""
     weights = learner.weights
     hashed = settings_meta.get("hash_features", 0)
-    return {"kind": KIND, "format": FORMAT, "variant": settings_meta["variant"], "margin": settings_meta["margin"],
-            "standardize": settings_meta["standardize"], "hash_features": hashed,
-            "input": None if hashed else input_form(weights),  # hashed: buckets, whatever the events' form
-            "features": list(weights), "weights": list(weights.values()), "bias": learner.bias, "source": source,
-            "state": learner.to_state()}
+    return {
+        "kind": KIND,
+        "format": FORMAT,
+        "variant": settings_meta["variant"],
+        "margin": settings_meta["margin"],
+        "standardize": settings_meta["standardize"],
+        "hash_features": hashed,
+        "input": None if hashed else input_form(weights),  # hashed: buckets, whatever the events' form
+        "features": list(weights),
+        "weights": list(weights.values()),
+        "bias": learner.bias,
+        "source": source,
+        "state": learner.to_state(),
+    }
 
 
 def check_input(doc: dict, max_event_features: int | None = None) -> None:
@@ -77,18 +96,24 @@ def check_input(doc: dict, max_event_features: int | None = None) -> None:
     if form == "dense":
         names = [f for f in features if type(f) is not int]
         if names:
-            raise ValueError(f"the model file says its features come from dense x (numbered 0, 1, ...), and they are names "
-                             f"({_some(names)}): no event can meet them that way. Write it again with train (--dense for a "
-                             "CSV read as x)")
+            raise ValueError(
+                f"the model file says its features come from dense x (numbered 0, 1, ...), and they are names "
+                f"({_some(names)}): no event can meet them that way. Write it again with train (--dense for a "
+                "CSV read as x)"
+            )
         if max_event_features is not None and features and max(features) >= max_event_features:
-            raise ValueError(f"the model file's dense features go up to position {max(features)}, and events with more than "
-                             f"--max-features {max_event_features:,} values are dead-lettered: raise --max-features to at "
-                             f"least {max(features) + 1:,}")
+            raise ValueError(
+                f"the model file's dense features go up to position {max(features)}, and events with more than "
+                f"--max-features {max_event_features:,} values are dead-lettered: raise --max-features to at "
+                f"least {max(features) + 1:,}"
+            )
     elif form == "named":
         numbers = [f for f in features if type(f) is not str]
         if numbers:
-            raise ValueError(f"the model file says its features are named, and some are positions of dense x "
-                             f"({_some(numbers)}): write it again with train, or give it \"input\": \"mixed\"")
+            raise ValueError(
+                f"the model file says its features are named, and some are positions of dense x "
+                f'({_some(numbers)}): write it again with train, or give it "input": "mixed"'
+            )
 
 
 def _some(values: list) -> str:
@@ -96,23 +121,38 @@ def _some(values: list) -> str:
     return ", ".join(map(repr, values[:3])) + (", ..." if len(values) > 3 else "")
 
 
-def to_learner(doc: dict, *, variant: str, margin: float, standardize: bool, hash_features: int, max_features: int | None,
-               max_event_features: int | None = None):
+def to_learner(
+    doc: dict,
+    *,
+    variant: str,
+    margin: float,
+    standardize: bool,
+    hash_features: int,
+    max_features: int | None,
+    max_event_features: int | None = None,
+):
     """The learner a model file starts; ValueError naming what does not fit the service's settings
     (``max_event_features``: the decoder's ``--max-features``)."""
     check_input(doc, max_event_features)
     # margin, standardize and hash_features have defaults in the ModelFile contract (0, false, 0): a file may leave them out
-    for name, theirs, ours in (("variant", doc["variant"], variant), ("margin", doc.get("margin", 0.0), margin),
-                               ("standardize", doc.get("standardize", False), standardize),
-                               ("hash_features", doc.get("hash_features", 0), hash_features)):
+    for name, theirs, ours in (
+        ("variant", doc["variant"], variant),
+        ("margin", doc.get("margin", 0.0), margin),
+        ("standardize", doc.get("standardize", False), standardize),
+        ("hash_features", doc.get("hash_features", 0), hash_features),
+    ):
         if theirs != ours:
-            what = {"variant": f"a {theirs} perceptron, and --variant is {ours}",
-                    "margin": f"margin {theirs}, and --margin is {ours}",
-                    "standardize": f"{'a' if theirs else 'no'} scaler in front, and --standardize is {'on' if ours else 'off'}",
-                    "hash_features": f"features hashed into {theirs} buckets, and --hash-features is {ours}"}[name]
+            what = {
+                "variant": f"a {theirs} perceptron, and --variant is {ours}",
+                "margin": f"margin {theirs}, and --margin is {ours}",
+                "standardize": f"{'a' if theirs else 'no'} scaler in front, and --standardize is {'on' if ours else 'off'}",
+                "hash_features": f"features hashed into {theirs} buckets, and --hash-features is {ours}",
+            }[name]
             raise ValueError(f"the model file holds {what}")
     if max_features is not None and len(doc["features"]) > max_features:
-        raise ValueError(f"the model file holds {len(doc['features']):,} features, more than --max-model-features {max_features:,}")
+        raise ValueError(
+            f"the model file holds {len(doc['features']):,} features, more than --max-model-features {max_features:,}"
+        )
     if doc.get("state") is not None:
         learner = learner_from_state(doc["state"])
         if learner.weights != dict(zip(doc["features"], doc["weights"])):
@@ -120,6 +160,13 @@ def to_learner(doc: dict, *, variant: str, margin: float, standardize: bool, has
         learner.max_features = max_features
         return learner
     if standardize or hash_features:
-        raise ValueError("a model file of weights alone (no state) cannot start a model with a scaler or hashing in front")
-    return Perceptron.from_weights(dict(zip(doc["features"], doc["weights"])), bias=doc["bias"], variant=variant,
-                                   margin=margin, max_features=max_features)
+        raise ValueError(
+            "a model file of weights alone (no state) cannot start a model with a scaler or hashing in front"
+        )
+    return Perceptron.from_weights(
+        dict(zip(doc["features"], doc["weights"])),
+        bias=doc["bias"],
+        variant=variant,
+        margin=margin,
+        max_features=max_features,
+    )

@@ -91,9 +91,8 @@ from math import hypot
 from operator import add, mul, sub
 from typing import Any
 
-from river import base
-
 from perceptron_stream.learning.labels import to_label
+from river import base
 
 VARIANTS = ("plain", "averaged", "pocket", "margin")
 STATE_KIND = "perceptron"
@@ -667,8 +666,14 @@ class Perceptron(base.Classifier):
 
     # ------------------------------------------------------------------ state
     @classmethod
-    def from_weights(cls, weights: dict | list, bias: float = 0.0, variant: str = "plain", margin: float = 0.0,
-                     max_features: int | None = None) -> Perceptron:
+    def from_weights(
+        cls,
+        weights: dict | list,
+        bias: float = 0.0,
+        variant: str = "plain",
+        margin: float = 0.0,
+        max_features: int | None = None,
+    ) -> Perceptron:
         """A perceptron that starts from the given weights instead of 0 (seed 002's θ, θ0).
 
         >>> p = Perceptron.from_weights([1.0, -1.0], bias=1.0)
@@ -706,8 +711,13 @@ class Perceptron(base.Classifier):
             "bias": self._b,
             "max_norm": self._xmax,
             "labels": _BOOL if self._bool_labels else _SIGNED,  # what predict_one answers in
-            "counters": {"seen": self.seen, "labeled": self.labeled, "mistakes": self.mistakes, "updates": self.updates,
-                         "dropped_features": self.dropped_features},
+            "counters": {
+                "seen": self.seen,
+                "labeled": self.labeled,
+                "mistakes": self.mistakes,
+                "updates": self.updates,
+                "dropped_features": self.dropped_features,
+            },
         }
         if self.variant == "averaged":
             state["averaged"] = {"sum": list(self._u), "bias_sum": self._ub, "c": self._c}
@@ -764,7 +774,12 @@ class Perceptron(base.Classifier):
                 avg.fail("c must be >= 1")
         if variant == "pocket":
             pk = _Reader("perceptron state pocket", st.get("pocket"))
-            p._p, p._pb, p._run, p._best = pk.floats("weights", n), pk.float("bias"), pk.count("run"), pk.count("best_run")
+            p._p, p._pb, p._run, p._best = (
+                pk.floats("weights", n),
+                pk.float("bias"),
+                pk.count("run"),
+                pk.count("best_run"),
+            )
             p._p_is_w = pk.get("same_as_running")
             if type(p._p_is_w) is not bool:
                 pk.fail("same_as_running must be true or false")

@@ -34,10 +34,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from river import base
-
 from perceptron_stream.learning.labels import to_label
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
+from river import base
 
 STATE_KIND = "scaled-perceptron"
 STATE_FORMAT = 1
@@ -62,7 +61,9 @@ class ScaledPerceptron(base.Classifier):
         # a mere prediction would change the checkpointed state. Such a feature
         # scales to 0 either way, so the prediction is the same.
         counts = self.scaler.counts
-        return self.perceptron.predict_one(self.scaler.transform_one({k: v for k, v in _as_dict(x).items() if k in counts}))
+        return self.perceptron.predict_one(
+            self.scaler.transform_one({k: v for k, v in _as_dict(x).items() if k in counts})
+        )
 
     def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
         """Like the pipeline's: y as the perceptron's ``learn_one`` takes it (its kind sets
@@ -157,7 +158,10 @@ def _pairs(sc: _Reader, key: str, kind: type) -> dict:
     """The [name, number] pairs of ``key``: names unique, numbers finite (ints for counts)."""
     pairs = sc.get(key)
     ok = isinstance(pairs, list) and all(
-        isinstance(e, list) and len(e) == 2 and type(e[0]) in (str, int) and type(e[1]) in ((int,) if kind is int else (int, float))
+        isinstance(e, list)
+        and len(e) == 2
+        and type(e[0]) in (str, int)
+        and type(e[1]) in ((int,) if kind is int else (int, float))
         and math.isfinite(e[1])
         for e in pairs
     )

@@ -52,7 +52,7 @@ class MixBoard:
         """A record read from the mix topic: kept as its partition's latest when it checks out."""
         if key is None or not key.startswith(self._prefix):
             return  # another group's, or not a mix record: not ours to judge
-        tail = key[len(self._prefix):]
+        tail = key[len(self._prefix) :]
         if not tail.isdigit() or int(tail) >= self.partitions:
             return self._reject("key", f"key {key[:80]!r} names no partition of {self.owner.input_topic}")
         partition = int(tail)
@@ -68,11 +68,18 @@ class MixBoard:
     def accept(self, partition: int, cp: Checkpoint) -> None:
         from perceptron_stream.pipeline.task import partition_task
 
-        expected = Owner(self.owner.group_id, self.owner.input_topic, partition_task(partition),
-                         self.owner.cluster_id, self.owner.topic_id)
+        expected = Owner(
+            self.owner.group_id,
+            self.owner.input_topic,
+            partition_task(partition),
+            self.owner.cluster_id,
+            self.owner.topic_id,
+        )
         differs = expected.differences(cp.owner) if cp.owner is not None else ["it records no owner"]
         if differs:
-            return self._reject("foreign", f"a mix record under partition {partition}'s key is not its replica's: {'; '.join(differs)}")
+            return self._reject(
+                "foreign", f"a mix record under partition {partition}'s key is not its replica's: {'; '.join(differs)}"
+            )
         if cp.meta != self.meta:
             return self._reject("settings", f"partition {partition}'s mix record was made with other model settings")
         mix = cp.task.get("mix")
@@ -113,9 +120,16 @@ class Mixer:
         others = [(p, published) for p, published in sorted(self.board.latest.items()) if p != task.partition]
         mu = mixing_weights([mistakes] + [published.mistakes for _, published in others])
         inputs = [[task.partition, seq, mu[0]]] + [[p, published.seq, m] for (p, published), m in zip(others, mu[1:])]
-        record = Checkpoint(seq=seq, positions=dict(task.positions), model=state, dimension=task.decoder.dimension,
-                            meta=task.meta, created=now, owner=task.owner,
-                            task={"mix": {"mistakes": mistakes, "learned": self.since, "inputs": inputs}})
+        record = Checkpoint(
+            seq=seq,
+            positions=dict(task.positions),
+            model=state,
+            dimension=task.decoder.dimension,
+            meta=task.meta,
+            created=now,
+            owner=task.owner,
+            task={"mix": {"mistakes": mistakes, "learned": self.since, "inputs": inputs}},
+        )
         send(self.topic, mix_key(task.owner.group_id, task.partition), encode_checkpoint(record, self.key))
         self.board.latest[task.partition] = Published(seq, mistakes, state)  # replicas of this instance see it now
         mixed = learner_from_state(mix_states(state, [state] + [published.state for _, published in others], mu))

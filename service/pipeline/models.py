@@ -33,7 +33,6 @@ from collections import deque
 from typing import Any
 
 import orjson
-
 from perceptron_stream.learning import VARIANTS, learner_from_state
 
 
@@ -202,7 +201,11 @@ class DriftWatch:
                 self._in_window -= recent[0]
             recent.append(m)
             self._in_window += m
-            if self._episode >= self.window and self._in_window <= self._settled_at * self.window or self._episode >= self.limit:
+            if (
+                (self._episode >= self.window
+                and self._in_window <= self._settled_at * self.window)
+                or self._episode >= self.limit
+            ):
                 self._episode = None  # settled: the detector's next detection is a new drift
         return found
 
@@ -225,7 +228,7 @@ REPORT_COPY_EVERY_S = 1.0
 class _Snapshot:
     """One model's weights as of one version: copied once, encoded a page at a time, each page once."""
 
-    __slots__ = ("learner", "version", "seen", "taken_at", "take", "keys", "weights", "bias", "norm", "pages")
+    __slots__ = ("bias", "keys", "learner", "norm", "pages", "seen", "take", "taken_at", "version", "weights")
 
     def __init__(self, learner, take):
         self.learner, self.version, self.seen, self.take = learner, learner.updates, learner.seen, take
@@ -287,31 +290,56 @@ class ModelReports:
         for task in tasks:
             with task.lock:  # the loop steps the models under it: counters and list copies only
                 learners = [("", task.learner)] + ([] if task.models is None else list(task.models.challengers.items()))
-                taken = [(name, learner, self._snapshot(task.name, name, learner), self._numbers(learner))
-                         for name, learner in learners]
+                taken = [
+                    (name, learner, self._snapshot(task.name, name, learner), self._numbers(learner))
+                    for name, learner in learners
+                ]
             reports = {}
             for name, learner, snap, numbers in taken:
                 weights = snap.page(offset, limit)
                 widest = max(widest, len(snap.keys))
                 variant = learner.variant if hasattr(learner, "variant") else learner.model.variant
-                reports[name] = {"variant": variant, "weights": weights,
-                                 "bias": snap.bias, **numbers, "weight_norm": snap.norm, "features": len(snap.keys),
-                                 "weights_version": snap.version, "weights_seen": snap.seen}
-            models.append({"task": task.name, "partition": task.partition, "champion": reports.pop(""), "challengers": reports})
-        return {"scope": scope, "learning": learning, "offset": offset, "limit": limit,
-                "next_offset": offset + limit if offset + limit < widest else None, "models": models}
+                reports[name] = {
+                    "variant": variant,
+                    "weights": weights,
+                    "bias": snap.bias,
+                    **numbers,
+                    "weight_norm": snap.norm,
+                    "features": len(snap.keys),
+                    "weights_version": snap.version,
+                    "weights_seen": snap.seen,
+                }
+            models.append(
+                {"task": task.name, "partition": task.partition, "champion": reports.pop(""), "challengers": reports}
+            )
+        return {
+            "scope": scope,
+            "learning": learning,
+            "offset": offset,
+            "limit": limit,
+            "next_offset": offset + limit if offset + limit < widest else None,
+            "models": models,
+        }
 
     def _snapshot(self, task: str, name: str, learner) -> _Snapshot:
         snap = self._snapshots.get((task, name))
-        if snap is None or snap.learner is not learner or (
-                snap.version != learner.updates and time.monotonic() - snap.taken_at >= REPORT_COPY_EVERY_S):
+        if (
+            snap is None
+            or snap.learner is not learner
+            or (snap.version != learner.updates and time.monotonic() - snap.taken_at >= REPORT_COPY_EVERY_S)
+        ):
             snap = self._snapshots[(task, name)] = _Snapshot(learner, learner.weight_snapshot())
             self.builds += 1
         return snap
 
     @staticmethod
     def _numbers(learner) -> dict:
-        return {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes, "radius": learner.radius}
+        return {
+            "version": learner.updates,
+            "seen": learner.seen,
+            "mistakes": learner.mistakes,
+            "radius": learner.radius,
+        }
 
     def forget(self, live: set[str]) -> None:
         """Drop the snapshots of tasks no longer served (partitions revoked)."""

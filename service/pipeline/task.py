@@ -45,8 +45,20 @@ def partition_task(partition: int) -> str:
 class Tally:
     """What one batch did, for the metrics: counted in the loop, observed once per batch."""
 
-    __slots__ = ("labeled", "unlabeled", "flags", "rejected", "updates", "dropped", "mixes", "label_outcomes", "delays",
-                 "challenger_flags", "drifts", "unknown")
+    __slots__ = (
+        "challenger_flags",
+        "delays",
+        "drifts",
+        "dropped",
+        "flags",
+        "label_outcomes",
+        "labeled",
+        "mixes",
+        "rejected",
+        "unknown",
+        "unlabeled",
+        "updates",
+    )
 
     def __init__(self):
         self.labeled = self.unlabeled = self.updates = self.dropped = 0
@@ -54,7 +66,9 @@ class Tally:
         self.flags: list[bool] = []  # mistake or not, one per labeled event (or joined label: the decision's), in order
         self.rejected: list[str] = []  # reasons
         self.mixes: list[int] = []  # partitions that mixed
-        self.label_outcomes: list[str] = []  # delayed labels: joined, unknown_id, duplicate, early; points expired, evicted
+        self.label_outcomes: list[
+            str
+        ] = []  # delayed labels: joined, unknown_id, duplicate, early; points expired, evicted
         self.delays: list[float] = []  # seconds from a point to its label, per joined label
         self.challenger_flags: dict[str, list[bool]] = {}  # challenger → its mistakes on the labeled events, in order
         self.drifts = 0  # drifts the champions' mistake streams showed
@@ -96,7 +110,7 @@ class _Learning:
     def drift(self) -> None:
         """The drifts the batch's mistakes showed (after the lock)."""
         if self.task.drift is not None:
-            self.tally.drifts += self.task.drift.update(self.tally.flags[self.flags_before:])
+            self.tally.drifts += self.task.drift.update(self.tally.flags[self.flags_before :])
 
 
 class Task:
@@ -107,8 +121,22 @@ class Task:
     its weights with the others' every so many events learned.
     """
 
-    def __init__(self, name: str, owner: Owner, learner, decoder, meta: dict, *, outputs: dict,
-                 partition: int | None = None, mixer=None, joiner=None, models=None, drift=None, frozen: bool = False):
+    def __init__(
+        self,
+        name: str,
+        owner: Owner,
+        learner,
+        decoder,
+        meta: dict,
+        *,
+        outputs: dict,
+        partition: int | None = None,
+        mixer=None,
+        joiner=None,
+        models=None,
+        drift=None,
+        frozen: bool = False,
+    ):
         self.name, self.owner, self.meta = name, owner, meta
         self.learner, self.decoder = learner, decoder
         self.partition, self.mixer, self.joiner = partition, mixer, joiner
@@ -126,8 +154,18 @@ class Task:
         """Decode, predict-then-learn and publish each record, in order; positions move past them."""
         if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
             return self._labels(records, send, tally)
-        out_topic, dlq_topic, limit = self.outputs["output_topic"], self.outputs["dlq_topic"], self.outputs["max_message_bytes"]
-        decode, positions, mixer, joiner, models = self.decoder.decode, self.positions, self.mixer, self.joiner, self.models
+        out_topic, dlq_topic, limit = (
+            self.outputs["output_topic"],
+            self.outputs["dlq_topic"],
+            self.outputs["max_message_bytes"],
+        )
+        decode, positions, mixer, joiner, models = (
+            self.decoder.decode,
+            self.positions,
+            self.mixer,
+            self.joiner,
+            self.models,
+        )
         with self.lock:
             run = _Learning(self, tally)
             learner, replica = run.learner, run.replica
@@ -151,8 +189,15 @@ class Task:
                     if y is None:
                         tally.unlabeled += 1
                         if joiner is not None and event.id is not None:  # its label comes later: kept until then
-                            early = joiner.keep(r, event.id, event.x, y_pred, score, learner.updates,
-                                                None if others is None else {n: o[0] for n, o in others.items()})
+                            early = joiner.keep(
+                                r,
+                                event.id,
+                                event.x,
+                                y_pred,
+                                score,
+                                learner.updates,
+                                None if others is None else {n: o[0] for n, o in others.items()},
+                            )
                     else:
                         tally.labeled += 1
                         tally.flags.append(mistake)
@@ -161,8 +206,24 @@ class Task:
                                 tally.challenger_flags.setdefault(name, []).append(m)
                     if replica is not None:
                         replica["mixes"] = 0 if mixer is None else mixer.mixes
-                    send(out_topic, r.key, prediction(event.id, r.topic, r.partition, r.offset, y_pred, score, y, mistake,
-                                                      learner.updates, learner.seen, learner.mistakes, replica))
+                    send(
+                        out_topic,
+                        r.key,
+                        prediction(
+                            event.id,
+                            r.topic,
+                            r.partition,
+                            r.offset,
+                            y_pred,
+                            score,
+                            y,
+                            mistake,
+                            learner.updates,
+                            learner.seen,
+                            learner.mistakes,
+                            replica,
+                        ),
+                    )
                     if early is not None:  # its label came first: joined now that its decision is published
                         joiner.join_early(r, *early, learner, send, tally, replica, models)
                     positions[(r.topic, r.partition)] = r.offset + 1
@@ -183,17 +244,26 @@ class Task:
         features = list(learner.weights)
         shown = ", ".join(map(repr, features[:5])) + (", ..." if len(features) > 5 else "")
         if type(x) is list and all(type(f) is str for f in features):
-            fix = ('this event is dense ({"x": [...]}: features 0..d-1) and the model\'s features are names: send '
-                   '{"features": {name: value}} events, or train the model on dense x (train --dense for a CSV)')
+            fix = (
+                'this event is dense ({"x": [...]}: features 0..d-1) and the model\'s features are names: send '
+                '{"features": {name: value}} events, or train the model on dense x (train --dense for a CSV)'
+            )
         elif type(x) is not list and all(type(f) is int for f in features):
-            fix = ('this event names its features ({"features": {...}}) and the model\'s are positions of dense x: send '
-                   '{"x": [...]} events in the model\'s order, or train the model on named features (train without --dense)')
+            fix = (
+                'this event names its features ({"features": {...}}) and the model\'s are positions of dense x: send '
+                '{"x": [...]} events in the model\'s order, or train the model on named features (train without --dense)'
+            )
         else:
             names = ", ".join(map(repr, list(x)[:5])) if type(x) is not list else f"positions 0..{len(x) - 1}"
             fix = f"the event's features ({names}) are none of them: check the names the producers send"
-        log.warning("%s: an event shares no feature with the model (%d features: %s), so the model scores it by its bias "
-                    "alone; %s. Counted in perceptron_events_without_known_features_total; said once.", self.name,
-                    len(features), shown, fix)
+        log.warning(
+            "%s: an event shares no feature with the model (%d features: %s), so the model scores it by its bias "
+            "alone; %s. Counted in perceptron_events_without_known_features_total; said once.",
+            self.name,
+            len(features),
+            shown,
+            fix,
+        )
 
     def _labels(self, records, send, tally: Tally) -> None:
         """Delayed labels: each joins its pending point (the model learns, the decision is scored), waits for its
@@ -217,11 +287,20 @@ class Task:
     def snapshot(self) -> Checkpoint:
         """The next checkpoint of this task (taken once every output of its events was acknowledged)."""
         with self.lock:
-            return Checkpoint(seq=self.seq + 1, positions=dict(self.positions), model=self.learner.to_state(),
-                              dimension=self.decoder.dimension, meta=self.meta, created=time.time(), owner=self.owner,
-                              task={**({} if self.mixer is None else self.mixer.to_state()),
-                                    **({} if self.joiner is None else {"labels": self.joiner.to_state()}),
-                                    **({} if self.models is None else {"challengers": self.models.to_state()})})
+            return Checkpoint(
+                seq=self.seq + 1,
+                positions=dict(self.positions),
+                model=self.learner.to_state(),
+                dimension=self.decoder.dimension,
+                meta=self.meta,
+                created=time.time(),
+                owner=self.owner,
+                task={
+                    **({} if self.mixer is None else self.mixer.to_state()),
+                    **({} if self.joiner is None else {"labels": self.joiner.to_state()}),
+                    **({} if self.models is None else {"challengers": self.models.to_state()}),
+                },
+            )
 
     def fresh(self) -> None:
         """No checkpoint restored (a new model, or started over): its first checkpoint is seq + 1."""
@@ -249,8 +328,12 @@ class Task:
                 except ValueError as exc:
                     raise CheckpointError(f"the checkpoint's challengers cannot be read: {exc}") from None
                 if fresh:
-                    log.info("challenger(s) %s not in checkpoint %d of %s: they start from zero weights", ", ".join(fresh),
-                             cp.seq, self.name)
+                    log.info(
+                        "challenger(s) %s not in checkpoint %d of %s: they start from zero weights",
+                        ", ".join(fresh),
+                        cp.seq,
+                        self.name,
+                    )
             self.decoder.dimension = cp.dimension
             self.positions = dict(cp.positions)
             self.seq = cp.seq

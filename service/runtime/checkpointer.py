@@ -42,7 +42,9 @@ class Checkpointer:
         self._last_at = time.monotonic()
         self._retry_at = 0.0
         self._backoff = Backoff(first=1.0, most=min(settings.checkpoint_interval_seconds, 5.0))
-        self._to_commit: dict[tuple[str, int], int] | None = None  # saved (or, storeless, acknowledged), not yet committed
+        self._to_commit: dict[tuple[str, int], int] | None = (
+            None  # saved (or, storeless, acknowledged), not yet committed
+        )
         self.exactly_once = settings.processing_guarantee == "exactly-once"
         self.transaction_failed = False  # exactly-once: a transaction failed, the service is stopping
 
@@ -73,8 +75,10 @@ class Checkpointer:
             # stopped (or failed) inside a batch: the models and positions in
             # memory are ahead of the acknowledged outputs; saving them would
             # lose those outputs, or learn an event twice after a restart
-            log.warning("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
-                        "the next start learns and publishes it again from the last checkpoint")
+            log.warning(
+                "stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
+                "the next start learns and publishes it again from the last checkpoint"
+            )
             if self.exactly_once and stream is not None:
                 self._abort(stream)
         else:
@@ -129,11 +133,15 @@ class Checkpointer:
         if not to_commit or stream is None:
             return
         # e.g. RebalanceInProgress: keep polling; the next batch commits, or the redelivered events are processed again
-        ok, _ = self.retry.once(lambda: stream.commit(to_commit, timeout_s=COMMIT_TIMEOUT_S),
-                                f"commit offsets of group {self.settings.group_id}")
+        ok, _ = self.retry.once(
+            lambda: stream.commit(to_commit, timeout_s=COMMIT_TIMEOUT_S),
+            f"commit offsets of group {self.settings.group_id}",
+        )
         if not ok:
             return
-        if self._to_commit is to_commit:  # a revocation during the commit (confluent) may have checkpointed newer positions
+        if (
+            self._to_commit is to_commit
+        ):  # a revocation during the commit (confluent) may have checkpointed newer positions
             self._to_commit = None
         self.health.broker_ok = True
 
@@ -152,17 +160,20 @@ class Checkpointer:
         try:
             for _, cp in checkpoints:
                 stream.send(*self.store.record(cp))
-            refused = stream.commit_transaction({tp: o for _, cp in checkpoints for tp, o in cp.positions.items()},
-                                                timeout_s=COMMIT_TIMEOUT_S)
+            refused = stream.commit_transaction(
+                {tp: o for _, cp in checkpoints for tp, o in cp.positions.items()}, timeout_s=COMMIT_TIMEOUT_S
+            )
         except CheckpointTooLargeError as exc:
             self._abort(stream)
             raise StartupError(str(exc)) from None
         except (KafkaFatal, KafkaUnavailable) as exc:  # Fenced, Aborted, or another reason it ended unknown
             raise self.transaction_lost(exc) from None
         if refused:  # only the checkpoint records were sent since the batch's flush
-            raise StartupError(f"the brokers refused a checkpoint record on {refused[0].topic} for good "
-                               f"({refused[0].error!r}) after its transaction committed: the next start finds no "
-                               "checkpoint at the committed positions; raise the topic's max.message.bytes")
+            raise StartupError(
+                f"the brokers refused a checkpoint record on {refused[0].topic} for good "
+                f"({refused[0].error!r}) after its transaction committed: the next start finds no "
+                "checkpoint at the committed positions; raise the topic's max.message.bytes"
+            )
         self.metrics.transaction_commit.observe(time.perf_counter() - started)
         self.metrics.transactions.labels("committed").inc()
         for task, cp in checkpoints:
@@ -180,15 +191,21 @@ class Checkpointer:
         self.transaction_failed = True
         self.metrics.transactions.labels("aborted").inc()
         if isinstance(exc, Fenced):
-            return StartupError(f"fenced: a newer owner has this instance's partitions ({exc}); nothing of the open "
-                                "transaction is visible; stopping, for the orchestrator to restart the instance")
+            return StartupError(
+                f"fenced: a newer owner has this instance's partitions ({exc}); nothing of the open "
+                "transaction is visible; stopping, for the orchestrator to restart the instance"
+            )
         if isinstance(exc, Aborted):
-            return StartupError(f"{exc}: nothing of it is visible; stopping, so that the restart restores the last "
-                                "committed checkpoint and processes the span again")
+            return StartupError(
+                f"{exc}: nothing of it is visible; stopping, so that the restart restores the last "
+                "committed checkpoint and processes the span again"
+            )
         if isinstance(exc, KafkaFatal):
             return fatal(exc, "commit a transaction")
-        return StartupError(f"a transaction's commit did not finish ({exc}); stopping, so that the restart restores "
-                            "the last committed checkpoint")
+        return StartupError(
+            f"a transaction's commit did not finish ({exc}); stopping, so that the restart restores "
+            "the last committed checkpoint"
+        )
 
     def _abort(self, stream) -> None:
         try:

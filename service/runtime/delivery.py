@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable
 
 import orjson
-
 from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, Refused
 from perceptron_stream.runtime.retry import StartupError, fatal
 from perceptron_stream.wire.messages import Rejection
@@ -62,17 +61,32 @@ class Delivery:
         s = self.settings
         for r in refused:
             if r.topic == s.mix_topic:
-                log.error("the brokers refused a mix record (%d bytes) for good: %s; the replica mixed without publishing it",
-                          len(r.value), r.error.__class__.__name__)
+                log.error(
+                    "the brokers refused a mix record (%d bytes) for good: %s; the replica mixed without publishing it",
+                    len(r.value),
+                    r.error.__class__.__name__,
+                )
                 self.metrics.mix_rejected.labels("refused").inc()
                 continue
             source = orjson.loads(r.value)["source"]  # every output carries its input's position
             what = "dead letter" if r.topic == s.dlq_topic else "prediction"
-            error = (f"the brokers refused this event's {what} ({len(r.value)} bytes, key {len(r.key or b'')} bytes) for good: "
-                     f"{r.error.__class__.__name__}; the input is at source")
+            error = (
+                f"the brokers refused this event's {what} ({len(r.value)} bytes, key {len(r.key or b'')} bytes) for good: "
+                f"{r.error.__class__.__name__}; the input is at source"
+            )
             log.error("%s at %s", error, source)
-            stream.send(s.dlq_topic, None, dead_letter_value(Rejection("output_refused", error), None, source["topic"],
-                                                             source["partition"], source["offset"], max_bytes=s.max_message_bytes))
+            stream.send(
+                s.dlq_topic,
+                None,
+                dead_letter_value(
+                    Rejection("output_refused", error),
+                    None,
+                    source["topic"],
+                    source["partition"],
+                    source["offset"],
+                    max_bytes=s.max_message_bytes,
+                ),
+            )
             self.metrics.rejected.labels("output_refused").inc()
         again = stream.flush(timeout_s=FLUSH_WAIT_S)
         if again:

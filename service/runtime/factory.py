@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import orjson
-
 from perceptron_stream.config import ServeSettings
 from perceptron_stream.learning import make_learner, model_file
 from perceptron_stream.pipeline.labels import Joiner
@@ -34,8 +33,14 @@ log = logging.getLogger("perceptron_stream")
 
 def model_meta(s: ServeSettings) -> dict:
     """The settings a model depends on: a checkpoint (or a mix record) taken with others is not this model's."""
-    return {"variant": s.variant, "margin": s.margin, "standardize": s.standardize, "input_topic": s.input_topic,
-            "max_model_features": s.max_model_features, "hash_features": s.hash_features}
+    return {
+        "variant": s.variant,
+        "margin": s.margin,
+        "standardize": s.standardize,
+        "input_topic": s.input_topic,
+        "max_model_features": s.max_model_features,
+        "hash_features": s.hash_features,
+    }
 
 
 def signing_key(s: ServeSettings) -> bytes | None:
@@ -46,8 +51,15 @@ def signing_key(s: ServeSettings) -> bytes | None:
 class TaskFactory:
     """Tasks for ``owner``'s model: with no store, changelog or board, as before start-up (or without them)."""
 
-    def __init__(self, settings: ServeSettings, owner: Owner, *, store: Store | None = None, changelog=None,
-                 board: MixBoard | None = None):
+    def __init__(
+        self,
+        settings: ServeSettings,
+        owner: Owner,
+        *,
+        store: Store | None = None,
+        changelog=None,
+        board: MixBoard | None = None,
+    ):
         self.settings, self.owner = settings, owner
         self.store, self.changelog, self.board = store, changelog, board  # changelog: the Kafka store's PartitionedLog
         self.meta = model_meta(settings)
@@ -67,19 +79,42 @@ class TaskFactory:
             mixer = Mixer(s.mix_every, self.board, s.mix_topic, signing_key(s))
         joiner = None
         if s.label_topic is not None:
-            joiner = Joiner(lambda p: self.pending_table(name, p), ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
-                            outcome_topic=s.outcome_topic, dlq_topic=s.dlq_topic, max_message_bytes=s.max_message_bytes,
-                            changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id),
-                            label_topic=s.label_topic, grace_seconds=s.label_grace_seconds, max_early=s.max_early_labels)
+            joiner = Joiner(
+                lambda p: self.pending_table(name, p),
+                ttl_seconds=s.label_ttl_seconds,
+                max_pending=s.max_pending,
+                outcome_topic=s.outcome_topic,
+                dlq_topic=s.dlq_topic,
+                max_message_bytes=s.max_message_bytes,
+                changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id),
+                label_topic=s.label_topic,
+                grace_seconds=s.label_grace_seconds,
+                max_early=s.max_early_labels,
+            )
         models = None
         if self.challenger_specs:
             models = ModelSet(self.challenger_specs, self.make_learner)
             if frozen:
                 models.challengers = {n: Frozen(c) for n, c in models.challengers.items()}
-        return Task(name, owner, Frozen(learner) if frozen else learner, decoder, self.meta, partition=partition,
-                    mixer=mixer, joiner=joiner, models=models, drift=DriftWatch(), frozen=frozen,
-                    outputs={"output_topic": s.output_topic, "dlq_topic": s.dlq_topic, "max_message_bytes": s.max_message_bytes,
-                             "label_topic": s.label_topic})
+        return Task(
+            name,
+            owner,
+            Frozen(learner) if frozen else learner,
+            decoder,
+            self.meta,
+            partition=partition,
+            mixer=mixer,
+            joiner=joiner,
+            models=models,
+            drift=DriftWatch(),
+            frozen=frozen,
+            outputs={
+                "output_topic": s.output_topic,
+                "dlq_topic": s.dlq_topic,
+                "max_message_bytes": s.max_message_bytes,
+                "label_topic": s.label_topic,
+            },
+        )
 
     def make_learner(self, variant: str, margin: float):
         s = self.settings
@@ -95,14 +130,25 @@ class TaskFactory:
             return
         doc = orjson.loads(s.initial_model.read_bytes())  # checked against the ModelFile contract with the settings
         try:
-            learner = model_file.to_learner(doc, variant=s.variant, margin=s.margin, standardize=s.standardize,
-                                            hash_features=s.hash_features, max_features=s.max_model_features or None,
-                                            max_event_features=s.max_features)
+            learner = model_file.to_learner(
+                doc,
+                variant=s.variant,
+                margin=s.margin,
+                standardize=s.standardize,
+                hash_features=s.hash_features,
+                max_features=s.max_model_features or None,
+                max_event_features=s.max_features,
+            )
         except ValueError as exc:
             raise StartupError(f"invalid setting initial_model (--initial-model): {exc}") from None
         task.learner = Frozen(learner) if s.learning == "off" else learner
-        log.info("%s starts from --initial-model %s (%s): %d features", task.name, s.initial_model, doc["source"],
-                 len(doc["features"]))
+        log.info(
+            "%s starts from --initial-model %s (%s): %d features",
+            task.name,
+            s.initial_model,
+            doc["source"],
+            len(doc["features"]),
+        )
 
     def pending_table(self, task: str, partition: int) -> PendingTable:
         """A partition's pending table: where the store keeps the task's files, else in a cache directory
@@ -114,8 +160,12 @@ class TaskFactory:
                 self._cache_dir = tempfile.TemporaryDirectory(prefix="perceptron-pending-")
             directory = Path(self._cache_dir.name) / task
         directory.mkdir(parents=True, exist_ok=True)
-        return PendingTable(directory / f"pending-{partition}.sqlite", ttl_seconds=s.label_ttl_seconds, max_pending=s.max_pending,
-                            track_changes=self.changelog is not None)
+        return PendingTable(
+            directory / f"pending-{partition}.sqlite",
+            ttl_seconds=s.label_ttl_seconds,
+            max_pending=s.max_pending,
+            track_changes=self.changelog is not None,
+        )
 
     def close(self) -> None:
         """Remove the cache directory of pending tables (their joiners closed first)."""

@@ -34,10 +34,17 @@ class Health:
 
     def live(self) -> tuple[bool, dict]:
         idle = time.monotonic() - self.last_beat
-        return idle <= self.stall_timeout_s, {"poll_loop_idle_seconds": round(idle, 3), "limit_seconds": self.stall_timeout_s}
+        return idle <= self.stall_timeout_s, {
+            "poll_loop_idle_seconds": round(idle, 3),
+            "limit_seconds": self.stall_timeout_s,
+        }
 
     def ready(self) -> tuple[bool, dict]:
-        detail = {"partitions_assigned": self.assigned, "state_restored": self.restored, "broker_reachable": self.broker_ok}
+        detail = {
+            "partitions_assigned": self.assigned,
+            "state_restored": self.restored,
+            "broker_reachable": self.broker_ok,
+        }
         return all(detail.values()), detail
 
 
@@ -66,8 +73,11 @@ class LagProbe:
             return
         self._next_at = now + LAG_EVERY_S
         flowing, self._flowing = self._flowing, False
-        ok, lags = self.retry.once(lambda: stream.lag(timeout_s=PROBE_TIMEOUT_S, ask_broker=not flowing),
-                                   "read the end offsets for the lag", probe=True)
+        ok, lags = self.retry.once(
+            lambda: stream.lag(timeout_s=PROBE_TIMEOUT_S, ask_broker=not flowing),
+            "read the end offsets for the lag",
+            probe=True,
+        )
         if ok:
             self.metrics.set_lag(lags)
             if not flowing:

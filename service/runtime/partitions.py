@@ -61,7 +61,9 @@ class OneInstance:
             return
         s = self.settings
         # Retried until it answers (a service that cannot tell must not run beside another one)
-        members = self.retry.until_it_works(stream.group_members, f"check that consumer group {s.group_id} has no other member")
+        members = self.retry.until_it_works(
+            stream.group_members, f"check that consumer group {s.group_id} has no other member"
+        )
         if members is None:  # stopped meanwhile
             return
         now = time.monotonic()
@@ -74,15 +76,21 @@ class OneInstance:
         stream.pause()  # after every assignment: a rebalance unpauses
         if self._others_gone_by is None:
             self._others_gone_by = now + OTHERS_LEAVE_WAIT_S
-            log.warning("consumer group %s has %d other member(s): processing nothing until they leave (a crashed "
-                        "instance's session expires within %.0f s)", s.group_id, len(members) - 1, OTHERS_LEAVE_WAIT_S)
+            log.warning(
+                "consumer group %s has %d other member(s): processing nothing until they leave (a crashed "
+                "instance's session expires within %.0f s)",
+                s.group_id,
+                len(members) - 1,
+                OTHERS_LEAVE_WAIT_S,
+            )
         elif now >= self._others_gone_by:
             raise StartupError(
                 f"consumer group {s.group_id} still has {len(members) - 1} other active member(s) after "
                 f"{OTHERS_LEAVE_WAIT_S:.0f} s: another instance runs this "
                 f"model (its checkpoints are in the {s.state_store} store); one instance runs per model in "
                 "--model-scope group: stop the other one, give this one another --group-id and state, or run every "
-                "instance with --model-scope partition")
+                "instance with --model-scope partition"
+            )
         self._next_check = now + 1.0
 
 

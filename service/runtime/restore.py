@@ -76,8 +76,9 @@ class Restorer:
         only_committed = {}
         if self.settings.processing_guarantee == "exactly-once":  # only checkpoints committed with their positions
             s = self.settings
-            offsets = self.retry.until_it_works(lambda: committed_offsets(s, s.group_id, s.input_topic),
-                                                "read the group's committed offsets")
+            offsets = self.retry.until_it_works(
+                lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets"
+            )
             only_committed = {"committed": {(s.input_topic, p): o for p, o in (offsets or {}).items()}}
         try:
             cp = self.store.load(task.name, task.owner, accept, legacy=legacy, **only_committed)
@@ -85,8 +86,10 @@ class Restorer:
             return self._foreign(task, str(exc), exc.highest_seq)
         except CheckpointError:
             if other_settings:
-                raise StartupError(f"the checkpoint was taken with other model settings ({other_settings[0]}); "
-                                   "use the same settings, or another state store to start a new model") from None
+                raise StartupError(
+                    f"the checkpoint was taken with other model settings ({other_settings[0]}); "
+                    "use the same settings, or another state store to start a new model"
+                ) from None
             raise
         if cp is None:
             return self._no_checkpoint(task)
@@ -98,14 +101,24 @@ class Restorer:
         cap = self.settings.max_model_features or None
         if learner.max_features != cap:  # a checkpoint from before the cap existed: it applies from now on
             learner.max_features = cap
-            log.info("the checkpoint predates --max-model-features: the model holds %d features, and at most %s from now on",
-                     len(learner.weights), cap)
+            log.info(
+                "the checkpoint predates --max-model-features: the model holds %d features, and at most %s from now on",
+                len(learner.weights),
+                cap,
+            )
         try:
             task.restore(cp, learner)
         except CheckpointError as exc:
             raise StartupError(f"checkpoint {cp.seq} of {task.name} cannot be used: {exc}") from None
-        log.info("restored checkpoint %d of %s: %d events seen, %d updates, %d features dropped, positions %s",
-                 cp.seq, task.name, learner.seen, learner.updates, learner.dropped_features, cp.positions)
+        log.info(
+            "restored checkpoint %d of %s: %d events seen, %d updates, %d features dropped, positions %s",
+            cp.seq,
+            task.name,
+            learner.seen,
+            learner.updates,
+            learner.dropped_features,
+            cp.positions,
+        )
         return True
 
     def _foreign(self, task, problem: str, highest_seq: int) -> bool:
@@ -115,7 +128,8 @@ class Restorer:
             raise StartupError(
                 f"{problem}. Nothing was restored and nothing learned. To keep that model, point --state-dir or "
                 f"--checkpoint-topic at this model's own state, or connect to the cluster it belongs to; to start a new "
-                f"model on {s.input_topic} from --auto-offset-reset {s.auto_offset_reset} deliberately, run with --start-over")
+                f"model on {s.input_topic} from --auto-offset-reset {s.auto_offset_reset} deliberately, run with --start-over"
+            )
         log.warning("--start-over: %s; starting a new model from --auto-offset-reset %s", problem, s.auto_offset_reset)
         task.seq = max(task.seq, highest_seq)
         task.started_over = True
@@ -132,22 +146,29 @@ class Restorer:
         s = self.settings
         if getattr(task, "started_over", False):
             return False
-        offsets = self.retry.until_it_works(lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets")
+        offsets = self.retry.until_it_works(
+            lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets"
+        )
         mine = {p: o for p, o in (offsets or {}).items() if task.partition is None or p == task.partition}
         if not mine:
             log.info("no checkpoint yet of %s: a new model, starting from zero weights", task.name)
             return False
         at = ", ".join(f"partition {p} at {o}" for p, o in sorted(mine.items()))
         where = self.store.task_dir(task.name) if s.state_store == "local" else f"topic {s.checkpoint_topic}"
-        message = (f"consumer group {s.group_id} has committed offsets on {s.input_topic} ({at}) but the state store "
-                   f"({s.state_store}, {where}) has no checkpoint: the model that learned those events is lost")
+        message = (
+            f"consumer group {s.group_id} has committed offsets on {s.input_topic} ({at}) but the state store "
+            f"({s.state_store}, {where}) has no checkpoint: the model that learned those events is lost"
+        )
         if s.start_over:
-            log.warning("--start-over: %s; starting a new model from --auto-offset-reset %s", message, s.auto_offset_reset)
+            log.warning(
+                "--start-over: %s; starting a new model from --auto-offset-reset %s", message, s.auto_offset_reset
+            )
             task.started_over = True
             return False
         raise StartupError(
             f"{message}. Restore the checkpoints, or start a new model on the retained history with a new --group-id "
-            "or --start-over, or reset the group's offsets (kafka-consumer-groups --reset-offsets)")
+            "or --start-over, or reset the group's offsets (kafka-consumer-groups --reset-offsets)"
+        )
 
     def _vouch_for_legacy(self, task, cp: Checkpoint) -> bool:
         """A version 0.1 checkpoint records no owner: adopt it only when this group's committed offsets are its positions.
@@ -157,15 +178,20 @@ class Restorer:
         another group has other offsets (or none).
         """
         s = self.settings
-        offsets = self.retry.until_it_works(lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets")
+        offsets = self.retry.until_it_works(
+            lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets"
+        )
         mine = {p: o for (t, p), o in cp.positions.items() if t == s.input_topic}
         if offsets == mine:
             self.store.adopt_legacy(task.name)
             return True
-        return self._foreign(task,
+        return self._foreign(
+            task,
             f"checkpoint {cp.seq} was written by version 0.1, which did not record its consumer group or cluster, and the "
             f"offsets consumer group {s.group_id} committed on {s.input_topic} ({offsets or 'none'}) are not its positions "
-            f"({mine}): it belongs to another group or cluster", cp.seq)
+            f"({mine}): it belongs to another group or cluster",
+            cp.seq,
+        )
 
     def _positions_in_logs(self, task, cp: Checkpoint) -> bool:
         """Every position of ``cp`` inside its partition's log (first offset ≤ position ≤ end), else refuse.
@@ -177,16 +203,23 @@ class Restorer:
         """
         outside = []
         for topic in sorted({t for t, _ in cp.positions}):
-            ranges = self.retry.until_it_works(lambda: log_ranges(self.settings, topic), f"read the logs' ranges of {topic}")
+            ranges = self.retry.until_it_works(
+                lambda: log_ranges(self.settings, topic), f"read the logs' ranges of {topic}"
+            )
             for (t, partition), position in sorted(cp.positions.items()):
                 if t != topic:
                     continue
                 if partition not in ranges:
-                    outside.append(f"{topic} partition {partition} at offset {position}, but {topic} has no partition {partition}")
+                    outside.append(
+                        f"{topic} partition {partition} at offset {position}, but {topic} has no partition {partition}"
+                    )
                 elif not ranges[partition][0] <= position <= ranges[partition][1]:
                     first, end = ranges[partition]
                     outside.append(f"partition {partition} at offset {position}, outside its log ({first} to {end})")
         if not outside:
             return True
-        return self._foreign(task, f"checkpoint {cp.seq} holds positions outside {self.settings.input_topic}'s logs: "
-                             + "; ".join(outside), cp.seq)
+        return self._foreign(
+            task,
+            f"checkpoint {cp.seq} holds positions outside {self.settings.input_topic}'s logs: " + "; ".join(outside),
+            cp.seq,
+        )

@@ -24,7 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
-from perceptron_stream.kafka.backoff import Backoff  # the one backoff (perceptron_stream.kafka.backoff: why it lives there)
+from perceptron_stream.kafka.backoff import (
+    Backoff,
+)  # the one backoff (perceptron_stream.kafka.backoff: why it lives there)
 from perceptron_stream.runtime.health import Health
 
 log = logging.getLogger("perceptron_stream")

@@ -98,8 +98,9 @@ class StopDeadline:
             undone = self.undone()
         except Exception as exc:  # never let the description keep the process up
             undone = f"what was left undone is unknown ({exc!r})"
-        message = (f"did not stop within {self.seconds:g} s of {self.signal_name}: {undone}; "
-                   f"exiting with code {EXIT_CODE}")
+        message = (
+            f"did not stop within {self.seconds:g} s of {self.signal_name}: {undone}; exiting with code {EXIT_CODE}"
+        )
         log.error("%s", message)
         try:
             print(f"perceptron-stream serve: {message}", file=sys.stderr, flush=True)
@@ -121,16 +122,21 @@ def left_undone(doing: str, unsaved: int, in_hand: bool, *, stored: bool, to_com
     if stored and (unsaved or in_hand):
         events = f"{unsaved} event(s) processed since the last checkpoint" if unsaved else "the batch in hand"
         among = " (a batch whose outputs were not all acknowledged among them)" if unsaved and in_hand else ""
-        left = (f"{events}{among} {'are' if unsaved else 'is'} not checkpointed: the next start learns and publishes "
-                f"{'them' if unsaved else 'it'} again from the last checkpoint")
+        left = (
+            f"{events}{among} {'are' if unsaved else 'is'} not checkpointed: the next start learns and publishes "
+            f"{'them' if unsaved else 'it'} again from the last checkpoint"
+        )
     elif not stored and in_hand:
         left = "the batch in hand is not committed: the next start reads it again from the last committed offsets"
     elif to_commit:
-        left = ("the last positions were not committed to the consumer group (the next start "
-                + ("seeks to the last checkpoint anyway)" if stored else "reads again from the last committed offsets)"))
+        left = "the last positions were not committed to the consumer group (the next start " + (
+            "seeks to the last checkpoint anyway)" if stored else "reads again from the last committed offsets)"
+        )
     elif not started:
         left = "nothing was read yet"
     else:
-        left = ("nothing to checkpoint or commit; the clients were not closed: the group notices this member is "
-                "gone at its session timeout")
+        left = (
+            "nothing to checkpoint or commit; the clients were not closed: the group notices this member is "
+            "gone at its session timeout"
+        )
     return f"stuck {doing}; left undone: {left}"

@@ -51,7 +51,11 @@ from perceptron_stream.state.store import Store
 #: compacted, with segments rolled hourly (compaction never touches the active
 #: segment, and a start reads every record left), and room for a large model
 #: (the checkpoint producer sends up to 16 MiB).
-CHECKPOINT_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000), "max.message.bytes": str(16 * 1024 * 1024)}
+CHECKPOINT_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(3600 * 1000),
+    "max.message.bytes": str(16 * 1024 * 1024),
+}
 #: The pending changelog: compacted, and no record younger than a day compacted away, so a change a crashed
 #: run wrote after its last checkpoint is still beside the valid one it replaced when the next run undoes it.
 CHANGELOG_TOPIC_CONFIG = {**CHECKPOINT_TOPIC_CONFIG, "min.compaction.lag.ms": str(24 * 3600 * 1000)}
@@ -79,26 +83,34 @@ def refuse_exactly_once_without(s: ServeSettings) -> None:
     if s.processing_guarantee != "exactly-once":
         return
     if s.state_store != "kafka":
-        raise StartupError(f"--processing-guarantee exactly-once needs --state-store kafka (it is {s.state_store}): the "
-                           "checkpoint must be committed in the same Kafka transaction as the outputs and the input "
-                           "positions, and a local directory (or no store) cannot join a Kafka transaction")
+        raise StartupError(
+            f"--processing-guarantee exactly-once needs --state-store kafka (it is {s.state_store}): the "
+            "checkpoint must be committed in the same Kafka transaction as the outputs and the input "
+            "positions, and a local directory (or no store) cannot join a Kafka transaction"
+        )
     if s.label_topic is not None:
-        raise StartupError("--processing-guarantee exactly-once does not take --label-topic yet: the pending changelog "
-                           f"({s.pending_topic}) is written by a producer of its own, outside the transaction; run "
-                           "delayed labels with --processing-guarantee at-least-once")
+        raise StartupError(
+            "--processing-guarantee exactly-once does not take --label-topic yet: the pending changelog "
+            f"({s.pending_topic}) is written by a producer of its own, outside the transaction; run "
+            "delayed labels with --processing-guarantee at-least-once"
+        )
     if s.model_scope == "partition" and s.mix_every:
-        raise StartupError("--processing-guarantee exactly-once does not take --mix-every yet (it is "
-                           f"{s.mix_every}): no test shows a mixing replica's outputs exactly once across a crash yet; run "
-                           "exactly-once with --mix-every 0, or mixing at-least-once")
+        raise StartupError(
+            "--processing-guarantee exactly-once does not take --mix-every yet (it is "
+            f"{s.mix_every}): no test shows a mixing replica's outputs exactly once across a crash yet; run "
+            "exactly-once with --mix-every 0, or mixing at-least-once"
+        )
 
 
 def refuse_exactly_once_on(s: ServeSettings, cluster_id: str | None) -> None:
     """Exactly-once on the embedded broker (by its cluster id): a StartupError naming the setting."""
     if s.processing_guarantee == "exactly-once" and cluster_id == EMBEDDED_BROKER_CLUSTER_ID:
-        raise StartupError(f"--processing-guarantee exactly-once cannot hold on the embedded broker at "
-                           f"{s.bootstrap_servers} (cluster id {cluster_id!r}): its read_committed readers see aborted "
-                           "records and it does not fence a zombie by its group generation; use Apache Kafka, or "
-                           "--processing-guarantee at-least-once")
+        raise StartupError(
+            f"--processing-guarantee exactly-once cannot hold on the embedded broker at "
+            f"{s.bootstrap_servers} (cluster id {cluster_id!r}): its read_committed readers see aborted "
+            "records and it does not fence a zombie by its group generation; use Apache Kafka, or "
+            "--processing-guarantee at-least-once"
+        )
 
 
 def transactional_id(s: ServeSettings) -> str | None:
@@ -115,8 +127,16 @@ def transactional_id(s: ServeSettings) -> str | None:
 
 
 class Startup:
-    def __init__(self, settings: ServeSettings, retry: Retry, metrics, stopping: Callable[[], bool], resources: ExitStack):
-        self.settings, self.retry, self.metrics, self.stopping, self.resources = settings, retry, metrics, stopping, resources
+    def __init__(
+        self, settings: ServeSettings, retry: Retry, metrics, stopping: Callable[[], bool], resources: ExitStack
+    ):
+        self.settings, self.retry, self.metrics, self.stopping, self.resources = (
+            settings,
+            retry,
+            metrics,
+            stopping,
+            resources,
+        )
 
     def open(self) -> Opened | None:
         """Codecs, topics, labels' topics and changelog, cluster identity, store, mixing; None when stopped meanwhile."""
@@ -126,7 +146,10 @@ class Startup:
             require_codecs()
         except KafkaFatal as exc:
             raise fatal(exc, "read compressed records") from None
-        topics = [TopicSpec(name, s.topic_partitions, s.topic_replication_factor) for name in (s.input_topic, s.output_topic, s.dlq_topic)]
+        topics = [
+            TopicSpec(name, s.topic_partitions, s.topic_replication_factor)
+            for name in (s.input_topic, s.output_topic, s.dlq_topic)
+        ]
         if s.state_store == "kafka":
             topics.append(TopicSpec(s.checkpoint_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
         if s.model_scope == "partition" and s.mix_every:
@@ -159,12 +182,19 @@ class Startup:
         final checkpoint); None when stopped meanwhile."""
         s, tx_id = self.settings, transactional_id(self.settings)
         return self.retry.until_it_works(
-            lambda: open_stream(s, s.kafka_client, group_id=s.group_id,
-                                topics=[s.input_topic] + ([s.label_topic] if s.label_topic else []),
-                                auto_offset_reset=s.auto_offset_reset, on_assigned=on_assigned,
-                                on_revoked=on_revoked, max_poll_records=s.batch_size,
-                                fetch_max_wait_ms=s.fetch_max_wait_ms, group_protocol=s.group_protocol,
-                                transactional_id=tx_id),
+            lambda: open_stream(
+                s,
+                s.kafka_client,
+                group_id=s.group_id,
+                topics=[s.input_topic] + ([s.label_topic] if s.label_topic else []),
+                auto_offset_reset=s.auto_offset_reset,
+                on_assigned=on_assigned,
+                on_revoked=on_revoked,
+                max_poll_records=s.batch_size,
+                fetch_max_wait_ms=s.fetch_max_wait_ms,
+                group_protocol=s.group_protocol,
+                transactional_id=tx_id,
+            ),
             "connect the consumer and producer",
         )
 
@@ -175,8 +205,9 @@ class Startup:
         if s.state_store == "local":
             store = LocalStore(s.state_dir, s.group_id)
         elif s.state_store == "kafka":
-            store = self.retry.until_it_works(lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id),
-                                              "connect to the checkpoint topic")
+            store = self.retry.until_it_works(
+                lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id), "connect to the checkpoint topic"
+            )
         if store is not None:
             self.resources.callback(store.close)
             store.key = signing_key(s)
@@ -186,24 +217,37 @@ class Startup:
         """Delayed labels: the label topic partitioned like the input (a label and its point share a partition number,
         so one task holds both), the outcome topic, and with the Kafka store the pending changelog."""
         s, until = self.settings, self.retry.until_it_works
-        counts = until(lambda: partition_counts(s, [s.input_topic, s.label_topic]), "count the input and label topics' partitions")
+        counts = until(
+            lambda: partition_counts(s, [s.input_topic, s.label_topic]), "count the input and label topics' partitions"
+        )
         if counts is None:
             return False, None
         n = counts[s.input_topic]
-        topics = [TopicSpec(s.label_topic, n, s.topic_replication_factor), TopicSpec(s.outcome_topic, s.topic_partitions, s.topic_replication_factor)]
+        topics = [
+            TopicSpec(s.label_topic, n, s.topic_replication_factor),
+            TopicSpec(s.outcome_topic, s.topic_partitions, s.topic_replication_factor),
+        ]
         if s.state_store == "kafka":
             topics.append(TopicSpec(s.pending_topic, n, s.topic_replication_factor, CHANGELOG_TOPIC_CONFIG))
-        if until(lambda: ensure_topics(s, topics, s.create_topics), "check the label, outcome and changelog topics") is None and self.stopping():
+        if (
+            until(lambda: ensure_topics(s, topics, s.create_topics), "check the label, outcome and changelog topics")
+            is None
+            and self.stopping()
+        ):
             return False, None
-        counts = until(lambda: partition_counts(s, [s.label_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])),
-                       "count the label topic's partitions")
+        counts = until(
+            lambda: partition_counts(s, [s.label_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])),
+            "count the label topic's partitions",
+        )
         if counts is None:
             return False, None
         for topic, count in counts.items():
             if count != n:
-                raise StartupError(f"topic {topic} has {count} partition(s) and input topic {s.input_topic} has {n}: a label "
-                                   f"and its point must land in the same partition number (both keyed alike), so {topic} "
-                                   f"needs {n} partitions too (recreate it, or add partitions)")
+                raise StartupError(
+                    f"topic {topic} has {count} partition(s) and input topic {s.input_topic} has {n}: a label "
+                    f"and its point must land in the same partition number (both keyed alike), so {topic} "
+                    f"needs {n} partitions too (recreate it, or add partitions)"
+                )
         changelog = None
         if s.state_store == "kafka":
             changelog = until(lambda: PartitionedLog(s, s.pending_topic), "open the pending changelog")
@@ -214,11 +258,18 @@ class Startup:
     def _open_mixing(self, owner: Owner) -> tuple[MixBoard | None, MixFeed | None]:
         """Partition scope with --mix-every: the board of every partition's latest state, fed from the mix topic."""
         s = self.settings
-        counts = self.retry.until_it_works(lambda: partition_counts(s, [s.input_topic]), f"count the partitions of {s.input_topic}")
+        counts = self.retry.until_it_works(
+            lambda: partition_counts(s, [s.input_topic]), f"count the partitions of {s.input_topic}"
+        )
         if counts is None:
             return None, None
-        board = MixBoard(owner, model_meta(s), counts[s.input_topic], signing_key(s),
-                         on_reject=lambda reason: self.metrics.mix_rejected.labels(reason).inc())
+        board = MixBoard(
+            owner,
+            model_meta(s),
+            counts[s.input_topic],
+            signing_key(s),
+            on_reject=lambda reason: self.metrics.mix_rejected.labels(reason).inc(),
+        )
         tail = self.retry.until_it_works(lambda: TopicTail(s, s.mix_topic), "read the mix topic")
         if tail is None:
             return board, None

@@ -16,7 +16,6 @@ import logging
 import math
 
 import orjson
-
 from perceptron_stream.state.pending import PendingTable
 
 log = logging.getLogger("perceptron_stream")
@@ -41,12 +40,23 @@ def _valid(lineage: list[list], epoch: int, run: str) -> bool:
 def decode_change(value: bytes | None) -> tuple[int, str, list | None]:
     """A changelog record (epoch, run, row), checked: it is read back from a topic others can write."""
     doc = orjson.loads(value) if value is not None else None
-    if type(doc) is not dict or type(doc.get("epoch")) is not int or doc["epoch"] < 1 or type(doc.get("run")) is not str:
+    if (
+        type(doc) is not dict
+        or type(doc.get("epoch")) is not int
+        or doc["epoch"] < 1
+        or type(doc.get("run")) is not str
+    ):
         raise ValueError("not a pending-table change")
     row = doc.get("row")
     if row is not None:
-        ok = (type(row) is list and len(row) == 3 and row[0] in ("pending", "labeled", "early") and type(row[1]) in (int, float)
-              and math.isfinite(row[1]) and (row[2] is None or type(row[2]) is str))
+        ok = (
+            type(row) is list
+            and len(row) == 3
+            and row[0] in ("pending", "labeled", "early")
+            and type(row[1]) in (int, float)
+            and math.isfinite(row[1])
+            and (row[2] is None or type(row[2]) is str)
+        )
         if not ok:
             raise ValueError("a pending-table change with a malformed row")
     return doc["epoch"], doc["run"], row
@@ -82,7 +92,7 @@ class Changelog:
         for key, value in self.io.read(partition):
             if key is None or not key.startswith(prefix):
                 continue
-            name = key[len(prefix):].decode(errors="replace")
+            name = key[len(prefix) :].decode(errors="replace")
             try:
                 epoch, run, row = decode_change(value)
             except ValueError:
@@ -97,7 +107,9 @@ class Changelog:
                 else:
                     valid[name] = row
         if rejected:
-            log.warning("%d records of the pending changelog of partition %d were malformed and ignored", rejected, partition)
+            log.warning(
+                "%d records of the pending changelog of partition %d were malformed and ignored", rejected, partition
+            )
         table.load(valid, seq + 1)
         stale = [name for name, ok in last_valid.items() if not ok]
         for name in stale:  # the newest record of these keys is not this lineage's: compaction must not keep it
@@ -105,5 +117,9 @@ class Changelog:
             self.io.send(partition, self._key(partition, name), orjson.dumps({"epoch": seq, "run": REPAIR, "row": row}))
         if stale:
             self.io.flush()
-            log.info("restored the pending table of partition %d from the changelog: %d points, %d stale changes undone",
-                     partition, table.pending_count(), len(stale))
+            log.info(
+                "restored the pending table of partition %d from the changelog: %d points, %d stale changes undone",
+                partition,
+                table.pending_count(),
+                len(stale),
+            )

@@ -105,13 +105,20 @@ class Owner:
         if self.cluster_id and other.cluster_id != self.cluster_id:
             out.append(f"the Kafka cluster's id is {other.cluster_id}, this one's is {self.cluster_id}")
         if self.topic_id and other.topic_id != self.topic_id:
-            out.append(f"topic {self.input_topic} had id {other.topic_id} and now has id {self.topic_id} "
-                       "(deleted and created again, or another cluster)")
+            out.append(
+                f"topic {self.input_topic} had id {other.topic_id} and now has id {self.topic_id} "
+                "(deleted and created again, or another cluster)"
+            )
         return out
 
     def to_json(self) -> dict:
-        return {"group_id": self.group_id, "input_topic": self.input_topic, "task": self.task,
-                "cluster_id": self.cluster_id, "topic_id": self.topic_id}
+        return {
+            "group_id": self.group_id,
+            "input_topic": self.input_topic,
+            "task": self.task,
+            "cluster_id": self.cluster_id,
+            "topic_id": self.topic_id,
+        }
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,9 @@ def decode_checkpoint(data: bytes, key: bytes | None = None) -> Checkpoint:
 
 def _decode(data: bytes, key: bytes | None) -> Checkpoint:
     if len(data) > MAX_CHECKPOINT_BYTES:
-        raise CheckpointError(f"the checkpoint is {len(data)} bytes, more than the {MAX_CHECKPOINT_BYTES} a checkpoint may have")
+        raise CheckpointError(
+            f"the checkpoint is {len(data)} bytes, more than the {MAX_CHECKPOINT_BYTES} a checkpoint may have"
+        )
     try:
         body = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -183,16 +192,24 @@ def _decode(data: bytes, key: bytes | None) -> Checkpoint:
         raise CheckpointError("the data is not a perceptron-stream checkpoint")
     fmt = body.get("format")
     if fmt not in (FORMAT, LEGACY_FORMAT) or type(fmt) is not int:
-        raise CheckpointError(f"checkpoint format {_short(fmt)} is not supported (this version reads formats 1 and {FORMAT})")
+        raise CheckpointError(
+            f"checkpoint format {_short(fmt)} is not supported (this version reads formats 1 and {FORMAT})"
+        )
     digest, signature = body.pop("sha256", None), body.pop("hmac", None)
     canonical = _canonical(body) if fmt == FORMAT else _legacy_canonical(body)
     if type(digest) is not str or not hmac.compare_digest(digest, hashlib.sha256(canonical).hexdigest()):
         raise CheckpointError("the checkpoint's checksum does not match its content (corrupt)")
     if key is not None:
         if signature is None:
-            raise CheckpointError("the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged")
-        if type(signature) is not str or not hmac.compare_digest(signature, hmac.new(key, canonical, hashlib.sha256).hexdigest()):
-            raise CheckpointError("the checkpoint's signature does not match: written with another --checkpoint-key, or forged")
+            raise CheckpointError(
+                "the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged"
+            )
+        if type(signature) is not str or not hmac.compare_digest(
+            signature, hmac.new(key, canonical, hashlib.sha256).hexdigest()
+        ):
+            raise CheckpointError(
+                "the checkpoint's signature does not match: written with another --checkpoint-key, or forged"
+            )
     return Checkpoint(
         seq=_int(body, "seq", 0, _INT64),
         positions=_positions(body.get("positions")),
@@ -211,7 +228,9 @@ def _short(value) -> str:
 
 
 def _malformed(name: str, value, wanted: str) -> CheckpointError:
-    return CheckpointError(f"the checkpoint is missing or has a malformed field: {name} must be {wanted}, got {_short(value)}")
+    return CheckpointError(
+        f"the checkpoint is missing or has a malformed field: {name} must be {wanted}, got {_short(value)}"
+    )
 
 
 def _int(body: dict, name: str, low: int, high: int) -> int:
@@ -240,8 +259,15 @@ def _positions(value) -> dict[tuple[str, int], int]:
         raise _malformed("positions", value, "a list of [topic, partition, offset]")
     out = {}
     for item in value:
-        ok = (type(item) is list and len(item) == 3 and type(item[0]) is str and type(item[1]) is int
-              and type(item[2]) is int and 0 <= item[1] < _PARTITION_LIMIT and 0 <= item[2] < _INT64)
+        ok = (
+            type(item) is list
+            and len(item) == 3
+            and type(item[0]) is str
+            and type(item[1]) is int
+            and type(item[2]) is int
+            and 0 <= item[1] < _PARTITION_LIMIT
+            and 0 <= item[2] < _INT64
+        )
         if not ok or (item[0], item[1]) in out:
             raise _malformed("positions", item, "unique [topic, partition >= 0, offset >= 0] triples")
         out[(item[0], item[1])] = item[2]
@@ -262,8 +288,12 @@ def _owner(value) -> Owner:
     return Owner(**texts)
 
 
-def newest_usable(candidates: Iterable[tuple[str, Checkpoint | CheckpointError]], accept: Callable[[Checkpoint], None] | None,
-                  where: str, expected: Owner | None = None) -> Checkpoint | None:
+def newest_usable(
+    candidates: Iterable[tuple[str, Checkpoint | CheckpointError]],
+    accept: Callable[[Checkpoint], None] | None,
+    where: str,
+    expected: Owner | None = None,
+) -> Checkpoint | None:
     """The first checkpoint of ``candidates`` (newest first, each decoded or the error it gave) that is
     ``expected``'s and that ``accept`` takes.
 
@@ -295,7 +325,9 @@ def newest_usable(candidates: Iterable[tuple[str, Checkpoint | CheckpointError]]
             problems.append(f"{name}: {cp}")
             continue
         if problems or foreign:
-            log.warning("restored checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems) + len(foreign))
+            log.warning(
+                "restored checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems) + len(foreign)
+            )
         return cp
     if foreign and not problems:
         raise ForeignStateError(f"the checkpoints in {where} are not this model's: " + " | ".join(foreign), highest)

@@ -63,11 +63,18 @@ class KafkaStore:
             raise CheckpointTooLargeError(
                 f"checkpoint {cp.seq} is {len(value):,} bytes, more than the {MAX_RECORD_BYTES - _RECORD_OVERHEAD:,} a "
                 f"record of the Kafka state store may have (the model holds {features:,} features): lower "
-                "--max-model-features, hash the features (--hash-features), or use --state-store local")
+                "--max-model-features, hash the features (--hash-features), or use --state-store local"
+            )
         return self.topic.topic, self.slot_keys(cp.owner.task)[cp.seq % self.keep], value
 
-    def load(self, task: str, expected: Owner | None = None, accept: Callable[[Checkpoint], None] | None = None,
-             legacy: bool = False, committed: dict[tuple[str, int], int] | None = None) -> Checkpoint | None:
+    def load(
+        self,
+        task: str,
+        expected: Owner | None = None,
+        accept: Callable[[Checkpoint], None] | None = None,
+        legacy: bool = False,
+        committed: dict[tuple[str, int], int] | None = None,
+    ) -> Checkpoint | None:
         """The newest checkpoint of ``task`` that is ``expected``'s, decodes and that ``accept`` takes
         (see :func:`newest_usable`). ``legacy`` changes nothing: version 0.1 used the same keys.
 

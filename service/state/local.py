@@ -87,7 +87,9 @@ def _open_regular(path: Path, flags: int) -> int:
         fd = os.open(path, flags | _NO_FOLLOW, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, "a symbolic link, refused (state files must be regular files)", str(path)) from None
+            raise OSError(
+                errno.ELOOP, "a symbolic link, refused (state files must be regular files)", str(path)
+            ) from None
         raise
     try:
         mode = os.fstat(fd).st_mode
@@ -139,8 +141,10 @@ class LocalStore:
         try:
             fd = _open_regular(directory / "LOCK", os.O_RDWR | os.O_CREAT)
         except OSError as exc:
-            raise StateLockedError(f"cannot use the lock file {directory / 'LOCK'}: {exc.strerror or exc}; "
-                                   "remove what is there (it must be a regular file)") from None
+            raise StateLockedError(
+                f"cannot use the lock file {directory / 'LOCK'}: {exc.strerror or exc}; "
+                "remove what is there (it must be a regular file)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -188,11 +192,16 @@ class LocalStore:
             os.fsync(dir_fd)  # make the rename itself durable
         finally:
             os.close(dir_fd)
-        for old in self.files(cp.owner.task)[self.keep:]:
+        for old in self.files(cp.owner.task)[self.keep :]:
             old.unlink(missing_ok=True)
 
-    def load(self, task: str, expected: Owner | None = None, accept: Callable[[Checkpoint], None] | None = None,
-             legacy: bool = False) -> Checkpoint | None:
+    def load(
+        self,
+        task: str,
+        expected: Owner | None = None,
+        accept: Callable[[Checkpoint], None] | None = None,
+        legacy: bool = False,
+    ) -> Checkpoint | None:
         """The newest checkpoint of ``task`` that is ``expected``'s, decodes and that ``accept`` takes
         (see :func:`newest_usable`); with ``legacy``, version 0.1's files when the task has none."""
         files = self.files(task)

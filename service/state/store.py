@@ -29,8 +29,13 @@ class Store(Protocol):
     def save(self, cp: Checkpoint) -> None:
         """Write ``cp`` durably, keeping the last few of its task."""
 
-    def load(self, task: str, expected: Owner | None = None, accept: Callable[[Checkpoint], None] | None = None,
-             legacy: bool = False) -> Checkpoint | None:
+    def load(
+        self,
+        task: str,
+        expected: Owner | None = None,
+        accept: Callable[[Checkpoint], None] | None = None,
+        legacy: bool = False,
+    ) -> Checkpoint | None:
         """The newest usable checkpoint of ``task`` (see :func:`~perceptron_stream.state.checkpoint.newest_usable`)."""
 
     def adopt_legacy(self, task: str) -> None:

@@ -38,10 +38,10 @@ from typing import Annotated, Any, Optional, Union
 
 import msgspec
 import orjson
-from pydantic import ValidationError
-
 from perceptron_stream.learning.labels import json_label
 from perceptron_stream.wire.messages import Event, InputEvent, Label, LabelEvent, Rejection, _show
+from pydantic import ValidationError
+
 
 @functools.lru_cache(maxsize=64)
 def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | None) -> Callable[[bytes], Any]:
@@ -66,12 +66,16 @@ def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | 
         dense = Optional[Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)]]
     else:  # a checkpoint's dimension beyond today's --max-features (or none a dense event can have): the model says why
         dense = None
-    event = msgspec.defstruct("FastEvent", [
-        ("id", Union[str, int, None], None),
-        ("x", dense, None),
-        ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)]], None),
-        ("y", Union[bool, int, None], None),
-    ], forbid_unknown_fields=True)
+    event = msgspec.defstruct(
+        "FastEvent",
+        [
+            ("id", Union[str, int, None], None),
+            ("x", dense, None),
+            ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)]], None),
+            ("y", Union[bool, int, None], None),
+        ],
+        forbid_unknown_fields=True,
+    )
     return msgspec.json.Decoder(event).decode
 
 
@@ -97,8 +101,14 @@ class Decoder:
     weights there for good.
     """
 
-    def __init__(self, max_message_bytes: int, max_features: int, dimension: int | None = None,
-                 max_feature_value: float = 1e15, model_first_bytes: int = MODEL_FIRST_BYTES):
+    def __init__(
+        self,
+        max_message_bytes: int,
+        max_features: int,
+        dimension: int | None = None,
+        max_feature_value: float = 1e15,
+        model_first_bytes: int = MODEL_FIRST_BYTES,
+    ):
         self.max_message_bytes = max_message_bytes
         self._max_features, self._max_feature_value = max_features, max_feature_value  # in the fast path's type
         self.model_first_bytes = model_first_bytes
@@ -130,7 +140,9 @@ class Decoder:
         size = len(raw) if key is None else len(raw) + len(key)
         if size > self.max_message_bytes:
             what = "" if key is None else f" (key {len(key)} + value {len(raw)})"
-            return Rejection("too_large", f"the message is {size} bytes{what}, more than the limit of {self.max_message_bytes}")
+            return Rejection(
+                "too_large", f"the message is {size} bytes{what}, more than the limit of {self.max_message_bytes}"
+            )
         if len(raw) >= self.model_first_bytes:
             return self._decode_model(raw)
         # The fast path: msgspec parses, type-checks and bounds the common event in one C pass; whatever it
@@ -162,19 +174,26 @@ class Decoder:
         dense = event.x is not None
         return self._checked(event.id, event.x if dense else event.features, dense, event.y)
 
-    def _checked(self, id_: str | int | None, x: list[float] | dict[str, float], dense: bool, y: int | None) -> Event | Rejection:
+    def _checked(
+        self, id_: str | int | None, x: list[float] | dict[str, float], dense: bool, y: int | None
+    ) -> Event | Rejection:
         """The rules beyond the model: at least one feature, at most max_features, the fixed dimension."""
         n = len(x)
         if not n:
             return Rejection("invalid_event", f"{'x' if dense else 'features'} is empty; send at least one feature")
         if n > self.max_features:
-            return Rejection("too_many_features", f"the event has {n} features, more than the limit of {self.max_features}")
+            return Rejection(
+                "too_many_features", f"the event has {n} features, more than the limit of {self.max_features}"
+            )
         values, limit = (x if dense else x.values()), self.max_feature_value
         # every |x_i| <= ||x||: the norm (in C doubles, no overflow) settles the common case
         # at a quarter of the cost of max/min, whose comparisons are generic object ones
         if hypot(*values) > limit and (largest := max(map(abs, values))) > limit:
-            return Rejection("out_of_range", f"{'x' if dense else 'features'} has a value of magnitude {largest:.3g}, more than "
-                                             f"the limit of {limit:.3g}; rescale the feature")
+            return Rejection(
+                "out_of_range",
+                f"{'x' if dense else 'features'} has a value of magnitude {largest:.3g}, more than "
+                f"the limit of {limit:.3g}; rescale the feature",
+            )
         if dense:
             if self._dimension is None:
                 self.dimension = n
@@ -223,7 +242,9 @@ def _explain(exc: ValidationError, raw: bytes) -> Rejection:
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as bad:
-            return Rejection("not_utf8", f"the message is not UTF-8 text (bad byte at position {bad.start}); send UTF-8 JSON")
+            return Rejection(
+                "not_utf8", f"the message is not UTF-8 text (bad byte at position {bad.start}); send UTF-8 JSON"
+            )
         return Rejection("invalid_json", f"the message is not valid JSON: {error['ctx']['error']}")
     if kind == "model_type":
         return Rejection("invalid_event", f"the event must be a JSON object, got {_json_type(error['input'])}")
@@ -238,8 +259,15 @@ def _explain(exc: ValidationError, raw: bytes) -> Rejection:
     if kind == "value_error":
         return Rejection("invalid_event", error["msg"].removeprefix("Value error, "))
     if kind in ("float_type", "list_type", "dict_type"):
-        wanted = {"float_type": "a number", "list_type": "a list of numbers", "dict_type": "an object of name → number"}[kind]
-        return Rejection("invalid_event", f"{_path(error['loc'])} must be {wanted}, got {_json_type(error['input'])} {_show(error['input'])}")
+        wanted = {
+            "float_type": "a number",
+            "list_type": "a list of numbers",
+            "dict_type": "an object of name → number",
+        }[kind]
+        return Rejection(
+            "invalid_event",
+            f"{_path(error['loc'])} must be {wanted}, got {_json_type(error['input'])} {_show(error['input'])}",
+        )
     return Rejection("invalid_event", f"{_path(error['loc'])}: {error['msg']}")
 
 
@@ -254,4 +282,11 @@ def _path(loc: tuple) -> str:
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)

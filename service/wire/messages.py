@@ -19,9 +19,8 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
 from perceptron_stream.learning.labels import json_label
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
@@ -68,8 +67,20 @@ class OneError:
 DEAD_LETTER_RAW_LIMIT = 64 * 1024
 
 #: Every reason code a rejection can carry (the metric's label values).
-REASONS = ("invalid_json", "not_utf8", "invalid_event", "bad_label", "non_finite", "out_of_range", "wrong_dimension", "too_large",
-           "too_many_features", "output_refused", "unknown_id", "duplicate")
+REASONS = (
+    "invalid_json",
+    "not_utf8",
+    "invalid_event",
+    "bad_label",
+    "non_finite",
+    "out_of_range",
+    "wrong_dimension",
+    "too_large",
+    "too_many_features",
+    "output_refused",
+    "unknown_id",
+    "duplicate",
+)
 
 
 def _show(value: Any, limit: int = 40) -> str:
@@ -77,7 +88,11 @@ def _show(value: Any, limit: int = 40) -> str:
         return {math.inf: "Infinity", -math.inf: "-Infinity"}.get(value, "NaN")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
         return f"a number of {len(str(abs(value)))} digits"
-    text = json.dumps(value, default=str) if not isinstance(value, (list, dict)) else ("[...]" if isinstance(value, list) else "{...}")
+    text = (
+        json.dumps(value, default=str)
+        if not isinstance(value, (list, dict))
+        else ("[...]" if isinstance(value, list) else "{...}")
+    )
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -101,10 +116,14 @@ class InputEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", title="InputEvent")
 
     id: Annotated[str | int, OneError("id_type", "id must be a string or an integer")] | None = Field(
-        None, description="The producer's id of the point, copied to the prediction.")
+        None, description="The producer's id of the point, copied to the prediction."
+    )
     x: Annotated[list[FiniteNumber], FirstErrorOnly()] | None = Field(
-        None, description="Dense features; the first dense event fixes their number.")
-    features: Annotated[dict[str, FiniteNumber], FirstErrorOnly()] | None = Field(None, description="Named features, name → number.")
+        None, description="Dense features; the first dense event fixes their number."
+    )
+    features: Annotated[dict[str, FiniteNumber], FirstErrorOnly()] | None = Field(
+        None, description="Named features, name → number."
+    )
     y: Literal[-1, 1] | None = Field(
         None,
         description="Label −1 or +1; 0/1 and false/true are accepted and mapped (0 and false → −1). "
@@ -120,7 +139,9 @@ class InputEvent(BaseModel):
     def _exactly_one_feature_form(self) -> InputEvent:
         if (self.x is None) == (self.features is None):
             which = "both" if self.x is not None else "neither"
-            raise ValueError(f"exactly one of x (a list of numbers) or features (an object of name → number) is required, got {which}")
+            raise ValueError(
+                f"exactly one of x (a list of numbers) or features (an object of name → number) is required, got {which}"
+            )
         return self
 
 
@@ -135,9 +156,13 @@ class Source(BaseModel):
 class ModelInfo(BaseModel):
     """The model that made the prediction: the group's one model, or (``--model-scope partition``) a partition's replica."""
 
-    scope: Literal["partition"] | None = Field(None, description="\"partition\" for a partition's replica; absent for the group's model.")
+    scope: Literal["partition"] | None = Field(
+        None, description="\"partition\" for a partition's replica; absent for the group's model."
+    )
     partition: int | None = Field(None, description="The replica's input partition (partition scope).")
-    mixes: int | None = Field(None, description="Mixes the replica has made with the other partitions' (partition scope).")
+    mixes: int | None = Field(
+        None, description="Mixes the replica has made with the other partitions' (partition scope)."
+    )
     version: int = Field(description="Weight updates made so far, this event's included (a replica's own).")
     seen: int = Field(description="Events predicted so far, this one included (a replica's own).")
     mistakes: int = Field(description="Mistakes made so far, this event's included (a replica's own).")
@@ -167,11 +192,16 @@ class DeadLetter(BaseModel):
     source: Source
     raw: str = Field(description="The original value as text, or base64 when it is not UTF-8.")
     raw_encoding: Literal["utf-8", "base64"]
-    raw_truncated: bool = Field(description=f"True when raw holds only the head of the original: it was longer than "
-                                            f"{DEAD_LETTER_RAW_LIMIT} bytes, or the head was cut so that the dead letter "
-                                            "(key included) fits --max-message-bytes.")
-    key_dropped: bool = Field(False, description="Present and true when the input's Kafka key was left off this dead "
-                                                 "letter: with it even a letter with no raw would exceed --max-message-bytes.")
+    raw_truncated: bool = Field(
+        description=f"True when raw holds only the head of the original: it was longer than "
+        f"{DEAD_LETTER_RAW_LIMIT} bytes, or the head was cut so that the dead letter "
+        "(key included) fits --max-message-bytes."
+    )
+    key_dropped: bool = Field(
+        False,
+        description="Present and true when the input's Kafka key was left off this dead "
+        "letter: with it even a letter with no raw would exceed --max-message-bytes.",
+    )
 
 
 class LabelEvent(BaseModel):
@@ -180,8 +210,11 @@ class LabelEvent(BaseModel):
     model_config = ConfigDict(extra="ignore", title="LabelEvent")
 
     id: Annotated[str | int, OneError("id_type", "id must be a string or an integer")] = Field(
-        description="The id of the point it labels (sent earlier without y).")
-    y: Literal[-1, 1] = Field(description="Label −1 or +1; 0/1 and false/true are accepted and mapped (0 and false → −1).")
+        description="The id of the point it labels (sent earlier without y)."
+    )
+    y: Literal[-1, 1] = Field(
+        description="Label −1 or +1; 0/1 and false/true are accepted and mapped (0 and false → −1)."
+    )
 
     @field_validator("y", mode="before")
     @classmethod
@@ -200,7 +233,9 @@ class Outcome(BaseModel):
     y: Literal[-1, 1] = Field(description="The label that came.")
     y_pred: Literal[-1, 1] = Field(description="The prediction published for the point, before the label.")
     score: float = Field(description="The score published with that prediction.")
-    mistake: bool = Field(description="y_pred ≠ y: the published decision was wrong (what perceptron_mistakes_total counts).")
+    mistake: bool = Field(
+        description="y_pred ≠ y: the published decision was wrong (what perceptron_mistakes_total counts)."
+    )
     source: Source = Field(description="The point's position: the prediction's source.")
     label_source: Source = Field(description="The label's position: the key to drop repeated outcomes by.")
     delay_seconds: float = Field(description="From the point's arrival to its label's.")
@@ -219,15 +254,20 @@ class ModelFile(BaseModel):
     standardize: bool = Field(False, description="A StandardScaler in front (its moments are in state).")
     hash_features: Annotated[int, Field(ge=0)] = Field(0, description="Buckets the features are hashed into (0: none).")
     input: Literal["dense", "named", "mixed"] | None = Field(
-        None, description="The form of input the features come from: dense (x, numbered 0..d-1: features are integers), "
+        None,
+        description="The form of input the features come from: dense (x, numbered 0..d-1: features are integers), "
         "named (features by name: strings), mixed (both). serve refuses a file whose features do not fit it. Absent "
-        "(files written before it existed, or hashed models): told by the features' types where it can be.")
+        "(files written before it existed, or hashed models): told by the features' types where it can be.",
+    )
     features: list[str | int] = Field(description="Feature names: strings for named features, 0..d-1 for dense x.")
     weights: list[FiniteNumber] = Field(description="The predicting weights, one per feature.")
     bias: FiniteNumber
     source: str = Field(description="Where it comes from (train's algorithm and data, or the checkpoint exported).")
-    state: dict | None = Field(None, description="The learner's whole state (counters, averaged sums, the scaler's "
-                                                 "moments): an exact start. Absent: the weights alone.")
+    state: dict | None = Field(
+        None,
+        description="The learner's whole state (counters, averaged sums, the scaler's "
+        "moments): an exact start. Absent: the weights alone.",
+    )
 
     @model_validator(mode="after")
     def _one_weight_per_feature(self) -> ModelFile:
@@ -238,8 +278,10 @@ class ModelFile(BaseModel):
 
 class ChampionReport(BaseModel):
     variant: str
-    weights: dict[str, float] = Field(description="A page of the predicting weights by feature name: at most the report's "
-                                                  "limit, from its offset, in the order the model first learned them.")
+    weights: dict[str, float] = Field(
+        description="A page of the predicting weights by feature name: at most the report's "
+        "limit, from its offset, in the order the model first learned them."
+    )
     bias: float
     version: int
     seen: int
@@ -247,14 +289,18 @@ class ChampionReport(BaseModel):
     radius: float
     weight_norm: float
     features: int = Field(description="How many features the model holds (every page together).")
-    weights_version: int = Field(description="The version the weights, bias and weight norm are of: the model's version "
-                                             "when a request first saw it (copied once per version).")
-    weights_seen: int = Field(description="Events seen when they were copied: the averaged variant's average moves with "
-                                          "every event, so its weights are as of then; the other variants' are exact.")
+    weights_version: int = Field(
+        description="The version the weights, bias and weight norm are of: the model's version "
+        "when a request first saw it (copied once per version)."
+    )
+    weights_seen: int = Field(
+        description="Events seen when they were copied: the averaged variant's average moves with "
+        "every event, so its weights are as of then; the other variants' are exact."
+    )
 
 
 class ReplicaReport(BaseModel):
-    task: str = Field(description="\"model\" (group scope) or \"partition-N\".")
+    task: str = Field(description='"model" (group scope) or "partition-N".')
     partition: int | None
     champion: ChampionReport
     challengers: dict[str, ChampionReport]
@@ -293,16 +339,23 @@ class Rejection(NamedTuple):
     error: str
 
 
-
-SCHEMAS = {"input-event": InputEvent, "prediction": Prediction, "dead-letter": DeadLetter, "label-event": LabelEvent,
-           "outcome": Outcome, "model-file": ModelFile, "model-report": ModelReport}
+SCHEMAS = {
+    "input-event": InputEvent,
+    "prediction": Prediction,
+    "dead-letter": DeadLetter,
+    "label-event": LabelEvent,
+    "outcome": Outcome,
+    "model-file": ModelFile,
+    "model-report": ModelReport,
+}
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def json_schemas() -> dict[str, str]:
     """The text of each ``schemas/<name>.schema.json``, as generated from the models."""
     return {
-        f"{name}.schema.json": json.dumps(model.model_json_schema(mode="validation"), indent=2, ensure_ascii=False) + "\n"
+        f"{name}.schema.json": json.dumps(model.model_json_schema(mode="validation"), indent=2, ensure_ascii=False)
+        + "\n"
         for name, model in SCHEMAS.items()
     }
 

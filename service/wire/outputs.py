@@ -14,14 +14,26 @@ import base64
 from collections.abc import Callable
 
 import orjson
-
 from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, Event, Rejection
 
 _dumps = orjson.dumps
 
 
-def outcome(label_id, y: int, y_pred: int, score: float, point_source: dict, topic: str, partition: int, offset: int,
-            delay_seconds: float, version: int, seen: int, mistakes: int, replica: dict | None = None) -> bytes:
+def outcome(
+    label_id,
+    y: int,
+    y_pred: int,
+    score: float,
+    point_source: dict,
+    topic: str,
+    partition: int,
+    offset: int,
+    delay_seconds: float,
+    version: int,
+    seen: int,
+    mistakes: int,
+    replica: dict | None = None,
+) -> bytes:
     """The outcome of a published decision once its label came (see :class:`~perceptron_stream.wire.messages.Outcome`).
 
     >>> outcome("c-1", 1, -1, -0.31, {"topic": "points", "partition": 0, "offset": 17}, "labels", 0, 5, 12.5, 42, 1000, 12)[:60]
@@ -30,25 +42,50 @@ def outcome(label_id, y: int, y_pred: int, score: float, point_source: dict, top
     model = {"version": version, "seen": seen, "mistakes": mistakes}
     if replica is not None:
         model = {**replica, **model}
-    return _dumps({
-        "id": label_id, "y": y, "y_pred": y_pred, "score": score, "mistake": y_pred != y,
-        "source": point_source, "label_source": {"topic": topic, "partition": partition, "offset": offset},
-        "delay_seconds": delay_seconds, "model": model,
-    })
+    return _dumps(
+        {
+            "id": label_id,
+            "y": y,
+            "y_pred": y_pred,
+            "score": score,
+            "mistake": y_pred != y,
+            "source": point_source,
+            "label_source": {"topic": topic, "partition": partition, "offset": offset},
+            "delay_seconds": delay_seconds,
+            "model": model,
+        }
+    )
 
 
-def prediction(event_id, topic: str, partition: int, offset: int, y_pred: int, score: float, y: int | None,
-               mistake: bool | None, version: int, seen: int, mistakes: int, replica: dict | None = None) -> bytes:
+def prediction(
+    event_id,
+    topic: str,
+    partition: int,
+    offset: int,
+    y_pred: int,
+    score: float,
+    y: int | None,
+    mistake: bool | None,
+    version: int,
+    seen: int,
+    mistakes: int,
+    replica: dict | None = None,
+) -> bytes:
     """A prediction (see :class:`~perceptron_stream.wire.messages.Prediction`); ``replica`` adds partition scope's model fields."""
     model = {"version": version, "seen": seen, "mistakes": mistakes}
     if replica is not None:
         model = {**replica, **model}
-    return _dumps({
-        "id": event_id,
-        "source": {"topic": topic, "partition": partition, "offset": offset},
-        "y_pred": y_pred, "score": score, "y": y, "mistake": mistake,
-        "model": model,
-    })
+    return _dumps(
+        {
+            "id": event_id,
+            "source": {"topic": topic, "partition": partition, "offset": offset},
+            "y_pred": y_pred,
+            "score": score,
+            "y": y,
+            "mistake": mistake,
+            "model": model,
+        }
+    )
 
 
 #: An integer id is written back in the prediction: beyond 64 bits orjson
@@ -63,12 +100,24 @@ DEAD_LETTER_ERROR_LIMIT = 1000
 def publishable(event: Event | Rejection) -> Event | Rejection:
     """The decoded event, or a rejection when its prediction could not be written."""
     if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
-        return Rejection("invalid_event", f"id must be a string or an integer of at most 64 bits, got an integer of {event.id.bit_length()} bits")
+        return Rejection(
+            "invalid_event",
+            f"id must be a string or an integer of at most 64 bits, got an integer of {event.id.bit_length()} bits",
+        )
     return event
 
 
-def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int, *,
-                      max_bytes: int | None = None, key_bytes: int = 0, key_dropped: bool = False) -> bytes:
+def dead_letter_value(
+    rejection: Rejection,
+    raw: bytes | None,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    max_bytes: int | None = None,
+    key_bytes: int = 0,
+    key_dropped: bool = False,
+) -> bytes:
     """The dead-letter message the service publishes for a rejected input (JSON bytes).
 
     With ``max_bytes``, the letter and the ``key_bytes`` of its record's key
@@ -106,8 +155,9 @@ def dead_letter_value(rejection: Rejection, raw: bytes | None, topic: str, parti
     return orjson.dumps(letter)
 
 
-def dead_letter_record(rejection: Rejection, raw: bytes | None, key: bytes | None, topic: str, partition: int, offset: int,
-                       max_bytes: int) -> tuple[bytes | None, bytes]:
+def dead_letter_record(
+    rejection: Rejection, raw: bytes | None, key: bytes | None, topic: str, partition: int, offset: int, max_bytes: int
+) -> tuple[bytes | None, bytes]:
     """Key and value of the dead letter for a rejected input: together at most ``max_bytes``.
 
     The input's key is kept unless even a letter with no raw leaves it no room
@@ -122,7 +172,9 @@ def dead_letter_record(rejection: Rejection, raw: bytes | None, key: bytes | Non
 
 def _longest_head(head: str, encoding: str, room: int) -> str:
     """The longest head of a letter's raw text whose JSON string takes at most ``room`` bytes more than ``""``."""
-    if encoding == "base64":  # 4 characters for every 3 bytes, none escaped: whole groups decode to a head of the original
+    if (
+        encoding == "base64"
+    ):  # 4 characters for every 3 bytes, none escaped: whole groups decode to a head of the original
         return head[: min(len(head), room // 4 * 4)]
     n = _longest(len(head), lambda n: len(orjson.dumps(head[:n])) - 2 <= room)
     return head[:n]
@@ -142,7 +194,6 @@ def _longest(most: int, fits: Callable[[int], bool]) -> int | None:
     return low
 
 
-
 def dead_letter(rejection: Rejection, raw: bytes | None, topic: str, partition: int, offset: int) -> dict:
     """The dead-letter message for a rejected input, as a JSON-able dict."""
     raw = raw or b""
@@ -159,4 +210,3 @@ def dead_letter(rejection: Rejection, raw: bytes | None, topic: str, partition: 
         "raw_encoding": encoding,
         "raw_truncated": len(raw) > DEAD_LETTER_RAW_LIMIT,
     }
-

@@ -32,9 +32,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
-
 from perceptron_stream.app import CHECKPOINT_TOPIC_CONFIG
 from perceptron_stream.config import ENV_PREFIX, ProduceSettings, ServeSettings, load
+
 from tests.support.manifests import serve_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +158,9 @@ def published_ports(service: dict) -> dict[int, int]:
 def check_jsonschema(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", *args],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -264,8 +266,18 @@ def test_topics_service_creates_every_topic_the_services_use(compose, monkeypatc
     scaled = serve_settings(monkeypatch, container_env(compose, SCALED))
     created = _created_topics(compose)
     compacted = {settings.checkpoint_topic, scaled.checkpoint_topic, scaled.mix_topic}
-    assert set(created) == {settings.input_topic, settings.output_topic, settings.dlq_topic,
-                            scaled.input_topic, scaled.output_topic, scaled.dlq_topic} | compacted
+    assert (
+        set(created)
+        == {
+            settings.input_topic,
+            settings.output_topic,
+            settings.dlq_topic,
+            scaled.input_topic,
+            scaled.output_topic,
+            scaled.dlq_topic,
+        }
+        | compacted
+    )
     for topic in compacted:  # the settings the service gives them when it creates them
         assert _topic_configs(created[topic]) == CHECKPOINT_TOPIC_CONFIG, topic
     for topic, line in created.items():
@@ -284,7 +296,13 @@ def test_demo_topics_keep_an_hour_not_a_week(compose, monkeypatch):
     settings = serve_settings(monkeypatch, container_env(compose, SERVICE))
     created = _created_topics(compose)
     retentions = set()
-    for topic in (settings.input_topic, settings.output_topic, settings.dlq_topic, scaled.output_topic, scaled.dlq_topic):
+    for topic in (
+        settings.input_topic,
+        settings.output_topic,
+        settings.dlq_topic,
+        scaled.output_topic,
+        scaled.dlq_topic,
+    ):
         configs = _topic_configs(created[topic])
         assert configs.get("cleanup.policy", "delete") == "delete", topic
         retention_ms = int(configs["retention.ms"])
@@ -369,7 +387,9 @@ def test_scaled_service_has_what_partition_scope_needs(compose, monkeypatch):
     assert settings.state_store == "kafka", "every instance must read every replica's checkpoints, and has no volume"
     assert not service.get("volumes")
     assert settings.mix_every > 0
-    assert not settings.create_topics and {settings.checkpoint_topic, settings.mix_topic} <= set(_created_topics(compose))
+    assert not settings.create_topics and {settings.checkpoint_topic, settings.mix_topic} <= set(
+        _created_topics(compose)
+    )
     assert settings.metrics_host == "0.0.0.0"
     # the same stream, another model: a group of its own (sharing the group-scope model's would split its
     # partitions between two kinds of model) and outputs of its own
@@ -386,7 +406,10 @@ def test_scaled_service_can_be_scaled(compose, monkeypatch):
     service = compose["services"][SCALED]
     assert "container_name" not in service
     port = serve_settings(monkeypatch, container_env(compose, SCALED)).metrics_port
-    assert [str(p) for p in service.get("ports", [])] in ([], [str(port)])  # the container port alone: a free host port each
+    assert [str(p) for p in service.get("ports", [])] in (
+        [],
+        [str(port)],
+    )  # the container port alone: a free host port each
     assert "deploy" not in service  # deploy.replicas would fix the count
     # Prometheus finds every instance by the service's DNS name, on its metrics port, in the service's job
     prometheus = compose["services"]["prometheus"]
@@ -436,7 +459,11 @@ def test_one_service_builds_the_project_image_and_the_others_run_it(compose):
     builders = [name for name, service in compose["services"].items() if "build" in service]
     assert builders == [SERVICE]
     image = project_image(compose)
-    users = {name: service for name, service in compose["services"].items() if _image_name(service["image"]) == _image_name(image)}
+    users = {
+        name: service
+        for name, service in compose["services"].items()
+        if _image_name(service["image"]) == _image_name(image)
+    }
     assert set(users) == {SERVICE, SCALED, "producer"}
     for name, service in users.items():
         assert service["image"] == image, f"{name} runs {service['image']}, the build makes {image}"
@@ -450,7 +477,10 @@ def test_one_service_builds_the_project_image_and_the_others_run_it(compose):
 
 def test_image_name_reader():
     assert _image_name("perceptron-stream:0.1.0") == "perceptron-stream"
-    assert _image_name("registry.example:5000/team/perceptron-stream:0.1.0") == "registry.example:5000/team/perceptron-stream"
+    assert (
+        _image_name("registry.example:5000/team/perceptron-stream:0.1.0")
+        == "registry.example:5000/team/perceptron-stream"
+    )
     assert _image_name("registry.example:5000/perceptron-stream") == "registry.example:5000/perceptron-stream"
     assert _image_name("perceptron-stream") == "perceptron-stream"
 
@@ -495,7 +525,10 @@ def test_suggested_host_produce_command_fits_the_running_model(compose, monkeypa
             args = shlex.split(command)[2:]
             produce = load(ProduceSettings, args)
             assert f"//{produce.bootstrap_servers}" in advertised, (where, command)  # the host listener
-            assert int(produce.bootstrap_servers.rpartition(":")[2]) in published_ports(compose["services"]["kafka"]).values()
+            assert (
+                int(produce.bootstrap_servers.rpartition(":")[2])
+                in published_ports(compose["services"]["kafka"]).values()
+            )
             assert "--topic" in args and produce.topic == serve.input_topic, (where, command)
             assert produce.stream == demo.stream == "credit", (where, command)
             assert produce.unlabeled == 1.0 and produce.count > 0, (where, command)
@@ -564,7 +597,8 @@ def test_grafana_provisioning_lines_up_with_the_mounts(compose):
             # every panel's datasource is one that is provisioned (or a template variable)
             for uid in _datasource_uids(json.loads(dashboard.read_text())):
                 assert uid in provisioned_uids or uid.startswith("$") or uid == "-- Grafana --", (
-                    f"{dashboard.name} uses datasource uid {uid!r}; provisioned: {sorted(provisioned_uids)}")
+                    f"{dashboard.name} uses datasource uid {uid!r}; provisioned: {sorted(provisioned_uids)}"
+                )
 
     home = _environment(grafana).get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     if home is not None:
@@ -582,7 +616,9 @@ def test_grafana_needs_no_login(compose):
 
 
 def test_hadolint_passes_the_dockerfile():
-    result = subprocess.run([hadolint_binary(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint_binary(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -603,7 +639,9 @@ def test_dockerfile_builds_the_project_as_a_non_root_user():
             *sources, _ = args.split()
             copied.update(s.rstrip("/") for s in sources if not s.startswith("--"))
     assert copied == {"deploy/requirements.lock", "pyproject.toml", "README.md", "schemas", "service"}
-    assert any(word == "RUN" and re.search(r"pip install (--no-cache-dir )?\.(\s|$)", args) for word, args in instructions)
+    assert any(
+        word == "RUN" and re.search(r"pip install (--no-cache-dir )?\.(\s|$)", args) for word, args in instructions
+    )
     user = _one(instructions, "USER")
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "a numeric non-root user (Kubernetes' runAsNonRoot needs a number)"
@@ -632,7 +670,7 @@ class _Health(BaseHTTPRequestHandler):
     status = 200
     seen: list[str] = []
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         type(self).seen.append(self.path)
         self.send_response(type(self).status)
         self.end_headers()
@@ -690,7 +728,7 @@ def _dockerignore_regex(pattern: str) -> re.Pattern:
             out, i = out + "[^/]", i + 1
         elif pattern[i] == "[":
             end = pattern.index("]", i)
-            out, i = out + pattern[i:end + 1], end + 1
+            out, i = out + pattern[i : end + 1], end + 1
         else:
             out, i = out + re.escape(pattern[i]), i + 1
     return re.compile(out + r"(?:/.*)?")  # a matched directory excludes what it holds
@@ -717,8 +755,16 @@ def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
     assert len(needed) > 3
     for path in needed:
         assert not dockerignored(path, lines), f"{path} is copied by the Dockerfile but ignored"
-    for path in [".git/HEAD", "tests/deploy/test_compose.py", "bench/x.py", "service/__pycache__/cli.cpython-311.pyc",
-                 "docs.md", "state/model.json", ".venv/bin/python", "perceptron_stream.egg-info/PKG-INFO"]:
+    for path in [
+        ".git/HEAD",
+        "tests/deploy/test_compose.py",
+        "bench/x.py",
+        "service/__pycache__/cli.cpython-311.pyc",
+        "docs.md",
+        "state/model.json",
+        ".venv/bin/python",
+        "perceptron_stream.egg-info/PKG-INFO",
+    ]:
         assert dockerignored(path, lines), f"{path} should stay out of the build context"
 
 
@@ -746,8 +792,21 @@ def test_the_copied_files_build_the_package(tmp_path):
                     shutil.copyfile(file, context / relative)
     out = tmp_path / "wheel"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check", "-w", str(out), str(context)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = out.glob("perceptron_stream-*.whl")
@@ -757,7 +816,9 @@ def test_the_copied_files_build_the_package(tmp_path):
         names = archive.namelist()
         assert "perceptron_stream/cli.py" in names
         # one import package of the project's own name: nothing called `service` in site-packages
-        assert {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")} == {"perceptron_stream"}
+        assert {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")} == {
+            "perceptron_stream"
+        }
         [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
         headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
@@ -773,7 +834,9 @@ def test_the_license_is_an_spdx_expression_and_setuptools_reads_it():
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["license"] == "MIT"
-    assert not any(c.startswith("License ::") for c in pyproject["project"].get("classifiers", []))  # PEP 639 forbids both
+    assert not any(
+        c.startswith("License ::") for c in pyproject["project"].get("classifiers", [])
+    )  # PEP 639 forbids both
     [setuptools] = [r for r in pyproject["build-system"]["requires"] if re.match(r"setuptools\b", r)]
     lower = re.fullmatch(r"setuptools\s*>=\s*(\d+)(?:\.\d+)*", setuptools)
     assert lower and int(lower.group(1)) >= 77, f"PEP 639 license expressions need setuptools>=77, got {setuptools!r}"

@@ -155,8 +155,10 @@ def test_the_panels_the_service_needs(dashboard: dict[str, Any]) -> None:
     assert any("by(topic,partition)" in e and "perceptron_consumer_lag{" in e for e in lag), lag
     latency = compact(_panel_exprs(dashboard, "latency"))
     for q in ("0.5", "0.99"):
-        assert any(e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_processing_latency_seconds_bucket{{")
-                   for e in latency), (q, latency)
+        assert any(
+            e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_processing_latency_seconds_bucket{{")
+            for e in latency
+        ), (q, latency)
     norm = compact(_panel_exprs(dashboard, "weight norm"))
     assert any(e.startswith("perceptron_weight_norm{") for e in norm)
     assert any(e.startswith("perceptron_data_radius{") for e in norm)
@@ -190,20 +192,28 @@ def test_the_delayed_label_and_model_operation_panels(dashboard: dict[str, Any])
     compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
     pending = compact(_panel_exprs(dashboard, "pending labels"))
     assert any(e.startswith("sumby(instance)(perceptron_pending_labels{") for e in pending), pending
-    assert any(e.startswith("sumby(instance)(perceptron_early_labels{") for e in pending), pending  # labels before their point
+    assert any(e.startswith("sumby(instance)(perceptron_early_labels{") for e in pending), (
+        pending
+    )  # labels before their point
     delay = compact(_panel_exprs(dashboard, "label delay"))
     for q in ("0.5", "0.99"):
-        assert any(e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_label_delay_seconds_bucket{{") for e in delay), (q, delay)
+        assert any(
+            e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_label_delay_seconds_bucket{{")
+            for e in delay
+        ), (q, delay)
     outcomes = compact(_panel_exprs(dashboard, "labels per second by outcome"))
     assert any(e.startswith("sumby(outcome)(rate(perceptron_labels_total{") for e in outcomes), outcomes
     [panel] = [p for p in dashboard["panels"] if p["title"] == "Champion and challengers: mistake rate"]
     exprs = compact(t["expr"] for t in panel["targets"])
-    assert any(e.startswith("perceptron_mistake_rate{") for e in exprs) and \
-        any(e.startswith("perceptron_challenger_mistake_rate{") for e in exprs), exprs
+    assert any(e.startswith("perceptron_mistake_rate{") for e in exprs) and any(
+        e.startswith("perceptron_challenger_mistake_rate{") for e in exprs
+    ), exprs
     assert any("{{challenger}}" in t["legendFormat"] for t in panel["targets"])
     assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"
     stats = {p["title"]: compact(t["expr"] for t in p["targets"]) for p in dashboard["panels"] if p["type"] == "stat"}
-    assert stats["Last drift"] == ['max(perceptron_last_drift_timestamp_seconds{job=~"$job",instance=~"$instance"})*1000']
+    assert stats["Last drift"] == [
+        'max(perceptron_last_drift_timestamp_seconds{job=~"$job",instance=~"$instance"})*1000'
+    ]
     [last] = [p for p in dashboard["panels"] if p["title"] == "Last drift"]
     assert last["fieldConfig"]["defaults"]["unit"] == "dateTimeFromNow"
     assert {"0": {"text": "never", "index": 0}} in [m["options"] for m in last["fieldConfig"]["defaults"]["mappings"]]
@@ -213,10 +223,15 @@ def test_the_exactly_once_transaction_panels(dashboard: dict[str, Any]) -> None:
     """Transactions per second by result (committed, aborted) and the commit's p50/p99 (--processing-guarantee exactly-once)."""
     compact = lambda exprs: [re.sub(r"\s+", "", e) for e in exprs]  # noqa: E731
     results = compact(_panel_exprs(dashboard, "transactions per second by result"))
-    assert results == ['sumby(result)(rate(perceptron_transactions_total{job=~"$job",instance=~"$instance"}[$__rate_interval]))']
+    assert results == [
+        'sumby(result)(rate(perceptron_transactions_total{job=~"$job",instance=~"$instance"}[$__rate_interval]))'
+    ]
     commit = compact(_panel_exprs(dashboard, "transaction commit time"))
     for q in ("0.5", "0.99"):
-        assert any(e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_transaction_commit_seconds_bucket{{") for e in commit), (q, commit)
+        assert any(
+            e.startswith(f"histogram_quantile({q},sumby(le)(rate(perceptron_transaction_commit_seconds_bucket{{")
+            for e in commit
+        ), (q, commit)
     [panel] = [p for p in dashboard["panels"] if p["title"] == "Transaction commit time"]
     assert panel["fieldConfig"]["defaults"]["unit"] == "s"
 
@@ -225,9 +240,14 @@ def test_drift_annotation(dashboard: dict[str, Any]) -> None:
     """A drift marks every time series: an annotation where the drift counter went up. increase, not changes: a
     restart sets the counter back to 0, which is no drift."""
     [drift] = [a for a in prometheus_annotations(dashboard) if a["name"] == "Drift detected"]
-    assert drift["enable"] is True and drift["datasource"] == {"type": "prometheus", "uid": provisioned_datasource()["uid"]}
-    assert re.sub(r"\s+", "", drift["expr"]) == \
-        'increase(perceptron_drift_detected_total{job=~"$job",instance=~"$instance"}[$__rate_interval])>0'
+    assert drift["enable"] is True and drift["datasource"] == {
+        "type": "prometheus",
+        "uid": provisioned_datasource()["uid"],
+    }
+    assert (
+        re.sub(r"\s+", "", drift["expr"])
+        == 'increase(perceptron_drift_detected_total{job=~"$job",instance=~"$instance"}[$__rate_interval])>0'
+    )
     assert drift["tagKeys"] == "instance" and "{{instance}}" in drift["textFormat"]
 
 

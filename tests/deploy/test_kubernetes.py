@@ -29,8 +29,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
-
 from perceptron_stream.config import ENV_PREFIX, ServeSettings
+
 from tests.support import ROOT
 from tests.support.manifests import (
     DOCKERFILE,
@@ -139,11 +139,14 @@ def test_every_expected_kind_is_there(objects):
     assert set(objects) == BUILTIN_KINDS | CUSTOM_KINDS
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda c: c.__setitem__("livenesProbe", c.pop("livenessProbe")), "livenesProbe"),  # a typo
-    (lambda c: c["securityContext"].__setitem__("readOnlyRootFilesystem", "yes"), "yes"),  # a wrong type
-    (lambda c: c["ports"][0].__setitem__("containerPort", "8000"), "8000"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda c: c.__setitem__("livenesProbe", c.pop("livenessProbe")), "livenesProbe"),  # a typo
+        (lambda c: c["securityContext"].__setitem__("readOnlyRootFilesystem", "yes"), "yes"),  # a wrong type
+        (lambda c: c["ports"][0].__setitem__("containerPort", "8000"), "8000"),
+    ],
+)
 def test_strict_validation_rejects_broken_deployments(objects, mutate, field):
     broken = copy.deepcopy(objects["Deployment"])
     mutate(broken["spec"]["template"]["spec"]["containers"][0])
@@ -173,7 +176,8 @@ def test_servicemonitor_scrapes_the_services_metrics_port(objects):
 def test_prometheusrule_is_generated_from_the_alert_rules(objects):
     assert PROMETHEUSRULE.read_text() == prometheusrule_text(), (
         "deploy/kubernetes/prometheusrule.yaml differs from deploy/prometheus/alerts.yml: "
-        "run `python -m tests.deploy.test_kubernetes` to regenerate it")
+        "run `python -m tests.deploy.test_kubernetes` to regenerate it"
+    )
     assert objects["PrometheusRule"]["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
 
 
@@ -197,7 +201,9 @@ def test_prometheusrule_structure_and_rules_pass_promtool(objects, tmp_path):
     rules_file = tmp_path / "rules.yml"
     rules_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
     promtool = shutil.which("promtool")
-    assert promtool, "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
+    assert promtool, (
+        "promtool is not on PATH: install Debian's package with `apt-get install -y prometheus` (tests/run.sh does it)"
+    )
     proc = subprocess.run([promtool, "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -217,7 +223,10 @@ def test_kustomization_shows_how_to_add_the_release_label(objects):
     assert entry["includeSelectors"] is False
     assert "includeTemplates" not in entry or entry["includeTemplates"] is False
     assert "labels" not in objects["Kustomization"]  # uncommenting adds the key, it does not duplicate one
-    assert yaml.safe_load(text + "\n" + commented_block(text, "UNCOMMENT for kube-prometheus-stack"))["labels"] == block["labels"]
+    assert (
+        yaml.safe_load(text + "\n" + commented_block(text, "UNCOMMENT for kube-prometheus-stack"))["labels"]
+        == block["labels"]
+    )
 
 
 def test_kustomization_lists_the_manifests(objects):
@@ -238,7 +247,9 @@ def test_kustomization_lists_the_manifests(objects):
 def test_kustomized_image_reader():
     entries = [{"name": "perceptron-stream", "newName": "registry.example/ps", "newTag": "1.2.3"}]
     assert kustomized_image("perceptron-stream:0.1.0", entries) == "registry.example/ps:1.2.3"
-    assert kustomized_image("perceptron-stream", [{"name": "perceptron-stream", "newTag": "2"}]) == "perceptron-stream:2"
+    assert (
+        kustomized_image("perceptron-stream", [{"name": "perceptron-stream", "newTag": "2"}]) == "perceptron-stream:2"
+    )
     assert kustomized_image("other:1", entries) == "other:1"
     assert kustomized_image("perceptron-stream", []) == "perceptron-stream:latest"
 
@@ -255,7 +266,9 @@ def test_one_image_name_and_tag_in_readme_compose_and_manifests(objects, contain
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     commands = {
         "README docker build": re.findall(r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", readme),
-        "Dockerfile docker build": re.findall(r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", DOCKERFILE.read_text()),
+        "Dockerfile docker build": re.findall(
+            r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", DOCKERFILE.read_text()
+        ),
         "README docker run": re.findall(r"docker run ([^\s`]+)", readme),
         "README kind load": re.findall(r"kind load docker-image ([^\s`]+)", readme),
         "README minikube image load": re.findall(r"minikube image load ([^\s`]+)", readme),
@@ -277,7 +290,10 @@ def test_one_image_name_and_tag_in_readme_compose_and_manifests(objects, contain
 def test_the_kubelet_waits_for_the_service_to_stop_before_it_kills_it(objects, monkeypatch):
     """SIGKILL comes terminationGracePeriodSeconds after SIGTERM: after the service's own stop deadline."""
     settings = serve_settings(monkeypatch, pod_env(objects))
-    assert objects["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > settings.stop_timeout_seconds
+    assert (
+        objects["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        > settings.stop_timeout_seconds
+    )
 
 
 def test_configmap_keys_are_serve_settings(objects):
@@ -350,7 +366,9 @@ def _served_status(path: str) -> int:
     from perceptron_stream.metrics import ServiceMetrics
     from perceptron_stream.runtime.health import Health
 
-    endpoints = HttpEndpoints(ServiceMetrics(window=10, version="test", variant="plain"), Health(30.0), "127.0.0.1", 0).start()
+    endpoints = HttpEndpoints(
+        ServiceMetrics(window=10, version="test", variant="plain"), Health(30.0), "127.0.0.1", 0
+    ).start()
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{endpoints.port}{path}", timeout=5) as response:
             return response.status
@@ -362,8 +380,15 @@ def _served_status(path: str) -> int:
 
 def test_probe_and_scrape_paths_are_served_by_the_service(objects, container):
     """Each probe's and the ServiceMonitor's path is a route of HttpEndpoints, not a string we hope is one."""
-    paths = {probe: container[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe", "startupProbe") if probe in container}
-    paths |= {f"ServiceMonitor endpoint {i}": e.get("path", "/metrics") for i, e in enumerate(objects["ServiceMonitor"]["spec"]["endpoints"])}
+    paths = {
+        probe: container[probe]["httpGet"]["path"]
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe")
+        if probe in container
+    }
+    paths |= {
+        f"ServiceMonitor endpoint {i}": e.get("path", "/metrics")
+        for i, e in enumerate(objects["ServiceMonitor"]["spec"]["endpoints"])
+    }
     for what, path in paths.items():
         assert _served_status(path) != 404, f"{what} asks {path}, which the service does not serve"
     assert _served_status("/metrics") == 200 and _served_status("/healthz") == 200  # live right after start

@@ -28,8 +28,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from perceptron_stream.config import ENV_PREFIX
+
 from tests.support.manifests import (
     KUBERNETES_VERSION,
     MANIFESTS,
@@ -48,15 +48,27 @@ BUILTIN_KINDS = {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"}
 CUSTOM_SCHEMAS = {"ServiceMonitor": SERVICEMONITOR_SCHEMA, "PrometheusRule": PROMETHEUSRULE_SCHEMA}
 
 #: The settings partition scope changes (or adds, or drops) in the base's ConfigMap; every other is the base's.
-PARTITION_SCOPE_SETTINGS = {ENV_PREFIX + name for name in (
-    "MODEL_SCOPE", "STATE_STORE", "STATE_DIR", "CHECKPOINT_TOPIC", "MIX_EVERY", "MIX_TOPIC", "TOPIC_PARTITIONS")}
+PARTITION_SCOPE_SETTINGS = {
+    ENV_PREFIX + name
+    for name in (
+        "MODEL_SCOPE",
+        "STATE_STORE",
+        "STATE_DIR",
+        "CHECKPOINT_TOPIC",
+        "MIX_EVERY",
+        "MIX_TOPIC",
+        "TOPIC_PARTITIONS",
+    )
+}
 
 
 def render(directory: Path) -> list[dict]:
     """The objects ``kubectl kustomize directory`` builds, for a kustomization of plain resources and ``images:``."""
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     unknown = set(kustomization) - {"apiVersion", "kind", "resources", "images"}
-    assert not unknown, f"render() does not know kustomization fields {sorted(unknown)}: teach it, or keep to plain resources"
+    assert not unknown, (
+        f"render() does not know kustomization fields {sorted(unknown)}: teach it, or keep to plain resources"
+    )
     out = []
     for resource in kustomization["resources"]:
         path = directory / resource
@@ -110,7 +122,8 @@ def test_every_object_is_valid(objects):
 @pytest.mark.parametrize("name", COPIES)
 def test_monitoring_manifests_are_copies_of_the_base(name):
     assert (SCALE_OUT / name).read_text() == (MANIFESTS / name).read_text(), (
-        f"scale-out/{name} differs from the base's: copy it (prometheusrule.yaml: `python -m tests.deploy.test_kubernetes`)")
+        f"scale-out/{name} differs from the base's: copy it (prometheusrule.yaml: `python -m tests.deploy.test_kubernetes`)"
+    )
 
 
 def test_images_and_release_label_block_are_the_bases():
@@ -122,8 +135,9 @@ def test_images_and_release_label_block_are_the_bases():
 
 def test_configmap_is_the_bases_in_partition_scope(objects, base, settings):
     ours, theirs = objects["ConfigMap"]["data"], base["ConfigMap"]["data"]
-    assert {k: v for k, v in ours.items() if k not in PARTITION_SCOPE_SETTINGS} == \
-        {k: v for k, v in theirs.items() if k not in PARTITION_SCOPE_SETTINGS}
+    assert {k: v for k, v in ours.items() if k not in PARTITION_SCOPE_SETTINGS} == {
+        k: v for k, v in theirs.items() if k not in PARTITION_SCOPE_SETTINGS
+    }
     assert objects["ConfigMap"]["metadata"] == base["ConfigMap"]["metadata"]
     assert settings.model_scope == "partition"
     assert settings.state_store == "kafka", "every pod must read every replica's checkpoints"
@@ -157,7 +171,9 @@ def test_pod_disruption_budget_evicts_one_pod_at_a_time(objects):
     pdb, deployment = objects["PodDisruptionBudget"], objects["Deployment"]
     assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        pdb["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 # --------------------------------------------------------------------------- the ScaledObject
@@ -182,7 +198,11 @@ SCALEDOBJECT_SCHEMA = {
                     "type": "object",
                     "required": ["name"],
                     "additionalProperties": False,
-                    "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "name": {"type": "string"}},
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                    },
                 },
                 "pollingInterval": {"type": "integer", "minimum": 1},
                 "cooldownPeriod": {"type": "integer", "minimum": 0},
@@ -215,8 +235,10 @@ SCALEDOBJECT_SCHEMA = {
                                 "type": "object",
                                 "required": ["name"],
                                 "additionalProperties": False,
-                                "properties": {"name": {"type": "string"},
-                                               "kind": {"enum": ["TriggerAuthentication", "ClusterTriggerAuthentication"]}},
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {"enum": ["TriggerAuthentication", "ClusterTriggerAuthentication"]},
+                                },
                             },
                         },
                     },
@@ -230,23 +252,37 @@ SCALEDOBJECT_SCHEMA = {
 def test_scaledobject_structure(objects):
     scaled = objects["ScaledObject"]
     jsonschema.validate(scaled, SCALEDOBJECT_SCHEMA)
-    for mutate in (lambda s: s["spec"]["triggers"][0]["metadata"].__setitem__("lagThreshold", 1000),  # not a string
-                   lambda s: s["spec"].__setitem__("maxReplicas", 6)):  # the HPA's name, not KEDA's
+    for mutate in (
+        lambda s: s["spec"]["triggers"][0]["metadata"].__setitem__("lagThreshold", 1000),  # not a string
+        lambda s: s["spec"].__setitem__("maxReplicas", 6),
+    ):  # the HPA's name, not KEDA's
         broken = copy.deepcopy(scaled)
         mutate(broken)
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, SCALEDOBJECT_SCHEMA)
     # KEDA hands the behaviour to the HorizontalPodAutoscaler it makes: valid there
     spec = scaled["spec"]
-    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "keda-hpa-perceptron-stream"},
-           "spec": {"scaleTargetRef": spec["scaleTargetRef"], "minReplicas": spec["minReplicaCount"],
-                    "maxReplicas": spec["maxReplicaCount"], "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]}}
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa-perceptron-stream"},
+        "spec": {
+            "scaleTargetRef": spec["scaleTargetRef"],
+            "minReplicas": spec["minReplicaCount"],
+            "maxReplicas": spec["maxReplicaCount"],
+            "behavior": spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"],
+        },
+    }
     kubernetes_validate.validate(hpa, KUBERNETES_VERSION, strict=True)
 
 
 def test_scaledobject_scales_the_deployment_on_its_groups_lag(objects, settings):
     spec, deployment = objects["ScaledObject"]["spec"], objects["Deployment"]
-    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     [trigger] = spec["triggers"]
     assert trigger["type"] == "kafka"
     meta = trigger["metadata"]

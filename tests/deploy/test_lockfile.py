@@ -28,7 +28,10 @@ def pins(text: str) -> dict[str, tuple[Version, list[str]]]:
     for block in re.split(r"\n(?=[A-Za-z0-9])", text):
         match = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", block)
         if match:
-            entries[canonicalize_name(match[1])] = (Version(match[2]), re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+            entries[canonicalize_name(match[1])] = (
+                Version(match[2]),
+                re.findall(r"--hash=sha256:([0-9a-f]{64})", block),
+            )
     return entries
 
 
@@ -75,6 +78,9 @@ def test_the_lock_says_how_to_refresh_it() -> None:
 def test_the_image_installs_the_lock_hash_checked_then_the_project_alone() -> None:
     text = DOCKERFILE.read_text()
     assert "COPY deploy/requirements.lock ./" in text
-    install = re.search(r"pip install --no-cache-dir --require-hashes -r requirements\.lock\s*\\\n\s*&& pip install "
-                        r"--no-cache-dir \. --no-deps\s*\\\n\s*&& pip check", text)
+    install = re.search(
+        r"pip install --no-cache-dir --require-hashes -r requirements\.lock\s*\\\n\s*&& pip install "
+        r"--no-cache-dir \. --no-deps\s*\\\n\s*&& pip check",
+        text,
+    )
     assert install, "deploy/Dockerfile must install the lock with --require-hashes, then the project with --no-deps"

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from pydantic import Field
-
 from perceptron_stream.cli import COMMANDS
 from perceptron_stream.config import CommandSettings, env_var, flag
 from perceptron_stream.metrics import ServiceMetrics
+from pydantic import Field
+
 from tests.support.docs import DOCS, MKDOCS_YML, ROOT, Example, python_examples, reference_hook
 
 EXAMPLES = python_examples()
@@ -91,8 +91,14 @@ def test_the_table_shows_what_the_settings_class_says() -> None:
         store: Path | None = Field(None, description="Where the *state* goes.")
 
     table = reference.settings_table_of(Example)
-    assert "| `retries` | `--retries` | `PERCEPTRON_STREAM_RETRIES` | integer, > 0, ≤ 10 | `3` | How often to try \\| again. |" in table
-    assert "| `store` | `--store` | `PERCEPTRON_STREAM_STORE` | path (optional) | — | Where the \\*state\\* goes. |" in table
+    assert (
+        "| `retries` | `--retries` | `PERCEPTRON_STREAM_RETRIES` | integer, > 0, ≤ 10 | `3` | How often to try \\| again. |"
+        in table
+    )
+    assert (
+        "| `store` | `--store` | `PERCEPTRON_STREAM_STORE` | path (optional) | — | Where the \\*state\\* goes. |"
+        in table
+    )
 
 
 def test_defaults_under_the_home_directory_are_shown_from_home() -> None:
@@ -125,7 +131,11 @@ def test_every_page_renders() -> None:
 
 def test_every_service_metric_is_on_the_metrics_page() -> None:
     page = (DOCS / "operations" / "metrics.md").read_text(encoding="utf-8")
-    names = {m.name for m in ServiceMetrics(window=10, version="t", variant="plain").registry.collect() if m.name.startswith("perceptron_")}
+    names = {
+        m.name
+        for m in ServiceMetrics(window=10, version="t", variant="plain").registry.collect()
+        if m.name.startswith("perceptron_")
+    }
     assert names
     for name in names:
         # counters are exposed with _total, infos with _info
@@ -144,9 +154,14 @@ def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
     # the hook and the snippets read the checkout's service/, schemas/ and bench/: the copy links to them
     for name in ("service", "schemas", "bench"):
         (work / name).symlink_to(ROOT / name)
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=work, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "no-such-page.md" in proc.stderr, proc.stderr
 

@@ -24,8 +24,9 @@ def test_real_prometheus_loads_and_evaluates_every_rule(prometheus_factory) -> N
         return {r["name"]: r for g in prom.rule_groups() for r in g["rules"]}
 
     def down_alert(rules: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-        return [a for a in rules.get("PerceptronTargetDown", {}).get("alerts", [])
-                if a["labels"].get("instance") == dead]
+        return [
+            a for a in rules.get("PerceptronTargetDown", {}).get("alerts", []) if a["labels"].get("instance") == dead
+        ]
 
     # every rule evaluated after the first failed scrape (evaluation and scrape run each second)
     deadline = time.monotonic() + 20

@@ -38,7 +38,7 @@ def api_keys(bootstrap: str) -> set[int]:
             data += chunk
     correlation, error, count = struct.unpack(">ihi", data[4:14])
     assert (correlation, error) == (7, 0)
-    return {struct.unpack(">h", data[14 + 6 * i:16 + 6 * i])[0] for i in range(count)}
+    return {struct.unpack(">h", data[14 + 6 * i : 16 + 6 * i])[0] for i in range(count)}
 
 
 def cluster_id(bootstrap: str) -> str:

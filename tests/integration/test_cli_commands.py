@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from perceptron_stream.cli import main
+
 from tests.support import ROOT, SEED_003
 from tests.support.topics import consume
 from tests.support.waiting import wait_until
@@ -27,9 +28,13 @@ def test_produce_writes_a_seeded_stream_and_replays_files(broker, topics, tmp_pa
     assert [e["id"] for e in events[:3]] == ["app-0", "app-1", "app-2"]
     assert set(events[0]["features"]) == {"age", "salary", "years_in_job", "debt"}
     assert records[0].key == b"app-0"
-    assert events[300:] == [{"features": {"x1": 1.0, "x2": 2.0}, "y": 1}, {"features": {"x1": 2.0, "x2": 4.0}, "y": 1},
-                            {"features": {"x1": 3.0, "x2": 4.0}, "y": 1}, {"features": {"x1": 2.0, "x2": 1.0}, "y": -1},
-                            {"features": {"x1": 4.0, "x2": 2.0}, "y": -1}]
+    assert events[300:] == [
+        {"features": {"x1": 1.0, "x2": 2.0}, "y": 1},
+        {"features": {"x1": 2.0, "x2": 4.0}, "y": 1},
+        {"features": {"x1": 3.0, "x2": 4.0}, "y": 1},
+        {"features": {"x1": 2.0, "x2": 1.0}, "y": -1},
+        {"features": {"x1": 4.0, "x2": 2.0}, "y": -1},
+    ]
 
 
 def test_produce_exits_1_when_messages_are_not_acknowledged(broker, topics, tmp_path, capsys, signal_handlers):
@@ -37,8 +42,22 @@ def test_produce_exits_1_when_messages_are_not_acknowledged(broker, topics, tmp_
     topic = topics["input_topic"]
     data = tmp_path / "d.jsonl"
     good = [b'{"x": [1.0], "y": 1}', b'{"x": [2.0], "y": -1}', b'{"x": [3.0]}']
-    data.write_bytes(b"\n".join([good[0], b'{"x": [' + b"1.0," * 1_500_000 + b'1.0]}', *good[1:]]) + b"\n")
-    assert main(["produce", "--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--file", str(data), "--no-progress"]) == 1
+    data.write_bytes(b"\n".join([good[0], b'{"x": [' + b"1.0," * 1_500_000 + b"1.0]}", *good[1:]]) + b"\n")
+    assert (
+        main(
+            [
+                "produce",
+                "--bootstrap-servers",
+                broker.bootstrap_servers,
+                "--topic",
+                topic,
+                "--file",
+                str(data),
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "3 of 4 messages acknowledged" in last and "MessageSizeTooLargeError" in last, last
     assert [r.value for r in consume(broker.bootstrap_servers, topic, 3)] == good
@@ -47,9 +66,28 @@ def test_produce_exits_1_when_messages_are_not_acknowledged(broker, topics, tmp_
 def test_produce_command_through_pipes(broker, topics):
     """Not a terminal: no progress bar, no control codes, exit 0 and the acknowledged count last."""
     topic = topics["input_topic"]
-    process = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "produce", "--bootstrap-servers", broker.bootstrap_servers,
-                              "--topic", topic, "--stream", "noisy", "--count", "200", "--rate", "1000"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "produce",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--topic",
+            topic,
+            "--stream",
+            "noisy",
+            "--count",
+            "200",
+            "--rate",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert process.returncode == 0, process.stderr
     assert process.stderr.strip().splitlines()[-1] == f"wrote 200 messages to {topic}"
     assert "\x1b[" not in process.stdout + process.stderr and process.stdout == ""
@@ -60,12 +98,16 @@ def test_broker_command_serves_until_sigterm(tmp_path):
     from perceptron_stream.broker import free_port
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "broker", "--port", str(port)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "perceptron_stream.cli", "broker", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         first = process.stdout.readline()
         assert f"127.0.0.1:{port}" in first
-        from kafka import KafkaAdminClient
 
         admin = wait_until(lambda: _admin(port), 20, what="the broker to answer")
         admin.close()

@@ -14,7 +14,6 @@ import time
 
 import pytest
 from kafka import errors as kerrors
-
 from perceptron_stream.broker import EmbeddedBroker
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka import (
@@ -25,15 +24,22 @@ from perceptron_stream.kafka import (
     confluent,
 )
 from perceptron_stream.kafka.confluent import ConfluentIO
+
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
 
 
 def _io(bootstrap: str, topics: dict, on_assigned=None, on_revoked=None, auto_offset_reset="earliest") -> ConfluentIO:
-    return ConfluentIO(KafkaSettings(bootstrap_servers=bootstrap), group_id=topics["group_id"],
-                       topics=[topics["input_topic"]], auto_offset_reset=auto_offset_reset,
-                       on_assigned=on_assigned or (lambda partitions: None), on_revoked=on_revoked or (lambda partitions: None),
-                       max_poll_records=1000, fetch_max_wait_ms=20)
+    return ConfluentIO(
+        KafkaSettings(bootstrap_servers=bootstrap),
+        group_id=topics["group_id"],
+        topics=[topics["input_topic"]],
+        auto_offset_reset=auto_offset_reset,
+        on_assigned=on_assigned or (lambda partitions: None),
+        on_revoked=on_revoked or (lambda partitions: None),
+        max_poll_records=1000,
+        fetch_max_wait_ms=20,
+    )
 
 
 def _poll_until(io: ConfluentIO, count: int, max_records: int = 1000, timeout: float = 30.0) -> list:
@@ -74,7 +80,8 @@ def test_poll_send_flush_commit_and_lag(broker, topics):
         records = _poll_until(io, 100, max_records=40)
         assert assigned == [[(topic, 0)]] and io.assignment() == [(topic, 0)]
         assert [(r.topic, r.partition, r.offset, r.key, r.value) for r in records] == [
-            (topic, 0, i, b"k%d" % i, b"v%d" % i) for i in range(100)]
+            (topic, 0, i, b"k%d" % i, b"v%d" % i) for i in range(100)
+        ]
         assert all(r[5] > 1_600_000_000_000 for r in records)  # CreateTime, ms
         assert io.lag(ask_broker=False) == {(topic, 0): 200}  # the fetch responses' high watermark
         # lag(ask_broker=True), exact on Apache Kafka and short on this broker: tests/integration/test_lag.py
@@ -193,12 +200,14 @@ def test_frozen_brokers_fail_flushes_commits_and_probes_in_time_and_nothing_is_l
             try:
                 for i in range(5, 10):
                     io.send(topics["output_topic"], None, b"%d" % i)
-                with within(2.0):
-                    with pytest.raises(DeliveryError):
-                        io.flush(timeout_s=2.0)  # failed after 1 s, sent again on a new producer, still waiting
+                with within(2.0), pytest.raises(DeliveryError):
+                    io.flush(timeout_s=2.0)  # failed after 1 s, sent again on a new producer, still waiting
                 with within(0.5), pytest.raises(KafkaUnavailable):
                     io.commit({tp: 20}, timeout_s=0.5)
-                with within(0.5), pytest.raises(KafkaUnavailable):  # queued behind the first one: librdkafka keeps them in order
+                with (
+                    within(0.5),
+                    pytest.raises(KafkaUnavailable),
+                ):  # queued behind the first one: librdkafka keeps them in order
                     io.commit({tp: 20}, timeout_s=0.5)
                 with within(0.5), pytest.raises(KafkaUnavailable):
                     io.lag(timeout_s=0.5, ask_broker=True)
@@ -238,8 +247,6 @@ def test_a_restart_right_after_a_kill_waits_for_the_dead_member_then_goes_on(bro
     """A restart while the killed run is still in the group goes on once it is gone, and ends exactly where an
     uninterrupted run does (kafka-python: test_crash, where the newcomer waits with its partitions paused)."""
     from tests.support.launch import settings_args, start_service_process
-    from tests.support.topics import produce
-    from tests.support.waiting import wait_until
     from tests.support.service import (
         OutputWatcher,
         check_outputs,
@@ -249,11 +256,15 @@ def test_a_restart_right_after_a_kill_waits_for_the_dead_member_then_goes_on(bro
         stop_process,
         tail,
     )
+    from tests.support.topics import produce
+    from tests.support.waiting import wait_until
 
     events = make_events(3000, seed=31)
     expected, model = offline(events)
     produce(broker.bootstrap_servers, topics["input_topic"], events[:1500])
-    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500, kafka_client="confluent")
+    args = settings_args(
+        broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500, kafka_client="confluent"
+    )
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
         first = start_service_process(args, tmp_path / "serve-1.log")
@@ -263,7 +274,11 @@ def test_a_restart_right_after_a_kill_waits_for_the_dead_member_then_goes_on(bro
         produce(broker.bootstrap_servers, topics["input_topic"], events[1500:])  # work for the next run alone
         second = start_service_process(args, tmp_path / "serve-2.log")
         try:
-            wait_until(lambda: watcher.distinct() >= len(events) or second.poll() is not None, 90, what="every offset predicted")
+            wait_until(
+                lambda: watcher.distinct() >= len(events) or second.poll() is not None,
+                90,
+                what="every offset predicted",
+            )
             assert second.poll() is None, tail(tmp_path / "serve-2.log")
         finally:
             assert stop_process(second, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")

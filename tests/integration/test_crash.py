@@ -25,12 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from perceptron_stream.broker import free_port
+
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args, start_service_process
-from tests.support.topics import produce
-from tests.support.waiting import wait_until
 from tests.support.service import (
     GroupHolder,
     OutputWatcher,
@@ -44,7 +42,8 @@ from tests.support.service import (
     tail,
     wait_assigned,
 )
-
+from tests.support.topics import produce
+from tests.support.waiting import wait_until
 
 # SIGKILL at random moments --------------------------------------------------
 #: The moments of the kills, one run each, in this order; each at a seeded
@@ -99,8 +98,16 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, 
     # 2 s, a machine at a load of 10 took longer than that for a batch, every
     # batch was checkpointed and no kill landed between two checkpoints.)
     # DEBUG: the service logs each checkpoint it writes.
-    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000,
-                         checkpoint_interval_seconds=120.0, log_level="DEBUG", **store_args(store, topics))
+    args = settings_args(
+        broker,
+        topics,
+        tmp_path,
+        batch_size=100,
+        checkpoint_interval_events=1000,
+        checkpoint_interval_seconds=120.0,
+        log_level="DEBUG",
+        **store_args(store, topics),
+    )
     assigned = f"assigned {topics['input_topic']}[0]"
     # The kills with outputs flowing land when the predictions reach a random
     # count in the k-th slice of 5 %..70 % of the stream, and at least a few
@@ -126,7 +133,9 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, 
                 # broker does not hold a join for a member that stopped polling, and then took over 120 s to let the
                 # next run join; it holds the newcomer's join until the dead member's session ends anyway.)
                 if broker.name == "apache-kafka":
-                    holder = GroupHolder(broker.bootstrap_servers, topics["input_topic"], topics["group_id"], hold_ms=30_000)
+                    holder = GroupHolder(
+                        broker.bootstrap_servers, topics["input_topic"], topics["group_id"], hold_ms=30_000
+                    )
                 process, log_path = _start_run(args, tmp_path, str(run), lambda p, log: RESTORED.search(_log(log)))
                 time.sleep(rng.uniform(0.2, 2.0))
             else:
@@ -135,8 +144,12 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, 
                 process, log_path = _start_run(args, tmp_path, str(run), lambda p, log: watcher.distinct() >= target)
                 if kind == "checkpoint":
                     written = len(CHECKPOINTED.findall(_log(log_path)))
-                    wait_until(lambda: len(CHECKPOINTED.findall(_log(log_path))) > written or process.poll() is not None,
-                               30, interval=0.005, what=f"run {run}: a checkpoint")
+                    wait_until(
+                        lambda: len(CHECKPOINTED.findall(_log(log_path))) > written or process.poll() is not None,
+                        30,
+                        interval=0.005,
+                        what=f"run {run}: a checkpoint",
+                    )
                 else:
                     time.sleep(rng.uniform(0.0, 0.1))
             assert process.poll() is None, f"run {run} exited with {process.returncode}:\n{tail(log_path)}"
@@ -146,8 +159,15 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, 
                 holder.release()
                 holder = None
             at_kill = _log(log_path)  # the log at the kill: what the run had done by then
-            phase = ("assigned" if assigned in at_kill else "joining" if "revoked nothing" in at_kill  # the first join's callback
-                     else "restored" if RESTORED.search(at_kill) else "starting")
+            phase = (
+                "assigned"
+                if assigned in at_kill
+                else "joining"
+                if "revoked nothing" in at_kill  # the first join's callback
+                else "restored"
+                if RESTORED.search(at_kill)
+                else "starting"
+            )
             moments.append((kind, phase, watcher.distinct()))
             if kind in ("start", "restored"):
                 assert phase != "assigned", f"run {run}: the {kind} kill came after the assignment: {moments}"
@@ -157,7 +177,9 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, 
                 assert assigned in at_kill and CHECKPOINTED.search(at_kill), tail(log_path)
             progress.append(watcher.settle())  # read to the end: the next run starts from a true count
         process, log_path = _start_run(args, tmp_path, "final", lambda p, log: assigned in _log(log))
-        wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
+        wait_until(
+            lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted"
+        )
         assert stop_process(process, log_path) == 0, tail(log_path)
     finally:
         if process is not None and process.poll() is None:
@@ -194,21 +216,27 @@ def test_broker_frozen_for_20_seconds_mid_stream(own_broker, tmp_path, topics):
     expected, model = offline(events)
     port = free_port()
     produce(own_broker.bootstrap_servers, topics["input_topic"], events)
-    args = settings_args(own_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000,
-                         metrics_port=port)
+    args = settings_args(
+        own_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1000, metrics_port=port
+    )
     readyz = f"http://127.0.0.1:{port}/readyz"
     watcher = OutputWatcher(own_broker.bootstrap_servers, topics["output_topic"]).start()
     log_path = tmp_path / "serve.log"
     process = start_service_process(args, log_path)
     try:
         wait_until(lambda: http_get(readyz)[0] == 200, 60, what="ready")
-        wait_until(lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream")
+        wait_until(
+            lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream"
+        )
         assert process.poll() is None, tail(log_path)
         own_broker.pause()
         paused_at = time.monotonic()
         try:
-            status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(http_get(readyz)), 19,
-                                      what="/readyz to report the outage")
+            status, body = wait_until(
+                lambda: (lambda r: r if r[0] == 503 else None)(http_get(readyz)),
+                19,
+                what="/readyz to report the outage",
+            )
             assert json.loads(body)["broker_reachable"] is False, body
             assert process.poll() is None, tail(log_path)
             time.sleep(max(0.0, 20.0 - (time.monotonic() - paused_at)))
@@ -216,7 +244,9 @@ def test_broker_frozen_for_20_seconds_mid_stream(own_broker, tmp_path, topics):
         finally:
             own_broker.resume()
         wait_until(lambda: http_get(readyz)[0] == 200, 60, what="ready again after the outage")
-        wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
+        wait_until(
+            lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted"
+        )
         assert json.loads(http_get(readyz)[1])["broker_reachable"] is True
         assert stop_process(process, log_path) == 0, tail(log_path)
     finally:
@@ -243,9 +273,13 @@ def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(o
     try:
         process = start_service_process(args, tmp_path / "serve-1.log")
         try:
-            wait_until(lambda: watcher.distinct() >= count // 4 or process.poll() is not None, 120, what="a quarter of the stream")
+            wait_until(
+                lambda: watcher.distinct() >= count // 4 or process.poll() is not None,
+                120,
+                what="a quarter of the stream",
+            )
             # the rest arrives and the broker freezes at once: the service is mid-stream, whatever its speed
-            produce(own_broker.bootstrap_servers, topics["input_topic"], events[count // 4:])
+            produce(own_broker.bootstrap_servers, topics["input_topic"], events[count // 4 :])
             own_broker.pause()
             try:
                 time.sleep(1.0)  # the batch in hand waits for its acknowledgements
@@ -262,7 +296,9 @@ def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(o
         process = start_service_process(args, tmp_path / "serve-2.log")
         try:
             wait_assigned(process, tmp_path / "serve-2.log", topics["input_topic"])  # SIGTERM handled from here on
-            wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
+            wait_until(
+                lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted"
+            )
         finally:
             assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
         watcher.settle()

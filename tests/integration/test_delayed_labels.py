@@ -17,31 +17,39 @@ import signal
 import time
 
 import pytest
-
 from perceptron_stream.app import CHANGELOG_TOPIC_CONFIG
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.learning import make_learner
 from perceptron_stream.streams import separable
+
+from tests.support.apache_kafka import create_compacting_topic, records_left
 from tests.support.endpoints import http_get, metrics_once
 from tests.support.launch import settings_args, start_service_process
+from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
-from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
-from tests.support.apache_kafka import create_compacting_topic, records_left
 
 
 def _points(count: int, seed: int, start: int = 0) -> list[dict]:
-    return [{"id": f"p-{start + i}", "x": e["x"], "_y": e["y"]}
-            for i, (e, _) in enumerate(zip(separable(dimensions=5, noise=0.05, seed=seed), range(count)))]
+    return [
+        {"id": f"p-{start + i}", "x": e["x"], "_y": e["y"]}
+        for i, (e, _) in enumerate(zip(separable(dimensions=5, noise=0.05, seed=seed), range(count)))
+    ]
 
 
 def _send_points(broker, topic: str, points: list[dict]) -> None:
-    produce(broker.bootstrap_servers, topic, [{"id": p["id"], "x": p["x"]} for p in points],
-            keys=[p["id"].encode() for p in points])
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"id": p["id"], "x": p["x"]} for p in points],
+        keys=[p["id"].encode() for p in points],
+    )
 
 
 def _send_labels(broker, topic: str, labels: list[tuple[str, int]]) -> None:
-    produce(broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels])
+    produce(
+        broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels]
+    )
 
 
 def _send_labels_behind(broker, names: dict, points: list[dict], behind: int, **producer_options) -> None:
@@ -55,19 +63,27 @@ def _send_labels_behind(broker, names: dict, points: list[dict], behind: int, **
             producer.send(names["input_topic"], json.dumps({"id": p["id"], "x": p["x"]}).encode(), key=p["id"].encode())
         if i >= behind:
             p = points[i - behind]
-            producer.send(names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode())
+            producer.send(
+                names["label_topic"], json.dumps({"id": p["id"], "y": p["_y"]}).encode(), key=p["id"].encode()
+            )
     producer.flush()
     producer.close()
 
 
 def _label_counts(metrics: str) -> dict:
     """``perceptron_labels_total`` by outcome, from a /metrics text."""
-    return {o: float(metrics.split(f'perceptron_labels_total{{outcome="{o}"}} ')[1].split()[0])
-            for o in ("joined", "unknown_id", "duplicate", "early", "expired", "evicted")}
+    return {
+        o: float(metrics.split(f'perceptron_labels_total{{outcome="{o}"}} ')[1].split()[0])
+        for o in ("joined", "unknown_id", "duplicate", "early", "expired", "evicted")
+    }
 
 
 def _topics(broker, topics: dict) -> dict:
-    out = {**topics, "label_topic": topics["input_topic"] + "-labels", "outcome_topic": topics["output_topic"] + "-outcomes"}
+    out = {
+        **topics,
+        "label_topic": topics["input_topic"] + "-labels",
+        "outcome_topic": topics["output_topic"] + "-outcomes",
+    }
     for name in ("input_topic", "label_topic", "outcome_topic", "output_topic", "dlq_topic"):
         create_topic(broker.bootstrap_servers, out[name])
     return out
@@ -119,11 +135,18 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
 
     published, expected, expected_later, learner = _replay(first, labels, later, challenger="averaged")
     got = {json.loads(m.value)["id"]: json.loads(m.value) for m in predictions}
-    assert all((got[i]["y_pred"], got[i]["score"], got[i]["mistake"]) == (y_pred, score, None)
-               for i, (y_pred, score, _) in published.items())
-    assert [(o["id"], o["y"], o["y_pred"], o["score"], o["mistake"]) for o in map(lambda m: json.loads(m.value), outcomes)] == expected
+    assert all(
+        (got[i]["y_pred"], got[i]["score"], got[i]["mistake"]) == (y_pred, score, None)
+        for i, (y_pred, score, _) in published.items()
+    )
+    assert [
+        (o["id"], o["y"], o["y_pred"], o["score"], o["mistake"]) for o in map(lambda m: json.loads(m.value), outcomes)
+    ] == expected
     first_outcome = json.loads(outcomes[0].value)
-    assert first_outcome["source"]["topic"] == names["input_topic"] and first_outcome["label_source"]["topic"] == names["label_topic"]
+    assert (
+        first_outcome["source"]["topic"] == names["input_topic"]
+        and first_outcome["label_source"]["topic"] == names["label_topic"]
+    )
     assert first_outcome["delay_seconds"] >= 0 and outcomes[0].key == labels[0][0].encode()
     assert [(got[p["id"]]["y_pred"], got[p["id"]]["score"]) for p in later] == [(y, s) for y, s, _ in expected_later]
     assert f'perceptron_labels_total{{outcome="joined"}} {float(len(labels))}' in metrics
@@ -131,11 +154,17 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
     assert f"perceptron_mistakes_total {float(sum(e[4] for e in expected))}" in metrics  # the decisions' mistakes
     checkpoint = final_checkpoint(args, "local")
     assert checkpoint.model == learner.to_state()
-    assert checkpoint.task["challengers"]["averaged"] == learner.challenger.to_state()  # scored on the decisions it would have made
-    assert f'perceptron_challenger_mistakes_total{{challenger="averaged"}} {float(learner.challenger.mistakes)}' in metrics
+    assert (
+        checkpoint.task["challengers"]["averaged"] == learner.challenger.to_state()
+    )  # scored on the decisions it would have made
+    assert (
+        f'perceptron_challenger_mistakes_total{{challenger="averaged"}} {float(learner.challenger.mistakes)}' in metrics
+    )
 
 
-def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lettered(broker, topics, tmp_path, service_thread):
+def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lettered(
+    broker, topics, tmp_path, service_thread
+):
     names = _topics(broker, topics)
     points = _points(30, seed=73)
     # a label finding no point waits for it 1 s of the points' stream time (the input read to its end moves it)
@@ -151,9 +180,17 @@ def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lette
     _send_labels(broker, names["label_topic"], [("p-20", 1)])  # expired: unknown now
     consume(broker.bootstrap_servers, names["dlq_topic"], 4)
 
-    wait_until(lambda: _label_counts(http_get(service.metrics_url + "/metrics")[1])["expired"] == 19, 30, what="19 expired")
-    assert _label_counts(http_get(service.metrics_url + "/metrics")[1]) == {"joined": 1, "unknown_id": 3, "duplicate": 1,
-                                                                       "early": 3, "expired": 19, "evicted": 10}
+    wait_until(
+        lambda: _label_counts(http_get(service.metrics_url + "/metrics")[1])["expired"] == 19, 30, what="19 expired"
+    )
+    assert _label_counts(http_get(service.metrics_url + "/metrics")[1]) == {
+        "joined": 1,
+        "unknown_id": 3,
+        "duplicate": 1,
+        "early": 3,
+        "expired": 19,
+        "evicted": 10,
+    }
     service.stop()
 
 
@@ -168,29 +205,55 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
     points = _points(3000, seed=75)
     labels = [(p["id"], p["_y"]) for p in points]
     rng.shuffle(labels)
-    extra = {"state_store": "kafka", "checkpoint_topic": f"ckpt-{topics['group_id']}",
-             "pending_topic": f"pending-{topics['group_id']}"} if store == "kafka" else {}
-    args = settings_args(broker, names, tmp_path, batch_size=100, checkpoint_interval_events=500,
-                         checkpoint_interval_seconds=0.3, **extra)
+    extra = (
+        {
+            "state_store": "kafka",
+            "checkpoint_topic": f"ckpt-{topics['group_id']}",
+            "pending_topic": f"pending-{topics['group_id']}",
+        }
+        if store == "kafka"
+        else {}
+    )
+    args = settings_args(
+        broker,
+        names,
+        tmp_path,
+        batch_size=100,
+        checkpoint_interval_events=500,
+        checkpoint_interval_seconds=0.3,
+        **extra,
+    )
     cleaned = store == "kafka" and broker.name == "apache-kafka"
     if cleaned:
         create_compacting_topic(broker.bootstrap_servers, extra["checkpoint_topic"])
-        create_compacting_topic(broker.bootstrap_servers, extra["pending_topic"],
-                                **{"min.compaction.lag.ms": CHANGELOG_TOPIC_CONFIG["min.compaction.lag.ms"]})
+        create_compacting_topic(
+            broker.bootstrap_servers,
+            extra["pending_topic"],
+            **{"min.compaction.lag.ms": CHANGELOG_TOPIC_CONFIG["min.compaction.lag.ms"]},
+        )
     process = start_service_process(args, tmp_path / "serve-1.log")
     try:
         _send_points(broker, names["input_topic"], points)
         consume(broker.bootstrap_servers, names["output_topic"], len(points))
         _send_labels(broker, names["label_topic"], labels)
-        wait_until(lambda: "checkpoint" in (tmp_path / "serve-1.log").read_text() and len(consume(
-            broker.bootstrap_servers, names["outcome_topic"], 1)) and _outcomes(broker, names) >= len(labels) // 3, 60,
-            what="a third of the labels joined")
+        wait_until(
+            lambda: (
+                "checkpoint" in (tmp_path / "serve-1.log").read_text()
+                and len(consume(broker.bootstrap_servers, names["outcome_topic"], 1))
+                and _outcomes(broker, names) >= len(labels) // 3
+            ),
+            60,
+            what="a third of the labels joined",
+        )
         process.send_signal(signal.SIGKILL)
         process.wait()
         process = start_service_process(args, tmp_path / "serve-2.log")
         wait_assigned(process, tmp_path / "serve-2.log", names["input_topic"])  # restored, SIGTERM handled from here on
-        wait_until(lambda: _outcomes(broker, names, distinct=True) >= len(labels) or process.poll() is not None, 120,
-                   what="every label joined once")
+        wait_until(
+            lambda: _outcomes(broker, names, distinct=True) >= len(labels) or process.poll() is not None,
+            120,
+            what="every label joined once",
+        )
         assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
     finally:
         if process.poll() is None:
@@ -202,15 +265,20 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
     first = {}
     for o in outcomes:  # repeats after the crash are identified by label_source
         first.setdefault(o["label_source"]["offset"], o)
-    assert [(first[i]["id"], first[i]["y"], first[i]["y_pred"], first[i]["score"]) for i in range(len(labels))] == \
-        [e[:4] for e in expected]
+    assert [(first[i]["id"], first[i]["y"], first[i]["y_pred"], first[i]["score"]) for i in range(len(labels))] == [
+        e[:4] for e in expected
+    ]
     checkpoint = final_checkpoint(args, store)
     assert checkpoint.model == learner.to_state()  # each label learned once, in its order, whatever the kill
     assert checkpoint.task["labels"]["pending"] == {"0": 0}
     assert "unknown_id" not in _dead_letters(broker, names) and "duplicate" not in _dead_letters(broker, names)
     if cleaned:  # the cleaner really ran: fewer checkpoint records than were written
-        left, written = wait_until(lambda: (n := records_left(broker.bootstrap_servers, extra["checkpoint_topic"]))[0] < n[1]
-                                   and n, 60, interval=1.0, what="the cleaner to compact the checkpoint topic")
+        left, written = wait_until(
+            lambda: (n := records_left(broker.bootstrap_servers, extra["checkpoint_topic"]))[0] < n[1] and n,
+            60,
+            interval=1.0,
+            what="the cleaner to compact the checkpoint topic",
+        )
         print(f"checkpoint records: {written} written, {left} left")
 
 
@@ -256,7 +324,9 @@ def test_a_label_topic_of_another_partition_count_is_refused(broker, topics, tmp
     process = start_service_process(settings_args(broker, names, tmp_path), tmp_path / "serve.log")
     assert process.wait(60) == 1
     log = (tmp_path / "serve.log").read_text()
-    assert f"topic {names['label_topic']} has 3 partition(s) and input topic {names['input_topic']} has 2" in log, log[-2000:]
+    assert f"topic {names['label_topic']} has 3 partition(s) and input topic {names['input_topic']} has 2" in log, log[
+        -2000:
+    ]
     assert load(ServeSettings, settings_args(broker, names, tmp_path)).label_topic == names["label_topic"]
 
 
@@ -265,11 +335,14 @@ def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_t
     from tests.support import ROOT
 
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Delayed labels"):]
-    snippet = section[section.index("```python\n") + 10: section.index("```", section.index("```python\n") + 10)]
+    section = readme[readme.index("## Delayed labels") :]
+    snippet = section[section.index("```python\n") + 10 : section.index("```", section.index("```python\n") + 10)]
     names = {**topics, "input_topic": f"points-{topics['group_id']}", "label_topic": f"labels-{topics['group_id']}"}
-    snippet = snippet.replace("127.0.0.1:9092", broker.bootstrap_servers).replace('"points"', repr(names["input_topic"])) \
+    snippet = (
+        snippet.replace("127.0.0.1:9092", broker.bootstrap_servers)
+        .replace('"points"', repr(names["input_topic"]))
         .replace('"labels"', repr(names["label_topic"]))
+    )
     for name in ("input_topic", "label_topic"):
         create_topic(broker.bootstrap_servers, names[name])
     names["outcome_topic"] = f"outcomes-{topics['group_id']}"
@@ -279,26 +352,44 @@ def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_t
     [prediction] = consume(broker.bootstrap_servers, names["output_topic"], 1)
     [outcome] = consume(broker.bootstrap_servers, names["outcome_topic"], 1)
     got = json.loads(outcome.value)
-    assert json.loads(prediction.value)["y_pred"] == got["y_pred"] == -1 and got["mistake"] is True and got["id"] == "c-1044"
+    assert (
+        json.loads(prediction.value)["y_pred"] == got["y_pred"] == -1
+        and got["mistake"] is True
+        and got["id"] == "c-1044"
+    )
     assert got["model"] == {"version": 1, "seen": 1, "mistakes": 1}
     service.stop()
 
 
 def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, topics, tmp_path, service_thread):
-    names = {**topics, "label_topic": topics["input_topic"] + "-labels", "outcome_topic": topics["output_topic"] + "-outcomes"}
+    names = {
+        **topics,
+        "label_topic": topics["input_topic"] + "-labels",
+        "outcome_topic": topics["output_topic"] + "-outcomes",
+    }
     for name in ("input_topic", "label_topic"):
         create_topic(broker.bootstrap_servers, names[name], partitions=2)
     points = _points(200, seed=76)
     by_partition = {p: points[p::2] for p in range(2)}
     for p, mine in by_partition.items():  # keyed alike, sent to the same partition number
-        produce(broker.bootstrap_servers, names["input_topic"], [{"id": e["id"], "x": e["x"]} for e in mine],
-                keys=[e["id"].encode() for e in mine], partition=p)
+        produce(
+            broker.bootstrap_servers,
+            names["input_topic"],
+            [{"id": e["id"], "x": e["x"]} for e in mine],
+            keys=[e["id"].encode() for e in mine],
+            partition=p,
+        )
     args = settings_args(broker, names, tmp_path, model_scope="partition", mix_every=0)
     service = service_thread(args)
     consume(broker.bootstrap_servers, names["output_topic"], 200)
     for p, mine in by_partition.items():
-        produce(broker.bootstrap_servers, names["label_topic"], [{"id": e["id"], "y": e["_y"]} for e in mine],
-                keys=[e["id"].encode() for e in mine], partition=p)
+        produce(
+            broker.bootstrap_servers,
+            names["label_topic"],
+            [{"id": e["id"], "y": e["_y"]} for e in mine],
+            keys=[e["id"].encode() for e in mine],
+            partition=p,
+        )
     consume(broker.bootstrap_servers, names["outcome_topic"], 200)
     service.stop()
     from perceptron_stream.state.local import LocalStore
@@ -312,7 +403,9 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
-def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(broker, topics, tmp_path, service_thread, client):
+def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
+    broker, topics, tmp_path, service_thread, client
+):
     """Both topics written before the service starts (a restart after a pause, a replay), each label
     sent some points after its own: the consumer reads the short labels faster than the points, so many
     labels come before their point and wait for it (as early labels); every one is joined."""
@@ -380,12 +473,18 @@ def test_points_held_in_their_producer_find_their_labels_waiting(broker, topics,
     names = _topics(broker, topics)
     points = _points(3000, seed=77)
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
-    wait_until(lambda: "perceptron_assigned_partitions 1.0" in http_get(service.metrics_url + "/metrics")[1], 60,
-               what="the service's assignment")
+    wait_until(
+        lambda: "perceptron_assigned_partitions 1.0" in http_get(service.metrics_url + "/metrics")[1],
+        60,
+        what="the service's assignment",
+    )
     _send_lingering_points_and_labels(broker, names, points)
     settled = ("joined", "unknown_id", "duplicate")
-    wait_until(lambda: sum(_label_counts(http_get(service.metrics_url + "/metrics")[1])[o] for o in settled) >= len(points),
-               120, what="every label joined or dead-lettered")
+    wait_until(
+        lambda: sum(_label_counts(http_get(service.metrics_url + "/metrics")[1])[o] for o in settled) >= len(points),
+        120,
+        what="every label joined or dead-lettered",
+    )
     metrics = metrics_once(service.metrics_url, "perceptron_early_labels 0.0")
     service.stop()
     counted = _label_counts(metrics)
@@ -398,8 +497,9 @@ def test_points_held_in_their_producer_find_their_labels_waiting(broker, topics,
 
 
 @pytest.mark.parametrize("store,client", [("local", "kafka-python"), ("kafka", "confluent")])
-def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(kafka_broker, topics, tmp_path, store,
-                                                                               client):
+def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(
+    kafka_broker, topics, tmp_path, store, client
+):
     """The run above with the service SIGKILLed mid-stream and started again: the early labels are restored with the
     pending points and the model (the changelog for the Kafka store); every label's outcome is published, each is
     learned and counted once (the last outcome of each label is the one the final model holds)."""
@@ -407,25 +507,46 @@ def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(
 
     names = _topics(kafka_broker, topics)
     points = _points(3000, seed=78)
-    extra = {"state_store": "kafka", "checkpoint_topic": f"ckpt-{topics['group_id']}",
-             "pending_topic": f"pending-{topics['group_id']}"} if store == "kafka" else {}
-    args = settings_args(kafka_broker, names, tmp_path, batch_size=100, checkpoint_interval_events=300,
-                         checkpoint_interval_seconds=0.3, kafka_client=client, **extra)
+    extra = (
+        {
+            "state_store": "kafka",
+            "checkpoint_topic": f"ckpt-{topics['group_id']}",
+            "pending_topic": f"pending-{topics['group_id']}",
+        }
+        if store == "kafka"
+        else {}
+    )
+    args = settings_args(
+        kafka_broker,
+        names,
+        tmp_path,
+        batch_size=100,
+        checkpoint_interval_events=300,
+        checkpoint_interval_seconds=0.3,
+        kafka_client=client,
+        **extra,
+    )
     logs = [tmp_path / "serve-1.log", tmp_path / "serve-2.log"]
     process = start_service_process(args, logs[0])
     sender = threading.Thread(target=_send_lingering_points_and_labels, args=(kafka_broker, names, points))
     try:
         wait_assigned(process, logs[0], names["input_topic"])
         sender.start()
-        wait_until(lambda: "checkpoint" in logs[0].read_text() and _outcomes(kafka_broker, names) >= len(points) // 3, 60,
-                   what="a third of the labels joined")
+        wait_until(
+            lambda: "checkpoint" in logs[0].read_text() and _outcomes(kafka_broker, names) >= len(points) // 3,
+            60,
+            what="a third of the labels joined",
+        )
         process.send_signal(signal.SIGKILL)
         process.wait()
         process = start_service_process(args, logs[1])
         wait_assigned(process, logs[1], names["input_topic"])
         sender.join()
-        wait_until(lambda: _outcomes(kafka_broker, names, distinct=True) >= len(points) or process.poll() is not None, 120,
-                   what="every label joined")
+        wait_until(
+            lambda: _outcomes(kafka_broker, names, distinct=True) >= len(points) or process.poll() is not None,
+            120,
+            what="every label joined",
+        )
         assert stop_process(process, logs[1]) == 0, tail(logs[1])
     finally:
         if process.poll() is None:
@@ -436,11 +557,17 @@ def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(
     last_prediction = {p["source"]["offset"]: p for p in _read_all(kafka_broker, names["output_topic"])}
     last = {o["label_source"]["offset"]: o for o in _read_all(kafka_broker, names["outcome_topic"])}
     assert sorted(last) == list(range(len(points)))  # every label's outcome published
-    assert all((o["y_pred"], o["score"]) == (last_prediction[o["source"]["offset"]]["y_pred"],
-                                             last_prediction[o["source"]["offset"]]["score"]) for o in last.values())
+    assert all(
+        (o["y_pred"], o["score"])
+        == (last_prediction[o["source"]["offset"]]["y_pred"], last_prediction[o["source"]["offset"]]["score"])
+        for o in last.values()
+    )
     checkpoint = final_checkpoint(args, store)
     counters = checkpoint.model["counters"]
-    assert (counters["seen"], counters["labeled"]) == (len(points), len(points))  # each point seen once, each label learned once
+    assert (counters["seen"], counters["labeled"]) == (
+        len(points),
+        len(points),
+    )  # each point seen once, each label learned once
     assert counters["mistakes"] == sum(o["mistake"] for o in last.values())  # each outcome counted once
     assert checkpoint.task["labels"]["pending"] == {"0": 0} and checkpoint.task["labels"]["early"] == {"0": 0}
     letters = _dead_letters(kafka_broker, names)

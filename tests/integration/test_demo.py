@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from perceptron_stream.broker import free_port
+
 from tests.support import ROOT
 from tests.support.endpoints import http_get
 from tests.support.waiting import wait_until
@@ -33,16 +34,35 @@ def _metric(port: int, name: str) -> float | None:
 def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
     port = free_port()
     out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port),
-                             "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "demo",
+            "--duration",
+            "20",
+            "--no-live",
+            "--metrics-port",
+            str(port),
+            "--rate",
+            "1000",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     try:
+
         def metric(name):
             return _metric(port, name) or 0.0
 
         wait_until(lambda: metric("perceptron_mistakes_total") > 0, 30, what="the demo to count mistakes")
         assert metric('perceptron_events_total{kind="labeled"}') > 0
         for challenger in ("plain", "pocket"):  # the champion is averaged
-            assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, challenger
+            assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, (
+                challenger
+            )
         broker_address = re.search(r"embedded broker on (\S+)", (tmp_path / "demo.out").read_text()).group(1)
         assert _processes_mentioning(f"tcp://{broker_address}"), "the demo's broker should be running"
         code = demo.wait(timeout=60)
@@ -62,10 +82,19 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     import signal
 
     port = free_port()
-    demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--no-live", "--metrics-port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, text=True)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "perceptron_stream.cli", "demo", "--no-live", "--metrics-port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        text=True,
+    )
     try:
-        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 if _listening(port) else False, 30, what="the demo's service")
+        wait_until(
+            lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 if _listening(port) else False,
+            30,
+            what="the demo's service",
+        )
         demo.send_signal(signal.SIGINT)
         output, _ = demo.communicate(timeout=60)
     finally:
@@ -91,8 +120,23 @@ def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--duration", "20", "--no-live", "--metrics-port", str(port)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "perceptron_stream.cli",
+                "demo",
+                "--duration",
+                "20",
+                "--no-live",
+                "--metrics-port",
+                str(port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            text=True,
+        )
         try:
             stdout, stderr = demo.communicate(timeout=60)
         finally:
@@ -113,16 +157,38 @@ def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path
 
     port = free_port()
     out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "demo", "--delayed-labels", "--duration", "120", "--no-live",
-                             "--metrics-port", str(port), "--rate", "1000"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "demo",
+            "--delayed-labels",
+            "--duration",
+            "120",
+            "--no-live",
+            "--metrics-port",
+            str(port),
+            "--rate",
+            "1000",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     try:
         try:
-            wait_until(lambda: (_metric(port, 'perceptron_labels_total{outcome="joined"}') or 0) > 0, 90,
-                       what="the demo to join labels")
+            wait_until(
+                lambda: (_metric(port, 'perceptron_labels_total{outcome="joined"}') or 0) > 0,
+                90,
+                what="the demo to join labels",
+            )
         except AssertionError as exc:  # what the demo said meanwhile: its status lines and any warning
             raise AssertionError(f"{exc}; the demo's output:\n{(tmp_path / 'demo.out').read_text()[-6000:]}") from None
         for challenger in ("plain", "pocket"):
-            assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, challenger
+            assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, (
+                challenger
+            )
         demo.send_signal(signal.SIGINT)
         code = demo.wait(timeout=60)
     finally:

@@ -17,10 +17,10 @@ import threading
 import time
 
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic, committed_offsets
 from perceptron_stream.state.kafka_store import KafkaStore
+
 from tests.support.launch import settings_args, start_service_process
 from tests.support.service import (
     OutputWatcher,
@@ -53,29 +53,43 @@ def _committed_checkpoint(args: list[str]):
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_sigkill_mid_stream_leaves_each_offset_predicted_exactly_once_for_read_committed_readers(
-        client, apache_kafka, topics, tmp_path):
+    client, apache_kafka, topics, tmp_path
+):
     count = 6000
     events = make_events(count, seed=31)
     keys = [e["id"].encode() for e in events]
     expected, model = offline(events)
     produce(apache_kafka.bootstrap_servers, topics["input_topic"], events, keys=keys)
-    args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, kafka_client=client, **EXACTLY_ONCE,
-                         **store_args("kafka", topics))
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        batch_size=100,
+        kafka_client=client,
+        **EXACTLY_ONCE,
+        **store_args("kafka", topics),
+    )
     watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"], read_committed=True).start()
     process = None
     try:
         for run, kill_at in enumerate((count // 5, count // 2)):
             log_path = tmp_path / f"serve-{run}.log"
             process = start_service_process(args, log_path)
-            wait_until(lambda: watcher.distinct() >= kill_at or process.poll() is not None, 180,  # noqa: B023
-                       interval=0.005, what=f"run {run}: {kill_at} offsets predicted")
+            wait_until(
+                lambda: watcher.distinct() >= kill_at or process.poll() is not None,
+                180,
+                interval=0.005,
+                what=f"run {run}: {kill_at} offsets predicted",
+            )
             assert process.poll() is None, f"run {run} exited with {process.returncode}:\n{tail(log_path)}"
             process.kill()  # with a transaction open: its outputs sent, some of them flushed to the log
             process.wait()
         log_path = tmp_path / "serve-final.log"
         process = start_service_process(args, log_path)
         wait_assigned(process, log_path, topics["input_topic"])
-        wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 180, what="every offset predicted")
+        wait_until(
+            lambda: watcher.distinct() >= count or process.poll() is not None, 180, what="every offset predicted"
+        )
         assert stop_process(process, log_path) == 0, tail(log_path)
         watcher.settle()
     finally:
@@ -96,32 +110,45 @@ def test_sigkill_mid_stream_leaves_each_offset_predicted_exactly_once_for_read_c
 def _trickle(bootstrap: str, topic: str, events: list[dict], per_chunk: int = 1000, every_s: float = 0.5) -> None:
     """``events`` written ``per_chunk`` every ``every_s``: a stream that keeps coming."""
     for start in range(0, len(events), per_chunk):
-        produce(bootstrap, topic, events[start:start + per_chunk])
+        produce(bootstrap, topic, events[start : start + per_chunk])
         time.sleep(every_s)
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_fencing(
-        client, apache_kafka, topics, tmp_path):
+    client, apache_kafka, topics, tmp_path
+):
     """Partition scope: A processes, is frozen (SIGSTOP) with a transaction open, B takes its partition once A's
     session (6 s) is over and runs to the end; A thaws (SIGCONT), is fenced and exits 1. A read_committed reader
     sees every offset predicted once, as the uninterrupted run: nothing A sent after its last commit shows."""
     count = 20_000
     events = make_events(count, seed=32)
-    expected = [{**e, "model": {"scope": "partition", "partition": 0, "mixes": 0, **e["model"]}}  # a replica's outputs
-                for e in offline(events)[0]]
+    expected = [
+        {**e, "model": {"scope": "partition", "partition": 0, "mixes": 0, **e["model"]}}  # a replica's outputs
+        for e in offline(events)[0]
+    ]
     produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[:1000])
     # events keep coming (2,000/s) and A commits every 3 s: frozen a second after a commit, A has outputs in its
     # open transaction, whichever client (confluent would have processed a whole backlog in its first interval)
-    args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, kafka_client=client, model_scope="partition",
-                         mix_every=0, processing_guarantee="exactly-once", commit_interval_ms=3000,
-                         **store_args("kafka", topics))
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        batch_size=100,
+        kafka_client=client,
+        model_scope="partition",
+        mix_every=0,
+        processing_guarantee="exactly-once",
+        commit_interval_ms=3000,
+        **store_args("kafka", topics),
+    )
     watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"], read_committed=True).start()
     a_log, b_log = tmp_path / "serve-a.log", tmp_path / "serve-b.log"
     a = start_service_process(args, a_log)
     b = None
-    flow = threading.Thread(target=_trickle, args=(apache_kafka.bootstrap_servers, topics["input_topic"], events[1000:]),
-                            daemon=True)
+    flow = threading.Thread(
+        target=_trickle, args=(apache_kafka.bootstrap_servers, topics["input_topic"], events[1000:]), daemon=True
+    )
     try:
         wait_assigned(a, a_log, topics["input_topic"])
         flow.start()

@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
-
 from perceptron_stream.broker import free_port
+
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
 from tests.support.topics import create_topic, produce
@@ -29,7 +29,12 @@ def test_not_ready_while_the_broker_is_unreachable_but_alive(tmp_path, topics, s
     service = service_thread(settings_args(Nowhere, topics, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 503, 10, what="readyz 503")
     status, body = http_get(service.metrics_url + "/readyz")
-    assert json.loads(body) == {"ok": False, "partitions_assigned": False, "state_restored": False, "broker_reachable": False}
+    assert json.loads(body) == {
+        "ok": False,
+        "partitions_assigned": False,
+        "state_restored": False,
+        "broker_reachable": False,
+    }
     assert http_get(service.metrics_url + "/healthz")[0] == 200  # retrying with backoff is alive, not stuck
     assert service.stop() == 0  # stopped while still retrying: a clean exit, no crash
 
@@ -51,7 +56,11 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
     last_turn = "perceptron_poll_loop_last_turn_timestamp_seconds"
     assert metric(service.metrics_url, last_turn) > time.time() - 1.0  # turning
     service.app.stream.poll = stuck_poll  # the loop blocks inside poll, as on a hung client
-    status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(http_get(service.metrics_url + "/healthz")), 10, what="healthz 503")
+    status, body = wait_until(
+        lambda: (lambda r: r if r[0] == 503 else None)(http_get(service.metrics_url + "/healthz")),
+        10,
+        what="healthz 503",
+    )
     idle = json.loads(body)["poll_loop_idle_seconds"]
     assert idle > 1.0
     # Prometheus sees the same stall: the last turn stands still while the scrape goes on

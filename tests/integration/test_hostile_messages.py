@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 
 import orjson
-
 from perceptron_stream.learning import make_learner
 from perceptron_stream.wire.inputs import Decoder
 from perceptron_stream.wire.messages import DeadLetter, Event
 from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, publishable
+
 from tests.support.hostile import MAX_BYTES, MAX_FEATURES, POISON, collect, service_messages
 
 
@@ -22,9 +22,10 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
     from perceptron_stream.config import ServeSettings, load
     from perceptron_stream.state.local import LocalStore
     from perceptron_stream.streams import separable
+
     from tests.support.launch import settings_args, start_service_process
-    from tests.support.topics import consume, produce
     from tests.support.service import stop_process, tail
+    from tests.support.topics import consume, produce
 
     hostile = POISON + collect(service_messages, 400)
     good = [json.dumps(e).encode() for e, _ in zip(separable(dimensions=3, seed=31), range(100))]
@@ -43,7 +44,9 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
     predictions = sum(kind == "prediction" for kind, _ in expected)
 
     produce(broker.bootstrap_servers, topics["input_topic"], stream, keys=[b"k"] * len(stream))
-    args = settings_args(broker, topics, tmp_path, max_message_bytes=MAX_BYTES, max_features=MAX_FEATURES, batch_size=50)
+    args = settings_args(
+        broker, topics, tmp_path, max_message_bytes=MAX_BYTES, max_features=MAX_FEATURES, batch_size=50
+    )
     log_path = tmp_path / "serve.log"
     process = start_service_process(args, log_path)
     try:

@@ -30,9 +30,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from perceptron_stream.broker import free_port
 from perceptron_stream.streams import separable
+
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args, start_service_process
 from tests.support.topics import consume, create_topic, produce
@@ -50,7 +50,9 @@ def room_for_a_crowd():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 4096)
     if wanted != resource.RLIM_INFINITY and wanted < 1200:
-        pytest.fail(f"the hard open-files limit is {hard}; this test opens 1,000 connections and needs about 1,200 (ulimit -Hn)")
+        pytest.fail(
+            f"the hard open-files limit is {hard}; this test opens 1,000 connections and needs about 1,200 (ulimit -Hn)"
+        )
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     yield
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -94,7 +96,11 @@ class Service:
 
     def newest_checkpoint(self) -> int:
         """The sequence number of the newest checkpoint file in the state directory (0: none)."""
-        seqs = [int(m.group(1)) for p in self.state_dir.glob("*/model/checkpoint-*.json") if (m := re.match(r"checkpoint-(\d+)\.json$", p.name))]
+        seqs = [
+            int(m.group(1))
+            for p in self.state_dir.glob("*/model/checkpoint-*.json")
+            if (m := re.match(r"checkpoint-(\d+)\.json$", p.name))
+        ]
         return max(seqs, default=0)
 
     def log(self) -> str:
@@ -108,7 +114,6 @@ class Service:
             except Exception:
                 self.process.kill()
                 self.process.wait(timeout=15)
-
 
 
 @pytest.fixture
@@ -199,12 +204,16 @@ def checkpoints_advance(service: Service, topics: dict, broker, seed: int, timeo
             return None
         if time.monotonic() > deadline:
             break
-    return (f"no newer checkpoint in {timeout:.0f} s (file {file_before} -> {service.newest_checkpoint()}, "
-            f"{CHECKPOINT} {metric_before} -> {metric(service.url, CHECKPOINT)})")
+    return (
+        f"no newer checkpoint in {timeout:.0f} s (file {file_before} -> {service.newest_checkpoint()}, "
+        f"{CHECKPOINT} {metric_before} -> {metric(service.url, CHECKPOINT)})"
+    )
 
 
 # the tests -------------------------------------------------------------------
-def test_healthz_answers_within_a_second_while_1000_idle_connections_are_open(broker, topics, start_service, room_for_a_crowd):
+def test_healthz_answers_within_a_second_while_1000_idle_connections_are_open(
+    broker, topics, start_service, room_for_a_crowd
+):
     """The issue's incident: about 1,000 idle connections filled an open-files limit of 1024.
 
     The pod's own descriptors took the rest of its 1024; the service here
@@ -231,9 +240,11 @@ def test_healthz_answers_within_a_second_while_1000_idle_connections_are_open(br
     finally:
         for s in crowd:
             s.close()
-    facts = (f"connected {connected} of 1000; the service's descriptors {fds_under_crowd} (limit 1000); "
-             f"/healthz {status} in {took:.3f} s; /readyz {ready_status}; predictions {predicted} of 50; "
-             f"checkpoints: {checkpoint_problem or 'advancing'}")
+    facts = (
+        f"connected {connected} of 1000; the service's descriptors {fds_under_crowd} (limit 1000); "
+        f"/healthz {status} in {took:.3f} s; /readyz {ready_status}; predictions {predicted} of 50; "
+        f"checkpoints: {checkpoint_problem or 'advancing'}"
+    )
     print(facts)
     facts += f"; service log:\n{service.log()}"
     assert status == 200 and took < HEALTHZ_BOUND_S, facts
@@ -245,7 +256,9 @@ def test_healthz_answers_within_a_second_while_1000_idle_connections_are_open(br
     assert service.process.poll() is None, facts
 
 
-def test_healthz_no_busy_loop_and_checkpoints_with_more_connections_than_descriptors(broker, topics, start_service, room_for_a_crowd):
+def test_healthz_no_busy_loop_and_checkpoints_with_more_connections_than_descriptors(
+    broker, topics, start_service, room_for_a_crowd
+):
     """A crowd larger than the service's open-files limit (256): the server must not spin, starve or stop answering."""
     limit = 256
     create_topic(broker.bootstrap_servers, topics["input_topic"])
@@ -268,9 +281,11 @@ def test_healthz_no_busy_loop_and_checkpoints_with_more_connections_than_descrip
     finally:
         for s in crowd:
             s.close()
-    facts = (f"idle fds {idle_fds}, under the crowd {fds_under_crowd} (limit {limit}); connected {connected} of {limit + 150}; "
-             f"CPU {cpu_share:.0%} of a core over 3 s; /healthz {status} in {took:.3f} s; "
-             f"checkpoints: {checkpoint_problem or 'advancing'}")
+    facts = (
+        f"idle fds {idle_fds}, under the crowd {fds_under_crowd} (limit {limit}); connected {connected} of {limit + 150}; "
+        f"CPU {cpu_share:.0%} of a core over 3 s; /healthz {status} in {took:.3f} s; "
+        f"checkpoints: {checkpoint_problem or 'advancing'}"
+    )
     print(facts)
     facts += f"; service log:\n{service.log()}"
     assert cpu_share < 0.30, facts

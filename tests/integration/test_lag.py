@@ -15,14 +15,13 @@ import threading
 import time
 
 import pytest
-
 from perceptron_stream.config import KafkaSettings
+
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
+from tests.support.streams import open_test_stream
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
-from tests.support.streams import open_test_stream
-
 
 CLIENTS = ["kafka-python", "confluent"]
 
@@ -40,12 +39,16 @@ def poll_exactly(io, count: int, timeout: float = 60.0) -> list:
 def lag_gauge(metrics_url: str, topic: str, partition: int = 0) -> float | None:
     status, text = http_get(metrics_url + "/metrics")
     assert status == 200, status
-    match = re.search(rf'^perceptron_consumer_lag{{partition="{partition}",topic="{re.escape(topic)}"}} (\S+)$', text, re.M)
+    match = re.search(
+        rf'^perceptron_consumer_lag{{partition="{partition}",topic="{re.escape(topic)}"}} (\S+)$', text, re.M
+    )
     return float(match.group(1)) if match else None
 
 
 def events(count: int, start: int = 0) -> list[dict]:
-    return [{"id": f"e{i}", "x": [1.0, float(i % 5) - 2.0], "y": 1 if i % 3 else -1} for i in range(start, start + count)]
+    return [
+        {"id": f"e{i}", "x": [1.0, float(i % 5) - 2.0], "y": 1 if i % 3 else -1} for i in range(start, start + count)
+    ]
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -75,7 +78,9 @@ def test_the_embedded_brokers_end_offsets_read_short_its_high_watermarks_do_not(
 
     total, read = 300, 120
     create_topic(broker.bootstrap_servers, topics["input_topic"])
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all", linger_ms=60_000, batch_size=1 << 20)
+    producer = KafkaProducer(
+        bootstrap_servers=broker.bootstrap_servers, acks="all", linger_ms=60_000, batch_size=1 << 20
+    )
     try:
         for i in range(total):  # one batch: nothing is sent before the flush
             producer.send(topics["input_topic"], b"v%d" % i, partition=0)
@@ -94,8 +99,9 @@ def test_the_embedded_brokers_end_offsets_read_short_its_high_watermarks_do_not(
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(apache_kafka, topics, tmp_path, client, service_thread,
-                                                                           caplog):
+def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(
+    apache_kafka, topics, tmp_path, client, service_thread, caplog
+):
     """N of M processed, then stalled: the gauge says M - N, exactly.
 
     The stall is the service's own: a newcomer of group scope processes
@@ -109,20 +115,33 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(apach
 
     total, processed = 500, 200
     bootstrap = apache_kafka.bootstrap_servers
-    other_topic = f"other-{topics['input_topic']}"  # the other member's, made first: its metadata is there when it joins
+    other_topic = (
+        f"other-{topics['input_topic']}"  # the other member's, made first: its metadata is there when it joins
+    )
     create_topic(bootstrap, other_topic)
     produce(bootstrap, topics["input_topic"], events(processed))
     args = settings_args(apache_kafka, topics, tmp_path, kafka_client=client)
     first = service_thread(args)
-    wait_until(lambda: f"perceptron_events_total{{kind=\"labeled\"}} {processed}.0" in http_get(first.metrics_url + "/metrics")[1],
-               60, what=f"{processed} events processed")
+    wait_until(
+        lambda: (
+            f'perceptron_events_total{{kind="labeled"}} {processed}.0' in http_get(first.metrics_url + "/metrics")[1]
+        ),
+        60,
+        what=f"{processed} events processed",
+    )
     assert first.stop() == 0  # its final checkpoint and commit: at `processed`
     produce(bootstrap, topics["input_topic"], events(total - processed, start=processed))
 
-    squatter = KafkaConsumer(other_topic, bootstrap_servers=bootstrap, group_id=topics["group_id"], enable_auto_commit=False)
+    squatter = KafkaConsumer(
+        other_topic, bootstrap_servers=bootstrap, group_id=topics["group_id"], enable_auto_commit=False
+    )
     stop = threading.Event()
     try:
-        wait_until(lambda: squatter.poll(timeout_ms=100) is not None and squatter.assignment(), 60, what="the other member's join")
+        wait_until(
+            lambda: squatter.poll(timeout_ms=100) is not None and squatter.assignment(),
+            60,
+            what="the other member's join",
+        )
 
         def keep_polling():  # it must rejoin when the service joins, or the rebalance waits for it
             while not stop.is_set():

@@ -10,7 +10,9 @@ from tests.support.topics import consume, create_topic
 from tests.support.waiting import wait_until
 
 
-def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on(broker, topics, tmp_path, service_thread, kafka_client):
+def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on(
+    broker, topics, tmp_path, service_thread, kafka_client
+):
     """A 4.5 MB id makes a prediction larger than the producer's 4 MiB request limit: refused for good.
 
     Waiting for it would hold every later event (and the commits) forever; the
@@ -19,8 +21,11 @@ def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_
     from kafka import KafkaProducer
 
     create_topic(broker.bootstrap_servers, topics["input_topic"])
-    events = [{"id": "a", "x": [1.0, 2.0], "y": 1}, {"id": "i" * 4_500_000, "x": [1.0, 2.0], "y": 1},
-              {"id": "c", "x": [1.0, 2.0], "y": -1}]
+    events = [
+        {"id": "a", "x": [1.0, 2.0], "y": 1},
+        {"id": "i" * 4_500_000, "x": [1.0, 2.0], "y": 1},
+        {"id": "c", "x": [1.0, 2.0], "y": -1},
+    ]
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all", max_request_size=8 * 1024 * 1024)
     for i, e in enumerate(events):
         producer.send(topics["input_topic"], json.dumps(e).encode(), key=b"key-%d" % i)
@@ -36,6 +41,14 @@ def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_
     body = json.loads(letter.value)
     assert letter.key is None and body["raw"] == "" and body["reason"] == "output_refused"
     assert body["source"] == {"topic": topics["input_topic"], "partition": 0, "offset": 1}
-    assert "the brokers refused this event's prediction" in body["error"] and "MessageSizeTooLargeError" in body["error"]
-    wait_until(lambda: 'perceptron_rejected_events_total{reason="output_refused"} 1.0' in http_get(service.metrics_url + "/metrics")[1],
-               30, what="the refusal counted")
+    assert (
+        "the brokers refused this event's prediction" in body["error"] and "MessageSizeTooLargeError" in body["error"]
+    )
+    wait_until(
+        lambda: (
+            'perceptron_rejected_events_total{reason="output_refused"} 1.0'
+            in http_get(service.metrics_url + "/metrics")[1]
+        ),
+        30,
+        what="the refusal counted",
+    )

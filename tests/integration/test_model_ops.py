@@ -7,16 +7,15 @@ import subprocess
 import sys
 
 import pytest
-
 from perceptron_stream.learning import make_learner
 from perceptron_stream.streams import separable
+
 from tests.support import ROOT
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
+from tests.support.service import final_checkpoint
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
-from tests.support.service import final_checkpoint
-
 
 CHALLENGERS = {"averaged": ("averaged", 0.0), "pocket": ("pocket", 0.0), "margin:0.5": ("margin", 0.5)}
 
@@ -36,7 +35,9 @@ def _metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
-def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_publishes(broker, topics, tmp_path, service_thread):
+def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_publishes(
+    broker, topics, tmp_path, service_thread
+):
     events = _events(3000, seed=81) + [{"id": "u", "x": [0.1] * 5}]  # and one unlabeled
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events)
@@ -49,17 +50,27 @@ def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_pu
         assert (p["y_pred"], p["score"]) == champion.step(e["x"], e.get("y"))[:2]  # the champion's, no other
         for c in challengers.values():
             c.step(e["x"], e.get("y"))
-    wait_until(lambda: _metric(service.metrics_url, 'perceptron_challenger_mistakes_total{challenger="pocket"}')
-               == challengers["pocket"].mistakes, 30, what="the challengers counted")
+    wait_until(
+        lambda: (
+            _metric(service.metrics_url, 'perceptron_challenger_mistakes_total{challenger="pocket"}')
+            == challengers["pocket"].mistakes
+        ),
+        30,
+        what="the challengers counted",
+    )
     for name, c in challengers.items():
-        assert _metric(service.metrics_url, f'perceptron_challenger_mistakes_total{{challenger="{name}"}}') == c.mistakes
+        assert (
+            _metric(service.metrics_url, f'perceptron_challenger_mistakes_total{{challenger="{name}"}}') == c.mistakes
+        )
         rate = _metric(service.metrics_url, f'perceptron_challenger_mistake_rate{{challenger="{name}"}}')
         assert 0.0 <= rate <= 1.0
     report = json.loads(http_get(service.metrics_url + "/model")[1])
     [model] = report["models"]
     assert model["champion"]["weights"] == {str(k): v for k, v in champion.weights.items()}
     assert model["champion"]["bias"] == champion.bias and model["champion"]["version"] == champion.updates
-    assert model["challengers"]["averaged"]["weights"] == {str(k): v for k, v in challengers["averaged"].weights.items()}
+    assert model["challengers"]["averaged"]["weights"] == {
+        str(k): v for k, v in challengers["averaged"].weights.items()
+    }
     assert http_get(service.metrics_url + "/model")[0] == 200
     service.stop()
     checkpoint = final_checkpoint(args, "local")  # checkpointed with the champion, restored with it
@@ -67,19 +78,25 @@ def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_pu
     assert checkpoint.model == champion.to_state()
 
 
-def test_a_rule_change_after_5000_stable_events_is_one_drift_after_it_and_none_before(broker, topics, tmp_path, service_thread):
+def test_a_rule_change_after_5000_stable_events_is_one_drift_after_it_and_none_before(
+    broker, topics, tmp_path, service_thread
+):
     # 2% label noise: the plain perceptron relearns unsteadily, and river's DDM alone counted 2 drifts on these
     events = _events(8000, seed=92, flip_after=5000, noise=0.02)
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events[:5000])
     service = service_thread(settings_args(broker, topics, tmp_path))
     consume(broker.bootstrap_servers, topics["output_topic"], 5000)
-    wait_until(lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 5000, 30, what="5000 counted")
+    wait_until(
+        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 5000, 30, what="5000 counted"
+    )
     assert _metric(service.metrics_url, "perceptron_drift_detected_total") == 0
     assert _metric(service.metrics_url, "perceptron_last_drift_timestamp_seconds") == 0
     produce(broker.bootstrap_servers, topics["input_topic"], events[5000:])
     consume(broker.bootstrap_servers, topics["output_topic"], 8000)
-    wait_until(lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 8000, 30, what="8000 counted")
+    wait_until(
+        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 8000, 30, what="8000 counted"
+    )
     assert _metric(service.metrics_url, "perceptron_drift_detected_total") == 1  # one change, one drift
     assert _metric(service.metrics_url, "perceptron_last_drift_timestamp_seconds") > 1.7e9
     service.stop()
@@ -90,8 +107,12 @@ def test_train_output_served_frozen_predicts_exactly_the_trained_weights(broker,
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(e) + "\n" for e in events[:200]))
     model = tmp_path / "model.json"
-    subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "train", "--data", str(data), "--output", str(model)],
-                   check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", "train", "--data", str(data), "--output", str(model)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     doc = json.loads(model.read_text())
     assert doc["kind"] == "perceptron-stream.model" and doc["features"] == [0, 1, 2, 3, 4]  # dense x: features 0..d-1
     create_topic(broker.bootstrap_servers, topics["input_topic"])
@@ -117,9 +138,26 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     consume(broker.bootstrap_servers, topics["output_topic"], 500)
     service.stop()
     out = tmp_path / "exported.json"
-    done = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "model", "export", "--output", str(out), "--state-dir",
-                           str(tmp_path / "state"), "--group-id", topics["group_id"], "--input-topic", topics["input_topic"]],
-                          capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "model",
+            "export",
+            "--output",
+            str(out),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--group-id",
+            topics["group_id"],
+            "--input-topic",
+            topics["input_topic"],
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     assert doc["state"] == final_checkpoint(args, "local").model and doc["variant"] == "averaged"
@@ -130,9 +168,25 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     assert first["model"]["seen"] == 501  # the exported counters, then this event
     again.stop()
     fresh = {**other, "group_id": topics["group_id"] + "-c"}
-    refused = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", *settings_args(broker, fresh, tmp_path / "c"),
-                              "--initial-model", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert refused.returncode == 1 and "the model file holds a averaged perceptron, and --variant is plain" in refused.stderr
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "serve",
+            *settings_args(broker, fresh, tmp_path / "c"),
+            "--initial-model",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert (
+        refused.returncode == 1
+        and "the model file holds a averaged perceptron, and --variant is plain" in refused.stderr
+    )
 
 
 def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broker, topics, tmp_path, service_thread):
@@ -143,7 +197,9 @@ def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broke
     args = settings_args(broker, topics, tmp_path, model_scope="partition", mix_every=0, challengers="pocket")
     service = service_thread(args)
     consume(broker.bootstrap_servers, topics["output_topic"], 600)
-    wait_until(lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 600, 30, what="all counted")
+    wait_until(
+        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 600, 30, what="all counted"
+    )
     report = json.loads(http_get(service.metrics_url + "/model")[1])
     assert report["scope"] == "partition" and [m["partition"] for m in report["models"]] == [0, 1]
     for p, model in enumerate(report["models"]):
@@ -151,7 +207,9 @@ def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broke
         for e in events[p::2]:
             champion.step(e["x"], e["y"])
             pocket.step(e["x"], e["y"])
-        assert model["task"] == f"partition-{p}" and model["champion"]["weights"] == {str(k): v for k, v in champion.weights.items()}
+        assert model["task"] == f"partition-{p}" and model["champion"]["weights"] == {
+            str(k): v for k, v in champion.weights.items()
+        }
         assert model["challengers"]["pocket"]["weights"] == {str(k): v for k, v in pocket.weights.items()}
     service.stop()
 
@@ -162,16 +220,28 @@ def _readme_warm_start() -> list[list[str]]:
     import shlex
 
     text = (ROOT / "README.md").read_text()
-    block = text[text.index("- **Warm start**"):]
-    block = block[block.index("```sh") + 5:block.index("```", block.index("```sh") + 5)]
-    return [shlex.split(re.sub(r"\s*&$", "", line.strip()[2:])) for line in block.splitlines() if line.strip().startswith("$ ")]
+    block = text[text.index("- **Warm start**") :]
+    block = block[block.index("```sh") + 5 : block.index("```", block.index("```sh") + 5)]
+    return [
+        shlex.split(re.sub(r"\s*&$", "", line.strip()[2:]))
+        for line in block.splitlines()
+        if line.strip().startswith("$ ")
+    ]
 
 
 def _cli(args: list[str], cwd, broker=None, topic=None) -> subprocess.CompletedProcess:
     assert args[0] == "perceptron-stream"
-    extra = [] if broker is None else ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--no-progress"]
-    done = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", *args[1:], *extra], capture_output=True, text=True, cwd=cwd,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    extra = (
+        [] if broker is None else ["--bootstrap-servers", broker.bootstrap_servers, "--topic", topic, "--no-progress"]
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", *args[1:], *extra],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done
 
@@ -189,25 +259,42 @@ def test_the_readme_warm_start_example_predicts_the_seeds_points_right(broker, t
     service = service_thread(settings_args(broker, topics, tmp_path) + args)
     _cli(send, tmp_path, broker, topics["input_topic"])
     predictions = [json.loads(m.value) for m in consume(broker.bootstrap_servers, topics["output_topic"], 5)]
-    assert [(p["y_pred"], p["y"], p["mistake"]) for p in predictions] == \
-        [(1, 1, False), (1, 1, False), (1, 1, False), (-1, -1, False), (-1, -1, False)]
+    assert [(p["y_pred"], p["y"], p["mistake"]) for p in predictions] == [
+        (1, 1, False),
+        (1, 1, False),
+        (1, 1, False),
+        (-1, -1, False),
+        (-1, -1, False),
+    ]
     assert [p["score"] for p in predictions] == [1.0, 2.0, 1.0, -1.0, -2.0]  # w = (-1, 1), b = 0 (seed 003)
     assert _metric(service.metrics_url, "perceptron_events_without_known_features_total") == 0
     service.stop()
 
 
 def test_a_model_of_names_served_dense_events_shows_in_the_metric_within_a_batch_and_in_the_log(
-        broker, topics, tmp_path, service_thread, caplog):
+    broker, topics, tmp_path, service_thread, caplog
+):
     (tmp_path / "d.csv").write_text("x1,x2,y\n1,2,1\n2,4,1\n3,4,1\n2,1,-1\n4,2,-1\n")
     _cli(["perceptron-stream", "train", "--data", "d.csv", "--output", "model.json"], tmp_path)  # no --dense: named
     assert json.loads((tmp_path / "model.json").read_text())["input"] == "named"
-    events = [{"x": [1, 2], "y": 1}, {"x": [2, 4], "y": 1}, {"x": [3, 4], "y": 1}, {"features": {"x1": 1, "x2": 2}, "y": 1}]
+    events = [
+        {"x": [1, 2], "y": 1},
+        {"x": [2, 4], "y": 1},
+        {"x": [3, 4], "y": 1},
+        {"features": {"x1": 1, "x2": 2}, "y": 1},
+    ]
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events)
-    service = service_thread(settings_args(broker, topics, tmp_path, initial_model=str(tmp_path / "model.json"), learning="off"))
+    service = service_thread(
+        settings_args(broker, topics, tmp_path, initial_model=str(tmp_path / "model.json"), learning="off")
+    )
     predictions = [json.loads(m.value) for m in consume(broker.bootstrap_servers, topics["output_topic"], 4)]
-    assert [(p["score"], p["y_pred"]) for p in predictions] == [(0.0, -1)] * 3 + [(1.0, 1)]  # the bias alone, then named
-    wait_until(lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 4, 30, what="4 counted")
+    assert [(p["score"], p["y_pred"]) for p in predictions] == [(0.0, -1)] * 3 + [
+        (1.0, 1)
+    ]  # the bias alone, then named
+    wait_until(
+        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 4, 30, what="4 counted"
+    )
     assert _metric(service.metrics_url, "perceptron_events_without_known_features_total") == 3
     told = [r.getMessage() for r in caplog.records if "shares no feature with the model" in r.getMessage()]
     assert len(told) == 1 and "train the model on dense x (train --dense for a CSV)" in told[0], told
@@ -219,10 +306,26 @@ def test_a_model_file_whose_features_cannot_meet_its_input_is_refused_at_start_u
     _cli(["perceptron-stream", "train", "--data", "d.csv", "--output", "model.json"], tmp_path)
     doc = json.loads((tmp_path / "model.json").read_text())
     (tmp_path / "bad.json").write_text(json.dumps({**doc, "input": "dense"}))  # says dense, holds names
-    refused = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", *settings_args(broker, topics, tmp_path),
-                              "--initial-model", str(tmp_path / "bad.json")], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "serve",
+            *settings_args(broker, topics, tmp_path),
+            "--initial-model",
+            str(tmp_path / "bad.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert refused.returncode == 1
-    assert "invalid setting initial_model (--initial-model): the model file says its features come from dense x" in refused.stderr
+    assert (
+        "invalid setting initial_model (--initial-model): the model file says its features come from dense x"
+        in refused.stderr
+    )
 
 
 def _poll_model(url: str, stop, got: list, offset: int = 0) -> None:
@@ -234,7 +337,9 @@ def _poll_model(url: str, stop, got: list, offset: int = 0) -> None:
 
 
 @pytest.mark.parametrize("learning", ["off", "on"])
-def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(broker, topics, tmp_path, service_thread, learning):
+def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(
+    broker, topics, tmp_path, service_thread, learning
+):
     """A 50,000-feature model, a backlog of 10-feature events, 8 clients asking for /model all along: every event is
     predicted, and the weights were copied once per model version the clients saw (learning off: once), however many
     reports they got; the pages together are the model's weights, each feature once. (The events/s: bench/e2e.py.)"""
@@ -243,21 +348,41 @@ def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(
     width = 50_000
     weights = {f"feature-{i:05d}": round(0.001 * ((i * 7919) % 2001 - 1000), 3) for i in range(width)}
     model = tmp_path / "wide.json"
-    model.write_text(json.dumps({"kind": "perceptron-stream.model", "format": 1, "variant": "plain", "input": "named",
-                                 "features": list(weights), "weights": list(weights.values()), "bias": 0.0, "source": "test"}))
-    events = [{"id": i, "features": {f"feature-{(i * 13 + j) % width:05d}": 1.0 for j in range(10)}, "y": 1 if i % 3 else -1}
-              for i in range(3000)]
+    model.write_text(
+        json.dumps(
+            {
+                "kind": "perceptron-stream.model",
+                "format": 1,
+                "variant": "plain",
+                "input": "named",
+                "features": list(weights),
+                "weights": list(weights.values()),
+                "bias": 0.0,
+                "source": "test",
+            }
+        )
+    )
+    events = [
+        {"id": i, "features": {f"feature-{(i * 13 + j) % width:05d}": 1.0 for j in range(10)}, "y": 1 if i % 3 else -1}
+        for i in range(3000)
+    ]
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events)
     service = service_thread(settings_args(broker, topics, tmp_path, initial_model=str(model), learning=learning))
+
     def started():
         status, body = http_get(service.metrics_url + "/model")
         return status == 200 and json.loads(body)["models"][0]["champion"]["features"] == width
 
     wait_until(started, 30, what="/model shows the initial model")
-    before = service.app.reports.builds  # a request before start-up saw the placeholder model: another model, another build
+    before = (
+        service.app.reports.builds
+    )  # a request before start-up saw the placeholder model: another model, another build
     stop, got = threading.Event(), [[] for _ in range(8)]
-    clients = [threading.Thread(target=_poll_model, args=(service.metrics_url, stop, got[i], 1000 * i), daemon=True) for i in range(8)]
+    clients = [
+        threading.Thread(target=_poll_model, args=(service.metrics_url, stop, got[i], 1000 * i), daemon=True)
+        for i in range(8)
+    ]
     for c in clients:
         c.start()
     try:
@@ -279,7 +404,9 @@ def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(
     while offset is not None:
         page = json.loads(http_get(f"{service.metrics_url}/model?offset={offset}&limit=10000")[1])
         champion = page["models"][0]["champion"]
-        assert champion["features"] == len(walked) + len(champion["weights"]) + max(0, champion["features"] - offset - 10000)
+        assert champion["features"] == len(walked) + len(champion["weights"]) + max(
+            0, champion["features"] - offset - 10000
+        )
         walked.update(champion["weights"])
         offset = page["next_offset"]
     assert len(walked) == width and (learning == "on" or walked == weights)

@@ -34,12 +34,10 @@ import time
 
 import pytest
 import yaml
-
 from perceptron_stream.streams import separable
+
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
-from tests.support.topics import consume, create_topic, produce
-from tests.support.waiting import wait_until
 from tests.support.prometheus_server import (
     ALERTS_PATH,
     DEFAULT_JOB,
@@ -51,6 +49,8 @@ from tests.support.prometheus_server import (
     load_dashboard,
     substitute_grafana_variables,
 )
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
 
 DIMENSIONS = 5
 LABELED_AND_UNLABELED = 3000
@@ -180,7 +180,8 @@ def _wait_for_fresh_rule_evaluation(prom: PrometheusServer, timeout: float = 15.
 
 
 def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
-        broker, topics, tmp_path, service_thread, prometheus_factory):  # noqa: F811
+    broker, topics, tmp_path, service_thread, prometheus_factory
+):
     missing = None
     try:
         find_prometheus()
@@ -199,18 +200,26 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
     with _service_must_live(service):
         target = f"127.0.0.1:{service.app.http.port}"
         prom = prometheus_factory([target], job=DEFAULT_JOB, rule_files=[ALERTS_PATH])
-        wait_until(lambda: not service.thread.is_alive() or http_get(service.metrics_url + "/readyz")[0] == 200, 30,
-                   what="the service to be ready")
+        wait_until(
+            lambda: not service.thread.is_alive() or http_get(service.metrics_url + "/readyz")[0] == 200,
+            30,
+            what="the service to be ready",
+        )
         assert service.thread.is_alive(), "the service stopped before it was ready"
         prom.wait_for(f"up{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "1", timeout=15)
-        prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=15)
+        prom.wait_for(
+            f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=15
+        )
         [scraped] = prom.targets()
         assert scraped["labels"]["job"] == DEFAULT_JOB and scraped["labels"]["instance"] == target
         assert scraped["health"] == "up", scraped
 
         # -- phase 2: a known batch; the scraped counters equal what the topics hold ---
-        events = list(itertools.islice(separable(dimensions=DIMENSIONS, margin=0.05, noise=0.05, seed=4, unlabeled=0.1),
-                                       LABELED_AND_UNLABELED))
+        events = list(
+            itertools.islice(
+                separable(dimensions=DIMENSIONS, margin=0.05, noise=0.05, seed=4, unlabeled=0.1), LABELED_AND_UNLABELED
+            )
+        )
         values: list[bytes] = [json.dumps(e).encode() for e in events]
         for i, (raw, _reason) in enumerate(MALFORMED):  # spread through the stream, after the first valid event
             values.insert(1 + (i + 1) * len(values) // (len(MALFORMED) + 1), raw)
@@ -221,7 +230,9 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
         assert labeled_sent > 2000 and unlabeled_sent > 100  # the stream has both kinds
 
         predictions = [json.loads(r.value) for r in consume(bootstrap, topics["output_topic"], len(events), timeout=30)]
-        dead_letters = [json.loads(r.value) for r in consume(bootstrap, topics["dlq_topic"], len(MALFORMED), timeout=30)]
+        dead_letters = [
+            json.loads(r.value) for r in consume(bootstrap, topics["dlq_topic"], len(MALFORMED), timeout=30)
+        ]
         assert len(predictions) == len(events) and len(dead_letters) == len(MALFORMED)
         mistakes = sum(p["mistake"] is True for p in predictions)
         labeled = sum(p["y"] is not None for p in predictions)
@@ -230,21 +241,35 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
         rejected = collections.Counter(d["reason"] for d in dead_letters)
         assert rejected == collections.Counter(reason for _raw, reason in MALFORMED)
 
-        prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and float(r[0]["value"][1]) == mistakes, timeout=15)
-        assert _scalar(prom.query(f"perceptron_updates_total{{{JOB}}}")) == mistakes  # plain perceptron: one update per mistake
+        prom.wait_for(
+            f"perceptron_mistakes_total{{{JOB}}}",
+            lambda r: len(r) == 1 and float(r[0]["value"][1]) == mistakes,
+            timeout=15,
+        )
+        assert (
+            _scalar(prom.query(f"perceptron_updates_total{{{JOB}}}")) == mistakes
+        )  # plain perceptron: one update per mistake
         by_kind = {"labeled": float(labeled_sent), "unlabeled": float(unlabeled_sent)}
         prom.wait_for(f"perceptron_events_total{{{JOB}}}", lambda r: _by_label(r, "kind") == by_kind, timeout=15)
-        prom.wait_for(f"sum by (reason) (perceptron_rejected_events_total{{{JOB}}}) > 0",
-                      lambda r: _by_label(r, "reason") == {k: float(v) for k, v in rejected.items()}, timeout=15)
+        prom.wait_for(
+            f"sum by (reason) (perceptron_rejected_events_total{{{JOB}}}) > 0",
+            lambda r: _by_label(r, "reason") == {k: float(v) for k, v in rejected.items()},
+            timeout=15,
+        )
         # the cumulative mistake share of the dashboard is exactly the topic's
-        share = _scalar(prom.query(f"sum(perceptron_mistakes_total{{{JOB}}}) / sum(perceptron_events_total{{{JOB}, kind=\"labeled\"}})"))
+        share = _scalar(
+            prom.query(
+                f'sum(perceptron_mistakes_total{{{JOB}}}) / sum(perceptron_events_total{{{JOB}, kind="labeled"}})'
+            )
+        )
         assert share == pytest.approx(mistakes / labeled_sent)
 
         # -- phase 3: events keep flowing; the dashboard and the alert rules on live data
         with BackgroundProducer(bootstrap, topics["input_topic"]) as flow:
-            prom.wait_for(f"sum(rate(perceptron_events_total{{{JOB}, kind=\"labeled\"}}[10s])) > 0", bool, timeout=15)
-            assert set(FEATURE_TARGETS) | EXACTLY_ONCE_TARGETS <= {(title, ref) for title, ref, _expr in dashboard_targets()}, \
-                "a renamed panel?"
+            prom.wait_for(f'sum(rate(perceptron_events_total{{{JOB}, kind="labeled"}}[10s])) > 0', bool, timeout=15)
+            assert set(FEATURE_TARGETS) | EXACTLY_ONCE_TARGETS <= {
+                (title, ref) for title, ref, _expr in dashboard_targets()
+            }, "a renamed panel?"
             for title, ref, expr in dashboard_targets():
                 if (title, ref) in FEATURE_TARGETS or (title, ref) in EXACTLY_ONCE_TARGETS:  # valid here; data in the
                     # test with the feature on
@@ -257,8 +282,15 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
             # stats whose "returns data" alone proves little: their values
             stat = {title: expr for title, _ref, expr in dashboard_targets()}
             assert _scalar(prom.query(stat["Rejected"])) == len(MALFORMED)  # the background flow is all valid
-            checkpoint_ms = _scalar(prom.wait_for(stat["Last checkpoint"], lambda r: len(r) == 1 and float(r[0]["value"][1]) > 0, timeout=15))
-            assert started <= checkpoint_ms / 1000 <= time.time(), (started, checkpoint_ms)  # a checkpoint of this run, in ms
+            checkpoint_ms = _scalar(
+                prom.wait_for(
+                    stat["Last checkpoint"], lambda r: len(r) == 1 and float(r[0]["value"][1]) > 0, timeout=15
+                )
+            )
+            assert started <= checkpoint_ms / 1000 <= time.time(), (
+                started,
+                checkpoint_ms,
+            )  # a checkpoint of this run, in ms
             # the poll loop turns: its last turn is seconds old, as the stall alert sees it
             loop_age = _scalar(prom.query(f"time() - perceptron_poll_loop_last_turn_timestamp_seconds{{{JOB}}}"))
             assert -2 < loop_age < 5, loop_age
@@ -272,8 +304,12 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
                 prom.query(rule["query"])  # and the expression answers a direct query without error
             # the target is up, so the rule's expression is empty: inactive, not even pending (a
             # scrape that timed out under load would make it pending for an evaluation or two)
-            target_down = wait_until(lambda: (lambda r: r if r["state"] == "inactive" else None)(
-                _rule(prom, "PerceptronTargetDown")), 10, 0.2, what="PerceptronTargetDown to be inactive")
+            target_down = wait_until(
+                lambda: (lambda r: r if r["state"] == "inactive" else None)(_rule(prom, "PerceptronTargetDown")),
+                10,
+                0.2,
+                what="PerceptronTargetDown to be inactive",
+            )
             assert target_down["health"] == "ok", target_down
             status, body = prom.api("alerts")
             assert status == 200, body
@@ -286,8 +322,16 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
         predictions = [json.loads(r.value) for r in consume(bootstrap, topics["output_topic"], total, timeout=30)]
         assert len(predictions) == total
         mistakes = sum(p["mistake"] is True for p in predictions)
-        prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1 and float(r[0]["value"][1]) == mistakes, timeout=15)
-        prom.wait_for(f"sum(perceptron_events_total{{{JOB}}})", lambda r: len(r) == 1 and float(r[0]["value"][1]) == total, timeout=15)
+        prom.wait_for(
+            f"perceptron_mistakes_total{{{JOB}}}",
+            lambda r: len(r) == 1 and float(r[0]["value"][1]) == mistakes,
+            timeout=15,
+        )
+        prom.wait_for(
+            f"sum(perceptron_events_total{{{JOB}}})",
+            lambda r: len(r) == 1 and float(r[0]["value"][1]) == total,
+            timeout=15,
+        )
 
     assert service.stop() == 0
 
@@ -295,29 +339,45 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
 def _annotation_queries() -> dict[str, str]:
     dashboard = load_dashboard()
     values = dashboard_variable_values(dashboard)
-    return {a["name"]: substitute_grafana_variables(a["expr"], values)
-            for a in dashboard["annotations"]["list"] if a.get("datasource", {}).get("type") == "prometheus"}
+    return {
+        a["name"]: substitute_grafana_variables(a["expr"], values)
+        for a in dashboard["annotations"]["list"]
+        if a.get("datasource", {}).get("type") == "prometheus"
+    }
 
 
-def test_feature_panels_have_data_with_the_features_on(broker, topics, tmp_path, service_thread, prometheus_factory):  # noqa: F811
+def test_feature_panels_have_data_with_the_features_on(broker, topics, tmp_path, service_thread, prometheus_factory):
     """The targets of FEATURE_TARGETS and the drift annotation return data from a service with --label-topic and
     --challengers: points wait for labels that come (label delay), a challenger is scored beside the champion,
     and 5,000 stable labeled events followed by flipped ones make a drift."""
     bootstrap = broker.bootstrap_servers
-    names = {**topics, "label_topic": topics["input_topic"] + "-labels", "outcome_topic": topics["output_topic"] + "-outcomes"}
+    names = {
+        **topics,
+        "label_topic": topics["input_topic"] + "-labels",
+        "outcome_topic": topics["output_topic"] + "-outcomes",
+    }
     for name in ("input_topic", "output_topic", "dlq_topic", "label_topic", "outcome_topic"):
         create_topic(bootstrap, names[name])
     service = service_thread(settings_args(broker, names, tmp_path, challengers="averaged"))
     with _service_must_live(service):
         prom = prometheus_factory([f"127.0.0.1:{service.app.http.port}"], job=DEFAULT_JOB)
         # a scrape before any event: the counters' and the histogram's rises lie inside the windows
-        prom.wait_for(f"perceptron_drift_detected_total{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=30)
+        prom.wait_for(
+            f"perceptron_drift_detected_total{{{JOB}}}", lambda r: len(r) == 1 and r[0]["value"][1] == "0", timeout=30
+        )
         stream = separable(dimensions=DIMENSIONS, margin=0.1, noise=0.0, seed=12)
         stable = [next(stream) for _ in range(5000)]
         flipped = [{**e, "y": -e["y"]} for e in itertools.islice(stream, 2000)]
         pending = [{"id": f"pending-{i}", "x": e["x"]} for i, e in enumerate(itertools.islice(stream, 200))]
-        produce(bootstrap, names["input_topic"], stable + pending, keys=[str(e["id"]).encode() for e in stable + pending])
-        produce(bootstrap, names["label_topic"], [{"id": p["id"], "y": 1} for p in pending], keys=[p["id"].encode() for p in pending])
+        produce(
+            bootstrap, names["input_topic"], stable + pending, keys=[str(e["id"]).encode() for e in stable + pending]
+        )
+        produce(
+            bootstrap,
+            names["label_topic"],
+            [{"id": p["id"], "y": 1} for p in pending],
+            keys=[p["id"].encode() for p in pending],
+        )
         consume(bootstrap, names["outcome_topic"], len(pending), timeout=30)  # every label joined its point
         produce(bootstrap, names["input_topic"], flipped)
         prom.wait_for(f"perceptron_drift_detected_total{{{JOB}}} > 0", bool, timeout=30)
@@ -334,14 +394,22 @@ def test_feature_panels_have_data_with_the_features_on(broker, topics, tmp_path,
     assert service.stop() == 0
 
 
-def test_exactly_once_panels_have_data_on_apache_kafka(apache_kafka, topics, tmp_path, service_thread, prometheus_factory):  # noqa: F811
+def test_exactly_once_panels_have_data_on_apache_kafka(
+    apache_kafka, topics, tmp_path, service_thread, prometheus_factory
+):
     """The transaction panels return data from a service with --processing-guarantee exactly-once while events flow:
     transactions committed per second, none aborted, and the commit's p50/p99."""
     bootstrap = apache_kafka.bootstrap_servers
     for name in ("input_topic", "output_topic", "dlq_topic"):
         create_topic(bootstrap, topics[name])
-    args = settings_args(apache_kafka, topics, tmp_path, processing_guarantee="exactly-once", state_store="kafka",
-                         checkpoint_topic=f"ckpt-{topics['group_id']}")
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        processing_guarantee="exactly-once",
+        state_store="kafka",
+        checkpoint_topic=f"ckpt-{topics['group_id']}",
+    )
     service = service_thread(args)
     with _service_must_live(service):
         prom = prometheus_factory([f"127.0.0.1:{service.app.http.port}"], job=DEFAULT_JOB)
@@ -354,8 +422,10 @@ def test_exactly_once_panels_have_data_on_apache_kafka(apache_kafka, topics, tmp
                     prom.wait_for(targets[(title, ref)], _finite_and_non_empty, timeout=30)
                 except TimeoutError as exc:
                     raise AssertionError(f"{title} [{ref}]: {exc}") from None
-            rates = prom.wait_for(targets[("Transactions per second by result", "A")],
-                                  lambda r: any(s["metric"]["result"] == "committed" and float(s["value"][1]) > 0 for s in r),
-                                  timeout=30)
+            rates = prom.wait_for(
+                targets[("Transactions per second by result", "A")],
+                lambda r: any(s["metric"]["result"] == "committed" and float(s["value"][1]) > 0 for s in r),
+                timeout=30,
+            )
             assert {s["metric"]["result"]: float(s["value"][1]) for s in rates}["aborted"] == 0
     assert service.stop() == 0

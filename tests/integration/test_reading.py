@@ -14,14 +14,13 @@ import threading
 
 import pytest
 from confluent_kafka import Producer
-
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka import KafkaFatal, KafkaIO, require_codecs
 from perceptron_stream.learning import make_learner
 from perceptron_stream.streams import separable
+
 from tests.support.launch import settings_args
 from tests.support.topics import consume, create_topic
-
 
 CLIENTS = ["kafka-python", "confluent"]
 CODECS = ["gzip", "snappy", "lz4", "zstd"]
@@ -82,9 +81,16 @@ def test_records_in_a_codec_the_client_cannot_read_fail_every_poll_and_never_spi
 
     _compressed(broker.bootstrap_servers, topics["input_topic"], _events(50, seed=7), "zstd")
     monkeypatch.setattr(codec, "zstd", None)  # as if zstandard were not installed
-    io = KafkaIO(KafkaSettings(bootstrap_servers=broker.bootstrap_servers), group_id=topics["group_id"],
-                 topics=[topics["input_topic"]], auto_offset_reset="earliest", on_assigned=lambda p: None,
-                 on_revoked=lambda p: None, max_poll_records=100, fetch_max_wait_ms=20)
+    io = KafkaIO(
+        KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
+        group_id=topics["group_id"],
+        topics=[topics["input_topic"]],
+        auto_offset_reset="earliest",
+        on_assigned=lambda p: None,
+        on_revoked=lambda p: None,
+        max_poll_records=100,
+        fetch_max_wait_ms=20,
+    )
     failures: list[Exception] = []
     records: list = []
 
@@ -118,7 +124,7 @@ def test_aborted_transactions_are_never_predicted_nor_learned(client, apache_kaf
     producer.init_transactions(30)
     committed = []
     for n in range(20):
-        chunk = events[n * 10:(n + 1) * 10]
+        chunk = events[n * 10 : (n + 1) * 10]
         producer.begin_transaction()
         for e in chunk:
             producer.produce(topics["input_topic"], json.dumps(e).encode(), e["id"].encode())

@@ -24,7 +24,6 @@ import threading
 import time
 
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.learning import learner_from_state, make_learner
@@ -32,11 +31,11 @@ from perceptron_stream.learning.mixing import mix_states
 from perceptron_stream.state.checkpoint import decode_checkpoint
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.streams import separable
+
 from tests.support.launch import settings_args, start_service_process
+from tests.support.service import has_traceback, stop_process, tail
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
-from tests.support.service import has_traceback, stop_process, tail
-
 
 PARTITIONS = 6
 
@@ -77,7 +76,10 @@ class Watcher:
 def _events(count: int, seed: int) -> list[tuple[int, dict]]:
     """(partition, event) dealt round-robin over the partitions, each event keyed by its id (in offset order per partition
     however the list is cut and produced)."""
-    return [(i % PARTITIONS, e) for i, (e, _) in enumerate(zip(separable(dimensions=6, noise=0.05, seed=seed), range(count)))]
+    return [
+        (i % PARTITIONS, e)
+        for i, (e, _) in enumerate(zip(separable(dimensions=6, noise=0.05, seed=seed), range(count)))
+    ]
 
 
 def _produce(broker, topic: str, events: list[tuple[int, dict]]) -> None:
@@ -90,8 +92,18 @@ def _produce(broker, topic: str, events: list[tuple[int, dict]]) -> None:
 def _args(broker, topics, tmp_path, store: str = "kafka", **extra) -> list[str]:
     """Partition scope; the local store in one --state-dir every instance shares (a volume mounted by all)."""
     where = {"checkpoint_topic": f"ckpt-{topics['group_id']}"} if store == "kafka" else {}
-    return settings_args(broker, topics, tmp_path, model_scope="partition", state_store=store, mix_topic=f"mix-{topics['group_id']}",
-                         batch_size=100, checkpoint_interval_events=300, **where, **extra)
+    return settings_args(
+        broker,
+        topics,
+        tmp_path,
+        model_scope="partition",
+        state_store=store,
+        mix_topic=f"mix-{topics['group_id']}",
+        batch_size=100,
+        checkpoint_interval_events=300,
+        **where,
+        **extra,
+    )
 
 
 def _replicas(args) -> dict:
@@ -137,20 +149,36 @@ def _start(args, tmp_path, name: str):
 
 # Both stores and both clients on Apache Kafka, and its KIP-848 group protocol; the embedded broker once (the runs
 # cost 20-30 s each).
-@pytest.mark.parametrize(("kafka_broker", "store", "client"),
-                         [("apache-kafka", "kafka", "kafka-python"), ("apache-kafka", "local", "confluent"),
-                          ("apache-kafka", "kafka", "confluent-kip-848"),
-                          ("embedded", "kafka", "kafka-python")],
-                         indirect=["kafka_broker"])
-def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(kafka_broker, topics, tmp_path, store, client):
+@pytest.mark.parametrize(
+    ("kafka_broker", "store", "client"),
+    [
+        ("apache-kafka", "kafka", "kafka-python"),
+        ("apache-kafka", "local", "confluent"),
+        ("apache-kafka", "kafka", "confluent-kip-848"),
+        ("embedded", "kafka", "kafka-python"),
+    ],
+    indirect=["kafka_broker"],
+)
+def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
+    kafka_broker, topics, tmp_path, store, client
+):
     broker = kafka_broker
     protocol = "consumer" if client == "confluent-kip-848" else "classic"
     client = client.removesuffix("-kip-848")
     count = 6000
     events = _events(count, seed=61)
-    first, second = events[: count // 2], events[count // 2:]
+    first, second = events[: count // 2], events[count // 2 :]
     _produce(broker, topics["input_topic"], first)
-    args = _args(broker, topics, tmp_path, store, mix_every=0, challengers="averaged", kafka_client=client, group_protocol=protocol)
+    args = _args(
+        broker,
+        topics,
+        tmp_path,
+        store,
+        mix_every=0,
+        challengers="averaged",
+        kafka_client=client,
+        group_protocol=protocol,
+    )
     watcher = Watcher(broker.bootstrap_servers, topics["output_topic"])
     processes = {}
     try:
@@ -163,12 +191,17 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(k
         processes["a"].wait()
         b_log_before_c = len((tmp_path / "serve-b.log").read_text())
         processes["c"] = _start(args, tmp_path, "c")  # joins mid-stream: a rebalance takes partitions from b
-        wait_until(lambda: "assigned" in (tmp_path / "serve-c.log").read_text() or processes["c"].poll() is not None,
-                   60, what="the newcomer's assignment")
+        wait_until(
+            lambda: "assigned" in (tmp_path / "serve-c.log").read_text() or processes["c"].poll() is not None,
+            60,
+            what="the newcomer's assignment",
+        )
         _produce(broker, topics["input_topic"], second)  # the second half reaches b and c
         wait_until(lambda: watcher.distinct() >= count, 120, what="every (partition, offset) predicted")
         for name in ("b", "c"):
-            assert stop_process(processes[name], tmp_path / f"serve-{name}.log") == 0, tail(tmp_path / f"serve-{name}.log")
+            assert stop_process(processes[name], tmp_path / f"serve-{name}.log") == 0, tail(
+                tmp_path / f"serve-{name}.log"
+            )
         time.sleep(0.5)
     finally:
         for process in processes.values():
@@ -200,11 +233,19 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(k
             challenger.step(e["x"], e["y"])
             outputs = by_source[(p, offset)]  # predicted at least once
             repeats += len(outputs) - 1
-            assert len(set(outputs)) == 1, f"partition {p} offset {offset}: repeats differ"  # no mixing: a replay is exact
+            assert len(set(outputs)) == 1, (
+                f"partition {p} offset {offset}: repeats differ"
+            )  # no mixing: a replay is exact
             got = json.loads(outputs[0])
             assert (got["y_pred"], got["score"], got["mistake"], got["id"]) == (y_pred, score, mistake, e["id"])
-            assert got["model"] == {"scope": "partition", "partition": p, "mixes": 0, "version": learner.updates,
-                                    "seen": learner.seen, "mistakes": learner.mistakes}
+            assert got["model"] == {
+                "scope": "partition",
+                "partition": p,
+                "mixes": 0,
+                "version": learner.updates,
+                "seen": learner.seen,
+                "mistakes": learner.mistakes,
+            }
         assert replicas[p].positions == {(topics["input_topic"], p): len(mine)}
         assert replicas[p].model == learner.to_state(), f"partition {p}: not the offline replay of its events"
         assert replicas[p].task["challengers"] == {"averaged": challenger.to_state()}  # moved with its partition too
@@ -224,7 +265,9 @@ def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka
         processes["b"] = _start(args, tmp_path, "b")
         wait_until(lambda: watcher.distinct() >= count, 120, what="every (partition, offset) predicted")
         for name in ("a", "b"):
-            assert stop_process(processes[name], tmp_path / f"serve-{name}.log") == 0, tail(tmp_path / f"serve-{name}.log")
+            assert stop_process(processes[name], tmp_path / f"serve-{name}.log") == 0, tail(
+                tmp_path / f"serve-{name}.log"
+            )
     finally:
         for process in processes.values():
             if process.poll() is None:
@@ -244,8 +287,13 @@ def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka
         own = last.model
         states, mu = [], []
         for q, seq, m in last.task["mix"]["inputs"]:
-            source = last if q == p else [r for r in records[: records.index(last)]
-                                          if r.owner.task == f"partition-{q}" and r.seq == seq][-1]
+            source = (
+                last
+                if q == p
+                else [r for r in records[: records.index(last)] if r.owner.task == f"partition-{q}" and r.seq == seq][
+                    -1
+                ]
+            )
             states.append(source.model)
             mu.append(m)
             mixed_partitions += q != p

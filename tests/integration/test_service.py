@@ -8,6 +8,7 @@ import signal
 
 from perceptron_stream.learning import make_learner
 from perceptron_stream.streams import separable
+
 from tests.support.endpoints import http_get, metrics_once
 from tests.support.launch import settings_args, start_service_process
 from tests.support.topics import consume, create_topic, produce
@@ -38,10 +39,14 @@ def test_every_event_is_predicted_as_the_offline_learner_would(broker, topics, t
     assert got == _offline(events)
     assert [p["id"] for p in predictions] == [e["id"] for e in events]
     assert predictions[-1]["model"]["mistakes"] == sum(p["mistake"] for p in predictions)
-    assert 0 < predictions[-1]["model"]["version"] == predictions[-1]["model"]["mistakes"]  # plain: one update per mistake
+    assert (
+        0 < predictions[-1]["model"]["version"] == predictions[-1]["model"]["mistakes"]
+    )  # plain: one update per mistake
 
 
-def test_keys_pass_through_and_partitions_follow_the_processing_order(broker, topics, tmp_path, service_thread, kafka_client):
+def test_keys_pass_through_and_partitions_follow_the_processing_order(
+    broker, topics, tmp_path, service_thread, kafka_client
+):
     create_topic(broker.bootstrap_servers, topics["input_topic"], partitions=3)
     events = [dict(e) for e, _ in zip(separable(dimensions=3, margin=0.05, seed=9), range(1500))]
     keys = [f"k{i % 17}".encode() for i in range(len(events))]
@@ -50,7 +55,9 @@ def test_keys_pass_through_and_partitions_follow_the_processing_order(broker, to
     records = consume(broker.bootstrap_servers, topics["output_topic"], len(events))
     service.stop()
 
-    by_source = {(json.loads(r.value)["source"]["partition"], json.loads(r.value)["source"]["offset"]): r for r in records}
+    by_source = {
+        (json.loads(r.value)["source"]["partition"], json.loads(r.value)["source"]["offset"]): r for r in records
+    }
     assert len(by_source) == len(events)
     for record in records:
         prediction = json.loads(record.value)
@@ -59,7 +66,9 @@ def test_keys_pass_through_and_partitions_follow_the_processing_order(broker, to
     predictions = _by_seen(records)
     assert [p["model"]["seen"] for p in predictions] == list(range(1, len(events) + 1))
     event_by_id = {e["id"]: e for e in events}
-    assert [(p["y_pred"], p["score"], p["mistake"]) for p in predictions] == _offline([event_by_id[p["id"]] for p in predictions])
+    assert [(p["y_pred"], p["score"], p["mistake"]) for p in predictions] == _offline(
+        [event_by_id[p["id"]] for p in predictions]
+    )
 
 
 def test_unlabeled_events_are_predicted_and_not_learned(broker, topics, tmp_path, service_thread):
@@ -80,19 +89,33 @@ def test_unlabeled_events_are_predicted_and_not_learned(broker, topics, tmp_path
 def _malformed(max_bytes: int) -> list[tuple[bytes | None, str]]:
     """100 bad messages of many kinds, with the reason each must get."""
     kinds = [
-        (b"not json", "invalid_json"), (b'{"x": [1, 2', "invalid_json"), (b"\xff\xfe\x00garbage", "not_utf8"),
-        (b'"just a string"', "invalid_event"), (b"[1, 2, 3]", "invalid_event"), (b'{"x": ["a", 2]}', "invalid_event"),
-        (b'{"x": [NaN, 1]}', "non_finite"), (b'{"x": [1e999, 1]}', "non_finite"), (b"{}", "invalid_event"),
-        (b'{"x": [1, 2], "features": {"a": 1}}', "invalid_event"), (b'{"x": [1, 2, 3], "y": 1}', "wrong_dimension"),
-        (b'{"x": [1, 2], "y": 2}', "bad_label"), (b'{"x": [1, 2], "y": "yes"}', "bad_label"),
-        (b'{"x": [' + b"1," * max_bytes + b"1]}", "too_large"), (b'{"features": {"a": "b"}}', "invalid_event"),
-        (b'{"x": "12"}', "invalid_event"), (b'{"x": [1, true]}', "invalid_event"), (b'{"x": []}', "invalid_event"),
-        (None, "invalid_event"), (b'{"x": [1, 2], "id": {"a": 1}}', "invalid_event"),
+        (b"not json", "invalid_json"),
+        (b'{"x": [1, 2', "invalid_json"),
+        (b"\xff\xfe\x00garbage", "not_utf8"),
+        (b'"just a string"', "invalid_event"),
+        (b"[1, 2, 3]", "invalid_event"),
+        (b'{"x": ["a", 2]}', "invalid_event"),
+        (b'{"x": [NaN, 1]}', "non_finite"),
+        (b'{"x": [1e999, 1]}', "non_finite"),
+        (b"{}", "invalid_event"),
+        (b'{"x": [1, 2], "features": {"a": 1}}', "invalid_event"),
+        (b'{"x": [1, 2, 3], "y": 1}', "wrong_dimension"),
+        (b'{"x": [1, 2], "y": 2}', "bad_label"),
+        (b'{"x": [1, 2], "y": "yes"}', "bad_label"),
+        (b'{"x": [' + b"1," * max_bytes + b"1]}", "too_large"),
+        (b'{"features": {"a": "b"}}', "invalid_event"),
+        (b'{"x": "12"}', "invalid_event"),
+        (b'{"x": [1, true]}', "invalid_event"),
+        (b'{"x": []}', "invalid_event"),
+        (None, "invalid_event"),
+        (b'{"x": [1, 2], "id": {"a": 1}}', "invalid_event"),
     ]
     return [kinds[i % len(kinds)] for i in range(100)]
 
 
-def test_malformed_messages_become_dead_letters_and_good_ones_flow(broker, topics, tmp_path, service_thread, kafka_client):
+def test_malformed_messages_become_dead_letters_and_good_ones_flow(
+    broker, topics, tmp_path, service_thread, kafka_client
+):
     bad = _malformed(max_bytes=2000)
     good = [{"id": f"g{i}", "x": [random.Random(i).uniform(-1, 1), 1.0], "y": 1 if i % 3 else -1} for i in range(300)]
     stream = [(g, None) for g in good[:1]] + [(b, r) for b, r in bad]  # a good one first fixes d = 2
@@ -152,7 +175,11 @@ def test_sigterm_mid_stream_exits_zero_and_loses_nothing(broker, topics, tmp_pat
     args = settings_args(broker, topics, tmp_path, batch_size=200)
     process = start_service_process(args, tmp_path / "serve.log")
     try:
-        wait_until(lambda: len(consume(broker.bootstrap_servers, topics["output_topic"], 1, timeout=30)) > 0, 60, what="first predictions")
+        wait_until(
+            lambda: len(consume(broker.bootstrap_servers, topics["output_topic"], 1, timeout=30)) > 0,
+            60,
+            what="first predictions",
+        )
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=15)
     finally:
@@ -179,9 +206,18 @@ def test_missing_topics_with_creation_off_fail_with_a_clear_message(broker, topi
     from tests.support import ROOT
 
     args = settings_args(broker, topics, tmp_path, create_topics=False)
-    result = subprocess.run([sys.executable, "-m", "perceptron_stream.cli", "serve", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert result.returncode == 1
-    assert f"topics {topics['input_topic']}, {topics['output_topic']}, {topics['dlq_topic']} do not exist and create_topics is off" in result.stderr
+    assert (
+        f"topics {topics['input_topic']}, {topics['output_topic']}, {topics['dlq_topic']} do not exist and create_topics is off"
+        in result.stderr
+    )
 
 
 def test_topics_are_created_with_the_configured_partitions(broker, topics, tmp_path, service_thread):
@@ -205,8 +241,12 @@ def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broke
     cap, rng = 25_000, random.Random(12)
     events = []
     for i in range(20):
-        event = {"id": f"e{i}", "features": {f"{i:02d}/token-{j:05d}-{rng.randrange(10**6):06d}": round(rng.uniform(-1, 1), 3)
-                                             for j in range(10_000)}}
+        event = {
+            "id": f"e{i}",
+            "features": {
+                f"{i:02d}/token-{j:05d}-{rng.randrange(10**6):06d}": round(rng.uniform(-1, 1), 3) for j in range(10_000)
+            },
+        }
         if i % 4 != 1:  # events 1, 5, 9, 13 and 17 come unlabeled
             event["y"] = 1 if i % 3 else -1
         events.append(event)
@@ -214,11 +254,19 @@ def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broke
     expected = [tuple(offline.step(e["features"], e.get("y"))) for e in events]
     assert offline.dropped_features == 15 * 10_000 - cap  # the labeled events' names past the cap
     produce(broker.bootstrap_servers, topics["input_topic"], events)
-    service = service_thread(settings_args(broker, topics, tmp_path, variant="averaged", standardize=True, max_model_features=cap))
+    service = service_thread(
+        settings_args(broker, topics, tmp_path, variant="averaged", standardize=True, max_model_features=cap)
+    )
 
     predictions = _by_seen(consume(broker.bootstrap_servers, topics["output_topic"], len(events)))
-    wait_until(lambda: f"perceptron_dropped_features_total {offline.dropped_features:.1f}" in http_get(service.metrics_url + "/metrics")[1],
-               30, what="the dropped features counted")
+    wait_until(
+        lambda: (
+            f"perceptron_dropped_features_total {offline.dropped_features:.1f}"
+            in http_get(service.metrics_url + "/metrics")[1]
+        ),
+        30,
+        what="the dropped features counted",
+    )
     service.stop()
 
     assert [p["id"] for p in predictions] == [e["id"] for e in events]  # every event predicted, none lost
@@ -228,4 +276,7 @@ def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broke
     assert len(model["perceptron"]["features"]) == len(model["scaler"]["counts"]) == cap
     assert model["perceptron"]["counters"]["dropped_features"] == offline.dropped_features
     assert checkpoint.meta["max_model_features"] == cap
-    assert max(path.stat().st_size for path in LocalStore(tmp_path / "state", topics["group_id"]).files("model")) < 8 * 1024 * 1024
+    assert (
+        max(path.stat().st_size for path in LocalStore(tmp_path / "state", topics["group_id"]).files("model"))
+        < 8 * 1024 * 1024
+    )

@@ -14,16 +14,15 @@ import sys
 import time
 
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.learning import make_learner
 from perceptron_stream.state.local import LocalStore
 from perceptron_stream.streams import separable
+
 from tests.support import ROOT
 from tests.support.launch import settings_args
 from tests.support.topics import consume, produce
 from tests.support.waiting import wait_until
-
 
 DEFAULT_STOP_TIMEOUT_S = ServeSettings.model_fields["stop_timeout_seconds"].default
 #: The bound these tests set (--stop-timeout-seconds): shorter than the default, so the suite waits less.
@@ -35,6 +34,8 @@ MARGIN_S = 10.0
 
 def test_the_default_bound_leaves_room_before_the_kubelets_sigkill():
     assert DEFAULT_STOP_TIMEOUT_S + MARGIN_S < 30
+
+
 FAULT_MARKER = "test fault: the client's poll never returns"
 
 #: `perceptron-stream serve` whose client's poll never returns once it has handed over ``sys.argv[2]`` records.
@@ -71,12 +72,23 @@ def test_sigterm_ends_a_process_stuck_in_a_client_call_within_the_stop_timeout(c
     events = [dict(e) for e, _ in zip(separable(dimensions=10, noise=0.05, seed=5), range(150))]
     produce(bootstrap, topic, events[:100])
     # a checkpoint every 100 events: one at offset 100, none for the last 50
-    args = settings_args(broker, topics, tmp_path, kafka_client=client, checkpoint_interval_events=100,
-                         checkpoint_interval_seconds=3600.0, stop_timeout_seconds=STOP_TIMEOUT_S)
+    args = settings_args(
+        broker,
+        topics,
+        tmp_path,
+        kafka_client=client,
+        checkpoint_interval_events=100,
+        checkpoint_interval_seconds=3600.0,
+        stop_timeout_seconds=STOP_TIMEOUT_S,
+    )
     log_path = tmp_path / "serve.log"
     with open(log_path, "ab") as log:
-        process = subprocess.Popen([sys.executable, "-c", SERVE_WITH_A_STUCK_POLL, fault, client, "150", *args],
-                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        process = subprocess.Popen(
+            [sys.executable, "-c", SERVE_WITH_A_STUCK_POLL, fault, client, "150", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
     try:
         consume(bootstrap, topics["output_topic"], 100)
         produce(bootstrap, topic, events[100:])
@@ -88,8 +100,10 @@ def test_sigterm_ends_a_process_stuck_in_a_client_call_within_the_stop_timeout(c
         try:
             code = process.wait(STOP_TIMEOUT_S + MARGIN_S)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running {STOP_TIMEOUT_S + MARGIN_S:g} s after SIGTERM:\n"
-                                 f"{log_path.read_text(errors='replace')[-4000:]}") from None
+            raise AssertionError(
+                f"still running {STOP_TIMEOUT_S + MARGIN_S:g} s after SIGTERM:\n"
+                f"{log_path.read_text(errors='replace')[-4000:]}"
+            ) from None
         took = time.monotonic() - signalled
     finally:
         if process.poll() is None:
@@ -100,9 +114,11 @@ def test_sigterm_ends_a_process_stuck_in_a_client_call_within_the_stop_timeout(c
     print(f"exited {took:.2f} s after SIGTERM (stop timeout {STOP_TIMEOUT_S:g} s)")
     assert code == 1, output[-4000:]
     assert STOP_TIMEOUT_S <= took < STOP_TIMEOUT_S + MARGIN_S
-    assert (f"did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM: stuck in the {client} client's poll; left undone: "
-            "50 event(s) processed since the last checkpoint are not checkpointed: the next start learns and publishes "
-            "them again from the last checkpoint; exiting with code 1") in output, output[-4000:]
+    assert (
+        f"did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM: stuck in the {client} client's poll; left undone: "
+        "50 event(s) processed since the last checkpoint are not checkpointed: the next start learns and publishes "
+        "them again from the last checkpoint; exiting with code 1"
+    ) in output, output[-4000:]
     # every output acknowledged; the checkpoint holds the first 100 events, what was due, and nothing after them
     assert [p["id"] for p in predictions] == [e["id"] for e in events]
     settings = load(ServeSettings, args)

@@ -15,29 +15,29 @@ import time
 from pathlib import Path
 
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.state.checkpoint import encode_checkpoint
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.state.local import LocalStore
+
+from tests.support.apache_kafka import create_compacting_topic, records_left
 from tests.support.brokers import new_broker
 from tests.support.launch import settings_args, start_service_process
-from tests.support.topics import produce
-from tests.support.waiting import wait_until
 from tests.support.service import (
-    exit_code,
-    run_to_the_end,
     OutputWatcher,
     check_outputs,
+    exit_code,
     final_checkpoint,
     make_events,
     offline,
+    run_to_the_end,
     stop_process,
     store_args,
     tail,
 )
-from tests.support.apache_kafka import create_compacting_topic, records_left
+from tests.support.topics import produce
+from tests.support.waiting import wait_until
 
 #: Both stores on Apache Kafka, the local one on the embedded broker (whose Kafka store the crash tests cover).
 STORES_ON_BROKERS = [("apache-kafka", "kafka"), ("apache-kafka", "local"), ("embedded", "local")]
@@ -83,8 +83,9 @@ def test_damaged_newest_checkpoints_fall_back_to_an_older_one_and_end_exact(kafk
     count, first_part = 8000, 5000
     events = make_events(count, seed=21)
     expected, model = offline(events)
-    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500,
-                         **store_args(store, topics))
+    args = settings_args(
+        broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500, **store_args(store, topics)
+    )
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
         produce(broker.bootstrap_servers, topics["input_topic"], events[:first_part])
@@ -159,7 +160,9 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
     code = exit_code(args + ["--variant", "averaged"], tmp_path / "serve-2.log")
     log = (tmp_path / "serve-2.log").read_text()
     assert code == 1, log[-3000:]
-    assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[-3000:]
+    assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[
+        -3000:
+    ]
     assert "Traceback" not in log
     assert final_checkpoint(args, "local") == saved  # left as it was
 
@@ -173,13 +176,22 @@ def test_a_crash_before_the_first_checkpoint_relearns_from_the_start(kafka_broke
     events = make_events(count, seed=24)
     expected, model = offline(events)
     produce(broker.bootstrap_servers, topics["input_topic"], events)
-    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1_000_000,
-                         checkpoint_interval_seconds=3600, **store_args(store, topics))
+    args = settings_args(
+        broker,
+        topics,
+        tmp_path,
+        batch_size=100,
+        checkpoint_interval_events=1_000_000,
+        checkpoint_interval_seconds=3600,
+        **store_args(store, topics),
+    )
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
         process = start_service_process(args, tmp_path / "serve-1.log")
         try:
-            wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted")
+            wait_until(
+                lambda: watcher.distinct() >= count or process.poll() is not None, 120, what="every offset predicted"
+            )
             time.sleep(0.5)  # the loop turns a few more times: any commit it would make is made
         finally:
             process.kill()
@@ -203,12 +215,15 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(ka
     events = make_events(count, seed=25)
     expected, model = offline(events)
     produce(broker.bootstrap_servers, topics["input_topic"], events[:first_part])
-    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500,
-                         **store_args(store, topics))
+    args = settings_args(
+        broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=500, **store_args(store, topics)
+    )
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     first = start_service_process(args, tmp_path / "serve-1.log")
     try:
-        wait_until(lambda: watcher.distinct() >= first_part or first.poll() is not None, 120, what="the first part predicted")
+        wait_until(
+            lambda: watcher.distinct() >= first_part or first.poll() is not None, 120, what="the first part predicted"
+        )
         # the same model again (same group, same state), e.g. a second replica by mistake
         code = exit_code(args, tmp_path / "serve-2.log")
         log = (tmp_path / "serve-2.log").read_text()
@@ -218,12 +233,18 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(ka
             state_dir = LocalStore(settings.state_dir, settings.group_id).task_dir("model")
             assert f"state directory {state_dir} is in use by pid {first.pid}" in log, log[-3000:]
         else:
-            assert f"consumer group {topics['group_id']} has 1 other member(s): processing nothing until they leave" in log
-            assert f"consumer group {topics['group_id']} still has 1 other active member(s) after 12 s" in log, log[-3000:]
+            assert (
+                f"consumer group {topics['group_id']} has 1 other member(s): processing nothing until they leave" in log
+            )
+            assert f"consumer group {topics['group_id']} still has 1 other active member(s) after 12 s" in log, log[
+                -3000:
+            ]
         assert "Traceback" not in log
 
         produce(broker.bootstrap_servers, topics["input_topic"], events[first_part:])
-        wait_until(lambda: watcher.distinct() >= count or first.poll() is not None, 120, what="the second part predicted")
+        wait_until(
+            lambda: watcher.distinct() >= count or first.poll() is not None, 120, what="the second part predicted"
+        )
         assert first.poll() is None, tail(tmp_path / "serve-1.log")
     finally:
         code = stop_process(first, tmp_path / "serve-1.log")
@@ -239,13 +260,16 @@ def test_a_second_instance_of_the_same_model_fails_fast_and_the_first_goes_on(ka
 # lost state -----------------------------------------------------------------
 def test_committed_offsets_without_a_checkpoint_are_refused_not_a_silent_reset(broker, topics, tmp_path):
     """An emptied state directory (a new volume, say): going on would learn from mid-stream with zero weights."""
+
     def empty(store):
         for path in store.files("model"):
             path.unlink()
 
     log, state_dir = _restart_refused(broker, topics, tmp_path, 2000, 26, empty)
-    assert (f"consumer group {topics['group_id']} has committed offsets on {topics['input_topic']} (partition 0 at 2000) "
-            f"but the state store (local, {state_dir}) has no checkpoint") in log, log[-3000:]
+    assert (
+        f"consumer group {topics['group_id']} has committed offsets on {topics['input_topic']} (partition 0 at 2000) "
+        f"but the state store (local, {state_dir}) has no checkpoint"
+    ) in log, log[-3000:]
 
 
 def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_start(broker, topics, tmp_path):
@@ -259,8 +283,14 @@ def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_s
     produce(broker.bootstrap_servers, topics["input_topic"], events[:1000], partition=0)
     process = start_service_process(args, tmp_path / "serve-1.log")
     try:
-        wait_until(lambda: (final_checkpoint(args, "local") or _NONE).positions.get((topics["input_topic"], 0)) == 1000
-                   or process.poll() is not None, 120, what="partition 0 checkpointed")
+        wait_until(
+            lambda: (
+                (final_checkpoint(args, "local") or _NONE).positions.get((topics["input_topic"], 0)) == 1000
+                or process.poll() is not None
+            ),
+            120,
+            what="partition 0 checkpointed",
+        )
     finally:
         assert stop_process(process, tmp_path / "serve-1.log") == 0, tail(tmp_path / "serve-1.log")
     older = final_checkpoint(args, "local")
@@ -268,8 +298,9 @@ def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_s
 
     # partition 1's events come in; the only checkpoint that has them is the last one
     produce(broker.bootstrap_servers, topics["input_topic"], events[1000:], partition=1)
-    one_checkpoint = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1_000_000,
-                                   checkpoint_interval_seconds=3600)
+    one_checkpoint = settings_args(
+        broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=1_000_000, checkpoint_interval_seconds=3600
+    )
     process = start_service_process(one_checkpoint, tmp_path / "serve-2.log")
     try:
         consume(broker.bootstrap_servers, topics["output_topic"], 2000, timeout=120)
@@ -277,14 +308,25 @@ def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_s
         assert stop_process(process, tmp_path / "serve-2.log") == 0, tail(tmp_path / "serve-2.log")
     settings = load(ServeSettings, args)
     newest = LocalStore(settings.state_dir, settings.group_id).files("model")[0]
-    assert json.loads(newest.read_bytes())["positions"] == [[topics["input_topic"], 0, 1000], [topics["input_topic"], 1, 1000]]
+    assert json.loads(newest.read_bytes())["positions"] == [
+        [topics["input_topic"], 0, 1000],
+        [topics["input_topic"], 1, 1000],
+    ]
     newest.write_bytes(newest.read_bytes()[:100])  # lost: the restart falls back to the older one
 
     process = start_service_process(args, tmp_path / "serve-3.log")
     try:
-        wait_until(lambda: ((final_checkpoint(args, "local") or _NONE).positions == {(topics["input_topic"], 0): 1000,
-                                                                                      (topics["input_topic"], 1): 1000})
-                   or process.poll() is not None, 120, what="partition 1 learned again")
+        wait_until(
+            lambda: (
+                (
+                    (final_checkpoint(args, "local") or _NONE).positions
+                    == {(topics["input_topic"], 0): 1000, (topics["input_topic"], 1): 1000}
+                )
+                or process.poll() is not None
+            ),
+            120,
+            what="partition 1 learned again",
+        )
     finally:
         assert stop_process(process, tmp_path / "serve-3.log") == 0, tail(tmp_path / "serve-3.log")
     assert final_checkpoint(args, "local").model["counters"]["seen"] == 2000  # partition 1 learned, once
@@ -313,7 +355,9 @@ def test_a_storeless_service_is_ready_and_resumes_from_its_commits(broker, topic
     outputs = consume(broker.bootstrap_servers, topics["output_topic"], 600)
     time.sleep(1.0)
     outputs = consume(broker.bootstrap_servers, topics["output_topic"], 600)
-    assert sorted(json.loads(m.value)["source"]["offset"] for m in outputs) == list(range(600))  # resumed at 500, no repeats
+    assert sorted(json.loads(m.value)["source"]["offset"] for m in outputs) == list(
+        range(600)
+    )  # resumed at 500, no repeats
 
 
 # the log cleaner ---------------------------------------------------------------
@@ -328,8 +372,9 @@ def _compact_then_restore(apache_kafka, topics, tmp_path) -> None:
     count, first_part = 6000, 3000
     events = make_events(count, seed=25)
     expected, model = offline(events)
-    args = settings_args(apache_kafka, topics, tmp_path, batch_size=100, checkpoint_interval_events=200,
-                         **store_args("kafka", topics))
+    args = settings_args(
+        apache_kafka, topics, tmp_path, batch_size=100, checkpoint_interval_events=200, **store_args("kafka", topics)
+    )
     checkpoint_topic = load(ServeSettings, args).checkpoint_topic
     create_compacting_topic(apache_kafka.bootstrap_servers, checkpoint_topic)
     watcher = OutputWatcher(apache_kafka.bootstrap_servers, topics["output_topic"]).start()
@@ -341,12 +386,18 @@ def _compact_then_restore(apache_kafka, topics, tmp_path) -> None:
         assert written > 10, f"only {written} checkpoints written"
         # the cleaner wakes every second on the suite's broker; every segment but the active (newest) one is cleanable
         try:
-            left = wait_until(lambda: (n := records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written and n,
-                              90, interval=1.0, what=f"the cleaner to compact {checkpoint_topic}")
+            left = wait_until(
+                lambda: (n := records_left(apache_kafka.bootstrap_servers, checkpoint_topic)[0]) < written and n,
+                90,
+                interval=1.0,
+                what=f"the cleaner to compact {checkpoint_topic}",
+            )
         except AssertionError as exc:
             cleaner = [line for line in Path(apache_kafka.info.log_path).read_text().splitlines() if "Cleaner" in line]
-            raise AssertionError(f"{exc}: {records_left(apache_kafka.bootstrap_servers, checkpoint_topic)} (left, written); "
-                                 "the broker's cleaner said:\n" + "\n".join(cleaner[-20:])) from None
+            raise AssertionError(
+                f"{exc}: {records_left(apache_kafka.bootstrap_servers, checkpoint_topic)} (left, written); "
+                "the broker's cleaner said:\n" + "\n".join(cleaner[-20:])
+            ) from None
 
         produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[first_part:])
         run_to_the_end(args, watcher, count, tmp_path / "serve-2.log")

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from perceptron_stream.broker import free_port
+
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args, start_service_process
-from tests.support.waiting import wait_until
+from tests.support.pki import KEY_PASSWORD, Pki
 from tests.support.service import (
     check_outputs,
     has_traceback,
@@ -34,9 +34,8 @@ from tests.support.service import (
     tail,
     without_close_noise,
 )
-from tests.support.pki import KEY_PASSWORD, Pki
 from tests.support.streams import open_test_stream
-
+from tests.support.waiting import wait_until
 
 CLIENTS = ["kafka-python", "confluent"]
 
@@ -88,13 +87,17 @@ def read_outputs_tls(bootstrap: str, options: dict, topic: str, count: int, proc
     (input offset -> values, input offset -> keys), as check_outputs takes them."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                             request_timeout_ms=10_000, **options)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, request_timeout_ms=10_000, **options
+    )
     by_source: dict[int, list[bytes]] = {}
     keys: dict[int, list[bytes | None]] = {}
     try:
-        wait_until(lambda: consumer.partitions_for_topic(topic) or process.poll() is not None, 60,
-                   what=f"the service to create {topic}")
+        wait_until(
+            lambda: consumer.partitions_for_topic(topic) or process.poll() is not None,
+            60,
+            what=f"the service to create {topic}",
+        )
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
@@ -114,12 +117,17 @@ def read_outputs_tls(bootstrap: str, options: dict, topic: str, count: int, proc
 #: Lines that say nothing went wrong with TLS or the service: the metadata refresh the kafka store's reader
 #: cancels when it closes its consumer; the network thread's wall-clock check of its own steps
 #: (``slow_task_threshold_secs``, 0.1 s), which fires whenever the machine or the GIL is busy for that long.
-KAFKA_PYTHON_NOISE = ("kafka.cluster: Metadata refresh: failed Cancelled", "(>0.100s threshold). It is blocking the event loop")
+KAFKA_PYTHON_NOISE = (
+    "kafka.cluster: Metadata refresh: failed Cancelled",
+    "(>0.100s threshold). It is blocking the event loop",
+)
 #: An Apache Kafka that no group has used yet creates __consumer_offsets at the first group's first request and
 #: meanwhile answers "no coordinator", "not the coordinator" or "coordinator loading": the service retries (the
 #: first tests of a run see it), no TLS trouble.
-COORDINATOR_NOT_YET = re.compile(r"could not read the group's committed offsets: "
-                                 r"(CoordinatorNotAvailableError|NotCoordinatorError|CoordinatorLoadInProgressError)")
+COORDINATOR_NOT_YET = re.compile(
+    r"could not read the group's committed offsets: "
+    r"(CoordinatorNotAvailableError|NotCoordinatorError|CoordinatorLoadInProgressError)"
+)
 
 
 def serve_failure(args: list[str], tmp_path: Path) -> tuple[int, str]:
@@ -137,8 +145,12 @@ def serve_failure(args: list[str], tmp_path: Path) -> tuple[int, str]:
 
 # the tests ---------------------------------------------------------------------
 @pytest.mark.parametrize("client", CLIENTS)
-@pytest.mark.parametrize("listener, mutual", [("SSL", False), ("MTLS", True)], ids=["server-auth", "mutual-tls-encrypted-key"])
-def test_service_over_tls_publishes_the_offline_learners_predictions(apache_kafka, topics, tmp_path, client, listener, mutual):
+@pytest.mark.parametrize(
+    "listener, mutual", [("SSL", False), ("MTLS", True)], ids=["server-auth", "mutual-tls-encrypted-key"]
+)
+def test_service_over_tls_publishes_the_offline_learners_predictions(
+    apache_kafka, topics, tmp_path, client, listener, mutual
+):
     pki, tls = apache_kafka.pki, Listener(apache_kafka, listener)
     options = tls_options(pki, mutual)
     events = make_events(300, seed=31)
@@ -146,13 +158,22 @@ def test_service_over_tls_publishes_the_offline_learners_predictions(apache_kafk
     expected, model = offline(events)
     produce_tls(tls.bootstrap_servers, options, topics["input_topic"], events, keys)
     port = free_port()
-    args = settings_args(tls, topics, tmp_path, metrics_port=port, state_store="kafka", kafka_client=client,
-                         checkpoint_topic=f"ckpt-{topics['group_id']}", **tls_args(pki, mutual))
+    args = settings_args(
+        tls,
+        topics,
+        tmp_path,
+        metrics_port=port,
+        state_store="kafka",
+        kafka_client=client,
+        checkpoint_topic=f"ckpt-{topics['group_id']}",
+        **tls_args(pki, mutual),
+    )
     log_path = tmp_path / "serve.log"
     process = start_service_process(args, log_path)
     try:
-        by_source, out_keys = read_outputs_tls(tls.bootstrap_servers, options, topics["output_topic"],
-                                               len(events), process, log_path)
+        by_source, out_keys = read_outputs_tls(
+            tls.bootstrap_servers, options, topics["output_topic"], len(events), process, log_path
+        )
         status, body = http_get(f"http://127.0.0.1:{port}/readyz")
         assert status == 200, body
     finally:
@@ -161,8 +182,13 @@ def test_service_over_tls_publishes_the_offline_learners_predictions(apache_kafk
     check_outputs(by_source, expected, input_topic=topics["input_topic"], keys=out_keys, input_keys=keys)
     log = log_path.read_text()
     assert not has_traceback(log), tail(log_path)
-    troubles = [line for line in without_close_noise(log).splitlines() if (" WARNING " in line or " ERROR " in line)
-                and not any(noise in line for noise in KAFKA_PYTHON_NOISE) and not COORDINATOR_NOT_YET.search(line)]
+    troubles = [
+        line
+        for line in without_close_noise(log).splitlines()
+        if (" WARNING " in line or " ERROR " in line)
+        and not any(noise in line for noise in KAFKA_PYTHON_NOISE)
+        and not COORDINATOR_NOT_YET.search(line)
+    ]
     assert not troubles, tail(log_path)
     # the final checkpoint went through TLS too, into the compacted topic: the model of the offline run
     from perceptron_stream.config import ServeSettings, load
@@ -184,24 +210,37 @@ def test_the_mutual_tls_listener_turns_away_a_client_without_a_certificate(apach
     from kafka.errors import KafkaError
 
     with pytest.raises(KafkaError):
-        KafkaAdminClient(bootstrap_servers=apache_kafka.address("MTLS"), request_timeout_ms=5000, bootstrap_timeout_ms=5000,
-                         **tls_options(apache_kafka.pki, mutual=False)).close()
-    KafkaAdminClient(bootstrap_servers=apache_kafka.address("MTLS"), request_timeout_ms=5000,
-                     **tls_options(apache_kafka.pki, mutual=True)).close()
+        KafkaAdminClient(
+            bootstrap_servers=apache_kafka.address("MTLS"),
+            request_timeout_ms=5000,
+            bootstrap_timeout_ms=5000,
+            **tls_options(apache_kafka.pki, mutual=False),
+        ).close()
+    KafkaAdminClient(
+        bootstrap_servers=apache_kafka.address("MTLS"),
+        request_timeout_ms=5000,
+        **tls_options(apache_kafka.pki, mutual=True),
+    ).close()
 
 
 #: (listener, the service's TLS flags from the PKI, the error, the service's verdict): what retrying cannot cure
 REFUSALS = {
     "broker-certificate-of-another-ca": (
-        "SSL", lambda pki: tls_args(pki, False, ca=pki.other_ca), "SslAuthenticationError",
+        "SSL",
+        lambda pki: tls_args(pki, False, ca=pki.other_ca),
+        "SslAuthenticationError",
         "SslAuthenticationError: the brokers' certificate did not verify: unable to get local issuer certificate; "
         "retrying cannot help: the brokers' TLS certificate is not signed by a CA of ssl_cafile (--ssl-cafile, "
-        "PERCEPTRON_STREAM_SSL_CAFILE)"),
+        "PERCEPTRON_STREAM_SSL_CAFILE)",
+    ),
     "no-client-certificate-for-mutual-tls": (
-        "MTLS", lambda pki: tls_args(pki, False), "ClientCertificateRefused",
+        "MTLS",
+        lambda pki: tls_args(pki, False),
+        "ClientCertificateRefused",
         "ClientCertificateRefused: the brokers refused the client's certificate: SSLV3_ALERT_BAD_CERTIFICATE; retrying "
         "cannot help: the brokers require a client certificate signed by a CA they trust: check ssl_certfile "
-        "(--ssl-certfile, PERCEPTRON_STREAM_SSL_CERTFILE) and ssl_keyfile (--ssl-keyfile, PERCEPTRON_STREAM_SSL_KEYFILE)"),
+        "(--ssl-certfile, PERCEPTRON_STREAM_SSL_CERTFILE) and ssl_keyfile (--ssl-keyfile, PERCEPTRON_STREAM_SSL_KEYFILE)",
+    ),
 }
 
 
@@ -211,11 +250,17 @@ def test_a_tls_refusal_stops_serve_at_start_up_naming_the_setting(apache_kafka, 
     """Retrying a certificate that did not verify, or that the brokers refused, cannot help (Kafka's Java client
     gives up too: SslAuthenticationException): exit 1 at start-up, the message naming the setting, no traceback."""
     listener, flags, _, verdict = REFUSALS[refusal]
-    args = settings_args(Listener(apache_kafka, listener), topics, tmp_path, kafka_client=client, **flags(apache_kafka.pki))
+    args = settings_args(
+        Listener(apache_kafka, listener), topics, tmp_path, kafka_client=client, **flags(apache_kafka.pki)
+    )
     code, output = serve_failure(args, tmp_path)
     assert code == 1, output[-3000:]
-    assert f"perceptron-stream serve: could not reach the brokers and check the topics: {verdict}" in output, output[-3000:]
-    assert not re.search(r'File "[^"]*/service/', output), output[-3000:]  # no traceback through the service (kafka-python
+    assert f"perceptron-stream serve: could not reach the brokers and check the topics: {verdict}" in output, output[
+        -3000:
+    ]
+    assert not re.search(r'File "[^"]*/service/', output), output[
+        -3000:
+    ]  # no traceback through the service (kafka-python
     # logs the refused read's with its own: "Error receiving network data closing socket")
 
 
@@ -237,7 +282,9 @@ def test_the_stream_raises_a_tls_refusal(apache_kafka, topics, client, refusal):
             io = open_test_stream(settings, client, topics)
             while time.monotonic() < deadline:
                 io.poll(200, 10)
-        assert raised.value.hint.startswith(verdict.split("retrying cannot help: ")[1])  # the same settings, either client
+        assert raised.value.hint.startswith(
+            verdict.split("retrying cannot help: ")[1]
+        )  # the same settings, either client
     finally:
         if io is not None:
             io.close()

@@ -21,9 +21,18 @@ import time
 import pytest
 from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
-
 from perceptron_stream.config import KafkaSettings
-from perceptron_stream.kafka import TRANSACTION_TIMEOUT_MS, CompactedTopic, Fenced, PartitionedLog, Stream, TopicTail, committed_offsets, open_stream
+from perceptron_stream.kafka import (
+    TRANSACTION_TIMEOUT_MS,
+    CompactedTopic,
+    Fenced,
+    PartitionedLog,
+    Stream,
+    TopicTail,
+    committed_offsets,
+    open_stream,
+)
+
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 
@@ -31,10 +40,18 @@ CLIENTS = ["kafka-python", "confluent"]
 
 
 def _stream(bootstrap: str, client: str, topics: dict, transactional_id: str) -> Stream:
-    return open_stream(KafkaSettings(bootstrap_servers=bootstrap), client, group_id=topics["group_id"],
-                       topics=[topics["input_topic"]], auto_offset_reset="earliest", on_assigned=lambda partitions: None,
-                       on_revoked=lambda partitions: None, max_poll_records=1000, fetch_max_wait_ms=20,
-                       transactional_id=transactional_id)
+    return open_stream(
+        KafkaSettings(bootstrap_servers=bootstrap),
+        client,
+        group_id=topics["group_id"],
+        topics=[topics["input_topic"]],
+        auto_offset_reset="earliest",
+        on_assigned=lambda partitions: None,
+        on_revoked=lambda partitions: None,
+        max_poll_records=1000,
+        fetch_max_wait_ms=20,
+        transactional_id=transactional_id,
+    )
 
 
 def _poll_some(stream: Stream, max_records: int, timeout_s: float = 60.0) -> list:
@@ -49,8 +66,9 @@ def _poll_some(stream: Stream, max_records: int, timeout_s: float = 60.0) -> lis
 
 def _visible(bootstrap: str, topic: str, partition: int = 0) -> list[bytes]:
     """The values a read_committed reader sees in ``topic``'s ``partition``, up to its last stable offset."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                             isolation_level="read_committed")
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, isolation_level="read_committed"
+    )
     try:
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
@@ -164,7 +182,9 @@ def test_a_transaction_left_open_is_aborted_after_its_timeout_and_fences_its_pro
     finally:
         stream.close()
     assert _visible(bootstrap, sink) == []
-    assert committed_offsets(KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"], topics["input_topic"]) == {}
+    assert (
+        committed_offsets(KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"], topics["input_topic"]) == {}
+    )
 
 
 def _zombie(client: str, bootstrap: str, topics: dict, conn) -> None:
@@ -225,7 +245,9 @@ def test_a_zombie_whose_partition_moved_can_commit_nothing(client, apache_kafka,
 
         b_values = [b"b-" + v for v in inputs]
         assert wait_until(lambda: _visible(bootstrap, sink) == b_values or None, 60, 1.0, "B's records alone")
-        assert committed_offsets(KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"], source) == {0: len(inputs)}
+        assert committed_offsets(KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"], source) == {
+            0: len(inputs)
+        }
     finally:
         if zombie.is_alive():
             os.kill(zombie.pid, signal.SIGCONT)

@@ -16,28 +16,28 @@ import textwrap
 import time
 
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.state.checkpoint import encode_checkpoint
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.state.local import LocalStore
+
 from tests.support import ROOT
 from tests.support.brokers import new_broker
 from tests.support.checkpoints import resealed
 from tests.support.launch import settings_args
-from tests.support.topics import produce
 from tests.support.service import (
-    exit_code,
-    run_to_the_end,
     OutputWatcher,
     check_outputs,
+    exit_code,
     final_checkpoint,
     has_traceback,
     make_events,
     offline,
+    run_to_the_end,
     store_args,
 )
+from tests.support.topics import produce
 
 
 def _first_run(broker, topics, tmp_path, count=1000, seed=41, **extra) -> list[str]:
@@ -76,7 +76,9 @@ def test_another_group_on_the_same_state_dir_starts_its_own_model(kafka_broker, 
     expected, model = offline(events)
     check_outputs(by_source, expected)  # 1,000 of 1,000 predicted, from zero weights
     assert final_checkpoint(args, "local").model == model
-    assert final_checkpoint(settings_args(broker, topics, tmp_path), "local").positions == {(topics["input_topic"], 0): 1000}
+    assert final_checkpoint(settings_args(broker, topics, tmp_path), "local").positions == {
+        (topics["input_topic"], 0): 1000
+    }
 
 
 @pytest.mark.parametrize("how", ["fresh cluster", "topic created again"])
@@ -140,15 +142,19 @@ def test_a_checkpoint_record_with_positions_past_the_log_end_is_refused(kafka_br
     finally:
         store.close()
     log = _refused(args, tmp_path / "serve-2.log")
-    assert (f"checkpoint {newest.seq + 1} holds positions outside {topics['input_topic']}'s logs: partition 0 at offset "
-            "1000000, outside its log (0 to 600)") in log, log[-3000:]
+    assert (
+        f"checkpoint {newest.seq + 1} holds positions outside {topics['input_topic']}'s logs: partition 0 at offset "
+        "1000000, outside its log (0 to 600)"
+    ) in log, log[-3000:]
 
 
 def test_with_a_key_forged_unsigned_and_garbage_records_fall_back_to_the_signed_checkpoint(broker, topics, tmp_path):
     key = {"PERCEPTRON_STREAM_CHECKPOINT_KEY": "0123456789abcdef0123456789abcdef"}
     events = make_events(1200, seed=44)
     produce(broker.bootstrap_servers, topics["input_topic"], events[:600])
-    args = settings_args(broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200, **store_args("kafka", topics))
+    args = settings_args(
+        broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200, **store_args("kafka", topics)
+    )
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     os.environ.update(key)  # the child processes inherit it, never as a flag
     try:
@@ -193,7 +199,9 @@ def test_reading_the_checkpoint_topic_holds_one_record_per_slot(broker, topics, 
     topic = CompactedTopic(settings, name)
     try:
         for i in range(6):
-            topic.put(f"{settings.group_id}/{7 + i}".encode(), bytes([65 + i]) * (8 * 1024 * 1024))  # slots it never writes
+            topic.put(
+                f"{settings.group_id}/{7 + i}".encode(), bytes([65 + i]) * (8 * 1024 * 1024)
+            )  # slots it never writes
         topic.put(f"{settings.group_id}/0".encode(), b"{}")
     finally:
         topic.close()
@@ -263,4 +271,7 @@ def test_version_0_1s_flat_state_dir_is_adopted_by_its_group_and_refused_by_anot
         watcher.stop()
     assert not store.legacy_files() and store.files("model")
     after = final_checkpoint(args, "local")
-    assert after.positions == {(topics["input_topic"], 0): 600} and after.model["counters"]["seen"] == newest.model["counters"]["seen"] + 100
+    assert (
+        after.positions == {(topics["input_topic"], 0): 600}
+        and after.model["counters"]["seen"] == newest.model["counters"]["seen"] + 100
+    )

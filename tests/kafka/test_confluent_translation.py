@@ -10,11 +10,10 @@ import pytest
 from confluent_kafka import KafkaError as CKafkaError
 from confluent_kafka import KafkaException
 from kafka import errors as kerrors
-
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable, confluent
-from perceptron_stream.kafka.errors import FENCED_ERRORS
 from perceptron_stream.kafka.confluent import client_config, kafka_error
+from perceptron_stream.kafka.errors import FENCED_ERRORS
 
 
 def test_confluent_errors_are_classified_as_kafka_pythons_then_leave_as_the_services():
@@ -45,22 +44,50 @@ def test_confluent_errors_are_classified_as_kafka_pythons_then_leave_as_the_serv
 def test_security_settings_in_librdkafka_names(tmp_path):
     for name in ("ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("-")
-    settings = KafkaSettings(bootstrap_servers="h1:9093,h2:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-                             sasl_username="user", sasl_password="secret", ssl_cafile=tmp_path / "ca.pem",
-                             ssl_certfile=tmp_path / "cert.pem", ssl_keyfile=tmp_path / "key.pem", ssl_password="kp")
+    settings = KafkaSettings(
+        bootstrap_servers="h1:9093,h2:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="user",
+        sasl_password="secret",
+        ssl_cafile=tmp_path / "ca.pem",
+        ssl_certfile=tmp_path / "cert.pem",
+        ssl_keyfile=tmp_path / "key.pem",
+        ssl_password="kp",
+    )
     assert client_config(settings) == {
-        "bootstrap.servers": "h1:9093,h2:9093", "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "user", "sasl.password": "secret", "ssl.ca.location": str(tmp_path / "ca.pem"),
-        "ssl.certificate.location": str(tmp_path / "cert.pem"), "ssl.key.location": str(tmp_path / "key.pem"),
-        "ssl.key.password": "kp"}
+        "bootstrap.servers": "h1:9093,h2:9093",
+        "security.protocol": "sasl_ssl",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "user",
+        "sasl.password": "secret",
+        "ssl.ca.location": str(tmp_path / "ca.pem"),
+        "ssl.certificate.location": str(tmp_path / "cert.pem"),
+        "ssl.key.location": str(tmp_path / "key.pem"),
+        "ssl.key.password": "kp",
+    }
     from confluent_kafka import Producer
 
-    plain = KafkaSettings(bootstrap_servers="127.0.0.1:1", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                          sasl_username="user", sasl_password="secret")
+    plain = KafkaSettings(
+        bootstrap_servers="127.0.0.1:1",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="user",
+        sasl_password="secret",
+    )
     Producer(client_config(plain))  # librdkafka knows every name (it refuses unknown ones here)
 
 
-@pytest.mark.parametrize("code", ["_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "ILLEGAL_GENERATION",
-                                  "UNKNOWN_MEMBER_ID", "FENCED_INSTANCE_ID"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "_FENCED",
+        "PRODUCER_FENCED",
+        "INVALID_PRODUCER_EPOCH",
+        "ILLEGAL_GENERATION",
+        "UNKNOWN_MEMBER_ID",
+        "FENCED_INSTANCE_ID",
+    ],
+)
 def test_librdkafkas_fenced_codes_are_fenced_in_a_transaction(code):
     assert isinstance(kafka_error(CKafkaError(getattr(CKafkaError, code)), in_transaction=True), FENCED_ERRORS)

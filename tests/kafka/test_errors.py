@@ -9,14 +9,31 @@ from __future__ import annotations
 
 import kafka.errors as kerrors
 import pytest
-
-from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable, MissingTopicError, errors
+from perceptron_stream.kafka import (
+    Aborted,
+    DeliveryError,
+    Fenced,
+    KafkaFatal,
+    KafkaUnavailable,
+    MissingTopicError,
+    errors,
+)
 from perceptron_stream.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind, service_error, transaction_error
 
 
-@pytest.mark.parametrize("name", sorted({*errors.FATAL_ERROR_NAMES, *errors.REFUSED_ERROR_NAMES,
-                                         *errors.AUTHENTICATION_ERROR_NAMES, *errors.LIBRDKAFKA_ERRORS.values(),
-                                         *errors.FENCED_ERROR_NAMES, *errors.LIBRDKAFKA_TRANSACTION_ERRORS.values()}))
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        {
+            *errors.FATAL_ERROR_NAMES,
+            *errors.REFUSED_ERROR_NAMES,
+            *errors.AUTHENTICATION_ERROR_NAMES,
+            *errors.LIBRDKAFKA_ERRORS.values(),
+            *errors.FENCED_ERROR_NAMES,
+            *errors.LIBRDKAFKA_TRANSACTION_ERRORS.values(),
+        }
+    ),
+)
 def test_every_kafka_python_class_named_exists(name):
     assert issubclass(getattr(kerrors, name), kerrors.KafkaError)
 
@@ -36,17 +53,20 @@ def test_the_lists_hold_every_class_they_name():
     assert not set(errors.FENCED_ERRORS) & {*errors.FATAL_ERRORS, *errors.REFUSED_ERRORS}
 
 
-@pytest.mark.parametrize("error, kind", [
-    (kerrors.TopicAuthorizationFailedError(), FATAL),
-    (kerrors.SaslAuthenticationFailedError("bad password"), FATAL),
-    (errors.ClientCertificateRefused("alert 42"), FATAL),
-    (kerrors.UnsupportedCodecError("Libraries for lz4 compression codec not found"), FATAL),
-    (kerrors.MessageSizeTooLargeError(), REFUSED),
-    (kerrors.CorruptRecordError(), REFUSED),
-    (kerrors.KafkaTimeoutError("Expiring 1 record(s)"), RETRY),
-    (kerrors.NotLeaderForPartitionError(), RETRY),
-    (None, RETRY),
-])
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        (kerrors.TopicAuthorizationFailedError(), FATAL),
+        (kerrors.SaslAuthenticationFailedError("bad password"), FATAL),
+        (errors.ClientCertificateRefused("alert 42"), FATAL),
+        (kerrors.UnsupportedCodecError("Libraries for lz4 compression codec not found"), FATAL),
+        (kerrors.MessageSizeTooLargeError(), REFUSED),
+        (kerrors.CorruptRecordError(), REFUSED),
+        (kerrors.KafkaTimeoutError("Expiring 1 record(s)"), RETRY),
+        (kerrors.NotLeaderForPartitionError(), RETRY),
+        (None, RETRY),
+    ],
+)
 def test_a_delivery_error_is_fatal_refused_or_retried(error, kind):
     assert delivery_kind(error) == kind
 
@@ -63,11 +83,17 @@ def test_client_errors_leave_as_the_services_own():
     assert issubclass(MissingTopicError, KafkaFatal)
 
 
-@pytest.mark.parametrize("error", [
-    kerrors.ProducerFencedError(), kerrors.InvalidProducerEpochError(), kerrors.IllegalGenerationError(),
-    kerrors.UnknownMemberIdError(), kerrors.FencedInstanceIdError(),
-    kerrors.CommitFailedError("Transaction offset commit failed due to consumer group metadata mismatch"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        kerrors.ProducerFencedError(),
+        kerrors.InvalidProducerEpochError(),
+        kerrors.IllegalGenerationError(),
+        kerrors.UnknownMemberIdError(),
+        kerrors.FencedInstanceIdError(),
+        kerrors.CommitFailedError("Transaction offset commit failed due to consumer group metadata mismatch"),
+    ],
+)
 def test_a_fenced_transaction_stops_the_instance(error):
     fenced = transaction_error(error)
     assert isinstance(fenced, Fenced) and isinstance(fenced, KafkaFatal)
@@ -79,10 +105,22 @@ def test_a_transactions_other_errors_are_fatal_or_abort_it_for_a_retry():
     assert type(denied) is KafkaFatal and "ACLs" in denied.hint
     broken = transaction_error(kerrors.KafkaError("Unexpected error"), producer_broken=True)
     assert type(broken) is KafkaFatal and "restart" in broken.hint
-    for error in (kerrors.KafkaTimeoutError("no answer"), kerrors.CoordinatorNotAvailableError(), DeliveryError("late", timed_out=True), None):
+    for error in (
+        kerrors.KafkaTimeoutError("no answer"),
+        kerrors.CoordinatorNotAvailableError(),
+        DeliveryError("late", timed_out=True),
+        None,
+    ):
         aborted = transaction_error(error)
-        assert isinstance(aborted, Aborted) and isinstance(aborted, KafkaUnavailable) and "transaction aborted" in str(aborted)
-    assert transaction_error(kerrors.KafkaTimeoutError()).timed_out and not transaction_error(kerrors.NotCoordinatorError()).timed_out
+        assert (
+            isinstance(aborted, Aborted)
+            and isinstance(aborted, KafkaUnavailable)
+            and "transaction aborted" in str(aborted)
+        )
+    assert (
+        transaction_error(kerrors.KafkaTimeoutError()).timed_out
+        and not transaction_error(kerrors.NotCoordinatorError()).timed_out
+    )
 
 
 def test_outside_a_transaction_a_stale_generation_stays_retried():

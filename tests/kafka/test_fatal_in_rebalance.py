@@ -20,8 +20,8 @@ from kafka import KafkaConsumer
 
 from tests.support import ROOT
 from tests.support.launch import settings_args
-from tests.support.topics import produce
 from tests.support.service import has_traceback, make_events, tail, wait_assigned
+from tests.support.topics import produce
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +49,12 @@ SERVE_WITH_FAILING_CALLBACK = textwrap.dedent("""
 
 def _start(callback: str, args: list[str], log_path) -> subprocess.Popen:
     with open(log_path, "ab") as log:  # the child has its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-c", SERVE_WITH_FAILING_CALLBACK, callback, *args], stdout=log,
-                                stderr=subprocess.STDOUT, cwd=ROOT)
+        return subprocess.Popen(
+            [sys.executable, "-c", SERVE_WITH_FAILING_CALLBACK, callback, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
 
 
 def _exit_code(process: subprocess.Popen, timeout: float = 30.0) -> int | None:
@@ -90,8 +94,14 @@ def test_a_fatal_error_in_on_revoked_stops_the_service(broker, topics, tmp_path,
     other = None
     try:
         wait_assigned(process, log_path, topics["input_topic"])
-        other = KafkaConsumer(topics["input_topic"], bootstrap_servers=broker.bootstrap_servers, group_id=topics["group_id"],
-                              session_timeout_ms=6000, heartbeat_interval_ms=1000, enable_auto_commit=False)
+        other = KafkaConsumer(
+            topics["input_topic"],
+            bootstrap_servers=broker.bootstrap_servers,
+            group_id=topics["group_id"],
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            enable_auto_commit=False,
+        )
         for _ in range(100):  # the other member joins inside its polls
             other.poll(timeout_ms=100)
             if process.poll() is not None:

@@ -13,7 +13,6 @@ import time
 
 import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
-
 from perceptron_stream.kafka import Aborted, DeliveryError, KafkaIO
 from perceptron_stream.kafka.ledger import Ledger
 
@@ -75,7 +74,9 @@ def test_a_refused_output_survives_a_flush_that_times_out(first_timeout_s):
     refused = io.flush(timeout_s=5.0)
     assert [(r.value, type(r.error)) for r in refused] == [(b"big", MessageSizeTooLargeError)]
     assert io.flush(timeout_s=5.0) == []  # returned once, not again
-    assert producer.sent.count(b"slow") >= 2 and producer.sent.count(b"big") == 1  # resent what failed, never the refused
+    assert (
+        producer.sent.count(b"slow") >= 2 and producer.sent.count(b"big") == 1
+    )  # resent what failed, never the refused
 
 
 def test_a_flush_that_succeeds_returns_its_refusals_at_once():

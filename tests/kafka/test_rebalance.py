@@ -4,7 +4,6 @@ a failure is kept, never raised into the client, and raised once, as it was, by 
 from __future__ import annotations
 
 import pytest
-
 from perceptron_stream.kafka import KafkaUnavailable
 from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 from perceptron_stream.runtime.retry import StartupError

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, TopicAuthorizationFailedError
-
 from perceptron_stream.kafka.ledger import Tally
 
 

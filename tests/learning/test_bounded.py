@@ -10,8 +10,15 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from perceptron_stream.learning import (
+    VARIANTS,
+    HashedPerceptron,
+    Perceptron,
+    ScaledPerceptron,
+    learner_from_state,
+    make_learner,
+)
 
-from perceptron_stream.learning import VARIANTS, HashedPerceptron, Perceptron, ScaledPerceptron, learner_from_state, make_learner
 from tests.support import ROOT
 
 MARGIN = {"margin": 0.5}
@@ -88,7 +95,12 @@ def test_the_cap_on_dense_lists(variant):
 
 def test_learning_on_the_known_features_is_learning_without_the_dropped_ones():
     capped, reference = Perceptron(max_features=2), Perceptron()
-    events = [({"a": 1.0, "b": -1.0}, 1), ({"a": 2.0, "c": 5.0, "b": 1.0}, -1), ({"c": -3.0, "a": 1.0}, 1), ({"a": -1.0, "b": 2.0}, 1)]
+    events = [
+        ({"a": 1.0, "b": -1.0}, 1),
+        ({"a": 2.0, "c": 5.0, "b": 1.0}, -1),
+        ({"c": -3.0, "a": 1.0}, 1),
+        ({"a": -1.0, "b": 2.0}, 1),
+    ]
     for x, y in events:
         assert capped.step(x, y) == reference.step({k: v for k, v in x.items() if k in ("a", "b")}, y)
     assert capped.weights == reference.weights and capped.bias == reference.bias
@@ -158,7 +170,12 @@ stream_event = st.tuples(
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(VARIANTS), st.booleans(), st.one_of(st.none(), st.integers(1, 6)), st.lists(stream_event, max_size=30))
+@given(
+    st.sampled_from(VARIANTS),
+    st.booleans(),
+    st.one_of(st.none(), st.integers(1, 6)),
+    st.lists(stream_event, max_size=30),
+)
 def test_unlabeled_never_grow_the_model_the_cap_holds_and_the_drops_are_exact(variant, standardize, cap, events):
     m = _learner(variant, standardize, cap)
     known: list = []  # the reference: a list is the features 0..n-1
@@ -183,8 +200,15 @@ def test_unlabeled_never_grow_the_model_the_cap_holds_and_the_drops_are_exact(va
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.dictionaries(st.text(min_size=1, max_size=12), value, min_size=1, max_size=8),
-                          st.sampled_from([-1, 1, None])), max_size=20))
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(st.text(min_size=1, max_size=12), value, min_size=1, max_size=8),
+            st.sampled_from([-1, 1, None]),
+        ),
+        max_size=20,
+    )
+)
 def test_hashing_holds_at_most_n_buckets_whatever_the_names(events):
     m = make_learner("plain", hash_features=16)
     for x, y in events:
@@ -201,12 +225,21 @@ HASH_NAMES = ["user=ann", "page=/checkout?id=42", "ua:Mozilla/5.0", "ünïcode-�
 def test_hashing_is_the_same_in_another_process():
     """The buckets must survive a restart: another interpreter, another PYTHONHASHSEED, same buckets."""
     here = HashedPerceptron(1 << 20).hash({name: float(i + 1) for i, name in enumerate(HASH_NAMES)})
-    code = ("import json, sys; from perceptron_stream.learning import HashedPerceptron; names = json.loads(sys.argv[1]); "
-            "print(json.dumps(sorted(HashedPerceptron(1 << 20).hash({n: float(i + 1) for i, n in enumerate(names)}).items())))")
+    code = (
+        "import json, sys; from perceptron_stream.learning import HashedPerceptron; names = json.loads(sys.argv[1]); "
+        "print(json.dumps(sorted(HashedPerceptron(1 << 20).hash({n: float(i + 1) for i, n in enumerate(names)}).items())))"
+    )
     for seed in ("1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(HASH_NAMES)], capture_output=True, text=True,
-                             cwd=ROOT, env=env, timeout=120, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(HASH_NAMES)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=120,
+            check=True,
+        ).stdout
         assert [tuple(kv) for kv in json.loads(out)] == sorted(here.items())
 
 
@@ -220,7 +253,7 @@ def _murmur3_32(data: bytes, seed: int) -> int:
     h = seed
     n = len(data) // 4 * 4
     for i in range(0, n, 4):
-        k = rotl(int.from_bytes(data[i:i + 4], "little") * c1 & mask, 15) * c2 & mask
+        k = rotl(int.from_bytes(data[i : i + 4], "little") * c1 & mask, 15) * c2 & mask
         h = (rotl(h ^ k, 13) * 5 + 0xE6546B64) & mask
     tail = data[n:]
     if tail:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from perceptron_stream.learning import Perceptron, learner_from_state
 from perceptron_stream.learning.batch import margin, mistakes, pla, pocket, point_margins, train_report
 
@@ -91,8 +90,14 @@ def test_seed002_one_update_from_given_weights():
 
 def test_seed002_from_a_state():
     state = {
-        "kind": "perceptron", "format": 1, "variant": "plain", "margin": 0.0,
-        "features": [0, 1], "weights": THETA, "bias": THETA0, "max_norm": 0.0,
+        "kind": "perceptron",
+        "format": 1,
+        "variant": "plain",
+        "margin": 0.0,
+        "features": [0, 1],
+        "weights": THETA,
+        "bias": THETA0,
+        "max_norm": 0.0,
         "counters": {"seen": 0, "labeled": 0, "mistakes": 0, "updates": 0},
     }
     p = learner_from_state(state)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from perceptron_stream.learning import to_label
 from perceptron_stream.learning.labels import LABELS, json_label
 from perceptron_stream.streams import csv_label

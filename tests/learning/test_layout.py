@@ -8,8 +8,23 @@ from pathlib import Path
 import pytest
 
 LEARNING = Path(__file__).resolve().parents[2] / "service" / "learning"
-FORBIDDEN = {"kafka", "confluent_kafka", "http", "urllib", "urllib3", "requests", "aiohttp", "socket",
-             "prometheus_client", "pickle", "cloudpickle", "dill", "joblib", "shelve", "marshal"}
+FORBIDDEN = {
+    "kafka",
+    "confluent_kafka",
+    "http",
+    "urllib",
+    "urllib3",
+    "requests",
+    "aiohttp",
+    "socket",
+    "prometheus_client",
+    "pickle",
+    "cloudpickle",
+    "dill",
+    "joblib",
+    "shelve",
+    "marshal",
+}
 
 
 def _modules(path: Path) -> set[str]:
@@ -29,7 +44,18 @@ def _imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", sorted(LEARNING.glob("*.py")), ids=lambda p: p.name)
 def test_no_kafka_http_or_pickle_imports(path):
     assert not _imports(path) & FORBIDDEN
-    assert _imports(path) <= {"__future__", "collections", "itertools", "math", "numbers", "operator",
-                              "random", "sys", "typing", "river", "perceptron_stream"}
+    assert _imports(path) <= {
+        "__future__",
+        "collections",
+        "itertools",
+        "math",
+        "numbers",
+        "operator",
+        "random",
+        "sys",
+        "typing",
+        "river",
+        "perceptron_stream",
+    }
     own = {name for name in _modules(path) if name.split(".")[0] == "perceptron_stream"}
     assert all(name.startswith("perceptron_stream.learning") for name in own), own  # the core imports only itself

@@ -15,7 +15,6 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from perceptron_stream.learning import Perceptron, make_learner
 from perceptron_stream.learning.mixing import bound, mix_states, mixing_weights, shard, simulate
 from perceptron_stream.streams import separable, separator
@@ -28,9 +27,15 @@ def _stream(d: int, margin: float, seed: int, count: int) -> tuple[list[tuple[li
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(d=st.integers(1, 8), margin=st.sampled_from([0.05, 0.1, 0.3]), seed=st.integers(0, 10_000),
-       shards=st.sampled_from([1, 2, 3, 4, 8]), round_events=st.integers(1, 60), mixing=st.sampled_from(["error", "uniform"]),
-       count=st.integers(50, 600))
+@given(
+    d=st.integers(1, 8),
+    margin=st.sampled_from([0.05, 0.1, 0.3]),
+    seed=st.integers(0, 10_000),
+    shards=st.sampled_from([1, 2, 3, 4, 8]),
+    round_events=st.integers(1, 60),
+    mixing=st.sampled_from(["error", "uniform"]),
+    count=st.integers(50, 600),
+)
 def test_mixing_keeps_the_perceptron_mistake_bound(d, margin, seed, shards, round_events, mixing, count):
     events, limit = _stream(d, margin, seed, count)
     sim = simulate(shard(events, shards), round_events=round_events, mixing=mixing)
@@ -73,11 +78,17 @@ def test_one_shard_with_mixing_is_the_single_model():
     assert sim.shards[0].to_state()["weights"] == single.to_state()["weights"] and sim.mistakes == single.updates
 
 
-@given(st.permutations(["a", "b", "c", "d"]), st.lists(st.floats(-10, 10), min_size=4, max_size=4),
-       st.lists(st.floats(-10, 10), min_size=4, max_size=4), st.floats(0, 1))
+@given(
+    st.permutations(["a", "b", "c", "d"]),
+    st.lists(st.floats(-10, 10), min_size=4, max_size=4),
+    st.lists(st.floats(-10, 10), min_size=4, max_size=4),
+    st.floats(0, 1),
+)
 def test_the_merge_matches_features_by_name_not_position(order, wa, wb, m):
     a = Perceptron.from_weights(dict(zip("abcd", wa)), bias=1.0).to_state()
-    b = Perceptron.from_weights({k: wb["abcd".index(k)] for k in order}, bias=-1.0).to_state()  # same features, another order
+    b = Perceptron.from_weights(
+        {k: wb["abcd".index(k)] for k in order}, bias=-1.0
+    ).to_state()  # same features, another order
     mixed = Perceptron.from_state(mix_states(a, [a, b], [m, 1 - m]))
     for i, name in enumerate("abcd"):
         assert mixed.weights[name] == pytest.approx(m * wa[i] + (1 - m) * wb[i], abs=1e-9)
@@ -90,7 +101,9 @@ def test_a_mix_keeps_the_replicas_own_counters_and_adds_the_others_features():
     b = Perceptron()
     for _ in range(5):
         b.step({"y": 2.0, "z": 1.0}, -1)
-    mixed = Perceptron.from_state(mix_states(a.to_state(), [a.to_state(), b.to_state()], mixing_weights([a.updates, b.updates])))
+    mixed = Perceptron.from_state(
+        mix_states(a.to_state(), [a.to_state(), b.to_state()], mixing_weights([a.updates, b.updates]))
+    )
     assert (mixed.seen, mixed.mistakes, mixed.updates) == (a.seen, a.mistakes, a.updates)
     assert list(mixed.weights) == ["x", "y", "z"]
     assert mixed.weights["x"] == pytest.approx(0.5) and mixed.weights["y"] == pytest.approx(-1.0)

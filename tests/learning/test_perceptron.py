@@ -6,10 +6,9 @@ import json
 import math
 
 import pytest
-from river import base, evaluate, linear_model, metrics, preprocessing
-
 from perceptron_stream.learning import Perceptron, ScaledPerceptron, learner_from_state, make_learner
 from perceptron_stream.learning.perceptron import VARIANTS
+from river import base, evaluate, linear_model, metrics, preprocessing
 
 
 def test_starts_at_zero_and_zero_score_is_a_mistake():
@@ -60,8 +59,12 @@ def test_learn_one_rejects_other_labels(y):
 
 @pytest.mark.parametrize(
     "kwargs,name",
-    [({"variant": "nope"}, "variant"), ({"variant": "margin", "margin": -1.0}, "margin"),
-     ({"variant": "margin", "margin": math.inf}, "margin"), ({"variant": "plain", "margin": 0.5}, "margin")],
+    [
+        ({"variant": "nope"}, "variant"),
+        ({"variant": "margin", "margin": -1.0}, "margin"),
+        ({"variant": "margin", "margin": math.inf}, "margin"),
+        ({"variant": "plain", "margin": 0.5}, "margin"),
+    ],
 )
 def test_bad_params(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -111,10 +114,16 @@ def test_state_round_trip_through_json(variant, standardize):
 
 @pytest.mark.parametrize(
     "mutate,msg",
-    [(lambda s: s.update(format=2), "format 2"), (lambda s: s.update(kind="x"), "kind"),
-     (lambda s: s.update(weights=[1.0]), "weights"), (lambda s: s.pop("bias"), "bias"),
-     (lambda s: s["counters"].update(seen=-1), "seen"), (lambda s: s.update(variant="v"), "variant"),
-     (lambda s: s.update(features=["a", "a"]), "duplicate"), (lambda s: s.update(bias=None), "bias")],
+    [
+        (lambda s: s.update(format=2), "format 2"),
+        (lambda s: s.update(kind="x"), "kind"),
+        (lambda s: s.update(weights=[1.0]), "weights"),
+        (lambda s: s.pop("bias"), "bias"),
+        (lambda s: s["counters"].update(seen=-1), "seen"),
+        (lambda s: s.update(variant="v"), "variant"),
+        (lambda s: s.update(features=["a", "a"]), "duplicate"),
+        (lambda s: s.update(bias=None), "bias"),
+    ],
 )
 def test_from_state_rejects_corrupt_states(mutate, msg):
     p = Perceptron()
@@ -139,8 +148,9 @@ def test_river_protocol():
     stream = [({"a": float(i % 7), "b": float(i % 3)}, i % 7 > 3) for i in range(4, 204)]
     model = preprocessing.StandardScaler() | Perceptron()
     acc = evaluate.progressive_val_score(stream, model, metrics.Accuracy())
-    river_acc = evaluate.progressive_val_score(stream, preprocessing.StandardScaler() | linear_model.Perceptron(),
-                                               metrics.Accuracy())
+    river_acc = evaluate.progressive_val_score(
+        stream, preprocessing.StandardScaler() | linear_model.Perceptron(), metrics.Accuracy()
+    )
     assert acc.get() == river_acc.get() > 0.9
     assert (model["Perceptron"].seen, model["Perceptron"].labeled) == (200, 200)
     # every miss of the metric is a mistake; mistakes also count a score of 0 on a False label
@@ -153,7 +163,10 @@ def test_predict_one_answers_in_the_kind_of_label_learned(y, answer):
     p.learn_one({"a": 1.0}, y)  # score 0: a mistake, so the bias moves to ±1
     assert p.predict_one({"a": 1.0}) == answer and type(p.predict_one({"a": 1.0})) is type(answer)
     y_pred, _, _ = p.step([1.0], None)
-    assert type(y_pred) is int and y_pred in (-1, 1)  # step stays -1/+1 whatever learn_one saw (True == 1: check the type)
+    assert type(y_pred) is int and y_pred in (
+        -1,
+        1,
+    )  # step stays -1/+1 whatever learn_one saw (True == 1: check the type)
 
 
 def test_label_kind_follows_the_last_learn_one_and_survives_a_checkpoint():

@@ -8,7 +8,6 @@ import math
 import orjson
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-
 from perceptron_stream.learning import VARIANTS, Perceptron, learner_from_state, make_learner
 from perceptron_stream.learning.batch import augmented_margin, mistake_bound, mistakes, pla, pocket, radius
 
@@ -56,8 +55,12 @@ def test_online_perceptron_mistakes_within_the_bound(data, passes):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.lists(coord, min_size=2, max_size=2), st.sampled_from([-1, 1])), min_size=1, max_size=20),
-       st.integers(1, 8), st.sampled_from(["cyclic", "random"]), st.integers(0, 1000))
+@given(
+    st.lists(st.tuples(st.lists(coord, min_size=2, max_size=2), st.sampled_from([-1, 1])), min_size=1, max_size=20),
+    st.integers(1, 8),
+    st.sampled_from(["cyclic", "random"]),
+    st.integers(0, 1000),
+)
 def test_pocket_never_worse_than_pla_last_weights(data, passes, order, seed):
     X, y = [x for x, _ in data], [v for _, v in data]
     best = pocket(X, y, order=order, seed=seed, max_passes=passes)
@@ -66,8 +69,10 @@ def test_pocket_never_worse_than_pla_last_weights(data, passes, order, seed):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.lists(coord, min_size=3, max_size=3), st.sampled_from([-1, 1])), min_size=1, max_size=30),
-       st.integers(1, 4))
+@given(
+    st.lists(st.tuples(st.lists(coord, min_size=3, max_size=3), st.sampled_from([-1, 1])), min_size=1, max_size=30),
+    st.integers(1, 4),
+)
 def test_cyclic_pla_is_the_online_perceptron_cycling(data, passes):
     X, y = [x for x, _ in data], [v for _, v in data]
     fit = pla(X, y, max_passes=passes)
@@ -79,8 +84,10 @@ def test_cyclic_pla_is_the_online_perceptron_cycling(data, passes):
 
 
 event = st.tuples(
-    st.one_of(st.lists(coord, min_size=0, max_size=4),
-              st.dictionaries(st.sampled_from(["a", "b", "c", 0, 1]), coord, max_size=3)),
+    st.one_of(
+        st.lists(coord, min_size=0, max_size=4),
+        st.dictionaries(st.sampled_from(["a", "b", "c", 0, 1]), coord, max_size=3),
+    ),
     st.sampled_from([-1, 1, None]),
 )
 

@@ -16,9 +16,8 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from river import datasets, linear_model
-
 from perceptron_stream.learning import Perceptron
+from river import datasets, linear_model
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -51,8 +50,15 @@ def test_same_as_river_on_generated_streams(events):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.dictionaries(st.sampled_from("abcdef"), st.integers(-5, 5) | finite, max_size=4),
-                          st.sampled_from([-1, 1])), max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(st.sampled_from("abcdef"), st.integers(-5, 5) | finite, max_size=4),
+            st.sampled_from([-1, 1]),
+        ),
+        max_size=60,
+    )
+)
 def test_same_as_river_with_sparse_dicts_and_ints(events):
     ours, theirs = _run_both(events)
     _same_weights(ours, theirs)
@@ -107,9 +113,8 @@ def test_progressive_val_score_on_phishing_with_bool_labels():
 
 def test_scaled_perceptron_in_progressive_val_score_with_bool_labels():
     """ScaledPerceptron (the service's standardised model) is river's pipeline there too."""
-    from river import evaluate, metrics, preprocessing
-
     from perceptron_stream.learning import ScaledPerceptron
+    from river import evaluate, metrics, preprocessing
 
     acc_ours = evaluate.progressive_val_score(datasets.Phishing(), ScaledPerceptron(), metrics.Accuracy())
     theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
@@ -142,9 +147,8 @@ def test_progressive_validation_same_as_river_with_a_scaler():
 
 def test_scaled_step_is_rivers_pipeline_learning_during_predict():
     """ScaledPerceptron.step = river's pipeline inside compose.learn_during_predict()."""
-    from river import compose, preprocessing
-
     from perceptron_stream.learning import make_learner
+    from river import compose, preprocessing
 
     ours = make_learner(standardize=True)
     theirs = preprocessing.StandardScaler() | linear_model.Perceptron()
@@ -158,15 +162,30 @@ def test_scaled_step_is_rivers_pipeline_learning_during_predict():
 
 
 GENERAL_CHECKS = [
-    "check_repr", "check_str", "check_tags", "check_clone_same_class", "check_clone_is_idempotent",
-    "check_init_has_default_params_for_tests", "check_init_default_params_are_not_mutable", "check_doc",
-    "check_clone_changes_memory_addresses", "check_mutate_can_be_idempotent", "check_repr_roundtrips_clone",
-    "check_clone_with_new_params_applies", "check_get_params_matches_signature",
+    "check_repr",
+    "check_str",
+    "check_tags",
+    "check_clone_same_class",
+    "check_clone_is_idempotent",
+    "check_init_has_default_params_for_tests",
+    "check_init_default_params_are_not_mutable",
+    "check_doc",
+    "check_clone_changes_memory_addresses",
+    "check_mutate_can_be_idempotent",
+    "check_repr_roundtrips_clone",
+    "check_clone_with_new_params_applies",
+    "check_get_params_matches_signature",
 ]
 DATASET_CHECKS = [
-    "check_learn_one", "check_shuffle_features_no_impact", "check_emerging_features",
-    "check_disappearing_features", "check_radically_disappearing_features", "check_predict_one_pure",
-    "check_predict_one_before_any_learn", "check_no_state_aliasing_with_input", "check_clone_is_independent",
+    "check_learn_one",
+    "check_shuffle_features_no_impact",
+    "check_emerging_features",
+    "check_disappearing_features",
+    "check_radically_disappearing_features",
+    "check_predict_one_pure",
+    "check_predict_one_before_any_learn",
+    "check_no_state_aliasing_with_input",
+    "check_clone_is_independent",
 ]
 
 

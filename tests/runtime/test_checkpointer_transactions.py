@@ -5,7 +5,6 @@ transactional record and committed-only load. On Apache Kafka: tests/integration
 from __future__ import annotations
 
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import Aborted, Fenced, Refused
 from perceptron_stream.metrics import ServiceMetrics
@@ -149,10 +148,13 @@ def test_a_transaction_is_committed_every_commit_interval_and_only_when_somethin
     assert stream.commits == [{("points", 0): 7}]
 
 
-@pytest.mark.parametrize(("error", "says"), [
-    (Fenced("the group's generation moved on"), "fenced: a newer owner has this instance's partitions"),
-    (Aborted("transaction aborted: no answer"), "transaction aborted: no answer: nothing of it is visible"),
-])
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (Fenced("the group's generation moved on"), "fenced: a newer owner has this instance's partitions"),
+        (Aborted("transaction aborted: no answer"), "transaction aborted: no answer: nothing of it is visible"),
+    ],
+)
 def test_a_failed_transaction_stops_the_service_counted_as_aborted_and_nothing_is_saved(error, says):
     checkpointer, _, task, metrics = _checkpointer()
     stream = TransactionalStream(fails=error)

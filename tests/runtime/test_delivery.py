@@ -6,7 +6,6 @@ import logging
 
 import orjson
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import DeliveryError, KafkaFatal, Refused
 from perceptron_stream.metrics import ServiceMetrics

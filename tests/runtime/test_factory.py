@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.pipeline.models import Frozen
 from perceptron_stream.runtime.factory import TaskFactory, model_meta
@@ -25,7 +24,11 @@ def _factory(s, **opened):
 def test_a_partitions_task_is_owned_by_its_name_with_the_clusters_ids(tmp_path):
     s = _settings(tmp_path, "--model-scope", "partition", "--challengers", "averaged")
     task = _factory(s).new_task(3)
-    assert (task.name, task.partition, task.owner) == ("partition-3", 3, Owner(s.group_id, s.input_topic, "partition-3", "cluster", "topic-id"))
+    assert (task.name, task.partition, task.owner) == (
+        "partition-3",
+        3,
+        Owner(s.group_id, s.input_topic, "partition-3", "cluster", "topic-id"),
+    )
     assert task.meta == model_meta(s) and list(task.models.challengers) == ["averaged"]
     assert task.joiner is None and task.mixer is None  # no --label-topic; no mix board
 
@@ -38,7 +41,11 @@ def test_learning_off_freezes_the_champion_and_the_challengers(tmp_path):
 @pytest.mark.parametrize("store", ["local", "kafka", "none"])
 def test_pending_tables_live_where_the_store_says(tmp_path, store):
     s = _settings(tmp_path, "--label-topic", "labels")
-    stores = {"local": LocalStore(tmp_path / "state", s.group_id), "kafka": KafkaStore(topic=None, group_id=s.group_id), "none": None}
+    stores = {
+        "local": LocalStore(tmp_path / "state", s.group_id),
+        "kafka": KafkaStore(topic=None, group_id=s.group_id),
+        "none": None,
+    }
     factory = _factory(s, store=stores[store])
     table = factory.pending_table("partition-1", 1)
     path = Path(table.path)
@@ -50,7 +57,6 @@ def test_pending_tables_live_where_the_store_says(tmp_path, store):
         table.close()
     factory.close()
     assert path.exists() is (store == "local")  # the cache directory goes at close; the store's files stay
-
 
 
 def test_without_a_store_the_group_model_starts_from_the_factorys_initial_model(tmp_path):

@@ -6,7 +6,6 @@ import logging
 import socket
 
 import pytest
-
 from perceptron_stream.app import Application
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.metrics import ServiceMetrics
@@ -16,8 +15,10 @@ from perceptron_stream.runtime.health import Health
 from perceptron_stream.runtime.retry import Retry
 from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
 
-NOT_ALL_ACKNOWLEDGED = ("stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
-                        "the next start learns and publishes it again from the last checkpoint")
+NOT_ALL_ACKNOWLEDGED = (
+    "stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
+    "the next start learns and publishes it again from the last checkpoint"
+)
 
 
 class Store:
@@ -66,8 +67,9 @@ def test_a_stop_inside_a_batch_writes_no_final_checkpoint_and_says_so(tmp_path, 
 
 
 def test_a_stop_during_start_up_closes_what_opened_and_returns_0(tmp_path):
-    app = Application(load(ServeSettings, ["--metrics-port", "0", "--bootstrap-servers", "127.0.0.1:9",
-                                           "--state-dir", str(tmp_path)]))
+    app = Application(
+        load(ServeSettings, ["--metrics-port", "0", "--bootstrap-servers", "127.0.0.1:9", "--state-dir", str(tmp_path)])
+    )
     app.stop()  # before the brokers (none at port 9) ever answered
     assert app.run(install_signal_handlers=False) == 0
     assert app.stream is None and app.store is None  # start-up opened neither

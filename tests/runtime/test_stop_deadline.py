@@ -22,8 +22,13 @@ time.sleep(3600)
 
 
 def test_a_signal_the_main_thread_never_sees_still_stops_the_process_at_the_deadline():
-    process = subprocess.Popen([sys.executable, "-c", MAIN_THREAD_NEVER_RUNS_PYTHON], cwd=ROOT, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-c", MAIN_THREAD_NEVER_RUNS_PYTHON],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert process.stdout.readline() == "ready\n"
         process.terminate()

@@ -39,7 +39,11 @@ def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_la
 
     restored = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
     changelog.restore(0, restored, 1, [[1, "run-1"], [2, "run-2"]])  # run-2 restores checkpoint 1
-    assert restored.pending_count() == 2 and restored.take("a", now=5.0) == {"v": 1} and restored.take("c", now=5.0) is None
+    assert (
+        restored.pending_count() == 2
+        and restored.take("a", now=5.0) == {"v": 1}
+        and restored.take("c", now=5.0) is None
+    )
     # the stale changes were written again with their valid values: the newest record of every key is this lineage's
     again = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
     changelog.restore(0, again, 5, [[1, "run-1"], [2, "run-2"]])  # even read as of a later checkpoint of run-2

@@ -17,7 +17,6 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from perceptron_stream.learning import learner_from_state, make_learner
 from perceptron_stream.state.checkpoint import (
     Checkpoint,
@@ -30,6 +29,7 @@ from perceptron_stream.state.checkpoint import (
 from perceptron_stream.state.kafka_store import CheckpointTooLargeError, KafkaStore
 from perceptron_stream.state.local import LocalStore, StateLockedError
 from perceptron_stream.streams import separable
+
 from tests.support import ROOT
 from tests.support.checkpoints import resealed
 
@@ -40,9 +40,15 @@ def _checkpoint(seq: int = 1, variant: str = "plain", standardize: bool = False,
     learner = make_learner(variant, 0.1 if variant == "margin" else 0.0, standardize)
     for e, _ in zip(separable(dimensions=4, noise=0.1, seed=seq), range(events)):
         learner.step(e["x"], e["y"])
-    return Checkpoint(seq=seq, positions={("points", 0): 100 * seq, ("points", 1): 7 * seq}, model=learner.to_state(),
-                      dimension=4, meta={"variant": variant, "standardize": standardize}, created=1_700_000_000.5 + seq,
-                      owner=OWNER)
+    return Checkpoint(
+        seq=seq,
+        positions={("points", 0): 100 * seq, ("points", 1): 7 * seq},
+        model=learner.to_state(),
+        dimension=4,
+        meta={"variant": variant, "standardize": standardize},
+        created=1_700_000_000.5 + seq,
+        owner=OWNER,
+    )
 
 
 # the document ---------------------------------------------------------------
@@ -55,11 +61,18 @@ def test_round_trip_is_exact_for_every_model(variant, standardize):
     assert learner_from_state(again.model).to_state() == cp.model  # the learner rebuilt bit for bit
 
 
-@given(st.dictionaries(st.tuples(st.text(min_size=1, max_size=20), st.integers(0, 1000)), st.integers(0, 2**62), max_size=8),
-       st.integers(0, 2**62), st.one_of(st.none(), st.integers(1, 10_000)),
-       st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=20))
+@given(
+    st.dictionaries(
+        st.tuples(st.text(min_size=1, max_size=20), st.integers(0, 1000)), st.integers(0, 2**62), max_size=8
+    ),
+    st.integers(0, 2**62),
+    st.one_of(st.none(), st.integers(1, 10_000)),
+    st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=20),
+)
 def test_round_trip_of_any_positions_and_floats(positions, seq, dimension, weights):
-    cp = Checkpoint(seq=seq, positions=positions, model={"weights": weights}, dimension=dimension, meta={"v": "plain"}, owner=OWNER)
+    cp = Checkpoint(
+        seq=seq, positions=positions, model={"weights": weights}, dimension=dimension, meta={"v": "plain"}, owner=OWNER
+    )
     assert decode_checkpoint(encode_checkpoint(cp)) == cp
 
 
@@ -85,15 +98,18 @@ def test_a_damaged_byte_is_refused_or_changes_nothing(data):
     assert again == cp
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"", "not valid JSON"),
-    (b"\xff\xfe{}", "not valid JSON"),
-    (b"[1, 2]", "not a perceptron-stream checkpoint"),
-    (b'{"kind": "something else"}', "not a perceptron-stream checkpoint"),
-    (b'{"kind": "perceptron-stream.checkpoint", "format": 99}', "format 99 is not supported"),
-    (b'{"kind": "perceptron-stream.checkpoint", "format": 1}', "checksum does not match"),
-    (b'{"kind": "perceptron-stream.checkpoint", "format": 2}', "checksum does not match"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"", "not valid JSON"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b"[1, 2]", "not a perceptron-stream checkpoint"),
+        (b'{"kind": "something else"}', "not a perceptron-stream checkpoint"),
+        (b'{"kind": "perceptron-stream.checkpoint", "format": 99}', "format 99 is not supported"),
+        (b'{"kind": "perceptron-stream.checkpoint", "format": 1}', "checksum does not match"),
+        (b'{"kind": "perceptron-stream.checkpoint", "format": 2}', "checksum does not match"),
+    ],
+)
 def test_what_is_not_a_checkpoint_is_refused_with_a_reason(data, message):
     with pytest.raises(CheckpointError, match=message):
         decode_checkpoint(data)
@@ -127,24 +143,27 @@ def _valid_body() -> dict:
     return json.loads(encode_checkpoint(_checkpoint(events=5)))
 
 
-@pytest.mark.parametrize("field, value", [
-    ("positions", [["points", "Infinity", 3]]),
-    ("positions", [["points", 1e300, 3]]),
-    ("positions", [["points", 0, -1]]),
-    ("positions", [["points", 0, 2**63]]),
-    ("positions", [["points", 0, 1], ["points", 0, 2]]),
-    ("positions", {"points": 1}),
-    ("meta", ["variant", "plain"]),
-    ("model", "perceptron"),
-    ("seq", -1),
-    ("seq", 1.5),
-    ("seq", True),
-    ("created", None),
-    ("dimension", 0),
-    ("owner", ["g"]),
-    ("owner", {"group_id": "g", "input_topic": "points", "task": 3}),
-    ("owner", {"group_id": "", "input_topic": "points", "task": "model"}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("positions", [["points", "Infinity", 3]]),
+        ("positions", [["points", 1e300, 3]]),
+        ("positions", [["points", 0, -1]]),
+        ("positions", [["points", 0, 2**63]]),
+        ("positions", [["points", 0, 1], ["points", 0, 2]]),
+        ("positions", {"points": 1}),
+        ("meta", ["variant", "plain"]),
+        ("model", "perceptron"),
+        ("seq", -1),
+        ("seq", 1.5),
+        ("seq", True),
+        ("created", None),
+        ("dimension", 0),
+        ("owner", ["g"]),
+        ("owner", {"group_id": "g", "input_topic": "points", "task": 3}),
+        ("owner", {"group_id": "", "input_topic": "points", "task": "model"}),
+    ],
+)
 def test_a_well_sealed_document_with_a_field_of_the_wrong_shape_is_damage(field, value):
     body = _valid_body()
     body[field] = value
@@ -152,9 +171,15 @@ def test_a_well_sealed_document_with_a_field_of_the_wrong_shape_is_damage(field,
         decode_checkpoint(resealed(body))
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=20)
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
@@ -168,8 +193,12 @@ def test_fuzz_any_value_in_any_field_of_a_sealed_checkpoint(field, value):
     except CheckpointError:
         return
     assert type(cp.seq) is int and cp.seq >= 0 and isinstance(cp.meta, dict) and isinstance(cp.model, dict)
-    assert all(type(t) is str and type(p) is int and type(o) is int and p >= 0 and o >= 0 for (t, p), o in cp.positions.items())
-    assert cp.owner is not None and all(isinstance(v, str) for v in (cp.owner.group_id, cp.owner.input_topic, cp.owner.task))
+    assert all(
+        type(t) is str and type(p) is int and type(o) is int and p >= 0 and o >= 0 for (t, p), o in cp.positions.items()
+    )
+    assert cp.owner is not None and all(
+        isinstance(v, str) for v in (cp.owner.group_id, cp.owner.input_topic, cp.owner.task)
+    )
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -199,12 +228,18 @@ def test_with_a_key_only_checkpoints_signed_with_it_are_read():
         decode_checkpoint(resealed(forged, b"the forger's own key, guessed"), KEY)
 
 
-@pytest.mark.parametrize("other, phrase", [
-    (Owner("g2", "points", cluster_id="cluster-1", topic_id="topic-1"), "consumer group 'g2', not 'g'"),
-    (Owner("g", "events", cluster_id="cluster-1", topic_id="topic-1"), "input topic 'events', not 'points'"),
-    (Owner("g", "points", cluster_id="cluster-2", topic_id="topic-1"), "cluster's id is cluster-2, this one's is cluster-1"),
-    (Owner("g", "points", cluster_id="cluster-1", topic_id="topic-0"), "had id topic-0 and now has id topic-1"),
-])
+@pytest.mark.parametrize(
+    "other, phrase",
+    [
+        (Owner("g2", "points", cluster_id="cluster-1", topic_id="topic-1"), "consumer group 'g2', not 'g'"),
+        (Owner("g", "events", cluster_id="cluster-1", topic_id="topic-1"), "input topic 'events', not 'points'"),
+        (
+            Owner("g", "points", cluster_id="cluster-2", topic_id="topic-1"),
+            "cluster's id is cluster-2, this one's is cluster-1",
+        ),
+        (Owner("g", "points", cluster_id="cluster-1", topic_id="topic-0"), "had id topic-0 and now has id topic-1"),
+    ],
+)
 def test_another_models_checkpoints_are_never_used(tmp_path, other, phrase):
     store = LocalStore(tmp_path, "g")
     store.save(Checkpoint(seq=7, positions={("points", 0): 5}, model={}, owner=other))
@@ -242,7 +277,10 @@ def test_local_falls_back_to_the_newest_good_checkpoint(tmp_path, caplog):
     newest, middle, oldest = store.files("model")
     newest.write_bytes(newest.read_bytes()[:100])  # cut short
     assert store.load("model", OWNER).seq == 2
-    assert f"checkpoint {newest.name} in {newest.parent} is unusable" in caplog.text and "truncated or corrupt" in caplog.text
+    assert (
+        f"checkpoint {newest.name} in {newest.parent} is unusable" in caplog.text
+        and "truncated or corrupt" in caplog.text
+    )
     middle.unlink()
     middle.mkdir()  # unreadable: an OSError, not a crash
     assert store.load("model", OWNER).seq == 1
@@ -283,8 +321,16 @@ def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path):
 
 def test_version_0_1_checkpoints_are_found_and_moved_under_their_group(tmp_path):
     legacy = Checkpoint(seq=4, positions={("points", 0): 40}, model={}, meta={"variant": "plain"}, created=1.0)
-    body = {"kind": "perceptron-stream.checkpoint", "format": 1, "seq": 4, "created": 1.0, "positions": [["points", 0, 40]],
-            "dimension": None, "meta": {"variant": "plain"}, "model": {}}
+    body = {
+        "kind": "perceptron-stream.checkpoint",
+        "format": 1,
+        "seq": 4,
+        "created": 1.0,
+        "positions": [["points", 0, 40]],
+        "dimension": None,
+        "meta": {"variant": "plain"},
+        "model": {},
+    }
     import hashlib
 
     body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -305,7 +351,10 @@ def test_local_refuses_to_start_from_zero_when_every_checkpoint_is_damaged(tmp_p
     with pytest.raises(CheckpointError) as info:
         store.load("model", OWNER)
     message = str(info.value)
-    assert f"no usable checkpoint in {store.task_dir('model')}" in message and "move them away to start from zero weights" in message
+    assert (
+        f"no usable checkpoint in {store.task_dir('model')}" in message
+        and "move them away to start from zero weights" in message
+    )
     assert "checkpoint-000000000002.json" in message and "checkpoint-000000000001.json" in message
 
 
@@ -339,8 +388,10 @@ def test_the_lock_keeps_a_second_instance_out_and_dies_with_its_holder(tmp_path)
     again.close()
 
     # a holder killed with SIGKILL leaves its LOCK file behind, but no lock
-    code = (f"from perceptron_stream.state.local import LocalStore; LocalStore({str(tmp_path)!r}, 'g').lock('model'); "
-            "print('locked', flush=True); import time; time.sleep(60)")
+    code = (
+        f"from perceptron_stream.state.local import LocalStore; LocalStore({str(tmp_path)!r}, 'g').lock('model'); "
+        "print('locked', flush=True); import time; time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == b"locked"
@@ -447,10 +498,17 @@ def test_no_module_of_the_service_can_unpickle():
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("__import__", "eval", "exec"):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("__import__", "eval", "exec")
+            ):
                 names = [node.func.id]
-            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
-                      if n.split(".")[0] in UNSAFE or n in ("__import__", "eval", "exec")]
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                for n in names
+                if n.split(".")[0] in UNSAFE or n in ("__import__", "eval", "exec")
+            ]
     assert not found, found
 
 
@@ -467,4 +525,3 @@ def test_checkpoints_are_plain_json_data(tmp_path):
         return value is None or isinstance(value, (bool, int, float, str))
 
     assert plain(body) and body["kind"] == "perceptron-stream.checkpoint"
-

@@ -7,15 +7,18 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from perceptron_stream.pipeline.labels import Joiner
 from perceptron_stream.state.pending import KEEP_EPOCHS, PendingTable, memory
 
 IDS = st.one_of(st.integers(0, 6), st.sampled_from(["0", "1", "a", "b"]))  # 1 and "1" are different ids
-OPS = st.lists(st.tuples(st.sampled_from(["add", "take", "labels", "early", "grace", "expire", "checkpoint", "commit",
-                                          "check"]), IDS,
-                         st.integers(0, 5)),
-               max_size=60)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "take", "labels", "early", "grace", "expire", "checkpoint", "commit", "check"]),
+        IDS,
+        st.integers(0, 5),
+    ),
+    max_size=60,
+)
 
 
 def _snapshot(table: PendingTable) -> dict:
@@ -99,8 +102,10 @@ def _restore_against_the_model(ops, max_pending, data):
             changed = dict(table.changed())
             before = snapshots[seq]
             assert {k for k in before.keys() | now_rows.keys() if before.get(k) != now_rows.get(k)} <= changed.keys()
-            assert all((row is None and k not in now_rows) or
-                       (row is not None and (row[0], row[1]) == now_rows[k][:2]) for k, row in changed.items())
+            assert all(
+                (row is None and k not in now_rows) or (row is not None and (row[0], row[1]) == now_rows[k][:2])
+                for k, row in changed.items()
+            )
             seq += 1
             table.checkpoint(seq)
             snapshots[seq] = now_rows
@@ -160,8 +165,14 @@ def test_a_crash_right_after_a_checkpoint_was_saved_finds_that_checkpoints_table
     """The checkpoint is saved after the joiner's before_save and before the tables move to the next epoch: the
     points the epoch kept in memory must be on disk by then (the case a review found)."""
     path = tmp_path / "pending-0.sqlite"
-    joiner = Joiner(lambda p: PendingTable(path, ttl_seconds=60, max_pending=10), ttl_seconds=60, max_pending=10,
-                    outcome_topic="o", dlq_topic="d", max_message_bytes=10**6)
+    joiner = Joiner(
+        lambda p: PendingTable(path, ttl_seconds=60, max_pending=10),
+        ttl_seconds=60,
+        max_pending=10,
+        outcome_topic="o",
+        dlq_topic="d",
+        max_message_bytes=10**6,
+    )
     table = joiner.table(0)
     table.add("K", {"v": 1}, now=1.0)
     joiner.before_save(1)
@@ -226,10 +237,10 @@ def test_eviction_keeps_the_newest(count):
     assert table.take(count - 1000, now=0.0) == {"i": count - 1000} and table.take(count - 1001, now=0.0) is None
 
 
-
 def test_expiring_reads_only_the_expired_rows_oldest_first():
     """It runs every batch: with nothing expired, the work must not grow with the table (a scan of
     every row did). Counted in SQLite's virtual-machine instructions, not in time."""
+
     def instructions(table, call) -> int:
         steps = [0]
 
@@ -252,7 +263,9 @@ def test_expiring_reads_only_the_expired_rows_oldest_first():
         return table
 
     small, large = filled(1_000), filled(50_000)
-    assert instructions(large, lambda: large.expire(now=1050.0)) <= 2 * instructions(small, lambda: small.expire(now=1050.0))
+    assert instructions(large, lambda: large.expire(now=1050.0)) <= 2 * instructions(
+        small, lambda: small.expire(now=1050.0)
+    )
     # both states go, the oldest first, the limit held: 10,000 of the 49,900 past the TTL in one call
     assert large.expire(now=50_000.0) == 9_999 and large.take(0, now=0.0) is None
     assert large.take(10_000, now=0.0) is not None and large.take(9_999, now=0.0) is None

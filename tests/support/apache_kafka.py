@@ -67,15 +67,31 @@ def kafka_lib() -> Path:
     if (lib / ".complete").exists():
         return lib
     if shutil.which("mvn") is None or shutil.which("java") is None:
-        raise ApacheKafkaError("Apache Kafka's tests need Java 17 and Maven: run `bash tests/run.sh` once "
-                               "(it installs Debian's default-jre-headless and maven)")
+        raise ApacheKafkaError(
+            "Apache Kafka's tests need Java 17 and Maven: run `bash tests/run.sh` once "
+            "(it installs Debian's default-jre-headless and maven)"
+        )
     partial = lib.with_name(f"lib.{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
-    result = subprocess.run(["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                             f"-DoutputDirectory={partial}", "-DincludeScope=runtime"],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={partial}",
+            "-DincludeScope=runtime",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if result.returncode != 0:
-        raise ApacheKafkaError(f"mvn could not fetch Apache Kafka ({POM}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        raise ApacheKafkaError(
+            f"mvn could not fetch Apache Kafka ({POM}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
     (partial / ".complete").touch()
     try:
         partial.rename(lib)
@@ -146,8 +162,9 @@ class ApacheKafka:
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         ports = free_ports(len(LISTENERS) + 1)
         self.controller_port = ports.pop()
-        self.info = BrokerAddresses(self.name, self.cluster_id, dict(zip(LISTENERS, ports)), str(pki_dir),
-                                    str(self.root / "broker.log"))
+        self.info = BrokerAddresses(
+            self.name, self.cluster_id, dict(zip(LISTENERS, ports)), str(pki_dir), str(self.root / "broker.log")
+        )
         self.extra_properties = properties or {}
         self.process: subprocess.Popen | None = None
 
@@ -169,7 +186,7 @@ class ApacheKafka:
             "listeners": f"{listeners},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": listeners,
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,MTLS:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,"
-                                              "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
@@ -200,8 +217,11 @@ class ApacheKafka:
             "listener.name.mtls.ssl.client.auth": "required",
             # SASL/SCRAM
             "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
-            **{f"listener.name.{lst}.{mech}.sasl.jaas.config": scram
-               for lst in ("sasl_plaintext", "sasl_ssl") for mech in ("scram-sha-256", "scram-sha-512")},
+            **{
+                f"listener.name.{lst}.{mech}.sasl.jaas.config": scram
+                for lst in ("sasl_plaintext", "sasl_ssl")
+                for mech in ("scram-sha-256", "scram-sha-512")
+            },
         }
         props.update(self.extra_properties)
         return props
@@ -218,7 +238,8 @@ class ApacheKafka:
             "logger.started.name = kafka.server.KafkaRaftServer\nlogger.started.level = INFO\n"
             # what the log cleaner did (a few lines a cleaning): compaction tests show it when they fail
             "logger.cleaner.name = org.apache.kafka.storage.internals.log.LogCleaner\nlogger.cleaner.level = INFO\n"
-            "logger.cleaner_scala.name = kafka.log.LogCleaner\nlogger.cleaner_scala.level = INFO\n")
+            "logger.cleaner_scala.name = kafka.log.LogCleaner\nlogger.cleaner_scala.level = INFO\n"
+        )
         return path
 
     # life -----------------------------------------------------------------
@@ -252,17 +273,41 @@ class ApacheKafka:
     def _launch(self) -> None:
         lib = kafka_lib()
         config = self._write_config()
-        java = ["java", f"-Xmx{self.heap}", "-Xss1m", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}", "-cp", f"{lib}/*"]
+        java = [
+            "java",
+            f"-Xmx{self.heap}",
+            "-Xss1m",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+            "-cp",
+            f"{lib}/*",
+        ]
         scram = [f"SCRAM-SHA-{bits}=[name={SCRAM_USER},password={SCRAM_PASSWORD}]" for bits in (256, 512)]
-        fmt = subprocess.run([*java, "kafka.tools.StorageTool", "format", "--standalone", f"--cluster-id={self.cluster_id}",  # an id may start with "-"
-                              "-c", str(config), *[arg for s in scram for arg in ("--add-scram", s)]],
-                             capture_output=True, text=True, timeout=120)
+        fmt = subprocess.run(
+            [
+                *java,
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                f"--cluster-id={self.cluster_id}",  # an id may start with "-"
+                "-c",
+                str(config),
+                *[arg for s in scram for arg in ("--add-scram", s)],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if fmt.returncode != 0:
             raise ApacheKafkaError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
         self._stdout = open(self.root / "stdout.log", "ab")
-        self.process = subprocess.Popen([*java, "kafka.Kafka", str(config)], stdin=subprocess.DEVNULL,
-                                        stdout=self._stdout, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            [*java, "kafka.Kafka", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=self._stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.info.pid = self.process.pid
 
     def wait_ready(self, timeout: float = 120.0) -> ApacheKafka:
@@ -313,7 +358,9 @@ def wait_ready(info: BrokerAddresses, timeout: float = 120.0, process: subproces
         if process is not None and process.poll() is not None:
             lines = Path(info.log_path).read_text(errors="replace").splitlines() if Path(info.log_path).exists() else []
             last_lines = "\n".join(line for line in lines if " ERROR " in line or "Exception" in line)[-2000:]
-            raise ApacheKafkaError(f"Apache Kafka exited with code {process.returncode}; see {info.log_path}:\n{last_lines}")
+            raise ApacheKafkaError(
+                f"Apache Kafka exited with code {process.returncode}; see {info.log_path}:\n{last_lines}"
+            )
         try:  # a plain connect first: the client would log every refusal and back off for seconds
             socket.create_connection(("127.0.0.1", info.ports["PLAINTEXT"]), timeout=1).close()
         except OSError:
@@ -340,8 +387,12 @@ def wait_ready(info: BrokerAddresses, timeout: float = 120.0, process: subproces
 #: Topic settings under which Apache Kafka's cleaner compacts within seconds (the suite's broker wakes it every
 #: second): a segment rolled for nearly every record (the active one is never compacted), any dirty share worth
 #: cleaning. The service's own settings for a topic go on top (e.g. the changelog's min.compaction.lag.ms).
-FAST_COMPACTION = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-                   "max.message.bytes": str(16 * 1024 * 1024)}
+FAST_COMPACTION = {
+    "cleanup.policy": "compact",
+    "segment.ms": "100",
+    "min.cleanable.dirty.ratio": "0.01",
+    "max.message.bytes": str(16 * 1024 * 1024),
+}
 
 
 def create_compacting_topic(bootstrap: str, name: str, partitions: int = 1, **config: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perceptron_stream.broker import EmbeddedBroker
+
 from tests.support.apache_kafka import ApacheKafka
 
 

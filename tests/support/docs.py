@@ -62,5 +62,7 @@ def python_examples() -> list[Example]:
     for page in sorted(DOCS.rglob("*.md")):
         text = page.read_text(encoding="utf-8")
         for match in FENCE.finditer(text):
-            found.append(Example(page, text.count("\n", 0, match.start("code")) + 1, match["code"], bool(match["skip"])))
+            found.append(
+                Example(page, text.count("\n", 0, match.start("code")) + 1, match["code"], bool(match["skip"]))
+            )
     return found

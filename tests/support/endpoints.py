@@ -24,6 +24,8 @@ def metrics_once(metrics_url: str, line: str, timeout: float = 30.0) -> str:
     says what they hold). A batch is counted just after its outputs are acknowledged, so a test that has read
     the outputs may be a moment ahead of the counts."""
     try:
-        return wait_until(lambda: (text := http_get(metrics_url + "/metrics")[1]) and line in text and text, timeout, what=line)
+        return wait_until(
+            lambda: (text := http_get(metrics_url + "/metrics")[1]) and line in text and text, timeout, what=line
+        )
     except AssertionError:
         return http_get(metrics_url + "/metrics")[1]

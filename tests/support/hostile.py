@@ -23,7 +23,7 @@ class Pairs(list):
 
 
 _any_char = st.characters(codec=None, exclude_categories=())  # lone surrogates and controls included
-_text = st.text(_any_char, max_size=30) | st.text(st.sampled_from("xyid\"\\/ \u0000\ud800\udfff\u2028é"), max_size=10)
+_text = st.text(_any_char, max_size=30) | st.text(st.sampled_from('xyid"\\/ \u0000\ud800\udfff\u2028é'), max_size=10)
 _numbers = (
     st.integers()
     | st.integers(min_value=-(10**400), max_value=10**400)
@@ -52,7 +52,9 @@ def _event_like(draw):
     if dense in ("x", "both"):
         fields.append(("x", draw(st.lists(number, max_size=3 * MAX_FEATURES) | _values)))
     if dense in ("features", "both"):
-        fields.append(("features", draw(st.lists(st.tuples(_text, number), max_size=3 * MAX_FEATURES).map(Pairs) | _values)))
+        fields.append(
+            ("features", draw(st.lists(st.tuples(_text, number), max_size=3 * MAX_FEATURES).map(Pairs) | _values))
+        )
     if draw(st.booleans()):
         fields.append(("y", draw(_labels)))
     if draw(st.booleans()):
@@ -63,7 +65,11 @@ def _event_like(draw):
 
 def _write(value, ensure_ascii: bool) -> str:
     if isinstance(value, Pairs):
-        return "{" + ",".join(json.dumps(k, ensure_ascii=ensure_ascii) + ":" + _write(v, ensure_ascii) for k, v in value) + "}"
+        return (
+            "{"
+            + ",".join(json.dumps(k, ensure_ascii=ensure_ascii) + ":" + _write(v, ensure_ascii) for k, v in value)
+            + "}"
+        )
     if isinstance(value, list):
         return "[" + ",".join(_write(v, ensure_ascii) for v in value) + "]"
     return json.dumps(value, ensure_ascii=ensure_ascii)
@@ -92,7 +98,7 @@ def _mangled(draw, inner):
     raw = bytearray(draw(inner))
     how = draw(st.sampled_from(["cut", "flip", "wrap"]))
     if how == "cut" and raw:
-        del raw[draw(st.integers(0, len(raw) - 1)):]
+        del raw[draw(st.integers(0, len(raw) - 1)) :]
     elif how == "flip" and raw:
         for _ in range(draw(st.integers(1, 3))):
             raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
@@ -101,10 +107,22 @@ def _mangled(draw, inner):
     return bytes(raw)
 
 
-_long = st.builds(lambda n, s, where: where.replace("S", json.dumps(s * n)).encode(),
-                  st.integers(100, 3 * MAX_BYTES), st.sampled_from(["a", "é", "\\", "\u2028"]),
-                  st.sampled_from(['{"id": S, "x": [1.0]}', '{"features": {S: 1.0}}', '{"features": {S: "a"}}',
-                                   '{"x": [1.0], S: 1}', '{"x": [1.0], "y": S}', "S"]))
+_long = st.builds(
+    lambda n, s, where: where.replace("S", json.dumps(s * n)).encode(),
+    st.integers(100, 3 * MAX_BYTES),
+    st.sampled_from(["a", "é", "\\", "\u2028"]),
+    st.sampled_from(
+        [
+            '{"id": S, "x": [1.0]}',
+            '{"features": {S: 1.0}}',
+            '{"features": {S: "a"}}',
+            '{"x": [1.0], S: 1}',
+            '{"x": [1.0], "y": S}',
+            "S",
+        ]
+    ),
+)
+
 
 @st.composite
 def _near_valid(draw):
@@ -136,16 +154,16 @@ hostile_messages = st.one_of(
 #: For the running service: the same, with more messages that get past the first checks.
 service_messages = st.one_of(hostile_messages, _utf8(_near_valid()), _utf8(_near_valid()), _utf8(_event_like()))
 #: Known poison: an id orjson cannot write, an error sentence quoting a 4000-character name.
-POISON = [b'{"x": [1.0, 2.0, 3.0], "y": 1, "id": 18446744073709551616}',
-          b'{"features": {"' + b"k" * 4000 + b'": "a"}}']
+POISON = [b'{"x": [1.0, 2.0, 3.0], "y": 1, "id": 18446744073709551616}', b'{"features": {"' + b"k" * 4000 + b'": "a"}}']
 
 
 def collect(strategy, count: int) -> list:
     """``count`` examples of ``strategy``, the same on every run."""
     out = []
 
-    @settings(max_examples=count, database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=count, database=None, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(strategy)
     def collect(value):
         out.append(value)

@@ -18,15 +18,34 @@ GRACE = 300.0
 
 
 def make_joiner(max_early: int = 100) -> Joiner:
-    return Joiner(lambda p: PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000), ttl_seconds=1e9, max_pending=1000,
-                  outcome_topic="outcomes", dlq_topic="dlq", max_message_bytes=100_000, label_topic="labels",
-                  grace_seconds=GRACE, max_early=max_early)
+    return Joiner(
+        lambda p: PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000),
+        ttl_seconds=1e9,
+        max_pending=1000,
+        outcome_topic="outcomes",
+        dlq_topic="dlq",
+        max_message_bytes=100_000,
+        label_topic="labels",
+        grace_seconds=GRACE,
+        max_early=max_early,
+    )
 
 
 def make_task(joiner: Joiner) -> Task:
-    return Task("group", Owner("g", "points"), make_learner(), Decoder(100_000, 1000), {}, joiner=joiner,
-                outputs={"output_topic": "predictions", "dlq_topic": "dlq", "max_message_bytes": 100_000,
-                         "label_topic": "labels"})
+    return Task(
+        "group",
+        Owner("g", "points"),
+        make_learner(),
+        Decoder(100_000, 1000),
+        {},
+        joiner=joiner,
+        outputs={
+            "output_topic": "predictions",
+            "dlq_topic": "dlq",
+            "max_message_bytes": 100_000,
+            "label_topic": "labels",
+        },
+    )
 
 
 def point(offset: int, point_id: str, ms: int) -> Record:

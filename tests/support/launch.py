@@ -16,8 +16,15 @@ from tests.support.waiting import wait_until
 
 def settings_args(broker, topics: dict, tmp_path: Path, **extra) -> list[str]:
     """Flags for `serve` against the test broker, with a metrics port of its own."""
-    args = {"bootstrap_servers": broker.bootstrap_servers, **topics, "state_dir": str(tmp_path / "state"),
-            "metrics_port": 0, "poll_timeout_ms": 100, "checkpoint_interval_seconds": 1.0, **extra}
+    args = {
+        "bootstrap_servers": broker.bootstrap_servers,
+        **topics,
+        "state_dir": str(tmp_path / "state"),
+        "metrics_port": 0,
+        "poll_timeout_ms": 100,
+        "checkpoint_interval_seconds": 1.0,
+        **extra,
+    }
     out = []
     for name, value in args.items():
         flag = "--" + name.replace("_", "-")
@@ -34,8 +41,13 @@ def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> s
     ``preexec_fn`` runs in the child before the service starts (e.g. to lower
     its open-files limit)."""
     log = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "perceptron_stream.cli", "serve", *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            preexec_fn=preexec_fn)
+    return subprocess.Popen(
+        [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        preexec_fn=preexec_fn,
+    )
 
 
 class ServiceThread:
@@ -56,7 +68,7 @@ class ServiceThread:
         except BaseException as exc:  # surfaced by stop()
             self.error = exc
 
-    def start(self) -> "ServiceThread":
+    def start(self) -> ServiceThread:
         self.thread.start()
         wait_until(lambda: self.app.http is not None or self.error, 30, what="the service's HTTP endpoints")
         return self

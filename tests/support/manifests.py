@@ -15,8 +15,8 @@ import shlex
 from pathlib import Path
 
 import yaml
-
 from perceptron_stream.config import ENV_PREFIX, ServeSettings, load
+
 from tests.support import ROOT
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -52,7 +52,9 @@ def serve_settings(monkeypatch, env: dict[str, str]) -> ServeSettings:
     return load(ServeSettings, [])
 
 
-_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"  # the CRDs' pattern
+_DURATION = (
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"  # the CRDs' pattern
+)
 #: The fields of the ServiceMonitor CRD (prometheus-operator, monitoring.coreos.com/v1) that these manifests use.
 SERVICEMONITOR_SCHEMA = {
     "type": "object",
@@ -115,32 +117,37 @@ PROMETHEUSRULE_SCHEMA = {
             "type": "object",
             "required": ["groups"],
             "additionalProperties": False,
-            "properties": {"groups": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["name", "rules"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "name": {"type": "string", "minLength": 1},
-                        "interval": {"type": "string", "pattern": _DURATION},
-                        "rules": {"type": "array", "items": {
-                            "type": "object",
-                            "required": ["expr"],
-                            "additionalProperties": False,
-                            "properties": {
-                                "alert": {"type": "string"},
-                                "record": {"type": "string"},
-                                "expr": {"type": ["string", "integer"]},
-                                "for": {"type": "string", "pattern": _DURATION},
-                                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": _DURATION},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": ["string", "integer"]},
+                                        "for": {"type": "string", "pattern": _DURATION},
+                                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                                    },
+                                },
                             },
-                        }},
+                        },
                     },
-                },
-            }},
+                }
+            },
         },
     },
 }

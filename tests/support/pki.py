@@ -36,32 +36,95 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def _ca(directory: Path, name: str) -> None:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN=perceptron-stream test {name}",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN=perceptron-stream test {name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=directory,
+    )
 
 
 def _signed(directory: Path, name: str, subject: str, extensions: str, key_password: str | None = None) -> None:
     key = ["-passout", f"pass:{key_password}"] if key_password else ["-nodes"]
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", *key, "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", "-subj", subject, cwd=directory)
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        *key,
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        subject,
+        cwd=directory,
+    )
     (directory / f"{name}.ext").write_text(extensions)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=directory)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
+        cwd=directory,
+    )
 
 
 def make_pki(directory: Path) -> Pki:
     """Every certificate and key in ``directory`` (which must exist)."""
     _ca(directory, "ca")
     _ca(directory, "other-ca")
-    _signed(directory, "server", "/CN=localhost",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    _signed(directory, "client", "/CN=perceptron-stream",
-            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n", key_password=KEY_PASSWORD)
+    _signed(
+        directory,
+        "server",
+        "/CN=localhost",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    _signed(
+        directory,
+        "client",
+        "/CN=perceptron-stream",
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        key_password=KEY_PASSWORD,
+    )
     return pki_in(directory)
 
 
 def pki_in(directory: Path) -> Pki:
     """The files :func:`make_pki` made in ``directory``."""
-    return Pki(directory / "ca.pem", directory / "server.pem", directory / "server.key", directory / "client.pem",
-               directory / "client.key", directory / "other-ca.pem")
+    return Pki(
+        directory / "ca.pem",
+        directory / "server.pem",
+        directory / "server.key",
+        directory / "client.pem",
+        directory / "client.key",
+        directory / "other-ca.pem",
+    )

@@ -126,8 +126,11 @@ def render_config(
     else:
         jobs = {job: list(targets)} if targets else {}
     return {
-        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
-                   "evaluation_interval": evaluation_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            "evaluation_interval": evaluation_interval,
+        },
         "rule_files": [str(Path(p).resolve()) for p in rule_files],
         "scrape_configs": [
             {"job_name": name, "metrics_path": metrics_path, "static_configs": [{"targets": list(tgts)}]}
@@ -169,9 +172,14 @@ class PrometheusServer:
         binary: str | None = None,
     ) -> None:
         self.workdir = Path(workdir)
-        self.config = render_config(targets, job=job, scrape_interval=scrape_interval,
-                                    evaluation_interval=evaluation_interval, rule_files=rule_files,
-                                    metrics_path=metrics_path)
+        self.config = render_config(
+            targets,
+            job=job,
+            scrape_interval=scrape_interval,
+            evaluation_interval=evaluation_interval,
+            rule_files=rule_files,
+            metrics_path=metrics_path,
+        )
         self.startup_timeout = startup_timeout
         self.binary = binary
         self.port: int | None = None
@@ -264,7 +272,9 @@ class PrometheusServer:
 
     # -- HTTP API ---------------------------------------------------------
 
-    def api(self, path: str, params: Mapping[str, str] | None = None, *, post: bool = False) -> tuple[int, dict[str, Any]]:
+    def api(
+        self, path: str, params: Mapping[str, str] | None = None, *, post: bool = False
+    ) -> tuple[int, dict[str, Any]]:
         """Call ``/api/v1/<path>``; returns (HTTP status, decoded JSON body) without raising on 4xx/5xx."""
         url = f"{self.url}/api/v1/{path}"
         data = None
@@ -316,7 +326,9 @@ class PrometheusServer:
             if predicate(result):
                 return result
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"{promql!r} did not satisfy the predicate within {timeout}s; last result: {result!r}")
+                raise TimeoutError(
+                    f"{promql!r} did not satisfy the predicate within {timeout}s; last result: {result!r}"
+                )
             time.sleep(interval)
 
     def targets(self) -> list[dict[str, Any]]:
@@ -397,8 +409,9 @@ def dashboard_targets(path: str | os.PathLike[str] = DASHBOARD_PATH) -> list[tup
     out = []
     for panel in iter_panels(dashboard.get("panels", [])):
         for target in panel.get("targets", []):
-            out.append((panel.get("title", ""), target.get("refId", ""),
-                        substitute_grafana_variables(target["expr"], values)))
+            out.append(
+                (panel.get("title", ""), target.get("refId", ""), substitute_grafana_variables(target["expr"], values))
+            )
     return out
 
 

@@ -24,6 +24,7 @@ from perceptron_stream.learning import make_learner
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.state.local import LocalStore
 from perceptron_stream.streams import separable
+
 from tests.support.launch import start_service_process
 from tests.support.topics import create_topic
 from tests.support.waiting import wait_until
@@ -41,8 +42,16 @@ def offline(events: list[dict], variant: str = "plain") -> tuple[list[dict], dic
     expected = []
     for e in events:
         y_pred, score, mistake = learner.step(e["x"], e.get("y"))
-        expected.append({"id": e["id"], "y_pred": y_pred, "score": score, "y": e.get("y"), "mistake": mistake,
-                         "model": {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes}})
+        expected.append(
+            {
+                "id": e["id"],
+                "y_pred": y_pred,
+                "score": score,
+                "y": e.get("y"),
+                "mistake": mistake,
+                "model": {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes},
+            }
+        )
     return expected, learner.to_state()
 
 
@@ -54,9 +63,13 @@ class OutputWatcher:
         from kafka import KafkaConsumer, TopicPartition
 
         create_topic(bootstrap, topic)  # one partition, before the service would create it
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                      request_timeout_ms=10_000,
-                                      isolation_level="read_committed" if read_committed else "read_uncommitted")
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            request_timeout_ms=10_000,
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
+        )
         tp = TopicPartition(topic, 0)
         self.consumer.assign([tp])
         self.consumer.seek_to_beginning(tp)
@@ -123,19 +136,34 @@ class GroupHolder:
     def __init__(self, bootstrap: str, topic: str, group_id: str, hold_ms: int = 60_000):
         from kafka import KafkaConsumer
 
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
-                                      session_timeout_ms=6000, heartbeat_interval_ms=1000,
-                                      max_poll_interval_ms=hold_ms, request_timeout_ms=hold_ms + 5000)
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            max_poll_interval_ms=hold_ms,
+            request_timeout_ms=hold_ms + 5000,
+        )
         self.consumer.subscribe([topic])
-        wait_until(lambda: self.consumer.poll(timeout_ms=200, max_records=1) is not None and self.consumer.assignment(),
-                   60, what=f"a holder of group {group_id}")
+        wait_until(
+            lambda: self.consumer.poll(timeout_ms=200, max_records=1) is not None and self.consumer.assignment(),
+            60,
+            what=f"a holder of group {group_id}",
+        )
 
     def release(self) -> None:
         self.consumer.close()
 
 
-def check_outputs(by_source: dict[int, list[bytes]], expected: list[dict], *, input_topic: str | None = None,
-                  keys: dict[int, list[bytes | None]] | None = None, input_keys: list[bytes | None] | None = None) -> int:
+def check_outputs(
+    by_source: dict[int, list[bytes]],
+    expected: list[dict],
+    *,
+    input_topic: str | None = None,
+    keys: dict[int, list[bytes | None]] | None = None,
+    input_keys: list[bytes | None] | None = None,
+) -> int:
     """Every offset predicted, every copy identical and equal to the uninterrupted run; returns the repeats.
 
     Each output must have exactly the wire contract's fields, name its input
@@ -165,7 +193,11 @@ def check_outputs(by_source: dict[int, list[bytes]], expected: list[dict], *, in
         topics.add(source["topic"])
         got = {k: first[k] for k in OUTPUT_FIELDS if k != "source"}
         # json.dumps tells the types apart where == does not (True == 1 == 1.0, -0.0 == 0.0)
-        assert json.dumps(got, sort_keys=True) == json.dumps(expected[offset], sort_keys=True), (offset, got, expected[offset])
+        assert json.dumps(got, sort_keys=True) == json.dumps(expected[offset], sort_keys=True), (
+            offset,
+            got,
+            expected[offset],
+        )
         if keys is not None:
             want = None if input_keys is None else input_keys[offset]
             assert keys[offset] == [want] * len(values), (offset, "keys", keys[offset], want)
@@ -215,8 +247,8 @@ def without_close_noise(log: str) -> str:
     closing = CLOSING.search(log)
     if closing is None:
         return log
-    after = LOG_RECORD.split(log[closing.end():])
-    return log[:closing.end()] + "".join(r for r in after if not KAFKA_PYTHON_RECORD.match(r))
+    after = LOG_RECORD.split(log[closing.end() :])
+    return log[: closing.end()] + "".join(r for r in after if not KAFKA_PYTHON_RECORD.match(r))
 
 
 def has_traceback(log: str) -> bool:
@@ -233,8 +265,11 @@ def tail(path: Path, chars: int = 4000) -> str:
 
 def wait_assigned(process: subprocess.Popen, log_path: Path, topic: str, timeout: float = 120.0) -> None:
     """Until the service has restored its state and holds its partition (it logs "assigned <topic>[0]")."""
-    wait_until(lambda: process.poll() is not None or f"assigned {topic}[0]" in log_path.read_text(errors="replace"),
-               timeout, what="the service's assignment")
+    wait_until(
+        lambda: process.poll() is not None or f"assigned {topic}[0]" in log_path.read_text(errors="replace"),
+        timeout,
+        what="the service's assignment",
+    )
     assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
 
 
@@ -249,8 +284,11 @@ def run_to_the_end(args, watcher, count, log_path, records: int = 0) -> None:
     process = start_service_process(args, log_path)
     try:
         wait_assigned(process, log_path, load(ServeSettings, args).input_topic)
-        wait_until(lambda: (watcher.distinct() >= count and watcher.records >= records) or process.poll() is not None, 120,
-                   what=f"{count} offsets predicted")
+        wait_until(
+            lambda: (watcher.distinct() >= count and watcher.records >= records) or process.poll() is not None,
+            120,
+            what=f"{count} offsets predicted",
+        )
         assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
     finally:
         code = stop_process(process, log_path)

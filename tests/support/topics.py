@@ -13,7 +13,6 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
     """``name`` with ``partitions`` partitions (replication 1); nothing when it exists."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
-
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)

@@ -14,12 +14,11 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
 from perceptron_stream.app import Application
-from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, dead_letter_record, dead_letter_value
 from perceptron_stream.config import ConfigError, ServeSettings, load
 from perceptron_stream.kafka import Record
 from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, DeadLetter, Rejection
+from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, dead_letter_record, dead_letter_value
 
 CONTROL = bytes(range(32))
 
@@ -38,7 +37,9 @@ def test_the_issue_example_fits_the_limit():
 
 def test_a_key_with_no_room_left_is_dropped_and_the_letter_says_so():
     raw, key = b'{"x": [1, 2], "y": 2}', b"k" * 999_900
-    sent_key, value = dead_letter_record(Rejection("bad_label", "y must be -1 or +1, got 2"), raw, key, "points", 0, 7, 1_000_000)
+    sent_key, value = dead_letter_record(
+        Rejection("bad_label", "y must be -1 or +1, got 2"), raw, key, "points", 0, 7, 1_000_000
+    )
     letter = orjson.loads(value)
     assert sent_key is None and letter["key_dropped"] is True
     assert letter["raw"] == raw.decode() and letter["raw_truncated"] is False  # without the key the raw fits again
@@ -55,7 +56,7 @@ def test_a_letter_that_fits_is_as_before():
 @pytest.mark.parametrize("raw", [b"abc", b"\xff\xfe\xfd", "é".encode() * 5, b"\x00" * 40])
 @pytest.mark.parametrize("short_by", [1, 2, 5])
 def test_a_letter_a_few_bytes_too_long_loses_raw_and_says_so(raw, short_by):
-    """"raw_truncated": true is a byte shorter than false: the letter must not fit by that alone, with all its raw."""
+    """ "raw_truncated": true is a byte shorter than false: the letter must not fit by that alone, with all its raw."""
     rejection = Rejection("invalid_json", "the message is not valid JSON")
     limit = len(dead_letter_value(rejection, raw, "points", 0, 1)) - short_by
     letter = DeadLetter.model_validate_json(value := dead_letter_value(rejection, raw, "points", 0, 1, max_bytes=limit))
@@ -71,9 +72,26 @@ def test_the_limit_cannot_be_set_below_one_kib():
 
 
 # the property ----------------------------------------------------------------
-_pieces = st.sampled_from([b"\x00", b"\x1f", b'"', b"\\", b"a", "é".encode(), "€".encode(), "😀".encode(), b"\xff", b"\xc3",
-                           b"\n", b"\x7f", "\u2028".encode()])
-_errors = st.text(st.characters(codec="utf-8"), max_size=30).map(lambda t: t * 70)  # up to 2,100 characters, controls too
+_pieces = st.sampled_from(
+    [
+        b"\x00",
+        b"\x1f",
+        b'"',
+        b"\\",
+        b"a",
+        "é".encode(),
+        "€".encode(),
+        "😀".encode(),
+        b"\xff",
+        b"\xc3",
+        b"\n",
+        b"\x7f",
+        "\u2028".encode(),
+    ]
+)
+_errors = st.text(st.characters(codec="utf-8"), max_size=30).map(
+    lambda t: t * 70
+)  # up to 2,100 characters, controls too
 
 
 @st.composite
@@ -106,8 +124,14 @@ def test_every_dead_letter_fits_its_limit_and_keeps_what_it_can(case):
     assert raw.startswith(kept) and letter.raw_truncated == (len(kept) < len(raw))
     # the head is cut only as far as needed: one more character (or base64 group) would not fit
     head = raw[:DEAD_LETTER_RAW_LIMIT]
-    error = rejection.error if len(rejection.error) <= DEAD_LETTER_ERROR_LIMIT else rejection.error[: DEAD_LETTER_ERROR_LIMIT - 3] + "..."
-    assert letter.error == error or (not sent_key and not letter.raw)  # the sentence is cut only once no key and no raw are left
+    error = (
+        rejection.error
+        if len(rejection.error) <= DEAD_LETTER_ERROR_LIMIT
+        else rejection.error[: DEAD_LETTER_ERROR_LIMIT - 3] + "..."
+    )
+    assert letter.error == error or (
+        not sent_key and not letter.raw
+    )  # the sentence is cut only once no key and no raw are left
     if len(kept) < len(head) and letter.error == error:
         full = head.decode() if letter.raw_encoding == "utf-8" else base64.b64encode(head).decode()
         more = orjson.loads(value)
@@ -115,9 +139,12 @@ def test_every_dead_letter_fits_its_limit_and_keeps_what_it_can(case):
         more["raw_truncated"] = len(more["raw"]) < len(full) or len(raw) > len(head)  # what it would then say
         assert len(sent_key or b"") + len(orjson.dumps(more)) > max_bytes
     if letter.key_dropped:  # only when even a letter with no raw left the key no room
-        no_raw = (len(dead_letter_value(rejection, b"", topic, 2, 10**12))
-                  - (1 if raw else 0)  # "raw_truncated": true, not false
-                  + len(letter.raw_encoding) - len("utf-8"))  # a head that is not UTF-8 says "base64" even when cut to nothing
+        no_raw = (
+            len(dead_letter_value(rejection, b"", topic, 2, 10**12))
+            - (1 if raw else 0)  # "raw_truncated": true, not false
+            + len(letter.raw_encoding)
+            - len("utf-8")
+        )  # a head that is not UTF-8 says "base64" even when cut to nothing
         assert len(key) + no_raw > max_bytes
 
 
@@ -134,13 +161,19 @@ class CapturingStream:
 
 
 def test_the_service_sends_dead_letters_within_the_limit():
-    app = Application(load(ServeSettings, ["--metrics-port", "0", "--max-message-bytes", "1000000", "--state-store", "none"]))
+    app = Application(
+        load(ServeSettings, ["--metrics-port", "0", "--max-message-bytes", "1000000", "--state-store", "none"])
+    )
     app.stream = CapturingStream()
-    hostile = [Record("points", 0, 0, b"k" * 930_000, CONTROL * 2048, 0),  # invalid JSON within the limit, escaped 6 times
-               Record("points", 0, 1, b"k" * 999_900, b'{"x": [1.0], "y": 5}', 0),  # bad label, a key with no room left
-               Record("points", 0, 2, b"k" * 10, b"\xff" * 2_000_000, 0)]  # too large (2 MB), not UTF-8
+    hostile = [
+        Record("points", 0, 0, b"k" * 930_000, CONTROL * 2048, 0),  # invalid JSON within the limit, escaped 6 times
+        Record("points", 0, 1, b"k" * 999_900, b'{"x": [1.0], "y": 5}', 0),  # bad label, a key with no room left
+        Record("points", 0, 2, b"k" * 10, b"\xff" * 2_000_000, 0),
+    ]  # too large (2 MB), not UTF-8
     app._process([hostile])  # noqa: SLF001 — one batch, no broker: run() needs one
-    assert [(topic, len(key or b"") + len(value) <= 1_000_000) for topic, key, value in app.stream.sent] == [("points.dlq", True)] * 3
+    assert [(topic, len(key or b"") + len(value) <= 1_000_000) for topic, key, value in app.stream.sent] == [
+        ("points.dlq", True)
+    ] * 3
     letters = [DeadLetter.model_validate_json(value) for _, _, value in app.stream.sent]
     assert [letter.reason for letter in letters] == ["invalid_json", "bad_label", "too_large"]
     assert [key is None for _, key, _ in app.stream.sent] == [False, True, False]

@@ -8,12 +8,11 @@ Python objects) for the decoder to tell only the first.
 
 from __future__ import annotations
 
-import pytest
-from pydantic import ValidationError
-
 import perceptron_stream.wire.inputs as schema
+import pytest
 from perceptron_stream.wire.inputs import MODEL_FIRST_BYTES, Decoder
 from perceptron_stream.wire.messages import InputEvent, Rejection
+from pydantic import ValidationError
 
 #: name → a message with ``n`` bad elements (or one bad value holding ``n`` elements)
 HOSTILE = {
@@ -29,7 +28,9 @@ HOSTILE = {
     "features of strings": lambda n: b'{"features": {' + b",".join(b'"f%d": "a"' % i for i in range(n)) + b"}}",
     "features of NaN": lambda n: b'{"features": {' + b",".join(b'"f%d": NaN' % i for i in range(n)) + b"}}",
     "features, one key repeated": lambda n: b'{"features": {' + b",".join([b'"a": []'] * n) + b"}}",
-    "features, extra keys": lambda n: b'{"e": 1, "features": {' + b",".join(b'"f%d": null' % i for i in range(n)) + b"}}",
+    "features, extra keys": lambda n: (
+        b'{"e": 1, "features": {' + b",".join(b'"f%d": null' % i for i in range(n)) + b"}}"
+    ),
 }
 
 
@@ -49,13 +50,24 @@ def test_the_model_stops_at_the_first_bad_element(shape):
 
 def test_a_bad_element_in_each_form_is_one_error_each():
     """x and features are both checked (the first in field order is told), each up to its first bad element."""
-    raw = b'{"x": [' + b",".join([b"[]"] * 1000) + b'], "features": {' + b",".join(b'"f%d": []' % i for i in range(1000)) + b"}}"
+    raw = (
+        b'{"x": ['
+        + b",".join([b"[]"] * 1000)
+        + b'], "features": {'
+        + b",".join(b'"f%d": []' % i for i in range(1000))
+        + b"}}"
+    )
     assert _errors_reported(raw) == 2
-    assert Decoder(1_000_000, 10_000).decode(raw) == Rejection("invalid_event", "x[0] must be a number, got a list [...]")
+    assert Decoder(1_000_000, 10_000).decode(raw) == Rejection(
+        "invalid_event", "x[0] must be a number, got a list [...]"
+    )
 
 
-@pytest.mark.parametrize("value", [b"[" + b",".join([b"[]"] * 5000) + b"]", b"{}", b"[]", b"1.5", b'{"a": [1, 2]}'],
-                         ids=["5000 lists", "{}", "[]", "1.5", "an object"])
+@pytest.mark.parametrize(
+    "value",
+    [b"[" + b",".join([b"[]"] * 5000) + b"]", b"{}", b"[]", b"1.5", b'{"a": [1, 2]}'],
+    ids=["5000 lists", "{}", "[]", "1.5", "an object"],
+)
 def test_a_bad_id_is_one_error(value):
     """Not one per member of ``str | int``: each error holds the whole id as Python objects."""
     raw = b'{"x": [1.0], "id": ' + value + b"}"
@@ -75,7 +87,7 @@ def test_the_decoder_explains_one_error_whatever_the_count(monkeypatch, shape, n
         counts.append(exc.error_count())
         return explain(exc, raw)
 
-    monkeypatch.setattr(schema, "_explain", counting)  # noqa: SLF001 — the same spy, installed
+    monkeypatch.setattr(schema, "_explain", counting)
     got = Decoder(1_000_000, 10_000).decode(HOSTILE[shape](n))
     assert type(got) is Rejection
     assert counts == [1]
@@ -87,19 +99,28 @@ def test_a_large_message_is_parsed_once(monkeypatch):
     calls = []
     decoder = Decoder(1_000_000, 10_000)
     fast = decoder._fast_decode  # noqa: SLF001 — decode() does not tell which path ran
-    monkeypatch.setattr(decoder, "_fast_decode", lambda raw: calls.append(len(raw)) or fast(raw))  # noqa: SLF001 — the same spy, installed
+    monkeypatch.setattr(decoder, "_fast_decode", lambda raw: calls.append(len(raw)) or fast(raw))
     small, large = HOSTILE["x of lists"](10), HOSTILE["x of lists"](MODEL_FIRST_BYTES)
     assert len(small) < MODEL_FIRST_BYTES <= len(large)
-    assert decoder.decode(large) == decoder.decode(small) == Rejection("invalid_event", "x[0] must be a number, got a list [...]")
+    assert (
+        decoder.decode(large)
+        == decoder.decode(small)
+        == Rejection("invalid_event", "x[0] must be a number, got a list [...]")
+    )
     assert calls == [len(small)]
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"id": "c-1", "x": [' + b",".join(b"0.%017d" % i for i in range(400)) + b'], "y": 1}',
-    b'{"features": {' + b",".join(b'"f%d": %d' % (i, i % 2) for i in range(800)) + b'}, "y": 0}',
-    b'{"x": [' + b",".join([b"1", b"0"] * 1200) + b'], "source": "sensor-7"}',
-], ids=["dense", "features of 0 and 1", "0 and 1, a key of the producer's"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"id": "c-1", "x": [' + b",".join(b"0.%017d" % i for i in range(400)) + b'], "y": 1}',
+        b'{"features": {' + b",".join(b'"f%d": %d' % (i, i % 2) for i in range(800)) + b'}, "y": 0}',
+        b'{"x": [' + b",".join([b"1", b"0"] * 1200) + b'], "source": "sensor-7"}',
+    ],
+    ids=["dense", "features of 0 and 1", "0 and 1, a key of the producer's"],
+)
 def test_a_large_valid_event_decodes_as_on_the_fast_path(raw):
     assert len(raw) >= MODEL_FIRST_BYTES
-    assert repr(Decoder(1_000_000, 10_000).decode(raw)) == repr(Decoder(1_000_000, 10_000, model_first_bytes=len(raw) + 1).decode(raw))
-
+    assert repr(Decoder(1_000_000, 10_000).decode(raw)) == repr(
+        Decoder(1_000_000, 10_000, model_first_bytes=len(raw) + 1).decode(raw)
+    )

@@ -24,12 +24,19 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, ID_MAX, ID_MIN, dead_letter_record, dead_letter_value, publishable
 from perceptron_stream.learning import make_learner
 from perceptron_stream.wire.inputs import Decoder
 from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, REASONS, DeadLetter, Event, Rejection
-from perceptron_stream.wire.outputs import dead_letter
+from perceptron_stream.wire.outputs import (
+    DEAD_LETTER_ERROR_LIMIT,
+    ID_MAX,
+    ID_MIN,
+    dead_letter,
+    dead_letter_record,
+    dead_letter_value,
+    publishable,
+)
+
 from tests.support.hostile import MAX_BYTES, MAX_FEATURES, hostile_messages
 
 
@@ -44,7 +51,10 @@ def check_event(event: Event, raw: bytes, dimension_before: int | None) -> None:
     doc = json.loads(text)  # and JSON (Python's parser: the last duplicate key wins, as in the decoder)
     assert isinstance(doc, dict)
     assert event.y in (-1, 1, None)
-    assert doc.get("y") in (None, True, False, 0, 1, -1) and event.y == {None: None, True: 1, False: -1, 0: -1, 1: 1, -1: -1}[doc.get("y")]
+    assert (
+        doc.get("y") in (None, True, False, 0, 1, -1)
+        and event.y == {None: None, True: 1, False: -1, 0: -1, 1: 1, -1: -1}[doc.get("y")]
+    )
     assert event.id == doc.get("id") and (event.id is None or type(event.id) in (str, int))
     values = event.x if isinstance(event.x, list) else list(event.x.values())
     assert 1 <= len(values) <= MAX_FEATURES
@@ -81,7 +91,10 @@ def check_rejection(rejection: Rejection, raw: bytes | None) -> None:
     published = json.loads(dead_letter_value(rejection, raw, "points", 3, 17))
     assert len(published["error"]) <= DEAD_LETTER_ERROR_LIMIT
     assert {k: v for k, v in published.items() if k != "error"} == {k: v for k, v in letter.items() if k != "error"}
-    assert len(dead_letter_value(rejection, raw, "points", 3, 17)) <= 4 * DEAD_LETTER_RAW_LIMIT // 3 + 4 + DEAD_LETTER_ERROR_LIMIT * 6 + 300
+    assert (
+        len(dead_letter_value(rejection, raw, "points", 3, 17))
+        <= 4 * DEAD_LETTER_RAW_LIMIT // 3 + 4 + DEAD_LETTER_ERROR_LIMIT * 6 + 300
+    )
     # and as the service sends it: key + value within the input limit, the raw head cut to fit
     key, value = dead_letter_record(rejection, raw, b"key", "points", 3, 17, MAX_BYTES)
     assert len(key or b"") + len(value) <= MAX_BYTES
@@ -105,7 +118,9 @@ def check_message(decoder: Decoder, raw: bytes | None):
 
 
 # unit level -------------------------------------------------------------------
-FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @FUZZ
@@ -132,15 +147,22 @@ def test_one_decoder_through_a_hostile_stream(stream):
             learner.step(result.x, result.y)
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"x": [1.0], "id": 18446744073709551616}',  # 2**64: an Event whose prediction orjson cannot write
-    b'{"x": [1.0], "id": -9223372036854775809}',
-    b'{"features": {"' + b"k" * 3000 + b'": "a"}}',  # the error quotes the name: capped when published
-    '{"x": [1.0], "id": "\ud800"}'.encode("utf-8", "surrogatepass"),
-    '{"x": [1.0]}'.encode("utf-16"),
-    b'{"x": [1e400]}', b'{"x": [1.0], "x": [1e400]}', b'{"y": 1, "x": [1.0], "y": 5}',
-    b"[" * 100_000, b'{"x": [1.0]}\x00', b"\xef\xbb\xbf" + b'{"x": [1.0]}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"x": [1.0], "id": 18446744073709551616}',  # 2**64: an Event whose prediction orjson cannot write
+        b'{"x": [1.0], "id": -9223372036854775809}',
+        b'{"features": {"' + b"k" * 3000 + b'": "a"}}',  # the error quotes the name: capped when published
+        '{"x": [1.0], "id": "\ud800"}'.encode("utf-8", "surrogatepass"),
+        '{"x": [1.0]}'.encode("utf-16"),
+        b'{"x": [1e400]}',
+        b'{"x": [1.0], "x": [1e400]}',
+        b'{"y": 1, "x": [1.0], "y": 5}',
+        b"[" * 100_000,
+        b'{"x": [1.0]}\x00',
+        b"\xef\xbb\xbf" + b'{"x": [1.0]}',
+    ],
+)
 def test_known_hostile_messages(raw):
     check_message(Decoder(1_048_576, 10_000), raw)
 

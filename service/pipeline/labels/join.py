@@ -20,8 +20,22 @@ class Join:
     def __init__(self, outcome_topic: str, dlq_topic: str, max_message_bytes: int):
         self.outcome_topic, self.dlq_topic, self.max_message_bytes = outcome_topic, dlq_topic, max_message_bytes
 
-    def joined(self, label_id, y: int, point: dict, key, topic: str, partition: int, offset: int, at: float, learner,
-               send, tally, replica, models) -> None:
+    def joined(
+        self,
+        label_id,
+        y: int,
+        point: dict,
+        key,
+        topic: str,
+        partition: int,
+        offset: int,
+        at: float,
+        learner,
+        send,
+        tally,
+        replica,
+        models,
+    ) -> None:
         """Learn (x, y) with the current weights, count the published decision's outcome, publish it.
 
         ``point`` is the pending row (:meth:`~perceptron_stream.pipeline.labels.joiner.Joiner.keep`); ``topic``, ``partition``,
@@ -39,9 +53,25 @@ class Join:
         tally.label_outcomes.append("joined")
         delay = max(0.0, at - point["at"])  # 0: the label came first
         tally.delays.append(delay)
-        send(self.outcome_topic, key, outcome(label_id, y, point["y_pred"], point["score"], point["source"], topic,
-                                              partition, offset, delay, learner.updates, learner.seen, learner.mistakes,
-                                              replica))
+        send(
+            self.outcome_topic,
+            key,
+            outcome(
+                label_id,
+                y,
+                point["y_pred"],
+                point["score"],
+                point["source"],
+                topic,
+                partition,
+                offset,
+                delay,
+                learner.updates,
+                learner.seen,
+                learner.mistakes,
+                replica,
+            ),
+        )
 
     def dead_letter(self, value, key, topic, partition, offset, rejection: Rejection, send, tally) -> None:
         """A label (its record's value, key and position) rejected: a dead letter, counted by reason."""

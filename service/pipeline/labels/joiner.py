@@ -25,9 +25,20 @@ from perceptron_stream.wire.messages import Label, Rejection
 class Joiner:
     """One task's pending points and early labels, by input partition, and the join of the two."""
 
-    def __init__(self, open_table, *, ttl_seconds: float, max_pending: int, outcome_topic: str, dlq_topic: str,
-                 max_message_bytes: int, changelog=None, label_topic: str = "labels", grace_seconds: float = 300.0,
-                 max_early: int = 100_000):
+    def __init__(
+        self,
+        open_table,
+        *,
+        ttl_seconds: float,
+        max_pending: int,
+        outcome_topic: str,
+        dlq_topic: str,
+        max_message_bytes: int,
+        changelog=None,
+        label_topic: str = "labels",
+        grace_seconds: float = 300.0,
+        max_early: int = 100_000,
+    ):
         self.open_table, self.ttl_seconds, self.max_pending = open_table, ttl_seconds, max_pending
         self.label_topic = label_topic  # the label_source of a label joined when its point came
         self.grace_seconds, self.max_early = grace_seconds, max_early
@@ -62,12 +73,20 @@ class Joiner:
         return [p for p, t in self.tables.items() if t.early_count()]
 
     # points and labels ----------------------------------------------------
-    def keep(self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None) -> dict | None:
+    def keep(
+        self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None
+    ) -> dict | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
         predictions of it, which their own mistakes are scored by). Returns ``(point, label)`` when its label came
         first and waited (:meth:`join_early` joins them once the prediction is sent), else None."""
-        point = {"x": x, "y_pred": y_pred, "score": score, "version": version,
-                 "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset}, "at": r.timestamp / 1000}
+        point = {
+            "x": x,
+            "y_pred": y_pred,
+            "score": score,
+            "version": version,
+            "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset},
+            "at": r.timestamp / 1000,
+        }
         if challengers:
             point["challengers"] = challengers
         label = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
@@ -106,26 +125,78 @@ class Joiner:
         if got is None:  # its point has not come (or is gone): the label waits for it, up to the grace period
             if table.early_count() >= self.max_early:
                 for old in table.pop_early(most=table.early_count() - self.max_early + 1):
-                    self._let_go(old, f"more than --max-early-labels {self.max_early:,} labels waited for their point "
-                                      "in this partition: the oldest goes", send, tally, r.partition)
-            table.hold(label.id, {"id": label.id, "y": label.y, "offset": r.offset, "at": r.timestamp / 1000,
-                                  "key": None if r.key is None else base64.b64encode(r.key).decode(),
-                                  "value": r.value.decode()}, at=r.timestamp / 1000)
+                    self._let_go(
+                        old,
+                        f"more than --max-early-labels {self.max_early:,} labels waited for their point "
+                        "in this partition: the oldest goes",
+                        send,
+                        tally,
+                        r.partition,
+                    )
+            table.hold(
+                label.id,
+                {
+                    "id": label.id,
+                    "y": label.y,
+                    "offset": r.offset,
+                    "at": r.timestamp / 1000,
+                    "key": None if r.key is None else base64.b64encode(r.key).decode(),
+                    "value": r.value.decode(),
+                },
+                at=r.timestamp / 1000,
+            )
             tally.label_outcomes.append("early")
             return
         if got == "duplicate":
             tally.label_outcomes.append("duplicate")
-            return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, Rejection(
-                "duplicate", f"the point with id {label.id!r} was labeled already (or a label for it waits for it): a "
-                             "label is learned once"), send, tally)
-        self.join.joined(label.id, label.y, got, r.key, r.topic, r.partition, r.offset, r.timestamp / 1000, learner, send,
-                         tally, replica, models)
+            return self.join.dead_letter(
+                r.value,
+                r.key,
+                r.topic,
+                r.partition,
+                r.offset,
+                Rejection(
+                    "duplicate",
+                    f"the point with id {label.id!r} was labeled already (or a label for it waits for it): a "
+                    "label is learned once",
+                ),
+                send,
+                tally,
+            )
+        self.join.joined(
+            label.id,
+            label.y,
+            got,
+            r.key,
+            r.topic,
+            r.partition,
+            r.offset,
+            r.timestamp / 1000,
+            learner,
+            send,
+            tally,
+            replica,
+            models,
+        )
 
     def join_early(self, r, point: dict, label: dict, learner, send, tally, replica: dict | None, models=None) -> None:
         """A point whose label came first (``keep`` returned them), its prediction sent: joined now."""
         key = None if label["key"] is None else base64.b64decode(label["key"])
-        self.join.joined(label["id"], label["y"], point, key, self.label_topic, r.partition, label["offset"], label["at"],
-                         learner, send, tally, replica, models)
+        self.join.joined(
+            label["id"],
+            label["y"],
+            point,
+            key,
+            self.label_topic,
+            r.partition,
+            label["offset"],
+            label["at"],
+            learner,
+            send,
+            tally,
+            replica,
+            models,
+        )
 
     def expire_early(self, send, tally) -> int:
         """Labels still alone once their partition's points' stream time passed their time by the grace period:
@@ -138,25 +209,42 @@ class Joiner:
             cutoff = self.stream_time(partition) / 1000 - self.grace_seconds
             if at <= cutoff:
                 for label in table.pop_early(cutoff):
-                    self._let_go(label, f"no point came within --label-grace-seconds {self.grace_seconds:g} of stream "
-                                        "time after it", send, tally, partition)
+                    self._let_go(
+                        label,
+                        f"no point came within --label-grace-seconds {self.grace_seconds:g} of stream time after it",
+                        send,
+                        tally,
+                        partition,
+                    )
                     count += 1
         return count
 
     def early_due(self) -> bool:
         """Whether :meth:`expire_early` has a label to let go."""
-        return any((at := t.next_early()) is not None and at <= self.stream_time(p) / 1000 - self.grace_seconds
-                   for p, t in self.tables.items())
+        return any(
+            (at := t.next_early()) is not None and at <= self.stream_time(p) / 1000 - self.grace_seconds
+            for p, t in self.tables.items()
+        )
 
     def _let_go(self, label: dict, why: str, send, tally, partition: int) -> None:
         """An early label that will not be joined: dead-lettered ``unknown_id``, as a label whose point is unknown."""
-        error = (f"no pending point has id {label['id']!r} in partition {partition} ({why}; or its point expired after "
-                 f"{self.ttl_seconds:g} s, or was evicted beyond {self.max_pending:,} pending): send the label with its "
-                 "point's key")
+        error = (
+            f"no pending point has id {label['id']!r} in partition {partition} ({why}; or its point expired after "
+            f"{self.ttl_seconds:g} s, or was evicted beyond {self.max_pending:,} pending): send the label with its "
+            "point's key"
+        )
         tally.label_outcomes.append("unknown_id")
         key = None if label["key"] is None else base64.b64decode(label["key"])
-        self.join.dead_letter(label["value"].encode(), key, self.label_topic, partition, label["offset"],
-                              Rejection("unknown_id", error), send, tally)
+        self.join.dead_letter(
+            label["value"].encode(),
+            key,
+            self.label_topic,
+            partition,
+            label["offset"],
+            Rejection("unknown_id", error),
+            send,
+            tally,
+        )
 
     def expire(self, now: float, tally) -> None:
         for table in self.tables.values():
@@ -186,8 +274,11 @@ class Joiner:
             self.changelog.flush()
 
     def to_state(self) -> dict:
-        return {"lineage": self.lineage, "pending": {str(p): t.pending_count() for p, t in sorted(self.tables.items())},
-                "early": {str(p): t.early_count() for p, t in sorted(self.tables.items())}}
+        return {
+            "lineage": self.lineage,
+            "pending": {str(p): t.pending_count() for p, t in sorted(self.tables.items())},
+            "early": {str(p): t.early_count() for p, t in sorted(self.tables.items())},
+        }
 
     def saved(self, seq: int) -> None:
         self.epoch = seq + 1
@@ -197,8 +288,10 @@ class Joiner:
     def restore(self, seq: int, state: dict, partitions: list[int]) -> None:
         """The tables as they were at checkpoint ``seq`` (``state``: its ``to_state()``), for ``partitions``."""
         lineage = state.get("lineage", []) if isinstance(state, dict) else []
-        if not (isinstance(lineage, list) and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int and type(e[1]) is str
-                                                 for e in lineage)):
+        if not (
+            isinstance(lineage, list)
+            and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int and type(e[1]) is str for e in lineage)
+        ):
             raise CheckpointError("the checkpoint's pending-table lineage is malformed")
         self.lineage = lineage + [[seq + 1, self.run]]
         self.epoch = seq + 1
@@ -214,13 +307,17 @@ class Joiner:
                 table.rollback_to(seq)
             want = counts.get(str(partition)) if isinstance(counts, dict) else None
             if want is not None and want != table.pending_count():
-                raise CheckpointError(f"the pending table of partition {partition} holds {table.pending_count()} points, "
-                                      f"checkpoint {seq} says {want}: it is not that checkpoint's (restore the state whole)")
+                raise CheckpointError(
+                    f"the pending table of partition {partition} holds {table.pending_count()} points, "
+                    f"checkpoint {seq} says {want}: it is not that checkpoint's (restore the state whole)"
+                )
             early = state.get("early", {}) if isinstance(state, dict) else {}  # none in a checkpoint from before them
             want = early.get(str(partition)) if isinstance(early, dict) else None
             if want is not None and want != table.early_count():
-                raise CheckpointError(f"the pending table of partition {partition} holds {table.early_count()} early labels, "
-                                      f"checkpoint {seq} says {want}: it is not that checkpoint's (restore the state whole)")
+                raise CheckpointError(
+                    f"the pending table of partition {partition} holds {table.early_count()} early labels, "
+                    f"checkpoint {seq} says {want}: it is not that checkpoint's (restore the state whole)"
+                )
 
     def close(self) -> None:
         for table in self.tables.values():

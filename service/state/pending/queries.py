@@ -21,7 +21,7 @@ def rows_of(db: sqlite3.Connection, keys: list[str], columns: str) -> list[tuple
     """(id, ``columns``...) of the table's rows of ``keys``, a query per READ_AHEAD_CHUNK ids."""
     found = []
     for i in range(0, len(keys), READ_AHEAD_CHUNK):
-        chunk = keys[i:i + READ_AHEAD_CHUNK]
+        chunk = keys[i : i + READ_AHEAD_CHUNK]
         found += db.execute(f"SELECT id, {columns} FROM pending WHERE id IN ({','.join('?' * len(chunk))})", chunk)
     return found
 
@@ -33,11 +33,18 @@ def oldest(db: sqlite3.Connection, states: tuple[str, ...], cutoff: float) -> li
     alone scans the whole table (30 ms at 300,000 points), and expiry runs
     every batch.
     """
-    ranges = [db.execute("SELECT at, id, state FROM pending WHERE state = ? AND at < ? ORDER BY at LIMIT ?",
-                         (state, cutoff, EXPIRE_AT_ONCE)) for state in states]
+    ranges = [
+        db.execute(
+            "SELECT at, id, state FROM pending WHERE state = ? AND at < ? ORDER BY at LIMIT ?",
+            (state, cutoff, EXPIRE_AT_ONCE),
+        )
+        for state in states
+    ]
     return list(islice(heapq.merge(*ranges), EXPIRE_AT_ONCE))
 
 
 def oldest_pending(db: sqlite3.Connection, count: int) -> list[str]:
     """The ids of the ``count`` oldest pending points (ties in time: in the order they came)."""
-    return [k for (k,) in db.execute("SELECT id FROM pending WHERE state = 'pending' ORDER BY at, rowid LIMIT ?", (count,))]
+    return [
+        k for (k,) in db.execute("SELECT id FROM pending WHERE state = 'pending' ORDER BY at, rowid LIMIT ?", (count,))
+    ]

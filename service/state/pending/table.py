@@ -16,7 +16,6 @@ import heapq
 from pathlib import Path
 
 import orjson
-
 from perceptron_stream.state.pending.memory import OpenEpochRows
 from perceptron_stream.state.pending.queries import oldest, rows_of
 from perceptron_stream.state.pending.undo import EARLY, STATES, UndoTable, undo_value
@@ -84,7 +83,9 @@ class PendingTable:
     def _join_early(self, key: str, now: float) -> dict:
         """The early label of ``key``, its row now the labeled mark (a row of the table is replaced, logged for undo)."""
         label = self._early.pop(key)[1]
-        if self.memory.rows.pop(key, None) is None:  # not held in this epoch: the table's row is replaced, logged for undo
+        if (
+            self.memory.rows.pop(key, None) is None
+        ):  # not held in this epoch: the table's row is replaced, logged for undo
             self.memory.unverified.append(key)  # (looked up at the next write, with the other ids added)
         self._remember(key, "labeled", now, None)
         return orjson.loads(label)
@@ -280,8 +281,10 @@ class PendingTable:
             raise RuntimeError("changed() needs a PendingTable made with track_changes=True")
         self.flush()
         keys = sorted(self.disk.changed)
-        rows = {key: [state, at, point.decode() if point else None]
-                for key, state, at, point in rows_of(self.disk.db, keys, "state, at, point")}
+        rows = {
+            key: [state, at, point.decode() if point else None]
+            for key, state, at, point in rows_of(self.disk.db, keys, "state, at, point")
+        }
         return [(key, rows.get(key)) for key in keys]
 
     def load(self, rows: dict[str, list], epoch: int) -> None:

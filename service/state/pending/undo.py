@@ -19,7 +19,6 @@ import sqlite3
 from pathlib import Path
 
 import orjson
-
 from perceptron_stream.state.pending.queries import oldest_pending
 
 #: How many checkpoints back a restore may go (the stores keep the last 3).
@@ -125,8 +124,10 @@ class UndoTable:
         for key in replacing:
             self.log(key)
         epoch = self.epoch
-        self.db.executemany("INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
-                            ((k, state, at, point, epoch) for k, (state, at, point, _) in rows.items()))
+        self.db.executemany(
+            "INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
+            ((k, state, at, point, epoch) for k, (state, at, point, _) in rows.items()),
+        )
         if self.changed is not None:
             self.changed.update(rows)
 
@@ -167,13 +168,17 @@ class UndoTable:
         """Undo every change made after checkpoint ``seq`` (0: since the table was created)."""
         self.commit()
         self.begin()
-        for key, old in self.db.execute("SELECT id, old FROM undo WHERE epoch > ? ORDER BY seq DESC", (seq,)).fetchall():
+        for key, old in self.db.execute(
+            "SELECT id, old FROM undo WHERE epoch > ? ORDER BY seq DESC", (seq,)
+        ).fetchall():
             if old is None:
                 self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
             else:
                 state, at, point, *epoch = orjson.loads(old)  # no epoch: an entry from before the column
-                self.db.execute("INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
-                                (key, state, at, None if point is None else point.encode(), epoch[0] if epoch else 0))
+                self.db.execute(
+                    "INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
+                    (key, state, at, None if point is None else point.encode(), epoch[0] if epoch else 0),
+                )
         self.db.execute("DELETE FROM undo WHERE epoch > ?", (seq,))
         # rows made after checkpoint seq (never logged): a scan, but a restore is rare and an index on epoch
         # would cost every add and take
@@ -187,7 +192,9 @@ class UndoTable:
         self.begin()
         self.db.execute("DELETE FROM pending")
         self.db.execute("DELETE FROM undo")
-        self.db.executemany("INSERT INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
-                            ((k, st, at, None if point is None else point.encode(), epoch - 1) for k, (st, at, point) in rows.items()))
+        self.db.executemany(
+            "INSERT INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
+            ((k, st, at, None if point is None else point.encode(), epoch - 1) for k, (st, at, point) in rows.items()),
+        )
         self._open_epoch(epoch)
         self.commit()

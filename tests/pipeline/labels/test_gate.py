@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from perceptron_stream.pipeline.labels import LabelGate
 from perceptron_stream.pipeline.task import Tally, TaskSet
+
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 

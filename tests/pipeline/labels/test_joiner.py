@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.task import Tally
+
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 
@@ -20,9 +20,16 @@ def test_a_label_before_its_point_waits_and_is_joined_right_after_the_points_pre
     task.process([point(0, "a", ms=900), point(1, "b", ms=950)], sent, tally)
     assert [t for t, _, _ in sent] == ["predictions", "outcomes", "predictions"]  # the decision first, then its outcome
     prediction, outcome = sent[0][2], sent[1][2]
-    assert (outcome["id"], outcome["y"], outcome["y_pred"], outcome["score"]) == ("a", 1, prediction["y_pred"], prediction["score"])
+    assert (outcome["id"], outcome["y"], outcome["y_pred"], outcome["score"]) == (
+        "a",
+        1,
+        prediction["y_pred"],
+        prediction["score"],
+    )
     assert outcome["label_source"] == {"topic": "labels", "partition": 0, "offset": 0} and sent[1][1] == b"a"
-    assert outcome["source"] == {"topic": "points", "partition": 0, "offset": 0} and outcome["delay_seconds"] == pytest.approx(0.1)
+    assert outcome["source"] == {"topic": "points", "partition": 0, "offset": 0} and outcome[
+        "delay_seconds"
+    ] == pytest.approx(0.1)
     assert task.learner.labeled == 1 and task.learner.seen == 2 and joiner.early() == 0 and joiner.pending() == 1
     assert tally.label_outcomes == ["early", "joined"] and tally.labeled == 1
 
@@ -64,7 +71,11 @@ def test_beyond_max_early_labels_the_oldest_is_dead_lettered_at_once():
     task, sent, tally = make_task(joiner), Sent(), Tally()
     task.process([label(i, f"p{i}", 1, ms=1_000 + i) for i in range(3)], sent, tally)
     [letter] = sent.on("dlq")
-    assert letter["reason"] == "unknown_id" and letter["source"]["offset"] == 0 and "--max-early-labels 2" in letter["error"]
+    assert (
+        letter["reason"] == "unknown_id"
+        and letter["source"]["offset"] == 0
+        and "--max-early-labels 2" in letter["error"]
+    )
     assert joiner.early() == 2
     task.process([point(0, "p1", ms=900), point(1, "p2", ms=901), point(2, "p0", ms=902)], sent, tally)
     assert [o["id"] for o in sent.on("outcomes")] == ["p1", "p2"] and joiner.pending() == 1

@@ -15,7 +15,9 @@ def test_changes_after_a_checkpoint_are_undone_and_the_first_change_of_an_old_ro
     table.checkpoint(1)
     assert table.epoch == 2 and table.changed == set()
     table.mark_labeled([(3.0, 2, "s:a")], [(2, "s:a", b'["pending", 1.0, "{}", 1]')])
-    table.delete("s:a")  # changed in this epoch already: logged once, the value at the checkpoint is what a restore needs
+    table.delete(
+        "s:a"
+    )  # changed in this epoch already: logged once, the value at the checkpoint is what a restore needs
     table.delete("s:b")
     table.put({"s:c": ("pending", 4.0, b"{}", 3)}, replacing=set())
     assert table.changed == {"s:a", "s:b", "s:c"}
@@ -33,7 +35,9 @@ def test_a_checkpoint_purges_undo_older_than_a_store_keeps():
         table.checkpoint(seq)
         table.put({"s:a": ("pending", float(seq), b"{}", 1)}, replacing={"s:a"})
     epochs = [e for (e,) in table.db.execute("SELECT epoch FROM undo ORDER BY epoch")]
-    assert epochs == list(range(last - KEEP_EPOCHS + 1, last + 2))  # the last KEEP_EPOCHS checkpoints', and the open one
+    assert epochs == list(
+        range(last - KEEP_EPOCHS + 1, last + 2)
+    )  # the last KEEP_EPOCHS checkpoints', and the open one
 
 
 def test_load_replaces_everything_as_of_a_checkpoint():
