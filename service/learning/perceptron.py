@@ -137,10 +137,10 @@ def _dot(w: list[float], m: Perceptron | None, x: list | dict) -> float:
     """
     if m is None:
         ws, vals = w, x
-    elif m._keys[: len(x)] == list(x):
+    elif m.features[: len(x)] == list(x):
         ws, vals = w, x.values()
     else:
-        ws, vals = map(w.__getitem__, map(m._index.__getitem__, x)), x.values()
+        ws, vals = map(w.__getitem__, map(m.feature_index.__getitem__, x)), x.values()
     return _sum(map(mul, ws, vals))
 
 
@@ -148,8 +148,8 @@ def _update(w: list[float], m: Perceptron | None, x: list | dict, y: float) -> N
     """w += y·x (``m`` as in :func:`_dot`).  river computes w - x·(-y): for y = ±1, the floats of w ± x."""
     n = len(x)
     if m is not None:
-        if m._keys[:n] != list(x):
-            idx = m._index
+        if m.features[:n] != list(x):
+            idx = m.feature_index
             for k, v in x.items():
                 w[idx[k]] += y * v
             return
@@ -222,9 +222,9 @@ class Perceptron(base.Classifier):
         self.margin = margin
         self.max_features = max_features  # most features the model holds (None: no cap)
         self._thr = float(margin)  # update when y·score <= _thr (0 for every variant but margin)
-        self._keys: list = []  # position -> feature
-        self._index: dict = {}  # feature -> position
-        self._dense = 0  # _keys[i] == i for every i < _dense: lists index positions directly
+        self.features: list = []  # position -> feature
+        self.feature_index: dict = {}  # feature -> position
+        self._dense = 0  # features[i] == i for every i < _dense: lists index positions directly
         self._mode = VARIANTS.index(variant) % 3  # 0: plain/margin, 1: averaged, 2: pocket
         self._fast = 0 if self._mode == 0 else -1  # lists of up to _fast values take step's fast path
         self._bool_labels = False  # predict_one answers bools (learn_one's last label was one)
@@ -270,7 +270,7 @@ class Perceptron(base.Classifier):
         try:
             s = _dot(self._w, m, x) + self._b
         except KeyError:  # unknown features weigh 0: leave them out
-            x = {k: v for k, v in x.items() if k in self._index}
+            x = {k: v for k, v in x.items() if k in self.feature_index}
             s = _dot(self._w, m, x) + self._b
         if self._mode == 1:
             return s - (_dot(self._u, m, x) + self._ub) / self._c
@@ -309,7 +309,7 @@ class Perceptron(base.Classifier):
         >>> p.knows_none_of([1.0, 2.0]), p.knows_none_of({"x1": 1.0, "x3": 0.5}), Perceptron().knows_none_of([1.0])
         (True, False, False)
         """
-        index = self._index
+        index = self.feature_index
         if not index:
             return False
         if type(x) is list:
@@ -381,7 +381,7 @@ class Perceptron(base.Classifier):
         try:
             s = _dot(w, m, x) + self._b
         except KeyError:  # new features: rare, so the label is checked in full before any is registered
-            x = self._admit(x, y)
+            x = self.admit(x, y)
             s = _dot(w, m, x) + self._b
         ys = None if y is None else y * s
         if ys is not None and ys <= self._thr:
@@ -535,18 +535,18 @@ class Perceptron(base.Classifier):
         return (y_pred, score, mistake)
 
     def _known(self, x: dict | Any, y: int | None) -> dict:
-        """x as a dict of features the model holds (see :meth:`_admit`)."""
+        """x as a dict of features the model holds (see :meth:`admit`)."""
         x = _as_dict(x)
-        if all(map(self._index.__contains__, x)):
+        if all(map(self.feature_index.__contains__, x)):
             return x
-        return self._admit(x, y)
+        return self.admit(x, y)
 
     # --------------------------------------------------------------- features
     # Only two places register features, both off the hot path (an event with a
-    # feature the model does not know yet): _admit (dicts) and _fit_list (lists
+    # feature the model does not know yet): admit (dicts) and _fit_list (lists
     # longer than the known positions).  So the cap costs nothing per event.
 
-    def _admit(self, x: dict, y: int | None) -> dict:
+    def admit(self, x: dict, y: int | None) -> dict:
         """The part of x the model takes, after registering what it may.
 
         Unlabeled (``y`` None): only the features it knows, nothing registered.
@@ -554,14 +554,14 @@ class Perceptron(base.Classifier):
         holds fewer than ``max_features``; the rest are left out and counted in
         ``dropped_features``.  The label is checked before anything changes.
         """
-        idx = self._index
+        idx = self.feature_index
         if y is None:
             return {k: v for k, v in x.items() if k in idx}
         if y != 1 and y != -1:
             raise _bad_label(y)
         new = [k for k in x if k not in idx]
         cap = self.max_features
-        room = len(new) if cap is None else max(cap - len(self._keys), 0)
+        room = len(new) if cap is None else max(cap - len(self.features), 0)
         for k in new[:room]:
             self._add_feature(k)
         if room >= len(new):
@@ -570,7 +570,7 @@ class Perceptron(base.Classifier):
         return {k: v for k, v in x.items() if k in idx}
 
     def _fit_list(self, x: list, y: int | None) -> list | dict:
-        """A list longer than the known positions, as the model takes it (as :meth:`_admit` does for dicts).
+        """A list longer than the known positions, as the model takes it (as :meth:`admit` does for dicts).
 
         A list when the model's features are all positions: cut to the known
         ones (unlabeled, or past the cap: the rest dropped and counted), after
@@ -580,7 +580,7 @@ class Perceptron(base.Classifier):
         n, d = len(x), self._dense
         if n <= d:
             return x
-        if d != len(self._keys):  # a name sits at position d
+        if d != len(self.features):  # a name sits at position d
             return _as_dict(x)
         if y is None:
             return x[:d]
@@ -597,9 +597,9 @@ class Perceptron(base.Classifier):
         return x
 
     def _add_feature(self, k: Any) -> int:
-        i = len(self._keys)
-        self._keys.append(k)
-        self._index[k] = i
+        i = len(self.features)
+        self.features.append(k)
+        self.feature_index[k] = i
         for arr in (self._w, self._u, self._p):
             arr.append(0.0)
         if k == i and type(k) is int and self._dense == i:
@@ -631,7 +631,7 @@ class Perceptron(base.Classifier):
         >>> later()
         ([0], [0.5], 0.5)
         """
-        keys = self._keys.copy()
+        keys = self.features.copy()
         if self._mode == 1:
             w, u, c, b, ub = self._w.copy(), self._u.copy(), self._c, self._b, self._ub
             return lambda: (keys, [wi - ui / c for wi, ui in zip(w, u)], b - ub / c)
@@ -642,7 +642,7 @@ class Perceptron(base.Classifier):
     @property
     def weights(self) -> dict:
         """Feature → weight of the predicting weights."""
-        return dict(zip(self._keys, self._predicting()[0]))
+        return dict(zip(self.features, self._predicting()[0]))
 
     @property
     def bias(self) -> float:
@@ -697,7 +697,7 @@ class Perceptron(base.Classifier):
         ``max_features`` (absent: None, no cap) and the ``dropped_features``
         counter (absent: 0).
         """
-        for k in self._keys:
+        for k in self.features:
             if type(k) not in (str, int):
                 raise ValueError(f"cannot checkpoint feature name {k!r}: names must be str or int")
         state: dict[str, Any] = {
@@ -706,7 +706,7 @@ class Perceptron(base.Classifier):
             "variant": self.variant,
             "margin": self.margin,
             "max_features": self.max_features,
-            "features": list(self._keys),
+            "features": list(self.features),
             "weights": list(self._w),
             "bias": self._b,
             "max_norm": self._xmax,
