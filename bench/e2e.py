@@ -514,7 +514,7 @@ class Service:
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
         env["PYTHONPATH"] = str(tree)
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 — the service's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
             cwd=tree,
@@ -598,7 +598,7 @@ class Ceiling:
         log_path: Path,
     ):
         self.log_path = log_path
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 — the producer's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -878,7 +878,7 @@ def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
     """
     return [
         (s, r)
-        for s, r in zip(runs, runs[1:])
+        for s, r in itertools.pairwise(runs)
         if s["name"] == s.get("rate_of") == r.get("rate_of") != r["name"] and s["p99_ms"] is not None and r["p99_ms"]
     ]
 

@@ -83,7 +83,7 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
         from itertools import chain
 
         later = [labels[i : i + 1000] for i in range(0, len(labels), 1000)]
-        batches = list(chain.from_iterable(zip(batches, [[]] + later[:-1]))) + [later[-1]]
+        batches = [*chain.from_iterable(zip(batches, [[], *later[:-1]])), later[-1]]
 
     every = app.settings.checkpoint_interval_events
     seq = 0

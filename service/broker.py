@@ -86,9 +86,9 @@ class EmbeddedBroker:
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
         url, advertised = f"tcp://{self.host}:{self.port}", f"tcp://{self.host}:{self.advertised_port}"
         if self.log_path is None:
-            self._log_file = tempfile.TemporaryFile()
+            self._log_file = tempfile.TemporaryFile()  # noqa: SIM115 — the broker's log for its life: stop() closes it
         else:
-            self._log_file = open(self.log_path, "ab")
+            self._log_file = open(self.log_path, "ab")  # noqa: SIM115 — as above
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         self.process = subprocess.Popen(
             [

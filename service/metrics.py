@@ -85,7 +85,7 @@ def observe_many(histogram: Histogram, value: float, count: int) -> None:
     if count <= 0:
         return
     try:
-        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum  # noqa: SLF001 — prometheus-client has no weighted observe
     except AttributeError:  # pragma: no cover - another prometheus-client layout
         for _ in range(count):
             histogram.observe(value)
@@ -107,7 +107,7 @@ def observe_all(histogram: Histogram, values: list[float]) -> None:
     if not values:
         return
     try:
-        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum  # noqa: SLF001 — as observe_many
     except AttributeError:  # pragma: no cover - another prometheus-client layout
         for value in values:
             histogram.observe(value)

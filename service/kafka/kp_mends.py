@@ -89,7 +89,7 @@ class _RejectionsAreFinal(KafkaConnectionManager):
 
     async def _build_transport(self, node, timeout_at=None):
         transport = await super()._build_transport(node, timeout_at=timeout_at)
-        transport._sock_recv = functools.partial(_recv_then_eof, transport._sock_recv)
+        transport._sock_recv = functools.partial(_recv_then_eof, transport._sock_recv)  # noqa: SLF001 — the mend wraps kafka-python's socket read, which it keeps private
         return transport
 
     def maybe_raise_auth_failure(self, node_id):
@@ -212,7 +212,7 @@ def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
                 sender.force_close()
             except Exception:  # pragma: no cover - best effort on a broken client
                 log.debug("forcing the producer's sender down failed", exc_info=True)
-        producer._closed = True  # what close() would have set: no second attempt at garbage collection
+        producer._closed = True  # noqa: SLF001 — what close() would have set: no second attempt at garbage collection
 
 
 def close_consumer(consumer: KafkaConsumer, **options) -> None:
@@ -276,9 +276,9 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     drain = fetcher.fetched_records
 
     def fetched_records(*args, **kwargs):
-        in_line = fetcher._next_partition_records
+        in_line = fetcher._next_partition_records  # noqa: SLF001 — the fetcher's line of records is what the mend clears
         if in_line is not None and not in_line:
-            fetcher._next_partition_records = None
+            fetcher._next_partition_records = None  # noqa: SLF001 — see above
         return drain(*args, **kwargs)
 
     fetcher.fetched_records = fetched_records
@@ -316,7 +316,7 @@ def _failed_batches_are_fetched_again(consumer: KafkaConsumer) -> None:
         try:
             return drain(*args, **kwargs)
         except Exception:
-            failed, fetcher._next_partition_records = fetcher._next_partition_records, None
+            failed, fetcher._next_partition_records = fetcher._next_partition_records, None  # noqa: SLF001 — the failed batch the fetcher keeps in line
             if failed is not None:
                 failed.drain()
             raise
@@ -352,6 +352,6 @@ def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None
     need_rejoin = coordinator.need_rejoin
 
     def rejoin_needed_while_a_join_is_held():
-        return coordinator._join_task is not None or need_rejoin()
+        return coordinator._join_task is not None or need_rejoin()  # noqa: SLF001 — the join in flight, kept private by kafka-python
 
     coordinator.need_rejoin = rejoin_needed_while_a_join_is_held

@@ -202,10 +202,8 @@ class DriftWatch:
             recent.append(m)
             self._in_window += m
             if (
-                (self._episode >= self.window
-                and self._in_window <= self._settled_at * self.window)
-                or self._episode >= self.limit
-            ):
+                self._episode >= self.window and self._in_window <= self._settled_at * self.window
+            ) or self._episode >= self.limit:
                 self._episode = None  # settled: the detector's next detection is a new drift
         return found
 

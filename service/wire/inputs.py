@@ -34,7 +34,7 @@ import functools
 import sys
 from collections.abc import Callable
 from math import hypot
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any
 
 import msgspec
 import orjson
@@ -61,18 +61,18 @@ def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | 
     value = Annotated[float, msgspec.Meta(ge=-max_feature_value, le=max_feature_value)]
     most = min(max_features, sys.maxsize)  # msgspec's lengths are C sizes; no list is longer anyway
     if dimension is None:
-        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=1, max_length=most)]]
+        dense = Annotated[list[value], msgspec.Meta(min_length=1, max_length=most)] | None
     elif 1 <= dimension <= max_features:
-        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)]]
+        dense = Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)] | None
     else:  # a checkpoint's dimension beyond today's --max-features (or none a dense event can have): the model says why
         dense = None
     event = msgspec.defstruct(
         "FastEvent",
         [
-            ("id", Union[str, int, None], None),
+            ("id", str | int | None, None),
             ("x", dense, None),
-            ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)]], None),
-            ("y", Union[bool, int, None], None),
+            ("features", Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)] | None, None),
+            ("y", bool | int | None, None),
         ],
         forbid_unknown_fields=True,
     )

@@ -293,7 +293,7 @@ class Joiner:
             and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int and type(e[1]) is str for e in lineage)
         ):
             raise CheckpointError("the checkpoint's pending-table lineage is malformed")
-        self.lineage = lineage + [[seq + 1, self.run]]
+        self.lineage = [*lineage, [seq + 1, self.run]]
         self.epoch = seq + 1
         counts = state.get("pending", {}) if isinstance(state, dict) else {}
         for partition in partitions:
