@@ -228,7 +228,7 @@ def test_the_rate_limit_schedules_events_at_the_rate():
         times.append(clock())
         clock.now += 0.001  # the send itself takes a millisecond: the limiter absorbs it
     assert times[-1] - start == pytest.approx(1000 / 250)
-    assert all(b - a == pytest.approx(1 / 250) for a, b in zip(times, times[1:]))
+    assert all(b - a == pytest.approx(1 / 250) for a, b in itertools.pairwise(times))
 
 
 def test_the_rate_limit_does_not_burst_after_falling_behind():

@@ -1,6 +1,5 @@
 """README.md stays true to the code: settings, commands, metrics and the test command."""
 
-
 from perceptron_stream.cli import COMMANDS
 from perceptron_stream.config import ServeSettings, env_var, flag
 from perceptron_stream.metrics import ServiceMetrics

@@ -29,6 +29,7 @@ import sysconfig
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path, PurePosixPath
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -668,7 +669,7 @@ def test_dockerfile_env_names_are_settings(monkeypatch):
 
 class _Health(BaseHTTPRequestHandler):
     status = 200
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []  # the paths asked, across the server's handler instances
 
     def do_GET(self):
         type(self).seen.append(self.path)

@@ -33,25 +33,25 @@ def _metric(port: int, name: str) -> float | None:
 
 def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
     port = free_port()
-    out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "demo",
-            "--duration",
-            "20",
-            "--no-live",
-            "--metrics-port",
-            str(port),
-            "--rate",
-            "1000",
-        ],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
+    with open(tmp_path / "demo.out", "w") as out:  # the demo writes to its own copy of the descriptor
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "perceptron_stream.cli",
+                "demo",
+                "--duration",
+                "20",
+                "--no-live",
+                "--metrics-port",
+                str(port),
+                "--rate",
+                "1000",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
     try:
 
         def metric(name):
@@ -156,26 +156,26 @@ def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path
     import signal
 
     port = free_port()
-    out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "demo",
-            "--delayed-labels",
-            "--duration",
-            "120",
-            "--no-live",
-            "--metrics-port",
-            str(port),
-            "--rate",
-            "1000",
-        ],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
+    with open(tmp_path / "demo.out", "w") as out:  # the demo writes to its own copy of the descriptor
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "perceptron_stream.cli",
+                "demo",
+                "--delayed-labels",
+                "--duration",
+                "120",
+                "--no-live",
+                "--metrics-port",
+                str(port),
+                "--rate",
+                "1000",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
     try:
         try:
             wait_until(

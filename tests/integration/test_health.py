@@ -28,7 +28,7 @@ def test_not_ready_while_the_broker_is_unreachable_but_alive(tmp_path, topics, s
 
     service = service_thread(settings_args(Nowhere, topics, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 503, 10, what="readyz 503")
-    status, body = http_get(service.metrics_url + "/readyz")
+    _, body = http_get(service.metrics_url + "/readyz")
     assert json.loads(body) == {
         "ok": False,
         "partitions_assigned": False,
@@ -56,7 +56,7 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
     last_turn = "perceptron_poll_loop_last_turn_timestamp_seconds"
     assert metric(service.metrics_url, last_turn) > time.time() - 1.0  # turning
     service.app.stream.poll = stuck_poll  # the loop blocks inside poll, as on a hung client
-    status, body = wait_until(
+    _, body = wait_until(
         lambda: (lambda r: r if r[0] == 503 else None)(http_get(service.metrics_url + "/healthz")),
         10,
         what="healthz 503",

@@ -38,7 +38,7 @@ def _metric(url: str, name: str) -> float:
 def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_publishes(
     broker, topics, tmp_path, service_thread
 ):
-    events = _events(3000, seed=81) + [{"id": "u", "x": [0.1] * 5}]  # and one unlabeled
+    events = [*_events(3000, seed=81), {"id": "u", "x": [0.1] * 5}]  # and one unlabeled
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events)
     args = settings_args(broker, topics, tmp_path, challengers="averaged,pocket,margin:0.5")

@@ -227,7 +227,7 @@ def test_topics_are_created_with_the_configured_partitions(broker, topics, tmp_p
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
     try:
         for name in ("input_topic", "output_topic", "dlq_topic"):
-            assert wait_until(lambda: consumer.partitions_for_topic(topics[name]), 30, what=name) == {0, 1, 2}
+            assert wait_until(lambda name=name: consumer.partitions_for_topic(topics[name]), 30, what=name) == {0, 1, 2}
     finally:
         consumer.close()
         service.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
@@ -157,7 +158,7 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
         watcher.stop()
     saved = final_checkpoint(args, "local")
 
-    code = exit_code(args + ["--variant", "averaged"], tmp_path / "serve-2.log")
+    code = exit_code([*args, "--variant", "averaged"], tmp_path / "serve-2.log")
     log = (tmp_path / "serve-2.log").read_text()
     assert code == 1, log[-3000:]
     assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[
@@ -333,7 +334,7 @@ def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_s
 
 
 class _NONE:  # a stand-in for "no checkpoint yet" in the waits above
-    positions: dict = {}
+    positions: ClassVar[dict] = {}
 
 
 # no store -------------------------------------------------------------------

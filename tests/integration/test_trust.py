@@ -117,7 +117,7 @@ def _check_refused_then_start_over(broker, topics, tmp_path, events) -> str:
 
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        run_to_the_end(args + ["--start-over"], watcher, len(events), tmp_path / "serve-3.log")
+        run_to_the_end([*args, "--start-over"], watcher, len(events), tmp_path / "serve-3.log")
         watcher.settle()
     finally:
         by_source = watcher.stop()

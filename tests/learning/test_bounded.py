@@ -74,7 +74,7 @@ def test_the_cap_drops_and_counts_the_new_features_of_labeled_events(variant, st
     m.step({"a": 1.0, "b": 2.0}, 1)
     m.step({"c": 1.0, "d": 2.0, "a": 1.0, "e": 1.0}, -1)  # room for c only: d and e dropped
     assert (_features(m), m.dropped_features) == (["a", "b", "c"], 2)
-    y_pred, score, mistake = m.step({"f": 9.0}, 1)  # nothing known: learned as an empty event (bias only)
+    _, _, mistake = m.step({"f": 9.0}, 1)  # nothing known: learned as an empty event (bias only)
     assert m.dropped_features == 3 and mistake is not None
     assert _features(m) == ["a", "b", "c"] and (_scaler_names(m) in (None, ["a", "b", "c"]))
     m.step({"g": 1.0}, None)  # unlabeled: never counted, never added

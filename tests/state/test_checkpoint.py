@@ -274,7 +274,7 @@ def test_local_falls_back_to_the_newest_good_checkpoint(tmp_path, caplog):
     store = LocalStore(tmp_path, "g")
     for seq in (1, 2, 3):
         store.save(_checkpoint(seq))
-    newest, middle, oldest = store.files("model")
+    newest, middle, _oldest = store.files("model")
     newest.write_bytes(newest.read_bytes()[:100])  # cut short
     assert store.load("model", OWNER).seq == 2
     assert (
@@ -478,7 +478,7 @@ def test_a_checkpoint_too_large_for_a_record_names_the_cause():
     store = KafkaStore(topic, "g")
     names = [f"feature-number-{i:08d}" for i in range(600_000)]
     model = {"kind": "perceptron", "features": names, "weights": [0.123456789] * len(names)}
-    with pytest.raises(CheckpointTooLargeError, match="600,000 features.*--max-model-features"):
+    with pytest.raises(CheckpointTooLargeError, match=r"600,000 features.*--max-model-features"):
         store.save(Checkpoint(seq=1, positions={}, model=model, owner=OWNER))
     assert not topic.records
 

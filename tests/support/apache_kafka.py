@@ -300,7 +300,7 @@ class ApacheKafka:
         )
         if fmt.returncode != 0:
             raise ApacheKafkaError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
-        self._stdout = open(self.root / "stdout.log", "ab")
+        self._stdout = open(self.root / "stdout.log", "ab")  # noqa: SIM115 — the broker's output for its life: stop() closes it
         self.process = subprocess.Popen(
             [*java, "kafka.Kafka", str(config)],
             stdin=subprocess.DEVNULL,

@@ -40,14 +40,14 @@ def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> s
 
     ``preexec_fn`` runs in the child before the service starts (e.g. to lower
     its open-files limit)."""
-    log = open(log_path, "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        preexec_fn=preexec_fn,
-    )
+    with open(log_path, "ab") as log:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            preexec_fn=preexec_fn,
+        )
 
 
 class ServiceThread:

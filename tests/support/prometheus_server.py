@@ -212,7 +212,7 @@ class PrometheusServer:
         last_error = ""
         for _attempt in range(5):  # another process may take the free port before we bind it
             self.port = free_port()
-            self._log = open(self.log_path, "ab")
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 — Prometheus's log for its life: stop() closes it
             self.process = subprocess.Popen(
                 [
                     binary,

@@ -51,10 +51,9 @@ def check_event(event: Event, raw: bytes, dimension_before: int | None) -> None:
     doc = json.loads(text)  # and JSON (Python's parser: the last duplicate key wins, as in the decoder)
     assert isinstance(doc, dict)
     assert event.y in (-1, 1, None)
-    assert (
-        doc.get("y") in (None, True, False, 0, 1, -1)
-        and event.y == {None: None, True: 1, False: -1, 0: -1, 1: 1, -1: -1}[doc.get("y")]
-    )
+    y = doc.get("y")
+    assert y is None or (type(y) in (bool, int) and y in (1, 0, -1))  # null, true/false, 1/0/-1: never 1.0 nor "1"
+    assert event.y == (None if y is None else 1 if y == 1 else -1)  # true and 1 are +1; false, 0 and -1 are -1
     assert event.id == doc.get("id") and (event.id is None or type(event.id) in (str, int))
     values = event.x if isinstance(event.x, list) else list(event.x.values())
     assert 1 <= len(values) <= MAX_FEATURES
