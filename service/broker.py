@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class EmbeddedBroker:
         self.advertised_port = advertised_port or self.port
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:

@@ -12,6 +12,7 @@ import math
 import time
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
 from functools import partial
 from itertools import islice
 
@@ -120,7 +121,9 @@ def observe_all(histogram: Histogram, values: list[float]) -> None:
 class ServiceMetrics:
     """The service's metrics, named by Prometheus conventions (``perceptron_`` prefix, base units)."""
 
-    def __init__(self, *, window: int, version: str, variant: str, scope: str = "group", challengers: list[str] = ()):
+    def __init__(
+        self, *, window: int, version: str, variant: str, scope: str = "group", challengers: Sequence[str] = ()
+    ):
         self.registry = registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)

@@ -145,7 +145,7 @@ class Refused(NamedTuple):
     topic: str
     key: bytes | None
     value: bytes
-    error: Exception
+    error: BaseException | None  # None: the client gave no reason
 
 
 class Stream(Protocol):

@@ -26,6 +26,7 @@ import ssl
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import kafka.errors as kerrors
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -80,11 +81,13 @@ class _RejectionsAreFinal(KafkaConnectionManager):
         if conn not in self._watched:
             self._watched.add(conn)
             conn.init_future.add_callback(lambda _: self._rejected.pop(node_id, None))
-            conn.init_future.add_errback(
-                lambda error: (
-                    (rejection := _rejection(error)) is not None and self._rejected.__setitem__(node_id, rejection)
-                )
-            )
+
+            def remember_rejection(error):
+                rejection = _rejection(error)
+                if rejection is not None:
+                    self._rejected[node_id] = rejection
+
+            conn.init_future.add_errback(remember_rejection)
         return conn
 
     async def _build_transport(self, node, timeout_at=None):
@@ -268,7 +271,7 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     parked records back. Proved by tests/integration/test_delayed_labels.py
     (labels held until their points come) and bench/e2e.py.
     """
-    fetcher = getattr(consumer, "_fetcher", None)
+    fetcher: Any = getattr(consumer, "_fetcher", None)  # kafka-python's, untyped
     if not all(
         hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records", "_paused_partition_records")
     ):
@@ -307,7 +310,7 @@ def _failed_batches_are_fetched_again(consumer: KafkaConsumer) -> None:
     issue 29). Proved by tests/integration/test_reading.py (records in a
     codec the client cannot read: every poll fails, none spins).
     """
-    fetcher = getattr(consumer, "_fetcher", None)
+    fetcher: Any = getattr(consumer, "_fetcher", None)  # kafka-python's, untyped
     if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records")):
         return
     drain = fetcher.fetched_records
@@ -346,7 +349,7 @@ def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None
     upstream issue found. Proved on Apache Kafka by the integration tests
     that wait for an assignment (tests/support/service.py wait_assigned).
     """
-    coordinator = getattr(consumer, "_coordinator", None)
+    coordinator: Any = getattr(consumer, "_coordinator", None)  # kafka-python's, untyped
     if not hasattr(coordinator, "_join_task") or not callable(getattr(coordinator, "need_rejoin", None)):
         return
     need_rejoin = coordinator.need_rejoin

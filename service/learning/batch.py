@@ -263,7 +263,7 @@ def train_report(
     except ValueError:  # w = 0 and b = 0
         aug = None
     R = radius(X, intercept)
-    report = {
+    report: dict[str, Any] = {
         "algorithm": algorithm,
         "order": order,
         "seed": seed,

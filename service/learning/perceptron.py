@@ -86,6 +86,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+from collections.abc import Iterable
 from itertools import repeat
 from math import hypot
 from operator import add, mul, sub
@@ -128,13 +129,15 @@ def _bad_label(y: Any) -> ValueError:
     return ValueError(f"step takes y = -1, +1 or None (map other spellings with to_label), got {y!r}")
 
 
-def _dot(w: list[float], m: Perceptron | None, x: list | dict) -> float:
+def _dot(w: list[float], m: Perceptron | None, x: Any) -> float:
     """w·x without the bias, summed in x's order (river's order).
 
     ``m`` None: x is a dense list, x[i] is feature i.  Else x is a dict of
     features all known to the perceptron ``m`` (KeyError otherwise); when they
     are its first features in order (a fixed schema) the sum skips the lookups.
+    (x is typed Any: which of list and dict it is goes with ``m``, which a type cannot say.)
     """
+    ws: Iterable[float]
     if m is None:
         ws, vals = w, x
     elif m.features[: len(x)] == list(x):
@@ -144,7 +147,7 @@ def _dot(w: list[float], m: Perceptron | None, x: list | dict) -> float:
     return _sum(map(mul, ws, vals))
 
 
-def _update(w: list[float], m: Perceptron | None, x: list | dict, y: float) -> None:
+def _update(w: list[float], m: Perceptron | None, x: Any, y: float) -> None:
     """w += y·x (``m`` as in :func:`_dot`).  river computes w - x·(-y): for y = ±1, the floats of w ± x."""
     n = len(x)
     if m is not None:
@@ -172,6 +175,7 @@ def _as_dict(x: dict | list) -> dict:
 #: ``(y_pred, score, mistake)``, mistake None when the event had no label.  A
 #: plain tuple: building a NamedTuple was a sixth of a step (bench/README.md).
 StepResult = tuple[int, float, "bool | None"]
+_Floats = list[float]  # for _Reader, whose method float hides the type in its class
 
 
 def _check_cap(max_features: Any) -> None:
@@ -270,7 +274,7 @@ class Perceptron(base.Classifier):
         try:
             s = _dot(self._w, m, x) + self._b
         except KeyError:  # unknown features weigh 0: leave them out
-            x = {k: v for k, v in x.items() if k in self.feature_index}
+            x = {k: v for k, v in _as_dict(x).items() if k in self.feature_index}
             s = _dot(self._w, m, x) + self._b
         if self._mode == 1:
             return s - (_dot(self._u, m, x) + self._ub) / self._c
@@ -381,7 +385,7 @@ class Perceptron(base.Classifier):
         try:
             s = _dot(w, m, x) + self._b
         except KeyError:  # new features: rare, so the label is checked in full before any is registered
-            x = self.admit(x, y)
+            x = self.admit(_as_dict(x), y)
             s = _dot(w, m, x) + self._b
         ys = None if y is None else y * s
         if ys is not None and ys <= self._thr:
@@ -390,14 +394,14 @@ class Perceptron(base.Classifier):
             _update(w, m, x, y)
             self._b += y
             self.updates += 1
-        r = hypot(*x.values())
+        r = hypot(*x.values())  # type: ignore[union-attr]  # a dict by now (the type() tests above; isinstance would cost every event)
         if r > self._xmax:
             self._xmax = r
         self.seen += 1
         if y is None:
             self._unlabeled += 1
             return (1 if s > 0.0 else -1, s, None)
-        if ys <= 0.0:
+        if y * s <= 0.0:  # ys, as _count computes it (ys is None or a float to mypy)
             self.mistakes += 1
             return (1 if s > 0.0 else -1, s, True)
         return (y, s, False)
@@ -817,7 +821,7 @@ class _Reader:
             self.fail(f"{key} must be a finite number, got {v!r}")
         return float(v)
 
-    def floats(self, key: str, n: int) -> list[float]:
+    def floats(self, key: str, n: int) -> _Floats:
         v = self.get(key)
         if not isinstance(v, list) or len(v) != n:
             self.fail(f"{key} must be a list of {n} numbers (one per feature)")
