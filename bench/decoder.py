@@ -50,7 +50,8 @@ def shape(name: str, what: str):
 
 def fill(prefix: bytes, item: Callable[[int], bytes], suffix: bytes, n: int, sep: bytes = b",") -> bytes:
     """prefix + item(0) sep item(1) ... + suffix, as many items as fit in about n bytes (at least one)."""
-    parts, size, i = [], len(prefix) + len(suffix), 0
+    parts: list[bytes] = []
+    size, i = len(prefix) + len(suffix), 0
     while True:
         part = item(i)
         if parts and size + len(part) + len(sep) > n:
@@ -207,7 +208,7 @@ def main() -> int:
     try:
         from perceptron_stream.wire.inputs import Decoder
     except ImportError:  # a tree from before service/wire/ (0.1: service/schema.py)
-        from perceptron_stream.schema import Decoder
+        from perceptron_stream.schema import Decoder  # type: ignore[import-not-found, no-redef]  # that tree's module
 
     sizes = [int(s) for s in args.sizes.split(",")]
     names = [name for name in SHAPES if name == "valid x" or args.only in name]
@@ -226,7 +227,8 @@ def main() -> int:
             per_byte = cost / len(raw) * 1e9
             if name == "valid x":
                 reference = per_byte
-            kind = type(outcome).__name__ if type(outcome).__name__ == "Event" else outcome.reason
+            kind = getattr(outcome, "reason", type(outcome).__name__)  # a rejection's reason, or Event (any tree's)
+            assert reference is not None  # valid x is measured first
             rows.append(
                 {
                     "size": size,

@@ -82,6 +82,7 @@ a round, and the medians. Results: bench/results/e2e-<time>.json (gitignored).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import json
@@ -97,6 +98,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -154,7 +156,8 @@ def ceiling_kafka_python(
         batches = poll(timeout_ms=200, max_records=batch)
         if not batches:
             continue
-        offsets, futures = {}, []
+        offsets: dict = {}
+        futures: list = []
         keep = futures.append
         for tp, messages in batches.items():
             for m in messages:
@@ -236,10 +239,10 @@ def ceiling_confluent(
                     raise KafkaException(m.error())
                 partition, offset = m.partition(), m.offset()
                 event = decode(m.value())
-                if type(event) is Rejection:
+                if isinstance(event, Rejection):
                     raise RuntimeError(event.error)
                 y_pred, score, mistake = step(event.x, event.y)
-                flags.append(mistake)
+                flags.append(mistake is True)  # labeled: a bool
                 produce(
                     output_topic,
                     dumps(
@@ -276,10 +279,10 @@ def ceiling_confluent(
     consumer.close()
 
 
-CEILINGS = {
+CEILINGS: dict[str, Callable[..., None]] = {
     "kafka-python": ceiling_kafka_python,
     "confluent": ceiling_confluent,
-    "confluent+service-path": lambda *args: ceiling_confluent(*args, work=True),
+    "confluent+service-path": functools.partial(ceiling_confluent, work=True),
 }
 
 # What a user would write instead (bench/peers): the module, and the package it needs beyond ours.
@@ -483,7 +486,7 @@ class Service:
         group: str,
         partitions: int,
         log_path: Path,
-        extra: list[str] = (),
+        extra: Sequence[str] = (),
         labels: bool = False,
     ):
         from perceptron_stream.broker import free_port
@@ -731,7 +734,7 @@ def throughput_run(
     output_topic, group = f"out-{tag}", f"g-{tag}"
     worker = start(c, kafka, input_topic, output_topic, group, partitions, events, batch, logs / f"{tag}.log")
     samples: list[tuple[int, float]] = []
-    logged = worker.logged if c.kind == "peer" else dict
+    logged: Callable[[], dict[int, float]] = worker.logged if c.kind == "peer" else dict
 
     def sample(done: int) -> None:
         said = logged()
