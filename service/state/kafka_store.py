@@ -12,6 +12,7 @@ while the topic is read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from perceptron_stream.state.checkpoint import (
     GROUP_TASK,
@@ -101,7 +102,7 @@ class KafkaStore:
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
         return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected)
 
-    def pending_dir(self, task: str) -> None:
+    def pending_dir(self, task: str) -> Path | None:  # the Store protocol's: None here
         """No disk of its own: the pending tables are rebuilt from the pending changelog in a cache directory."""
         return None
 

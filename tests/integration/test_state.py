@@ -54,7 +54,8 @@ def _damage_local(args) -> list[str]:
     body = json.loads(second.read_bytes())
     body["model"]["bias"] += 1.0  # valid JSON, wrong content: only the checksum can tell
     second.write_text(json.dumps(body))
-    assert store.load("model").seq == int(oldest.stem.split("-")[1])
+    restored = store.load("model")
+    assert restored is not None and restored.seq == int(oldest.stem.split("-")[1])
     return [newest.name, second.name]
 
 
@@ -65,6 +66,7 @@ def _damage_kafka(args) -> list[str]:
     store = KafkaStore(topic, settings.group_id)
     try:
         newest = store.load("model")
+        assert newest is not None
         keys = [f"{settings.group_id}/{(newest.seq - age) % store.keep}" for age in (0, 1)]
         good = encode_checkpoint(newest)
         topic.put(keys[0].encode(), good[: len(good) // 2])
@@ -72,7 +74,8 @@ def _damage_kafka(args) -> list[str]:
         body["seq"] -= 1
         body["model"]["bias"] += 1.0
         topic.put(keys[1].encode(), json.dumps(body).encode())
-        assert store.load("model").seq == newest.seq - 2
+        restored = store.load("model")
+        assert restored is not None and restored.seq == newest.seq - 2
     finally:
         store.close()
     return keys

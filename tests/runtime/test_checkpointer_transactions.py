@@ -70,6 +70,7 @@ def test_exactly_once_on_the_embedded_broker_is_refused_by_its_cluster_id():
 def test_one_new_transactional_id_per_instance_under_exactly_once_only():
     s = _settings(*EXACTLY_ONCE, "--group-id", "scorers")
     first, second = transactional_id(s), transactional_id(s)
+    assert first is not None and second is not None
     assert first.startswith("scorers-") and second.startswith("scorers-") and first != second
     assert transactional_id(_settings("--group-id", "scorers")) is None
 
@@ -96,7 +97,9 @@ class TransactionalStream:
     the next commit."""
 
     def __init__(self, fails: Exception | None = None, refuses: bool = False):
-        self.sent, self.commits, self.aborts, self.fails, self.refuses = [], [], 0, fails, refuses
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+        self.commits: list[dict] = []
+        self.aborts, self.fails, self.refuses = 0, fails, refuses
 
     def send(self, topic, key, value):
         self.sent.append((topic, key, value))

@@ -86,9 +86,9 @@ def _restore_against_the_model(ops, max_pending, data):
                 table.hold(point_id, {"y": point_id}, at=now)
                 model[key] = ("early", now)
         elif op == "grace":  # the early labels of time <= now - step let go, oldest first
-            got = table.pop_early(cutoff=now - step)
+            let_go = table.pop_early(cutoff=now - step)
             due = sorted((a, k) for k, (s, a) in model.items() if s == "early" and a <= now - step)
-            assert [g["y"] for g in got] == [model_id(k) for _, k in due]
+            assert [g["y"] for g in let_go] == [model_id(k) for _, k in due]
             for _, k in due:
                 del model[k]
         elif op == "expire":

@@ -58,8 +58,8 @@ class ServiceThread:
         from perceptron_stream.config import ServeSettings, load
 
         self.app = Application(load(ServeSettings, args))
-        self.result = None
-        self.error = None
+        self.result: int | None = None
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
@@ -83,4 +83,5 @@ class ServiceThread:
 
     @property
     def metrics_url(self) -> str:
+        assert self.app.http is not None, "the service's HTTP endpoints are not up"
         return f"http://127.0.0.1:{self.app.http.port}"

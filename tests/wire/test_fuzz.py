@@ -66,8 +66,8 @@ def check_event(event: Event, raw: bytes, dimension_before: int | None) -> None:
         assert event.x == {k: _as_float(v) for k, v in doc["features"].items()}
         assert doc.get("x") is None
     published = publishable(event)
-    if type(published) is Rejection:  # an id orjson cannot write: dead-lettered by the service
-        assert not ID_MIN <= event.id <= ID_MAX
+    if isinstance(published, Rejection):  # an id orjson cannot write: dead-lettered by the service
+        assert type(event.id) is int and not ID_MIN <= event.id <= ID_MAX
         check_rejection(published, raw)
     else:
         orjson.dumps({"id": event.id, "source": {"topic": "t", "partition": 0, "offset": 1}, "y": event.y})
@@ -106,7 +106,8 @@ def check_message(decoder: Decoder, raw: bytes | None):
     before = decoder.dimension
     result = decoder.decode(raw)  # never raises
     assert type(result) in (Event, Rejection), result
-    if type(result) is Event:
+    if isinstance(result, Event):
+        assert raw is not None  # a tombstone is no event
         check_event(result, raw, before)
         values = result.x if isinstance(result.x, list) else list(result.x.values())
         assert max(map(abs, values)) <= decoder.max_feature_value  # else out_of_range: the score could overflow
