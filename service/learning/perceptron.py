@@ -401,7 +401,7 @@ class Perceptron(base.Classifier):
         if y is None:
             self._unlabeled += 1
             return (1 if s > 0.0 else -1, s, None)
-        if y * s <= 0.0:  # ys, as _count computes it (ys is None or a float to mypy)
+        if ys <= 0.0:  # type: ignore[operator]  # a float: y is not None here; a second test would cost every event
             self.mistakes += 1
             return (1 if s > 0.0 else -1, s, True)
         return (y, s, False)
