@@ -222,7 +222,7 @@ def ceiling_confluent(
         from perceptron_stream.learning import make_learner
         from perceptron_stream.metrics import ServiceMetrics
         from perceptron_stream.wire.inputs import Decoder
-        from perceptron_stream.wire.messages import Rejection
+        from perceptron_stream.wire.messages import Event
 
         decode, learner = Decoder(1024 * 1024, 10_000).decode, make_learner("plain", 0.0, False)
         step, dumps, metrics = learner.step, orjson.dumps, ServiceMetrics(window=1000, version="bench", variant="plain")
@@ -239,8 +239,8 @@ def ceiling_confluent(
                     raise KafkaException(m.error())
                 partition, offset = m.partition(), m.offset()
                 event = decode(m.value())
-                if isinstance(event, Rejection):
-                    raise RuntimeError(event.error)
+                if type(event) is not Event:  # as the service tells them apart
+                    raise RuntimeError(str(event))
                 y_pred, score, mistake = step(event.x, event.y)
                 flags.append(mistake is True)  # labeled: a bool
                 produce(
