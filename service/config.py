@@ -337,10 +337,10 @@ class ServeSettings(KafkaSettings):
         "Apache Kafka answers as soon as records arrive; the embedded broker waits it out, so it bounds latency there.",
     )
     metrics_host: str = Field(
-        "127.0.0.1", description="Address of /metrics, /healthz and /readyz (0.0.0.0 in containers)."
+        "127.0.0.1", description="Address of /metrics, /healthz, /readyz and /model (0.0.0.0 in containers)."
     )
     metrics_port: int = Field(
-        8000, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0 picks a free port)."
+        8000, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and /model (0 picks a free port)."
     )
     mistake_rate_window: int = Field(
         1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate."

@@ -19,11 +19,22 @@ from pathlib import Path
 
 import pytest
 from perceptron_stream.cli import COMMANDS
-from perceptron_stream.config import CommandSettings, env_var, flag
+from perceptron_stream.config import CommandSettings, ConfigError, env_var, flag
 from perceptron_stream.metrics import ServiceMetrics
 from pydantic import Field
 
-from tests.support.docs import DOCS, MKDOCS_YML, ROOT, Example, python_examples, reference_hook
+from tests.support.docs import (
+    DOCS,
+    MKDOCS_YML,
+    ROOT,
+    Example,
+    ShellExample,
+    commands_of,
+    python_examples,
+    reference_hook,
+    shell_examples,
+    try_commands,
+)
 
 EXAMPLES = python_examples()
 reference = reference_hook()
@@ -169,3 +180,32 @@ def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
 def test_the_hooks_own_examples() -> None:
     result = doctest.testmod(reference)
     assert result.attempted > 0 and result.failed == 0, result
+
+
+# -- the shell examples run, as far as they can without brokers --------------------------------------------------
+
+SHELL = shell_examples()
+
+
+@pytest.mark.parametrize("example", SHELL, ids=lambda e: e.name)
+def test_shell_example_runs_or_parses(example: ShellExample, tmp_path: Path) -> None:
+    """``perceptron-stream train`` runs, every other ``perceptron-stream`` command line is parsed with its settings
+    (a flag that does not exist, a value out of range, a file not made by the lines before it fail here)."""
+    done = try_commands(example, tmp_path)
+    wanted = [command for _, command in commands_of(example) if command[0] in ("perceptron-stream", "printf")]
+    assert len(done) == len(wanted), (example.name, done)
+
+
+def test_the_shell_examples_are_checked_and_a_wrong_flag_fails(tmp_path: Path) -> None:
+    ran = []
+    for i, example in enumerate(SHELL):
+        (tmp_path / str(i)).mkdir()
+        ran += try_commands(example, tmp_path / str(i))
+    assert sum(entry.startswith("ran perceptron-stream train") for entry in ran) >= 2, ran
+    assert sum(entry.startswith("parsed perceptron-stream serve") for entry in ran) >= 5, ran
+    env = ShellExample(ROOT / "README.md", 1, "PERCEPTRON_STREAM_BATCH_SIZE=0 perceptron-stream serve")
+    with pytest.raises(ConfigError, match="batch_size"):
+        try_commands(env, tmp_path)
+    wrong = ShellExample(ROOT / "README.md", 1, "perceptron-stream serve --no-such-flag 1")
+    with pytest.raises(ConfigError, match="no-such-flag"):
+        try_commands(wrong, tmp_path)

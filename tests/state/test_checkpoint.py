@@ -488,7 +488,7 @@ UNSAFE = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpic
 
 
 def test_no_module_of_the_service_can_unpickle():
-    """A store that unpickles what it reads lets anyone who can write to it run code (README "Security")."""
+    """A store that unpickles what it reads lets anyone who can write to it run code (docs: how-to/security.md)."""
     found = []
     for path in sorted((ROOT / "service").rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
