@@ -1,7 +1,8 @@
 """The documentation site (docs/, mkdocs.yml) stays true to the code and builds strictly.
 
-- every ```python example of the docs runs (``>>>`` examples as doctests, the others executed), unless a marker
-  says why it cannot (a running broker);
+- every ```python example of the docs runs (``>>>`` examples as doctests, the others executed); one whose marker
+  says it needs a running broker runs against one in tests/integration/test_docs_examples.py;
+- every ```sh example of the docs and README runs (``train``) or is parsed with its command's settings;
 - the reference pages are generated from the code: every setting of every command with its flag, environment
   variable, readable type and default; a settings class's description is what the table shows;
 - every metric the service exports is on the metrics page;
