@@ -35,6 +35,7 @@ from tests.support.docs import (
     reference_hook,
     shell_examples,
     try_commands,
+    write_config_files,
 )
 
 EXAMPLES = python_examples()
@@ -192,8 +193,11 @@ SHELL = shell_examples()
 def test_shell_example_runs_or_parses(example: ShellExample, tmp_path: Path) -> None:
     """``perceptron-stream train`` runs, every other ``perceptron-stream`` command line is parsed with its settings
     (a flag that does not exist, a value out of range, a file not made by the lines before it fail here)."""
+    write_config_files(example.page, tmp_path)  # a settings file the page shows, as the reader saves it
     done = try_commands(example, tmp_path)
-    wanted = [command for _, command in commands_of(example) if command[0] in ("perceptron-stream", "printf")]
+    wanted = [
+        command for _, command in commands_of(example) if command[0] in ("perceptron-stream", "printf", "head", "chmod")
+    ]
     assert len(done) == len(wanted), (example.name, done)
 
 
@@ -201,6 +205,7 @@ def test_the_shell_examples_are_checked_and_a_wrong_flag_fails(tmp_path: Path) -
     ran = []
     for i, example in enumerate(SHELL):
         (tmp_path / str(i)).mkdir()
+        write_config_files(example.page, tmp_path / str(i))
         ran += try_commands(example, tmp_path / str(i))
     assert sum(entry.startswith("ran perceptron-stream train") for entry in ran) >= 2, ran
     assert sum(entry.startswith("parsed perceptron-stream serve") for entry in ran) >= 5, ran
@@ -210,3 +215,15 @@ def test_the_shell_examples_are_checked_and_a_wrong_flag_fails(tmp_path: Path) -
     wrong = ShellExample(ROOT / "README.md", 1, "perceptron-stream serve --no-such-flag 1")
     with pytest.raises(ConfigError, match="no-such-flag"):
         try_commands(wrong, tmp_path)
+
+
+def test_a_settings_file_a_page_shows_is_the_command_s_settings(tmp_path: Path, monkeypatch) -> None:
+    """security.md's serve.toml, with the password from the environment as the page says: what serve would run with."""
+    from perceptron_stream.config import ServeSettings, load
+
+    assert write_config_files(DOCS / "how-to" / "security.md", tmp_path) == ["serve.toml"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERCEPTRON_STREAM_SASL_PASSWORD", "secret")
+    settings = load(ServeSettings, ["--config-file", "serve.toml"])
+    assert (settings.security_protocol, settings.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert settings.sasl_password.get_secret_value() == "secret"

@@ -118,10 +118,29 @@ def commands_of(example: ShellExample) -> list[tuple[dict[str, str], list[str]]]
     return commands
 
 
+TOML_FENCE = re.compile(r"```toml\n# (?P<name>\S+)\n(?P<code>.*?)\n```", re.DOTALL)
+
+
+def write_config_files(page: Path, cwd: Path) -> list[str]:
+    """The settings files a page shows (a ```toml block whose first line is ``# <file name>``), written into ``cwd``
+    for its shell examples, with an empty stand-in for each file they name (``ssl_cafile = "kafka-ca.pem"``)."""
+    import tomllib
+
+    written = []
+    for match in TOML_FENCE.finditer(page.read_text(encoding="utf-8")):
+        (cwd / match["name"]).write_text(match["code"])
+        for key, value in tomllib.loads(match["code"]).items():
+            if key.endswith("file") and isinstance(value, str) and not Path(value).is_absolute():
+                (cwd / value).touch()
+        written.append(match["name"])
+    return written
+
+
 def try_commands(example: ShellExample, cwd: Path) -> list[str]:
     """Run what of a shell example can run on its own, in ``cwd``; return what was done, one entry a command.
 
-    ``printf FMT > FILE`` writes the file; ``perceptron-stream train`` runs; every other ``perceptron-stream``
+    ``printf FMT > FILE`` writes the file, ``head`` and ``chmod`` run (a key file made of random bytes);
+    ``perceptron-stream train`` runs; every other ``perceptron-stream``
     command is parsed with its settings, as it would be at start-up (its flags, values and files checked), but
     not run, since it needs brokers, with the environment the line sets; other programs (pip, docker, kubectl)
     are left alone.
@@ -129,6 +148,7 @@ def try_commands(example: ShellExample, cwd: Path) -> list[str]:
     import contextlib
     import io
     import os
+    import subprocess
 
     from perceptron_stream.cli import COMMANDS, main
     from perceptron_stream.config import load
@@ -139,6 +159,9 @@ def try_commands(example: ShellExample, cwd: Path) -> list[str]:
             assert command[2] == ">" and len(command) == 4, command
             (cwd / command[3]).write_text(command[1].encode().decode("unicode_escape"))
             done.append(f"wrote {command[3]}")
+        elif command[0] in ("head", "chmod"):  # plain words only: the line as it is, with its pipe and redirection
+            subprocess.run(["bash", "-c", " ".join(command)], cwd=cwd, check=True, timeout=60)
+            done.append("ran " + " ".join(command))
         elif command[0] == "perceptron-stream":
             name, args = command[1], command[2:]
             if name == "model":
