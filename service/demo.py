@@ -30,7 +30,7 @@ from perceptron_stream.broker import EmbeddedBroker
 from perceptron_stream.config import DemoSettings, ProduceSettings, ServeSettings, load
 from perceptron_stream.produce import ProduceError, produce
 from perceptron_stream.state.checkpoint import CheckpointError
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
@@ -198,7 +198,9 @@ class DemoView:
             weights.add_row(str(name), f"{w:+.3f}")
         weights.add_row("(bias)", f"{s['bias']:+.3f}")
         footer = f"metrics: {self.metrics_url}/metrics   broker: {self.bootstrap}   Ctrl-C stops"
-        notes = [Text("\n".join(self.label_notes()), style="dim"), ""] if self.label_delay is not None else []
+        notes: list[RenderableType] = (
+            [Text("\n".join(self.label_notes()), style="dim"), ""] if self.label_delay is not None else []
+        )
         return Panel(Group(stats, "", *notes, weights, "", footer), title="perceptron-stream demo: credit approval")
 
     def label_notes(self) -> list[str]:
