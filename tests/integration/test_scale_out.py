@@ -144,7 +144,7 @@ def _held(log: str) -> set[int]:
 
 
 def _start(args, tmp_path, name: str):
-    return start_service_process(args + ["--metrics-port", "0"], tmp_path / f"serve-{name}.log")
+    return start_service_process([*args, "--metrics-port", "0"], tmp_path / f"serve-{name}.log")
 
 
 # Both stores and both clients on Apache Kafka, and its KIP-848 group protocol; the embedded broker once (the runs
