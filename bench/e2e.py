@@ -107,6 +107,8 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
+from bench.trees import import_root  # noqa: E402
+
 # the client settings of the service (perceptron_stream.kafka)
 GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
 PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024, "retries": 5}
@@ -516,7 +518,7 @@ class Service:
             *extra,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
-        env["PYTHONPATH"] = str(tree)
+        env["PYTHONPATH"] = str(import_root(tree))  # the tree's own perceptron_stream (bench/trees.py)
         self.log = open(log_path, "ab")  # noqa: SIM115 — the service's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
