@@ -129,6 +129,7 @@ def _freeze_past_checkpoint(process, log_path: Path, args, store, input_topic, w
 
 
 @pytest.mark.parametrize("store", ["local", "kafka"])
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)  # a guarantee: Apache Kafka's (conftest)
 def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, topics, tmp_path, store):
     broker = kafka_broker
     count = 20_000
@@ -274,6 +275,7 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, 
 
 
 # the broker frozen mid-stream -----------------------------------------------
+@pytest.mark.parametrize("own_broker", ["apache-kafka"], indirect=True)
 def test_broker_frozen_for_20_seconds_mid_stream(own_broker, tmp_path, topics):
     """SIGSTOP/SIGCONT of a broker of this test's own (the session's broker is shared)."""
     count = 20_000
@@ -326,6 +328,7 @@ def test_broker_frozen_for_20_seconds_mid_stream(own_broker, tmp_path, topics):
     assert not has_traceback(log_path.read_text()), tail(log_path)
 
 
+@pytest.mark.parametrize("own_broker", ["apache-kafka"], indirect=True)
 def test_sigterm_while_the_broker_is_frozen_checkpoints_nothing_unacknowledged(own_broker, tmp_path, topics):
     """Stopping in the middle of a batch the broker never acknowledged must not save that batch:
     the next start, with the broker back, publishes it and ends with the exact model."""
