@@ -1,4 +1,4 @@
-"""Faults with real processes on both brokers: SIGKILL at random
+"""Faults with real processes on Apache Kafka (guarantees are proven there): SIGKILL at random
 moments, and the broker frozen mid-stream.
 
 What must hold after any of them (docs: concepts/guarantees.md):
