@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -310,3 +311,39 @@ def test_the_compacted_topics_readers_never_restore_an_aborted_record(apache_kaf
         assert seen == [(b"checkpoint", b"committed")]
     finally:
         tail.close()
+
+
+def test_the_compacted_topics_readers_wait_for_a_transaction_open_when_they_began(apache_kafka, topics):
+    """Instances share the one-partition checkpoint topic: a crashed one's open transaction holds its last stable
+    offset back while another commits a checkpoint after it. A restore must read that checkpoint, not stop at the
+    last stable offset: the readers end once every transaction open when they began is over."""
+    bootstrap, topic = apache_kafka.bootstrap_servers, topics["output_topic"]
+    settings = KafkaSettings(bootstrap_servers=bootstrap)
+    create_topic(bootstrap, topic)
+    crashed = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"crashed-{topics['group_id']}"})
+    live = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"live-{topics['group_id']}"})
+    for writer in (crashed, live):
+        writer.init_transactions(30)
+        writer.begin_transaction()
+    crashed.produce(topic, b"left open", b"a", partition=0)
+    assert crashed.flush(30) == 0
+    live.produce(topic, b"committed after it", b"b", partition=0)
+    assert live.flush(30) == 0
+    live.commit_transaction(30)
+    assert _last_stable_offset(bootstrap, topic) == 0  # held back by the open transaction
+
+    store, log = CompactedTopic(settings, topic), PartitionedLog(settings, topic)
+    changelog: list = []
+    reading = threading.Thread(target=lambda: changelog.extend(log.read(0, timeout_s=30)))  # both readers at once
+    reading.start()
+    aborting = threading.Timer(2.0, crashed.abort_transaction, (30,))  # as the coordinator does after its timeout
+    aborting.start()
+    try:
+        assert store.read_latest({b"a", b"b"}) == {b"b": b"committed after it"}
+        reading.join(30)
+        assert changelog == [(b"b", b"committed after it")]
+    finally:
+        aborting.join()
+        reading.join(30)
+        store.close()
+        log.close()
