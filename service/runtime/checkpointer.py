@@ -13,9 +13,10 @@ learns one twice). Without a store, what was acknowledged is committed.
 Under ``--processing-guarantee exactly-once`` the loop's stream holds an open
 Kafka transaction with every output since the last commit; every
 ``--commit-interval-ms`` (and on revocation, and at a clean stop) the
-checkpoint record of each task that changed is sent into it and it is
-committed with those tasks' positions (:meth:`Checkpointer.transact`): outputs,
-checkpoints and positions become visible together, or not at all. A
+checkpoint record of each task that changed (and, with delayed labels, its
+pending changelog records) is sent into it and it is committed with those
+tasks' positions (:meth:`Checkpointer.transact`): outputs, checkpoints,
+changelog and positions become visible together, or not at all. A
 transaction that fails is not retried: the service stops
 (:meth:`Checkpointer.transaction_lost`), and its restart restores the last
 committed checkpoint, which is where the committed outputs and positions end.
@@ -158,7 +159,8 @@ class Checkpointer:
         started = time.perf_counter()
         checkpoints = [(task, task.snapshot()) for task in changed]
         try:
-            for _, cp in checkpoints:
+            for task, cp in checkpoints:
+                task.before_save(cp, stream)  # the pending changelog's records of the span
                 stream.send(*self.store.record(cp))
             refused = stream.commit_transaction(
                 {tp: o for _, cp in checkpoints for tp, o in cp.positions.items()}, timeout_s=COMMIT_TIMEOUT_S

@@ -76,10 +76,13 @@ class Restorer:
         only_committed = {}
         if self.settings.processing_guarantee == "exactly-once":  # only checkpoints committed with their positions
             s = self.settings
-            offsets = self.retry.until_it_works(
-                lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets"
-            )
-            only_committed = {"committed": {(s.input_topic, p): o for p, o in (offsets or {}).items()}}
+            committed = {}
+            for topic in [s.input_topic] + ([s.label_topic] if s.label_topic else []):  # a task reads both
+                offsets = self.retry.until_it_works(
+                    lambda topic=topic: committed_offsets(s, s.group_id, topic), "read the group's committed offsets"
+                )
+                committed.update({(topic, p): o for p, o in (offsets or {}).items()})
+            only_committed = {"committed": committed}
         try:
             cp = self.store.load(task.name, task.owner, accept, legacy=legacy, **only_committed)
         except ForeignStateError as exc:
