@@ -11,7 +11,9 @@ fencing.
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import threading
 import time
@@ -19,14 +21,19 @@ import time
 import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic, committed_offsets
+from perceptron_stream.learning import make_learner
+from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV
 from perceptron_stream.state.kafka_store import KafkaStore
 
+from tests.support.labels import label_topics, labeled_points, send_labels, send_points
 from tests.support.launch import settings_args, start_service_process
 from tests.support.service import (
+    DEFAULT_MAX_MODEL_FEATURES,
     OutputWatcher,
     check_outputs,
     exit_code,
     has_traceback,
+    label_offset,
     make_events,
     offline,
     stop_process,
@@ -34,19 +41,23 @@ from tests.support.service import (
     tail,
     wait_assigned,
 )
-from tests.support.topics import produce
+from tests.support.topics import produce, read_all
 from tests.support.waiting import wait_until
 
 EXACTLY_ONCE = {"processing_guarantee": "exactly-once", "commit_interval_ms": 100}
 
 
 def _committed_checkpoint(args: list[str]):
-    """The checkpoint committed with the group's offsets (the topic's reader also sees aborted records)."""
+    """The checkpoint committed with the group's offsets, as an exactly-once restart restores it."""
     s = load(ServeSettings, args)
-    offsets = committed_offsets(s, s.group_id, s.input_topic)
+    committed = {
+        (topic, p): o
+        for topic in filter(None, (s.input_topic, s.label_topic))
+        for p, o in committed_offsets(s, s.group_id, topic).items()
+    }
     store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
     try:
-        return store.load("model", committed={(s.input_topic, p): o for p, o in offsets.items()})
+        return store.load("model", committed=committed)
     finally:
         store.close()
 
@@ -181,6 +192,131 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
         assert not has_traceback(path.read_text(errors="replace")), f"{path.name}:\n{tail(path)}"
     repeats = check_outputs(by_source, expected, input_topic=topics["input_topic"])
     assert repeats == 0, f"{repeats} predictions seen twice by a read_committed reader (frozen at {frozen_at})"
+
+
+def _replay_with_labels(points: list[dict], labels: list[tuple[str, int]], later: list[dict]):
+    """Offline: each point's prediction (as the service publishes it), each label's outcome (id, y, y_pred, score,
+    mistake) in the order the labels came, the predictions of ``later`` points, and the model at the end."""
+    learner = make_learner(max_features=DEFAULT_MAX_MODEL_FEATURES)
+    predictions, published = [], {}
+
+    def predict(p: dict) -> None:
+        y_pred, score, _ = learner.step(p["x"], None)
+        published[p["id"]] = (y_pred, score)
+        model = {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes}
+        predictions.append(
+            {"id": p["id"], "y_pred": y_pred, "score": score, "y": None, "mistake": None, "model": model}
+        )
+
+    for p in points:
+        predict(p)
+    x_of, outcomes = {p["id"]: p["x"] for p in points}, []
+    for point_id, y in labels:
+        y_pred, score = published[point_id]
+        learner.relabel(x_of[point_id], y, y_pred != y)
+        outcomes.append((point_id, y, y_pred, score, y_pred != y))
+    for p in later:
+        predict(p)
+    return predictions, outcomes, learner.to_state()
+
+
+def _trickle_labels(broker, topic: str, labels: list[tuple[str, int]], per_chunk: int = 60) -> None:
+    """``labels`` written ``per_chunk`` every 0.2 s: labels that keep coming across a kill and two restarts."""
+    for start in range(0, len(labels), per_chunk):
+        send_labels(broker, topic, labels[start : start + per_chunk])
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_delayed_labels_across_a_sigkill_and_an_aborted_commit_publish_each_prediction_and_outcome_once(
+    client, apache_kafka, topics, tmp_path
+):
+    """Group scope, one partition, the Kafka store: points, then their labels in a shuffled order while the service
+    is SIGKILLed (a transaction open), restarted with its first transaction aborted once every record of it (outcomes,
+    the pending changelog's records, the checkpoint) was in the logs (the test-only ABORT_TRANSACTION_ENV), and
+    restarted again; then more points. A read_committed reader sees every prediction and every outcome exactly once,
+    each the offline replay's; the aborted records are in the logs, yet no restore had a stale change to undo (the
+    changelog's reader never sees them), and the committed checkpoint is the replay's model: each label learned once."""
+    bootstrap, group = apache_kafka.bootstrap_servers, topics["group_id"]
+    names = label_topics(apache_kafka, topics)
+    points, later = labeled_points(600, seed=81), labeled_points(200, seed=82, start=600)
+    labels = [(p["id"], p["_y"]) for p in points]
+    random.Random(81).shuffle(labels)
+    expected, outcomes, model = _replay_with_labels(points, labels, later)
+    args = settings_args(
+        apache_kafka,
+        names,
+        tmp_path,
+        batch_size=20,
+        kafka_client=client,
+        **EXACTLY_ONCE,
+        state_store="kafka",
+        checkpoint_topic=f"ckpt-{group}",
+        pending_topic=f"pending-{group}",
+    )
+    predictions = OutputWatcher(bootstrap, names["output_topic"], read_committed=True).start()
+    scored = OutputWatcher(bootstrap, names["outcome_topic"], read_committed=True, by=label_offset).start()
+    logs = [tmp_path / f"serve-{run}.log" for run in ("killed", "aborted", "last")]
+    flow = threading.Thread(target=_trickle_labels, args=(apache_kafka, names["label_topic"], labels), daemon=True)
+    process = start_service_process(args, logs[0])
+    try:
+        send_points(apache_kafka, names["input_topic"], points)
+        wait_until(
+            lambda: predictions.distinct() >= len(points) or process.poll() is not None, 120, what="points predicted"
+        )
+        flow.start()
+        wait_until(
+            lambda: scored.distinct() >= len(labels) // 4 or process.poll() is not None,
+            120,
+            interval=0.01,
+            what="a quarter of the labels joined",
+        )
+        assert process.poll() is None, tail(logs[0])
+        process.kill()  # with a transaction open: outcomes sent, some of them in the log
+        process.wait()
+        process = start_service_process(args, logs[1], env={ABORT_TRANSACTION_ENV: "1"})
+        assert process.wait(120) == 1, tail(logs[1])
+        assert "transaction 1 aborted before its commit" in logs[1].read_text(), tail(logs[1])
+        process = start_service_process(args, logs[2])
+        wait_assigned(process, logs[2], names["input_topic"])
+        flow.join(60)
+        wait_until(
+            lambda: scored.distinct() >= len(labels) or process.poll() is not None, 120, what="every label joined"
+        )
+        send_points(apache_kafka, names["input_topic"], later)
+        wait_until(
+            lambda: predictions.distinct() >= len(expected) or process.poll() is not None, 120, what="later points"
+        )
+        assert stop_process(process, logs[2]) == 0, tail(logs[2])
+        predictions.settle()
+        scored.settle()
+    finally:
+        flow.join(60)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        by_source, by_label = predictions.stop(), scored.stop()
+
+    for path in logs:
+        log = path.read_text(errors="replace")
+        assert not has_traceback(log), f"{path.name}:\n{tail(path)}"
+        assert "stale changes undone" not in log, f"{path.name}:\n{tail(path)}"  # nothing aborted was read back
+    repeats = check_outputs(by_source, expected, input_topic=names["input_topic"])
+    assert repeats == 0, f"{repeats} predictions seen twice by a read_committed reader"
+    assert sorted(by_label) == list(range(len(labels)))
+    for offset, values in by_label.items():
+        assert len(values) == 1, f"label {offset}: {len(values)} outcomes seen by a read_committed reader"
+        got = json.loads(values[0])
+        assert (got["id"], got["y"], got["y_pred"], got["score"], got["mistake"]) == outcomes[offset], offset
+    # the aborted transactions' records are in the logs, where a read_uncommitted reader sees them
+    assert len(read_all(bootstrap, names["outcome_topic"])) > len(labels)
+    changelog = f"pending-{group}"
+    assert len(read_all(bootstrap, changelog)) > len(read_all(bootstrap, changelog, read_committed=True))
+    checkpoint = _committed_checkpoint(args)
+    assert checkpoint.positions == {(names["input_topic"], 0): len(expected), (names["label_topic"], 0): len(labels)}
+    assert checkpoint.model == model  # each label learned once, in its order
+    assert checkpoint.task["labels"]["pending"] == {"0": len(later)}  # the later points wait for their labels
+    assert read_all(bootstrap, names["dlq_topic"], read_committed=True) == []  # no label unknown or a duplicate
 
 
 def test_exactly_once_with_the_local_store_is_refused_at_start_up(apache_kafka, topics, tmp_path):

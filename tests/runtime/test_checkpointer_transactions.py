@@ -8,7 +8,7 @@ import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import Aborted, Fenced, Refused
 from perceptron_stream.metrics import ServiceMetrics
-from perceptron_stream.runtime.checkpointer import Checkpointer
+from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV, Checkpointer
 from perceptron_stream.runtime.factory import TaskFactory
 from perceptron_stream.runtime.health import Health
 from perceptron_stream.runtime.retry import Retry, StartupError
@@ -96,6 +96,10 @@ class TransactionalStream:
     def send_to(self, topic, partition, key, value):
         self.sent.append((topic, key, value))
 
+    def flush(self, timeout_s):
+        self.flushes = getattr(self, "flushes", 0) + 1
+        return []
+
     def commit_transaction(self, positions, timeout_s):
         if self.fails is not None:
             raise self.fails
@@ -163,6 +167,18 @@ def test_a_failed_transaction_stops_the_service_counted_as_aborted_and_nothing_i
     checkpointer.final([task], stream, batch_open=False)  # the exit's final checkpoint tries nothing more
     assert checkpointer.checkpoint([task], stream) is False  # nor a revocation as the consumer closes
     assert _transactions(metrics, "aborted") == 1
+
+
+def test_the_test_only_fault_injection_aborts_the_nth_transaction_once_all_of_it_was_flushed(monkeypatch):
+    monkeypatch.setenv(ABORT_TRANSACTION_ENV, "2")
+    checkpointer, _, task, metrics = _checkpointer("--commit-interval-ms", "1")
+    stream = TransactionalStream()
+    checkpointer.transact([task], stream)  # the first commits
+    task.unsaved = 1
+    with pytest.raises(StartupError, match="aborted by the test's PERCEPTRON_TEST_ABORT_TRANSACTION"):
+        checkpointer.transact([task], stream)
+    assert (len(stream.commits), stream.flushes, stream.aborts) == (1, 1, 1) and len(stream.sent) == 2
+    assert task.seq == 1 and _transactions(metrics, "aborted") == 1
 
 
 def test_a_checkpoint_record_refused_for_good_stops_the_service():
