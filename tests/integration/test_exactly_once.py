@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -27,6 +28,17 @@ from perceptron_stream.state.kafka_store import KafkaStore
 
 from tests.support.labels import label_topics, labeled_points, send_labels, send_points
 from tests.support.launch import settings_args, start_service_process
+from tests.support.partitions import (
+    PARTITIONS,
+    DealtFlow,
+    check_partition_outputs,
+    dealt_events,
+    held_partitions,
+    of_partition,
+    produce_dealt,
+    replay,
+    replicas,
+)
 from tests.support.service import (
     DEFAULT_MAX_MODEL_FEATURES,
     OutputWatcher,
@@ -36,6 +48,7 @@ from tests.support.service import (
     label_offset,
     make_events,
     offline,
+    source_partition_offset,
     stop_process,
     store_args,
     tail,
@@ -317,6 +330,97 @@ def test_delayed_labels_across_a_sigkill_and_an_aborted_commit_publish_each_pred
     assert checkpoint.model == model  # each label learned once, in its order
     assert checkpoint.task["labels"]["pending"] == {"0": len(later)}  # the later points wait for their labels
     assert read_all(bootstrap, names["dlq_topic"], read_committed=True) == []  # no label unknown or a duplicate
+
+
+def _shared(logs: dict, names: str, partitions: int = PARTITIONS) -> bool:
+    """Whether the services ``names`` each hold partitions, none held twice, all held (a rebalance is over)."""
+    held = [held_partitions(logs[name].read_text()) for name in names]
+    return all(held) and sum(map(len, held)) == partitions and set().union(*held) == set(range(partitions))
+
+
+def _restored(log: str) -> set[int]:
+    """The partitions whose replicas a service restored (or started anew) since its last assignment."""
+    since = log[log.rfind(" assigned ") :]
+    return {int(p) for p in re.findall(r"(?:restored checkpoint \d+ of|no checkpoint yet of) partition-(\d+)", since)}
+
+
+def _partition_scope(apache_kafka, topics, tmp_path, client: str, **extra) -> list[str]:
+    return settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        batch_size=20,
+        kafka_client=client,
+        model_scope="partition",
+        processing_guarantee="exactly-once",
+        mix_topic=f"mix-{topics['group_id']}",
+        **store_args("kafka", topics),
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_three_instances_a_sigkill_a_newcomer_and_a_zombie_leave_each_input_predicted_once_as_its_replay(
+    client, apache_kafka, topics, tmp_path
+):
+    """The whole scenario, 3 ``serve`` processes over 6 keyed partitions, --mix-every 0: A is SIGKILLed mid-stream,
+    D joins, B is frozen (SIGSTOP) past its session while its partitions move to the others, then thaws, is fenced
+    and exits 1. A read_committed reader sees every input (partition, offset) exactly once, each the offline replay of
+    its partition alone (nothing the zombie sent after its partitions moved, nothing of A's open transaction), and
+    each replica's committed checkpoint is that replay."""
+    bootstrap, input_topic = apache_kafka.bootstrap_servers, topics["input_topic"]
+    events = dealt_events(12_000, seed=93)
+    produce_dealt(bootstrap, input_topic, events[:600])
+    args = _partition_scope(apache_kafka, topics, tmp_path, client, mix_every=0, commit_interval_ms=1000)
+    watcher = OutputWatcher(bootstrap, topics["output_topic"], read_committed=True, by=source_partition_offset).start()
+    logs = {name: tmp_path / f"serve-{name}.log" for name in "abcd"}
+    processes = {name: start_service_process(args, logs[name]) for name in "abc"}
+    flow = DealtFlow(bootstrap, input_topic, events[600:], per_second=300)
+    try:
+        wait_until(lambda: _shared(logs, "abc"), 120, what="A, B and C sharing the partitions")
+        flow.start()  # until B is fenced: B is frozen with outputs in its open transaction
+        wait_until(lambda: watcher.distinct() >= 900, 120, interval=0.01, what="900 events predicted")
+        processes["a"].kill()  # its partitions idle until its session ends, its open transaction until it times out
+        processes["a"].wait()
+        processes["d"] = start_service_process(args, logs["d"])
+        wait_until(lambda: _shared(logs, "bcd"), 120, what="B, C and the newcomer D sharing the partitions")
+        b_held = held_partitions(logs["b"].read_text())
+        wait_until(lambda: _restored(logs["b"].read_text()) == b_held, 120, what="B's replicas restored")
+        time.sleep(0.5)  # B processes: its open transaction holds outputs (a commit a second)
+        os.kill(processes["b"].pid, signal.SIGSTOP)
+        wait_until(
+            lambda: b_held & (held_partitions(logs["c"].read_text()) | held_partitions(logs["d"].read_text())),
+            120,
+            what="B's partitions moved on (its session over)",
+        )
+        os.kill(processes["b"].pid, signal.SIGCONT)
+        assert processes["b"].wait(120) == 1, tail(logs["b"])
+        assert "fenced: a newer owner has this instance's partitions" in logs["b"].read_text(), tail(logs["b"])
+        events = events[:600] + flow.stop()
+        wait_until(lambda: watcher.distinct() >= len(events), 180, what="every (partition, offset) predicted")
+        for name in "cd":
+            assert stop_process(processes[name], logs[name]) == 0, tail(logs[name])
+        watcher.settle()
+    finally:
+        flow.stop()
+        for process in processes.values():
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+                process.wait()
+        by_source = watcher.stop()
+
+    for name in "bcd":
+        assert not has_traceback(logs[name].read_text(errors="replace")), f"{name}:\n{tail(logs[name])}"
+    repeats = check_partition_outputs(by_source, events)
+    assert repeats == 0, f"{repeats} predictions seen twice by a read_committed reader"
+    aborted = len(read_all(bootstrap, topics["output_topic"])) - len(events)
+    assert aborted > 0, "no open transaction of A or B was aborted: the test proves nothing"  # in the log, unseen
+    for p, checkpoint in replicas(args, committed=True).items():
+        learner, _ = replay(of_partition(events, p))
+        assert checkpoint.positions == {(input_topic, p): len(of_partition(events, p))}
+        assert checkpoint.model == learner.to_state(), f"partition {p}: not the offline replay of its events"
+    print(f"{len(events)} events, {aborted} predictions aborted")
 
 
 def test_exactly_once_with_the_local_store_is_refused_at_start_up(apache_kafka, topics, tmp_path):

@@ -29,7 +29,7 @@ from perceptron_stream.learning.mixing import mix_states
 from perceptron_stream.state.checkpoint import decode_checkpoint
 
 from tests.support.launch import settings_args, start_service_process
-from tests.support.partitions import PARTITIONS, dealt_events, produce_dealt, replicas
+from tests.support.partitions import PARTITIONS, dealt_events, held_partitions, produce_dealt, replicas
 from tests.support.service import OutputWatcher, has_traceback, source_partition_offset, stop_process, tail
 from tests.support.topics import read_all
 from tests.support.waiting import wait_until
@@ -59,20 +59,6 @@ def _partitions_logged(log: str, what: str) -> set[int]:
         if f" {what} " in line:
             found |= {int(p) for p in re.findall(r"\[(\d+)\]", line.split(f" {what} ", 1)[1])}
     return found
-
-
-def _held(log: str) -> set[int]:
-    r"""The partitions a service held at the end of (a part of) its log: its "assigned" and "revoked" lines in order.
-
-    >>> _held("a assigned in[0], in[1]\nb revoked in[1]\nc assigned in[2]")
-    {0, 2}
-    """
-    held: set[int] = set()
-    for line in log.splitlines():
-        for what, change in ((" assigned ", held.update), (" revoked ", held.difference_update)):
-            if what in line:
-                change({int(p) for p in re.findall(r"\[(\d+)\]", line.split(what, 1)[1])})
-    return held
 
 
 def _start(args, tmp_path, name: str):
@@ -118,7 +104,7 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
         processes["b"] = _start(args, tmp_path, "b")
         wait_until(lambda: watcher.distinct() >= count // 4, 90, what="a quarter predicted")
         # b holds partitions before a dies and c comes (a, started first, may have predicted a quarter alone)
-        wait_until(lambda: _held((tmp_path / "serve-b.log").read_text()), 60, what="b's partitions")
+        wait_until(lambda: held_partitions((tmp_path / "serve-b.log").read_text()), 60, what="b's partitions")
         processes["a"].send_signal(signal.SIGKILL)  # its partitions idle until its session times out, then move
         processes["a"].wait()
         b_log_before_c = len((tmp_path / "serve-b.log").read_text())
@@ -153,7 +139,7 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
         first = b_log.find(" revoked ", b_log_before_c)
         assert first >= 0, tail(tmp_path / "serve-b.log")
         line_start, line_end = b_log.rfind("\n", 0, first) + 1, b_log.find("\n", first)
-        held, gave = _held(b_log[:line_start]), _partitions_logged(b_log[line_start:line_end], "revoked")
+        held, gave = held_partitions(b_log[:line_start]), _partitions_logged(b_log[line_start:line_end], "revoked")
         assert gave and gave < held, (held, gave, tail(tmp_path / "serve-b.log"))
     checkpoints = replicas(args)
     repeats = 0

@@ -8,6 +8,9 @@ events alone, so what it should hold is the offline replay of those
 
 from __future__ import annotations
 
+import json
+import re
+
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic, committed_offsets
 from perceptron_stream.learning import make_learner
@@ -74,3 +77,78 @@ def replicas(args: list[str], partitions: int = PARTITIONS, committed: bool = Fa
         return {p: store.load(f"partition-{p}", **only) for p in range(partitions)}
     finally:
         store.close()
+
+
+def held_partitions(log: str) -> set[int]:
+    r"""The partitions a service held at the end of (a part of) its log: its "assigned" and "revoked" lines in order.
+
+    >>> held_partitions("a assigned in[0], in[1]\nb revoked in[1]\nc assigned in[2]")
+    {0, 2}
+    """
+    held: set[int] = set()
+    for line in log.splitlines():
+        for what, change in ((" assigned ", held.update), (" revoked ", held.difference_update)):
+            if what in line:
+                change({int(p) for p in re.findall(r"\[(\d+)\]", line.split(what, 1)[1])})
+    return held
+
+
+def check_partition_outputs(by_source: dict, events: list[tuple[int, dict]], partitions: int = PARTITIONS) -> int:
+    """Every (partition, offset) predicted, each copy byte for byte the first, each the offline replay of its
+    partition's events alone (a replica that never mixes); the repeats (``by_source``: an OutputWatcher's, by
+    :func:`~tests.support.service.source_partition_offset`)."""
+    repeats = 0
+    for p in range(partitions):
+        mine = of_partition(events, p)
+        _, published = replay(mine)
+        for offset, (e, (y_pred, score, mistake, model)) in enumerate(zip(mine, published)):
+            outputs = by_source.get((p, offset))
+            assert outputs, f"partition {p} offset {offset}: no prediction"
+            assert len(set(outputs)) == 1, f"partition {p} offset {offset}: repeats differ"
+            repeats += len(outputs) - 1
+            got = json.loads(outputs[0])
+            assert (got["id"], got["y_pred"], got["score"], got["mistake"]) == (e["id"], y_pred, score, mistake)
+            assert got["model"] == {"scope": "partition", "partition": p, "mixes": 0, **model}, (p, offset)
+    expected = {(p, o) for p in range(partitions) for o in range(len(of_partition(events, p)))}
+    assert set(by_source) == expected, f"predictions of inputs never produced: {sorted(set(by_source) - expected)[:5]}"
+    return repeats
+
+
+class DealtFlow:
+    """Dealt events written at ``per_second`` from a thread, in their order, until :meth:`stop` (or the list's end):
+    a keyed stream that keeps coming while instances die, join and freeze. :meth:`stop` returns what was written."""
+
+    def __init__(self, bootstrap: str, topic: str, events: list[tuple[int, dict]], per_second: float):
+        import threading
+
+        self.bootstrap, self.topic, self.events, self.per_second = bootstrap, topic, events, per_second
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> DealtFlow:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import time
+
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5)
+        try:
+            began = time.monotonic()
+            while self.sent < len(self.events) and not self._stop.is_set():
+                due = min(len(self.events), int((time.monotonic() - began) * self.per_second) + 1)
+                for p, e in self.events[self.sent : due]:
+                    producer.send(self.topic, json.dumps(e).encode(), key=e["id"].encode(), partition=p)
+                producer.flush()
+                self.sent = max(self.sent, due)
+                time.sleep(0.05)
+        finally:
+            producer.close()
+
+    def stop(self) -> list[tuple[int, dict]]:
+        self._stop.set()
+        self._thread.join(60)
+        return self.events[: self.sent]
