@@ -22,8 +22,10 @@ import time
 import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic, committed_offsets
-from perceptron_stream.learning import make_learner
+from perceptron_stream.learning import learner_from_state, make_learner
+from perceptron_stream.learning.mixing import mix_states
 from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV
+from perceptron_stream.state.checkpoint import decode_checkpoint
 from perceptron_stream.state.kafka_store import KafkaStore
 
 from tests.support.labels import label_topics, labeled_points, send_labels, send_points
@@ -421,6 +423,93 @@ def test_three_instances_a_sigkill_a_newcomer_and_a_zombie_leave_each_input_pred
         assert checkpoint.positions == {(input_topic, p): len(of_partition(events, p))}
         assert checkpoint.model == learner.to_state(), f"partition {p}: not the offline replay of its events"
     print(f"{len(events)} events, {aborted} predictions aborted")
+
+
+def _replay_mixing(events: list[dict], p: int, position, committed: dict):
+    """Partition ``p``'s replica offline: its events stepped, and at the position of each of its committed mix
+    records the record's state checked and the mix it names made (of committed records only). What it published for
+    each event (y_pred, score, mistake, model), and the learner at the end."""
+    learner = make_learner(max_features=DEFAULT_MAX_MODEL_FEATURES)
+    at = {position(r): r for (q, _), r in committed.items() if q == p}
+    mixes, published = 0, []
+    for offset, e in enumerate(events):
+        y_pred, score, mistake = learner.step(e["x"], e["y"])
+        model = {"version": learner.updates, "seen": learner.seen, "mistakes": learner.mistakes}
+        published.append((y_pred, score, mistake, {"scope": "partition", "partition": p, "mixes": mixes, **model}))
+        record = at.get(offset + 1)
+        if record is not None:  # it published its state here, then mixed
+            assert (record.seq, record.model) == (mixes + 1, learner.to_state()), (p, offset, record.seq)
+            inputs = record.task["mix"]["inputs"]
+            states = [record.model if q == p else committed[(q, seq)].model for q, seq, _ in inputs]
+            learner = learner_from_state(mix_states(record.model, states, [mu for _, _, mu in inputs]))
+            mixes += 1
+    assert mixes == len(at), f"partition {p}: a committed mix record off its replica's path"
+    return published, learner
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_mixing_replicas_across_a_sigkill_publish_each_prediction_once_and_mix_only_committed_states(
+    client, apache_kafka, topics, tmp_path
+):
+    """Partition scope with --mix-every 10 over 4 keyed partitions, two instances; A is SIGKILLed with mix records in
+    its open transaction (a commit a second), B takes its partitions. A read_committed reader sees every (partition,
+    offset) predicted once, each mix number of each partition once; replaying each partition from its committed mix
+    records alone (every record's state checked, every mix made of the committed records it names) gives every
+    published prediction and the committed replica: no replica mixed a state that was never committed."""
+    bootstrap, input_topic, partitions = apache_kafka.bootstrap_servers, topics["input_topic"], 4
+    events = dealt_events(12_000, seed=94, partitions=partitions)
+    produce_dealt(bootstrap, input_topic, events[:200], partitions)
+    args = _partition_scope(apache_kafka, topics, tmp_path, client, mix_every=10, commit_interval_ms=1000)
+    watcher = OutputWatcher(bootstrap, topics["output_topic"], read_committed=True, by=source_partition_offset).start()
+    logs = {name: tmp_path / f"serve-{name}.log" for name in "ab"}
+    processes = {name: start_service_process(args, logs[name]) for name in "ab"}
+    flow = DealtFlow(bootstrap, input_topic, events[200:], per_second=200)
+    try:
+        wait_until(lambda: _shared(logs, "ab", partitions), 120, what="A and B sharing the partitions")
+        flow.start()
+        wait_until(lambda: watcher.distinct() >= 600, 120, interval=0.01, what="600 events predicted")
+        time.sleep(0.5)  # A's open transaction holds predictions and mix records
+        processes["a"].kill()
+        processes["a"].wait()
+        wait_until(lambda: _restored(logs["b"].read_text()) == set(range(partitions)), 120, what="B restored all")
+        taken_over = watcher.distinct()
+        wait_until(lambda: watcher.distinct() >= taken_over + 400, 120, what="B mixing on its own")
+        events = events[:200] + flow.stop()
+        wait_until(lambda: watcher.distinct() >= len(events), 180, what="every (partition, offset) predicted")
+        assert stop_process(processes["b"], logs["b"]) == 0, tail(logs["b"])
+        watcher.settle()
+    finally:
+        flow.stop()
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        by_source = watcher.stop()
+
+    assert not has_traceback(logs["b"].read_text(errors="replace")), tail(logs["b"])
+    mix_topic = f"mix-{topics['group_id']}"
+    records = [decode_checkpoint(m.value) for m in read_all(bootstrap, mix_topic, read_committed=True)]
+    committed = {(int(r.owner.task.split("-")[1]), r.seq): r for r in records}
+    assert len(committed) == len(records), "a mix number published twice"
+    assert len(read_all(bootstrap, mix_topic)) > len(records), "no mix record was aborted: the test proves nothing"
+    checkpoints = replicas(args, partitions, committed=True)
+    for p in range(partitions):
+        mine = of_partition(events, p)
+        published, learner = _replay_mixing(mine, p, lambda r, p=p: r.positions[(input_topic, p)], committed)
+        for offset, (e, (y_pred, score, mistake, model)) in enumerate(zip(mine, published)):
+            [value] = by_source[(p, offset)]  # once, for a read_committed reader
+            got = json.loads(value)
+            assert (got["id"], got["y_pred"], got["score"], got["mistake"], got["model"]) == (
+                e["id"],
+                y_pred,
+                score,
+                mistake,
+                model,
+            ), (p, offset)
+        assert checkpoints[p].positions == {(input_topic, p): len(mine)}
+        assert checkpoints[p].model == learner.to_state(), f"partition {p}: not its replay"
+    assert len(by_source) == len(events)
+    assert any(q != p for (p, _), r in committed.items() for q, _, _ in r.task["mix"]["inputs"]), "nothing mixed"
 
 
 def test_exactly_once_with_the_local_store_is_refused_at_start_up(apache_kafka, topics, tmp_path):
