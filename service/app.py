@@ -77,7 +77,7 @@ class Application:
             scope=s.model_scope,
             challengers=[name for name, _, _ in ModelSet.parse(s.challengers)],
         )
-        self.health = Health(s.healthz_timeout_seconds)
+        self.health = Health(s.healthz_timeout_seconds, s.bootstrap_servers)
         self.retry = Retry(self.health, lambda: self._stopping)
         self.delivery = Delivery(s, self.health, self.metrics, lambda: self._stopping)
         self.lag = LagProbe(self.health, self.metrics, self.retry)
@@ -163,6 +163,8 @@ class Application:
             ).start()
             resources.callback(self.http.stop)
             log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.http.port)
+            self.health.outage.hush()  # the clients' own log, until the brokers first answer: one line per outage
+            resources.callback(self.health.outage.restore)
             if not self._start(resources):  # stopped meanwhile
                 return 0
             return self._loop()

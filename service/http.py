@@ -1,4 +1,4 @@
-"""The HTTP endpoints /metrics, /healthz and /readyz: the only module that does HTTP.
+"""The HTTP endpoints /metrics, /healthz, /readyz and /model: the only module that does HTTP.
 
 Hand-written on purpose (issue 12). A server with a thread per connection
 and no timeout let about 1,000 idle clients take every file descriptor:
@@ -163,7 +163,7 @@ class _Connection:
 
 
 class HttpEndpoints:
-    """/metrics, /healthz and /readyz on ``host:port`` in a background thread.
+    """/metrics, /healthz, /readyz and /model on ``host:port`` in a background thread.
 
     /metrics then also reports ``health``'s poll-loop beat (see
     :meth:`ServiceMetrics.track_poll_loop`). The keyword arguments are the

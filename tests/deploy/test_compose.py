@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+COMPOSE_PAGE = ROOT / "docs" / "getting-started" / "docker-compose.md"  # what a user reads of the compose file
+SCALE_OUT_PAGE = ROOT / "docs" / "how-to" / "scale-out-deploy.md"
 
 SERVICE = "perceptron-stream"
 SCALED = "perceptron-stream-scaled"  # the profile scale-out's model, in partition scope, run with --scale
@@ -319,14 +321,14 @@ def test_demo_topics_keep_an_hour_not_a_week(compose, monkeypatch):
     for topic in (settings.checkpoint_topic, scaled.mix_topic):
         assert not {"retention.ms", "retention.bytes"} & set(_topic_configs(created[topic])), topic
     assert "retention.ms" not in CHECKPOINT_TOPIC_CONFIG
-    # and the README and the compose file's header say so (line breaks aside)
+    # and the Docker Compose page and the compose file's header say so (line breaks aside)
     header = " ".join(line.lstrip("#") for line in COMPOSE_FILE.read_text().split("\nservices:", 1)[0].splitlines())
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for text in (" ".join(header.split()), " ".join(readme.split())):
+    page = COMPOSE_PAGE.read_text(encoding="utf-8")
+    for text in (" ".join(header.split()), " ".join(page.split())):
         assert "points, predictions" in text.replace("`", "") and "retention.ms" in text
         assert "one hour of events" in text and "no retention" in text
     for retention_ms in retentions:
-        assert f"`retention.ms={retention_ms}`" in readme
+        assert f"`retention.ms={retention_ms}`" in page
 
 
 # --------------------------------------------------------------------------- compose: the service
@@ -422,8 +424,8 @@ def test_suggested_scale_stays_within_the_input_partitions(compose, monkeypatch)
     """One replica per partition: an instance beyond the partition count gets nothing to do."""
     partitions = _partitions(compose, serve_settings(monkeypatch, container_env(compose, SCALED)).input_topic)
     header = COMPOSE_FILE.read_text().split("\nservices:", 1)[0]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for where, text in (("the compose header", header), ("README.md", readme)):
+    page = SCALE_OUT_PAGE.read_text(encoding="utf-8")
+    for where, text in (("the compose header", header), (SCALE_OUT_PAGE.name, page)):
         commands = re.findall(rf"docker compose [^\n`]*--scale {SCALED}=\d+[^\n`]*", text)
         assert commands, f"no `--scale {SCALED}=N` command in {where}"
         for command in commands:
@@ -509,13 +511,13 @@ def test_producer_flags_load_as_produce_settings(compose, monkeypatch):
 
 
 def test_suggested_host_produce_command_fits_the_running_model(compose, monkeypatch):
-    """README and the compose header suggest a `produce` from the host: it must write the demo's
+    """The Docker Compose page and the compose header suggest a `produce` from the host: it must write the demo's
     own kind of events (the credit stream) into the service's input, explicitly, and unlabeled
     as the text says, not another stream's dense `x` into the credit model and its checkpoint."""
     header = COMPOSE_FILE.read_text().split("\nservices:", 1)[0]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = COMPOSE_PAGE.read_text(encoding="utf-8")
     pattern = r"perceptron-stream produce --bootstrap-servers localhost:[^`\n]*"
-    commands = {"README.md": re.findall(pattern, readme), "the compose header": re.findall(pattern, header)}
+    commands = {COMPOSE_PAGE.name: re.findall(pattern, page), "the compose header": re.findall(pattern, header)}
     serve = serve_settings(monkeypatch, container_env(compose, SERVICE))
     demo = load(ProduceSettings, [str(arg) for arg in compose["services"]["producer"]["command"][1:]])
     advertised = _environment(compose["services"]["kafka"])["KAFKA_ADVERTISED_LISTENERS"]

@@ -1,7 +1,7 @@
 """Faults with real processes on both brokers: SIGKILL at random
 moments, and the broker frozen mid-stream.
 
-What must hold after any of them (README "Guarantees"):
+What must hold after any of them (docs: concepts/guarantees.md):
 
 - every input offset has at least one prediction (at-least-once outputs);
 - a repeated prediction (same ``source``) is byte for byte the first one:

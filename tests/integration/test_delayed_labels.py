@@ -271,12 +271,12 @@ def test_a_label_topic_of_another_partition_count_is_refused(broker, topics, tmp
     assert load(ServeSettings, settings_args(broker, names, tmp_path)).label_topic == names["label_topic"]
 
 
-def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_thread):
-    """README "Delayed labels": the snippet a user pastes, against the service it describes."""
+def test_the_docs_example_works_as_written(broker, topics, tmp_path, service_thread):
+    """The delayed-labels page (docs/concepts/delayed-labels.md): the snippet a user pastes, against the service it
+    describes."""
     from tests.support import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Delayed labels") :]
+    section = (ROOT / "docs" / "concepts" / "delayed-labels.md").read_text()
     snippet = section[section.index("```python\n") + 10 : section.index("```", section.index("```python\n") + 10)]
     names = {**topics, "input_topic": f"points-{topics['group_id']}", "label_topic": f"labels-{topics['group_id']}"}
     snippet = (
@@ -289,7 +289,7 @@ def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_t
     names["outcome_topic"] = f"outcomes-{topics['group_id']}"
     service = service_thread(settings_args(broker, names, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")
-    exec(compile(snippet, "README.md", "exec"), {})
+    exec(compile(snippet, "delayed-labels.md", "exec"), {})
     [prediction] = consume(broker.bootstrap_servers, names["output_topic"], 1)
     [outcome] = consume(broker.bootstrap_servers, names["outcome_topic"], 1)
     got = json.loads(outcome.value)

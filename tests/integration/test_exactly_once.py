@@ -1,5 +1,5 @@
 """``--processing-guarantee exactly-once`` with real processes: what a read_committed reader sees after a SIGKILL,
-and the combinations start-up refuses (README "Guarantees").
+and the combinations start-up refuses (docs: concepts/guarantees.md).
 
 On Apache Kafka, both clients: the service SIGKILLed mid-stream twice and run to the end; a read_committed
 reader of the predictions sees every input offset exactly once, each prediction the uninterrupted run's, and

@@ -214,13 +214,14 @@ def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broke
     service.stop()
 
 
-def _readme_warm_start() -> list[list[str]]:
-    """The README's warm-start example, its `$ ` lines as argument lists (the printf line as its file's text)."""
+def _docs_warm_start() -> list[list[str]]:
+    """The warm-start example of the docs (how-to/warm-start.md), its `$ ` lines as argument lists (the printf line
+    as its file's text)."""
     import re
     import shlex
 
-    text = (ROOT / "README.md").read_text()
-    block = text[text.index("- **Warm start**") :]
+    text = (ROOT / "docs" / "how-to" / "warm-start.md").read_text()
+    block = text[text.index("## Warm start") :]
     block = block[block.index("```sh") + 5 : block.index("```", block.index("```sh") + 5)]
     return [
         shlex.split(re.sub(r"\s*&$", "", line.strip()[2:]))
@@ -246,9 +247,9 @@ def _cli(args: list[str], cwd, broker=None, topic=None) -> subprocess.CompletedP
     return done
 
 
-def test_the_readme_warm_start_example_predicts_the_seeds_points_right(broker, topics, tmp_path, service_thread):
-    """The README's lines, run as they are: printf, train --dense, serve --initial-model --learning off, produce --dense."""
-    printf, train, serve, send = _readme_warm_start()
+def test_the_docs_warm_start_example_predicts_the_textbook_points_right(broker, topics, tmp_path, service_thread):
+    """The docs' lines, run as they are: printf, train --dense, serve --initial-model --learning off, produce --dense."""
+    printf, train, serve, send = _docs_warm_start()
     assert printf[:1] == ["printf"] and printf[-2:] == [">", "d.csv"]
     (tmp_path / "d.csv").write_text(printf[1].encode().decode("unicode_escape"))
     _cli(train, tmp_path)

@@ -379,8 +379,11 @@ def test_the_lock_keeps_a_second_instance_out_and_dies_with_its_holder(tmp_path)
     first = LocalStore(tmp_path, "g")
     first.lock("model")
     directory = first.task_dir("model")
-    with pytest.raises(StateLockedError, match=f"state directory {directory} is in use by pid {os.getpid()}"):
+    with pytest.raises(StateLockedError, match=f"state directory {directory} is in use by pid {os.getpid()}") as locked:
         LocalStore(tmp_path, "g").lock("model")
+    # the way out that works: another model is another --group-id (another --state-dir alone finds the group's
+    # committed offsets and no checkpoint: the lost-state error)
+    assert "run another model with another --group-id" in str(locked.value)
     LocalStore(tmp_path, "other-group").lock("model")  # another model's lock is another lock
     first.close()
     again = LocalStore(tmp_path, "g")
@@ -488,7 +491,7 @@ UNSAFE = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpic
 
 
 def test_no_module_of_the_service_can_unpickle():
-    """A store that unpickles what it reads lets anyone who can write to it run code (README "Security")."""
+    """A store that unpickles what it reads lets anyone who can write to it run code (docs: how-to/security.md)."""
     found = []
     for path in sorted((ROOT / "service").rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
