@@ -78,8 +78,9 @@ class Restorer:
             s = self.settings
             committed = {}
             for topic in [s.input_topic] + ([s.label_topic] if s.label_topic else []):  # a task reads both
-                offsets = self.retry.until_it_works(
-                    lambda topic=topic: committed_offsets(s, s.group_id, topic), "read the group's committed offsets"
+                offsets = self.retry.until_it_works(  # stable: no transaction committing them still ending
+                    lambda topic=topic: committed_offsets(s, s.group_id, topic, stable=True),
+                    "read the group's committed offsets",
                 )
                 committed.update({(topic, p): o for p, o in (offsets or {}).items()})
             only_committed = {"committed": committed}

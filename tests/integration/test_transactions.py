@@ -348,3 +348,33 @@ def test_the_compacted_topics_readers_wait_for_a_transaction_open_when_they_bega
         reading.join(30)
         store.close()
         log.close()
+
+
+def test_stable_committed_offsets_wait_for_the_transaction_that_commits_them(apache_kafka, topics):
+    """A transaction committed just before a rebalance is acknowledged before its markers are written: the next
+    owner reads the group's offsets as a read_committed consumer does (require_stable), never the ones before it."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as Partition
+
+    bootstrap, group, topic = apache_kafka.bootstrap_servers, topics["group_id"], topics["input_topic"]
+    settings = KafkaSettings(bootstrap_servers=bootstrap)
+    produce(bootstrap, topic, [b"in-0"])
+    member = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+    writer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"offsets-{group}"})
+    try:
+        member.subscribe([topic])
+        wait_until(lambda: member.poll(0.2) is not None and member.assignment(), 60, what="the member's partition")
+        writer.init_transactions(30)
+        writer.begin_transaction()
+        writer.send_offsets_to_transaction([Partition(topic, 0, 1)], member.consumer_group_metadata(), 30)
+        stable: dict = {}
+        reading = threading.Thread(target=lambda: stable.update(committed_offsets(settings, group, topic, stable=True)))
+        reading.start()
+        time.sleep(2.0)
+        assert committed_offsets(settings, group, topic) == {}  # what the admin call saw: the offsets before it
+        assert stable == {}  # still asking
+        writer.commit_transaction(30)
+        reading.join(30)
+        assert stable == {0: 1}
+    finally:
+        member.close()
