@@ -447,15 +447,17 @@ def _replay_mixing(events: list[dict], p: int, position, committed: dict):
     return published, learner
 
 
-@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_mixing_replicas_across_a_sigkill_publish_each_prediction_once_and_mix_only_committed_states(
-    client, apache_kafka, topics, tmp_path
+    apache_kafka, topics, tmp_path
 ):
     """Partition scope with --mix-every 10 over 4 keyed partitions, two instances; A is SIGKILLed with mix records in
     its open transaction (a commit a second), B takes its partitions. A read_committed reader sees every (partition,
     offset) predicted once, each mix number of each partition once; replaying each partition from its committed mix
     records alone (every record's state checked, every mix made of the committed records it names) gives every
-    published prediction and the committed replica: no replica mixed a state that was never committed."""
+    published prediction and the committed replica: no replica mixed a state that was never committed. On the
+    default client only (30-40 s a run): a mix record is an output like any other, sent through the stream's
+    transaction, which test_transactions proves on both clients."""
+    client = "kafka-python"
     bootstrap, input_topic, partitions = apache_kafka.bootstrap_servers, topics["input_topic"], 4
     events = dealt_events(12_000, seed=94, partitions=partitions)
     produce_dealt(bootstrap, input_topic, events[:200], partitions)
