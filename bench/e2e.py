@@ -92,6 +92,7 @@ a round, and the medians. Results: bench/results/e2e-<time>.json (gitignored).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import json
@@ -107,6 +108,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -173,7 +175,8 @@ def ceiling_kafka_python(
         batches = poll(timeout_ms=200, max_records=batch)
         if not batches:
             continue
-        offsets, futures = {}, []
+        offsets: dict = {}
+        futures: list = []
         keep = futures.append
         for tp, messages in batches.items():
             for m in messages:
@@ -238,7 +241,7 @@ def ceiling_confluent(
         from perceptron_stream.learning import make_learner
         from perceptron_stream.metrics import ServiceMetrics
         from perceptron_stream.wire.inputs import Decoder
-        from perceptron_stream.wire.messages import Rejection
+        from perceptron_stream.wire.messages import Event
 
         decode, learner = Decoder(1024 * 1024, 10_000).decode, make_learner("plain", 0.0, False)
         step, dumps, metrics = learner.step, orjson.dumps, ServiceMetrics(window=1000, version="bench", variant="plain")
@@ -255,10 +258,10 @@ def ceiling_confluent(
                     raise KafkaException(m.error())
                 partition, offset = m.partition(), m.offset()
                 event = decode(m.value())
-                if type(event) is Rejection:
-                    raise RuntimeError(event.error)
+                if type(event) is not Event:  # as the service tells them apart
+                    raise RuntimeError(str(event))
                 y_pred, score, mistake = step(event.x, event.y)
-                flags.append(mistake)
+                flags.append(mistake is True)  # labeled: a bool
                 produce(
                     output_topic,
                     dumps(
@@ -295,10 +298,10 @@ def ceiling_confluent(
     consumer.close()
 
 
-CEILINGS = {
+CEILINGS: dict[str, Callable[..., None]] = {
     "kafka-python": ceiling_kafka_python,
     "confluent": ceiling_confluent,
-    "confluent+service-path": lambda *args: ceiling_confluent(*args, work=True),
+    "confluent+service-path": functools.partial(ceiling_confluent, work=True),
 }
 
 # What a user would write instead (bench/peers): the module, and the package it needs beyond ours.
@@ -504,7 +507,7 @@ class Service:
         group: str,
         partitions: int,
         log_path: Path,
-        extra: list[str] = (),
+        extra: Sequence[str] = (),
         labels: bool = False,
     ):
         from perceptron_stream.broker import free_port
@@ -539,7 +542,7 @@ class Service:
         self.package = tempfile.TemporaryDirectory(prefix="e2e-package-")
         os.symlink(tree / "service", Path(self.package.name) / "perceptron_stream")
         env["PYTHONPATH"] = os.pathsep.join([self.package.name, str(tree)])
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 — the service's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
             cwd=tree,
@@ -624,7 +627,7 @@ class Ceiling:
         log_path: Path,
     ):
         self.log_path = log_path
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 — the producer's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -744,7 +747,9 @@ class VisibleReader:
         )
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         self.arrivals: dict[bytes, float] = {}
-        self.count, self.first, self.last = 0, None, None
+        self.count = 0
+        self.first: float | None = None  # wall-clock ms of the first arrival, and of the last
+        self.last: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -806,7 +811,7 @@ def throughput_run(
     output_topic, group = f"out-{tag}", f"g-{tag}"
     worker = start(c, kafka, input_topic, output_topic, group, partitions, events, batch, logs / f"{tag}.log")
     samples: list[tuple[int, float]] = []
-    logged = worker.logged if c.kind == "peer" else dict
+    logged: Callable[[], dict[int, float]] = worker.logged if c.kind == "peer" else dict
 
     def sample(done: int) -> None:
         said = logged()
@@ -962,7 +967,7 @@ def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
     """
     return [
         (s, r)
-        for s, r in zip(runs, runs[1:])
+        for s, r in itertools.pairwise(runs)
         if s["name"] == s.get("rate_of") == r.get("rate_of") != r["name"] and s["p99_ms"] is not None and r["p99_ms"]
     ]
 
@@ -1353,18 +1358,18 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
             table.add_row(c.name, *cells)
         console.print(table)
         for t in results["throughput"]:
-            runs, reference = t["runs"], EXACTLY_ONCE[0][0]
+            runs, baseline = t["runs"], EXACTLY_ONCE[0][0]
             for name, _ in EXACTLY_ONCE[1:]:
                 pairs = [
                     (r, q)
                     for r in runs
                     if r["name"] == name
                     for q in runs
-                    if q["name"] == reference and q["repeat"] == r["repeat"]
+                    if q["name"] == baseline and q["repeat"] == r["repeat"]
                 ]
                 if pairs:
                     console.print(
-                        f"{t['partitions']} partition(s): {name} / {reference}, events/s in the same round: "
+                        f"{t['partitions']} partition(s): {name} / {baseline}, events/s in the same round: "
                         + ", ".join(f"{r['events_per_s'] / q['events_per_s']:.2f}" for r, q in pairs)
                     )
             for name, ratios in t.get("ratios_to_service_by_repeat", {}).items():

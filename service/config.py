@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -713,7 +714,7 @@ def load(cls: type[Settings], args: list[str]) -> Settings:
         _config_file.reset(token)
 
 
-def _describe(error: dict) -> str:
+def _describe(error: ErrorDetails) -> str:
     loc = [str(part) for part in error.get("loc", ()) if not isinstance(part, int)]
     message = error["msg"].removeprefix("Value error, ")
     if not loc:  # a check across settings: its message names them

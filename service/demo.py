@@ -307,6 +307,7 @@ def run_demo(settings: DemoSettings) -> int:
         EmbeddedBroker(port=settings.broker_port) as broker,
         tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state,
     ):
+        assert broker.process is not None  # the context manager started it
         console.print(f"embedded broker on {broker.bootstrap_servers} (pid {broker.process.pid})")
         base = ["--bootstrap-servers", broker.bootstrap_servers]
         delayed = settings.delayed_labels
@@ -367,7 +368,7 @@ def run_demo(settings: DemoSettings) -> int:
         )
         view = None
         try:
-            if service.is_alive():
+            if app.http is not None and service.is_alive():  # (the service is up once http is)
                 metrics_url = f"http://{serve.metrics_host}:{app.http.port}"
                 console.print(f"metrics on {metrics_url}/metrics", highlight=False)
                 producer.start()

@@ -50,7 +50,7 @@ def test_every_page_of_the_site_but_the_runbooks_is_linked():
     """The runbooks have their index; every other page of the site's navigation is one click from README."""
 
     def pages(nav) -> list[str]:
-        found = []
+        found: list[str] = []
         for entry in nav:
             value = next(iter(entry.values())) if isinstance(entry, dict) else entry
             found += pages(value) if isinstance(value, list) else [value]

@@ -12,7 +12,9 @@ state that learned those events is lost).
 
 from __future__ import annotations
 
+import functools
 import logging
+from functools import partial
 
 from perceptron_stream.kafka import committed_offsets, log_ranges
 from perceptron_stream.learning import learner_from_state
@@ -79,8 +81,7 @@ class Restorer:
             committed = {}
             for topic in [s.input_topic] + ([s.label_topic] if s.label_topic else []):  # a task reads both
                 offsets = self.retry.until_it_works(  # stable: no transaction committing them still ending
-                    lambda topic=topic: committed_offsets(s, s.group_id, topic, stable=True),
-                    "read the group's committed offsets",
+                    partial(committed_offsets, s, s.group_id, topic, stable=True), "read the group's committed offsets"
                 )
                 committed.update({(topic, p): o for p, o in (offsets or {}).items()})
             only_committed = {"committed": committed}
@@ -208,7 +209,7 @@ class Restorer:
         outside = []
         for topic in sorted({t for t, _ in cp.positions}):
             ranges = self.retry.until_it_works(
-                lambda: log_ranges(self.settings, topic), f"read the logs' ranges of {topic}"
+                functools.partial(log_ranges, self.settings, topic), f"read the logs' ranges of {topic}"
             )
             for (t, partition), position in sorted(cp.positions.items()):
                 if t != topic:

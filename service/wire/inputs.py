@@ -34,7 +34,7 @@ import functools
 import sys
 from collections.abc import Callable
 from math import hypot
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any
 
 import msgspec
 import orjson
@@ -60,19 +60,20 @@ def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | 
     """
     value = Annotated[float, msgspec.Meta(ge=-max_feature_value, le=max_feature_value)]
     most = min(max_features, sys.maxsize)  # msgspec's lengths are C sizes; no list is longer anyway
+    dense: Any  # a type for msgspec, or None: no dense event decodes
     if dimension is None:
-        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=1, max_length=most)]]
+        dense = Annotated[list[value], msgspec.Meta(min_length=1, max_length=most)] | None
     elif 1 <= dimension <= max_features:
-        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)]]
+        dense = Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)] | None
     else:  # a checkpoint's dimension beyond today's --max-features (or none a dense event can have): the model says why
         dense = None
     event = msgspec.defstruct(
         "FastEvent",
         [
-            ("id", Union[str, int, None], None),
+            ("id", str | int | None, None),
             ("x", dense, None),
-            ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)]], None),
-            ("y", Union[bool, int, None], None),
+            ("features", Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)] | None, None),
+            ("y", bool | int | None, None),
         ],
         forbid_unknown_fields=True,
     )
@@ -171,8 +172,10 @@ class Decoder:
             event = InputEvent.model_validate_json(raw)
         except ValidationError as exc:
             return _explain(exc, raw)
-        dense = event.x is not None
-        return self._checked(event.id, event.x if dense else event.features, dense, event.y)
+        if event.x is not None:
+            return self._checked(event.id, event.x, True, event.y)
+        assert event.features is not None  # an InputEvent holds x or features
+        return self._checked(event.id, event.features, False, event.y)
 
     def _checked(
         self, id_: str | int | None, x: list[float] | dict[str, float], dense: bool, y: int | None
@@ -185,7 +188,7 @@ class Decoder:
             return Rejection(
                 "too_many_features", f"the event has {n} features, more than the limit of {self.max_features}"
             )
-        values, limit = (x if dense else x.values()), self.max_feature_value
+        values, limit = (x if isinstance(x, list) else x.values()), self.max_feature_value
         # every |x_i| <= ||x||: the norm (in C doubles, no overflow) settles the common case
         # at a quarter of the cost of max/min, whose comparisons are generic object ones
         if hypot(*values) > limit and (largest := max(map(abs, values))) > limit:

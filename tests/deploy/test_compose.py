@@ -29,6 +29,7 @@ import sysconfig
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path, PurePosixPath
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -375,7 +376,9 @@ def test_service_is_built_from_the_dockerfile_and_waits_for_kafka_and_topics(com
 
 
 def _partitions(compose, topic: str) -> int:
-    return int(re.search(r"--partitions\s+(\d+)", _created_topics(compose)[topic]).group(1))
+    found = re.search(r"--partitions\s+(\d+)", _created_topics(compose)[topic])
+    assert found, topic
+    return int(found.group(1))
 
 
 def test_scaled_service_has_what_partition_scope_needs(compose, monkeypatch):
@@ -448,7 +451,8 @@ def test_suggested_scale_stays_within_the_input_partitions(compose, monkeypatch)
         assert commands, f"no `--scale {SCALED}=N` command in {where}"
         for command in commands:
             assert "--profile scale-out" in command, (where, command)
-            assert 1 <= int(re.search(rf"--scale {SCALED}=(\d+)", command).group(1)) <= partitions, (where, command)
+            scale = re.search(rf"--scale {SCALED}=(\d+)", command)
+            assert scale and 1 <= int(scale.group(1)) <= partitions, (where, command)
 
 
 def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, monkeypatch):
@@ -465,7 +469,8 @@ def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, mon
     # the image's HEALTHCHECK asks the same port by default, and EXPOSEs it
     instructions = dockerfile_instructions(DOCKERFILE.read_text())
     code = healthcheck_command(instructions)[-1]
-    assert re.search(r"PERCEPTRON_STREAM_METRICS_PORT['\"],\s*['\"](\d+)['\"]", code).group(1) == str(port)
+    default = re.search(r"PERCEPTRON_STREAM_METRICS_PORT['\"],\s*['\"](\d+)['\"]", code)
+    assert default and default.group(1) == str(port), code
     assert _one(instructions, "EXPOSE").split() == [str(port)]
 
 
@@ -653,7 +658,7 @@ def test_hadolint_rejects_a_bad_dockerfile(tmp_path):
 def test_dockerfile_builds_the_project_as_a_non_root_user():
     instructions = dockerfile_instructions(DOCKERFILE.read_text())
     assert [args for word, args in instructions if word == "FROM"] == ["python:3.11-slim"]
-    copied = set()
+    copied: set[str] = set()
     for word, args in instructions:
         if word == "COPY":
             *sources, _ = args.split()
@@ -688,7 +693,7 @@ def test_dockerfile_env_names_are_settings(monkeypatch):
 
 class _Health(BaseHTTPRequestHandler):
     status = 200
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []  # the paths asked, across the server's handler instances
 
     def do_GET(self):
         type(self).seen.append(self.path)
@@ -705,7 +710,12 @@ def test_healthcheck_command_really_asks_healthz(status, healthy):
     """Run the HEALTHCHECK's own command against a local stand-in for the service."""
     command = healthcheck_command(dockerfile_instructions(DOCKERFILE.read_text()))
     assert command[0] == "python"  # no curl in python:3.11-slim
-    handler = type("Handler", (_Health,), {"status": status, "seen": []})
+
+    class Handler(_Health):  # this run's status and paths
+        seen: ClassVar[list[str]] = []
+
+    Handler.status = status
+    handler = Handler
     server = HTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

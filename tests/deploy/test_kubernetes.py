@@ -337,7 +337,8 @@ def test_deployment_env_names_are_settings_and_the_secret_is_optional(objects, c
         f"{ENV_PREFIX}SASL_USERNAME": "perceptron-stream",
         f"{ENV_PREFIX}SASL_PASSWORD": secret["stringData"]["sasl-password"],
     }
-    assert serve_settings(monkeypatch, env).sasl_password.get_secret_value() == secret["stringData"]["sasl-password"]
+    password = serve_settings(monkeypatch, env).sasl_password
+    assert password is not None and password.get_secret_value() == secret["stringData"]["sasl-password"]
 
 
 def test_secret_is_a_clearly_marked_placeholder(objects):
@@ -445,7 +446,9 @@ def test_container_runs_locked_down(objects, container):
 
 def _quantity(value) -> float:
     units = {"m": 1e-3, "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 1e3, "M": 1e6, "G": 1e9}
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value)).groups()
+    found = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value))
+    assert found, value
+    number, unit = found.groups()
     return float(number) * units[unit]
 
 

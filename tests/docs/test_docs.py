@@ -226,4 +226,4 @@ def test_a_settings_file_a_page_shows_is_the_command_s_settings(tmp_path: Path, 
     monkeypatch.setenv("PERCEPTRON_STREAM_SASL_PASSWORD", "secret")
     settings = load(ServeSettings, ["--config-file", "serve.toml"])
     assert (settings.security_protocol, settings.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
-    assert settings.sasl_password.get_secret_value() == "secret"
+    assert settings.sasl_password is not None and settings.sasl_password.get_secret_value() == "secret"

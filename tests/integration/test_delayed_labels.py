@@ -170,6 +170,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
         create_compacting_topic(
             broker.bootstrap_servers,
             extra["pending_topic"],
+            1,
             **{"min.compaction.lag.ms": CHANGELOG_TOPIC_CONFIG["min.compaction.lag.ms"]},
         )
     process = start_service_process(args, tmp_path / "serve-1.log")
@@ -203,7 +204,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
     assert not has_traceback((tmp_path / "serve-2.log").read_text()), tail(tmp_path / "serve-2.log")
     _, expected, _, learner = replay_labels(points, labels)
     outcomes = _outcomes(broker, names, records=True)
-    first = {}
+    first: dict[int, dict] = {}
     for o in outcomes:  # repeats after the crash are identified by label_source
         first.setdefault(o["label_source"]["offset"], o)
     assert [(first[i]["id"], first[i]["y"], first[i]["y_pred"], first[i]["score"]) for i in range(len(labels))] == [
@@ -340,6 +341,7 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
     for p, mine in by_partition.items():
         _, _, _, learner = replay_labels(mine, [(e["id"], e["_y"]) for e in mine])
         checkpoint = store.load(f"partition-{p}")
+        assert checkpoint is not None
         assert checkpoint.model == learner.to_state() and checkpoint.task["labels"]["pending"] == {str(p): 0}
 
 

@@ -25,7 +25,7 @@ from perceptron_stream.kafka import CompactedTopic, committed_offsets
 from perceptron_stream.learning import learner_from_state, make_learner
 from perceptron_stream.learning.mixing import mix_states
 from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV
-from perceptron_stream.state.checkpoint import decode_checkpoint
+from perceptron_stream.state.checkpoint import decode_checkpoint, owner_of
 from perceptron_stream.state.kafka_store import KafkaStore
 
 from tests.support.labels import label_topics, labeled_points, send_labels, send_points
@@ -102,7 +102,7 @@ def test_sigkill_mid_stream_leaves_each_offset_predicted_exactly_once_for_read_c
             log_path = tmp_path / f"serve-{run}.log"
             process = start_service_process(args, log_path)
             wait_until(
-                lambda: watcher.distinct() >= kill_at or process.poll() is not None,
+                lambda kill_at=kill_at, process=process: watcher.distinct() >= kill_at or process.poll() is not None,
                 180,
                 interval=0.005,
                 what=f"run {run}: {kill_at} offsets predicted",
@@ -491,7 +491,7 @@ def test_mixing_replicas_across_a_sigkill_publish_each_prediction_once_and_mix_o
     assert not has_traceback(logs["b"].read_text(errors="replace")), tail(logs["b"])
     mix_topic = f"mix-{topics['group_id']}"
     records = [decode_checkpoint(m.value) for m in read_all(bootstrap, mix_topic, read_committed=True)]
-    committed = {(int(r.owner.task.split("-")[1]), r.seq): r for r in records}
+    committed = {(int(owner_of(r).task.split("-")[1]), r.seq): r for r in records}
     assert len(committed) == len(records), "a mix number published twice"
     assert len(read_all(bootstrap, mix_topic)) > len(records), "no mix record was aborted: the test proves nothing"
     checkpoints = replicas(args, partitions, committed=True)

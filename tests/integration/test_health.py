@@ -29,7 +29,7 @@ def test_not_ready_while_the_broker_is_unreachable_but_alive(tmp_path, topics, s
 
     service = service_thread(settings_args(Nowhere, topics, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 503, 10, what="readyz 503")
-    status, body = http_get(service.metrics_url + "/readyz")
+    _, body = http_get(service.metrics_url + "/readyz")
     assert json.loads(body) == {
         "ok": False,
         "partitions_assigned": False,
@@ -83,10 +83,14 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
         release.wait(30)
         return real_poll(*args, **kwargs)
 
-    last_turn = "perceptron_poll_loop_last_turn_timestamp_seconds"
-    assert metric(service.metrics_url, last_turn) > time.time() - 1.0  # turning
+    def last_turn() -> float:
+        value = metric(service.metrics_url, "perceptron_poll_loop_last_turn_timestamp_seconds")
+        assert value is not None, "no poll-loop beat on /metrics"
+        return value
+
+    assert last_turn() > time.time() - 1.0  # turning
     service.app.stream.poll = stuck_poll  # the loop blocks inside poll, as on a hung client
-    status, body = wait_until(
+    _, body = wait_until(
         lambda: (lambda r: r if r[0] == 503 else None)(http_get(service.metrics_url + "/healthz")),
         10,
         what="healthz 503",
@@ -94,14 +98,14 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
     idle = json.loads(body)["poll_loop_idle_seconds"]
     assert idle > 1.0
     # Prometheus sees the same stall: the last turn stands still while the scrape goes on
-    stalled_at = metric(service.metrics_url, last_turn)
+    stalled_at = last_turn()
     assert stalled_at < time.time() - 1.0
     time.sleep(0.3)
-    assert metric(service.metrics_url, last_turn) == pytest.approx(stalled_at, abs=0.05)
+    assert last_turn() == pytest.approx(stalled_at, abs=0.05)
     release.set()
     service.app.stream.poll = real_poll
     wait_until(lambda: http_get(service.metrics_url + "/healthz")[0] == 200, 10, what="healthz back to 200")
-    assert metric(service.metrics_url, last_turn) > time.time() - 1.0
+    assert last_turn() > time.time() - 1.0
     assert http_get(service.metrics_url + "/nothing")[0] == 404
 
 

@@ -38,7 +38,7 @@ def _metric(url: str, name: str) -> float:
 def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_publishes(
     broker, topics, tmp_path, service_thread
 ):
-    events = _events(3000, seed=81) + [{"id": "u", "x": [0.1] * 5}]  # and one unlabeled
+    events = [*_events(3000, seed=81), {"id": "u", "x": [0.1] * 5}]  # and one unlabeled
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events)
     args = settings_args(broker, topics, tmp_path, challengers="averaged,pocket,margin:0.5")
@@ -379,7 +379,8 @@ def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(
     before = (
         service.app.reports.builds
     )  # a request before start-up saw the placeholder model: another model, another build
-    stop, got = threading.Event(), [[] for _ in range(8)]
+    stop = threading.Event()
+    got: list[list] = [[] for _ in range(8)]
     clients = [
         threading.Thread(target=_poll_model, args=(service.metrics_url, stop, got[i], 1000 * i), daemon=True)
         for i in range(8)
@@ -401,7 +402,8 @@ def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(
     else:
         assert builds <= len(seen_versions)  # one build per version a request saw first; every other reused it
     # the pages walk the whole model, in its order, each feature once (learning off: the file's weights)
-    walked, offset = {}, 0
+    walked: dict[str, float] = {}
+    offset: int | None = 0
     while offset is not None:
         page = json.loads(http_get(f"{service.metrics_url}/model?offset={offset}&limit=10000")[1])
         champion = page["models"][0]["champion"]

@@ -26,7 +26,7 @@ import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.learning import learner_from_state, make_learner
 from perceptron_stream.learning.mixing import mix_states
-from perceptron_stream.state.checkpoint import decode_checkpoint
+from perceptron_stream.state.checkpoint import decode_checkpoint, owner_of
 
 from tests.support.launch import settings_args, start_service_process
 from tests.support.partitions import PARTITIONS, dealt_events, held_partitions, produce_dealt, replicas
@@ -62,7 +62,7 @@ def _partitions_logged(log: str, what: str) -> set[int]:
 
 
 def _start(args, tmp_path, name: str):
-    return start_service_process(args + ["--metrics-port", "0"], tmp_path / f"serve-{name}.log")
+    return start_service_process([*args, "--metrics-port", "0"], tmp_path / f"serve-{name}.log")
 
 
 # Both stores and both clients on Apache Kafka, and its KIP-848 group protocol; the embedded broker once (the runs
@@ -201,16 +201,16 @@ def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka
         final = checkpoints[p]
         mixes = final.task["mixer"]["mixes"]
         assert mixes >= 1, f"partition {p} never mixed"
-        [last] = [r for r in records if r.owner.task == f"partition-{p}" and r.seq == mixes][-1:]
+        [last] = [r for r in records if owner_of(r).task == f"partition-{p}" and r.seq == mixes][-1:]
         own = last.model
         states, mu = [], []
         for q, seq, m in last.task["mix"]["inputs"]:
             source = (
                 last
                 if q == p
-                else [r for r in records[: records.index(last)] if r.owner.task == f"partition-{q}" and r.seq == seq][
-                    -1
-                ]
+                else [
+                    r for r in records[: records.index(last)] if owner_of(r).task == f"partition-{q}" and r.seq == seq
+                ][-1]
             )
             states.append(source.model)
             mu.append(m)

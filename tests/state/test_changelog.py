@@ -9,6 +9,8 @@ from perceptron_stream.state.pending import PendingTable
 class MemoryLog:
     """What Changelog uses of PartitionedLog, in memory."""
 
+    topic = "pending"
+
     def __init__(self):
         self.records: dict[int, list] = {}
         self.flushes = 0
@@ -62,7 +64,6 @@ class Transaction:
 
 def test_in_transactions_the_epochs_changes_and_a_restores_repairs_go_into_the_next_transaction_only():
     log = MemoryLog()
-    log.topic = "pending"
     table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
     table.add("a", {"v": 1}, now=1.0)
     Changelog(log, "g").write(0, table.changed(), 1, "run-1")  # at-least-once: run-1's checkpoint 1...

@@ -35,7 +35,7 @@ def make_joiner(max_early: int = 100) -> Joiner:
     )
 
 
-def make_task(joiner: Joiner) -> Task:
+def make_task(joiner: Joiner | None) -> Task:
     return Task(
         "group",
         Owner("g", "points"),
@@ -126,5 +126,5 @@ def replay_labels(points, labels_in_order, then=(), challenger=None):
     if other is not None:
         for p in then:
             other.step(p["x"], None)
-        learner.challenger = other
+        learner.challenger = other  # type: ignore[union-attr]  # the replay's challenger, carried by its champion
     return published, outcomes, later, learner

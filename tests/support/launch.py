@@ -43,15 +43,15 @@ def start_service_process(
 
     ``preexec_fn`` runs in the child before the service starts (e.g. to lower
     its open-files limit); ``env``: variables added to the test's environment."""
-    log = open(log_path, "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        preexec_fn=preexec_fn,
-        env=None if env is None else {**os.environ, **env},
-    )
+    with open(log_path, "ab") as log:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            preexec_fn=preexec_fn,
+            env=None if env is None else {**os.environ, **env},
+        )
 
 
 class ServiceThread:
@@ -62,8 +62,8 @@ class ServiceThread:
         from perceptron_stream.config import ServeSettings, load
 
         self.app = Application(load(ServeSettings, args))
-        self.result = None
-        self.error = None
+        self.result: int | None = None
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
@@ -87,4 +87,5 @@ class ServiceThread:
 
     @property
     def metrics_url(self) -> str:
+        assert self.app.http is not None, "the service's HTTP endpoints are not up"
         return f"http://127.0.0.1:{self.app.http.port}"

@@ -68,13 +68,12 @@ def replicas(args: list[str], partitions: int = PARTITIONS, committed: bool = Fa
 
         local = LocalStore(s.state_dir, s.group_id)
         return {p: local.load(f"partition-{p}") for p in range(partitions)}
-    only = {}
+    positions = None
     if committed:
-        offsets = committed_offsets(s, s.group_id, s.input_topic)
-        only = {"committed": {(s.input_topic, p): o for p, o in offsets.items()}}
+        positions = {(s.input_topic, p): o for p, o in committed_offsets(s, s.group_id, s.input_topic).items()}
     store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
     try:
-        return {p: store.load(f"partition-{p}", **only) for p in range(partitions)}
+        return {p: store.load(f"partition-{p}", committed=positions) for p in range(partitions)}
     finally:
         store.close()
 
