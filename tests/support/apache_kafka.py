@@ -215,6 +215,10 @@ class ApacheKafka:
             "num.partitions": "1",
             # the cleaner wakes every second (15 s by default): compaction tests see it run
             "log.cleaner.backoff.ms": "1000",
+            # its offset map, allocated whole when the broker starts (128 MiB by default): a broker of a test's own
+            # (-Xmx256m) died of "OutOfMemoryError: Java heap space" in "Error starting LogManager" once in a full
+            # run; the tests' compacted topics hold a few thousand keys
+            "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
             # TLS: PEM files, as the clients use
             "ssl.keystore.type": "PEM",
             "ssl.keystore.certificate.chain": pki.server_cert.read_text().strip().replace("\n", "\\n"),
