@@ -204,7 +204,10 @@ def main() -> int:
     parser.add_argument("--only", default="", help="shapes whose name contains this text (and the reference)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    sys.path.insert(0, str(args.tree.resolve()))
+    sys.path.insert(0, str(ROOT))
+    from bench.trees import use_tree
+
+    package = use_tree(args.tree)  # the tree's own perceptron_stream, not the installed one
     try:
         from perceptron_stream.wire.inputs import Decoder
     except ImportError:  # a tree from before service/wire/ (0.1: service/schema.py)
@@ -242,6 +245,7 @@ def main() -> int:
             )
 
     print(f"# {platform.python_version()}, {platform.machine()}, tree {args.tree}, max_features {args.max_features}")
+    print(f"# perceptron_stream from {package.parent}")
     header = (
         f"| {'size':>9} | {'shape':<28} | {'bytes':>9} | {'outcome':<17} | {'µs':>9} | {'ns/B':>7} | {'× valid':>8} |"
     )

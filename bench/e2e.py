@@ -117,6 +117,8 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
+from bench.trees import import_root  # noqa: E402
+
 # the client settings of the service (perceptron_stream.kafka)
 GROUP_TIMINGS = {"max_poll_interval_ms": 300_000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
 PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024, "retries": 5}
@@ -537,11 +539,7 @@ class Service:
             *extra,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
-        # the tree's service/ as the import name perceptron_stream (PYTHONPATH=tree alone found none there, and the
-        # installed package ran instead: every tree measured the same code)
-        self.package = tempfile.TemporaryDirectory(prefix="e2e-package-")
-        os.symlink(tree / "service", Path(self.package.name) / "perceptron_stream")
-        env["PYTHONPATH"] = os.pathsep.join([self.package.name, str(tree)])
+        env["PYTHONPATH"] = str(import_root(tree))  # the tree's own perceptron_stream (bench/trees.py)
         self.log = open(log_path, "ab")  # noqa: SIM115 — the service's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
@@ -608,7 +606,6 @@ class Service:
                 self.process.wait()
         self.log.close()
         self.state.cleanup()
-        self.package.cleanup()
         return self.process.returncode
 
 

@@ -129,7 +129,10 @@ def main() -> None:
         help="only the configurations whose name starts with PREFIX (e.g. plain); repeatable",
     )
     args = parser.parse_args()
-    sys.path.insert(0, str(args.tree.resolve()))
+    sys.path.insert(0, str(ROOT))
+    from bench.trees import use_tree
+
+    use_tree(args.tree)  # the tree's own perceptron_stream, not the installed one
     import tempfile
 
     configs: dict[str, tuple[list[str], bool | str]] = {"plain": ([], True)}
@@ -169,7 +172,10 @@ def best_cpu(runs: dict, rounds: int) -> dict[str, float]:
 
 
 def report(tree: Path, events: int, rounds: int, best: dict[str, float]) -> None:
+    import perceptron_stream
+
     print(f"# {tree}: {events:,} events of d = 10, CPU µs an event (best of {rounds})")
+    print(f"# perceptron_stream from {Path(perceptron_stream.__file__ or '').resolve().parent}")
     for name, seconds in best.items():
         print(f"{name:40s} {seconds / events * 1e6:6.2f}")
 

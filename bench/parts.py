@@ -28,14 +28,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--tree", type=Path, default=ROOT, help="source tree whose service is measured")
     args = parser.parse_args()
-    sys.path.insert(0, str(args.tree.resolve()))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from own_work import best_cpu, records, report  # type: ignore[import-not-found]  # bench/own_work.py (mypy: bench.own_work)
+    sys.path.insert(0, str(ROOT))
+    from bench.trees import use_tree
+
+    use_tree(args.tree)  # the tree's own perceptron_stream, not the installed one
     from perceptron_stream.learning import make_learner
     from perceptron_stream.pipeline.models import DriftWatch
     from perceptron_stream.wire.inputs import Decoder
     from perceptron_stream.wire.messages import Event
     from perceptron_stream.wire.outputs import prediction
+
+    from bench.own_work import best_cpu, records, report
 
     recs = records(args.events)
     decoded = [Decoder(1 << 20, 10_000).decode(r.value, r.key) for r in recs]

@@ -8,8 +8,11 @@ one KRaft broker for the whole run, started by pytest-xdist's controller before
 its workers (or by the first test that asks, without xdist), shared by tests
 with topics and groups of their own. The embedded broker (``broker``), one per
 worker: it needs no Java and serves the tests about the product rather than
-the broker. Tests of a guarantee take ``kafka_broker``, which runs them on
-both, the broker's name in the test id (``[apache-kafka]``, ``[embedded]``).
+the broker. ``kafka_broker`` runs a test on each, the broker's name in the
+test id (``[apache-kafka]``, ``[embedded]``). Guarantees are proven on Apache
+Kafka: a guarantee test takes ``kafka_broker`` parametrised with
+``["apache-kafka"]`` (indirect), and both brokers only where the embedded
+broker's run tests a workaround of ours for it (or the demo's case).
 Tests of the embedded broker's own quirks carry the ``embedded_only`` marker.
 """
 
@@ -75,7 +78,8 @@ def apache_kafka(tmp_path_factory):
 
 @pytest.fixture(params=["apache-kafka", "embedded"])
 def kafka_broker(request):
-    """Each broker in turn, for the tests of a guarantee (both have ``name`` and ``bootstrap_servers``)."""
+    """Each broker in turn (both have ``name`` and ``bootstrap_servers``); ``["apache-kafka"]`` alone, indirect, for a
+    guarantee's test (the module docstring)."""
     return request.getfixturevalue("apache_kafka" if request.param == "apache-kafka" else "broker")
 
 

@@ -56,6 +56,6 @@ def test_apache_kafka_speaks_the_kip_848_group_protocol_and_the_embedded_broker_
 
 
 def test_two_apache_kafka_clusters_have_different_cluster_ids(apache_kafka, tmp_path):
-    with ApacheKafka(tmp_path / "second", heap="256m") as second:
+    with ApacheKafka(tmp_path / "second", heap="256m", quick_start=True) as second:
         ids = {cluster_id(apache_kafka.bootstrap_servers), cluster_id(second.bootstrap_servers)}
     assert ids == {apache_kafka.cluster_id, second.cluster_id} and len(ids) == 2

@@ -132,11 +132,13 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(
     assert first.stop() == 0  # its final checkpoint and commit: at `processed`
     produce(bootstrap, topics["input_topic"], events(total - processed, start=processed))
 
-    squatter = KafkaConsumer(
-        other_topic, bootstrap_servers=bootstrap, group_id=topics["group_id"], enable_auto_commit=False
-    )
+    squatter = KafkaConsumer(bootstrap_servers=bootstrap, group_id=topics["group_id"], enable_auto_commit=False)
     stop = threading.Event()
     try:
+        # its topic's partitions known before it joins: as the group's leader it assigns from its metadata, and with
+        # none for its topic it took nothing and was not given the topic later (seen under load: the join "timed out")
+        wait_until(lambda: squatter.partitions_for_topic(other_topic), 30, what=f"metadata of {other_topic}")
+        squatter.subscribe([other_topic])
         wait_until(
             lambda: squatter.poll(timeout_ms=100) is not None and squatter.assignment(),
             60,

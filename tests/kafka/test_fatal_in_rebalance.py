@@ -77,6 +77,7 @@ def _check_stopped(code: int | None, log_path, callback: str) -> None:
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)
 def test_a_fatal_error_in_on_assigned_stops_the_service(kafka_broker, topics, tmp_path, client):
     produce(kafka_broker.bootstrap_servers, topics["input_topic"], make_events(10, seed=3))
     args = settings_args(kafka_broker, topics, tmp_path, kafka_client=client, state_store="none")

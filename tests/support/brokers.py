@@ -16,5 +16,5 @@ def new_broker(kind: str, root: Path):
     """A broker of ``kind`` ("apache-kafka" or "embedded") of a test's own, files under ``root``; use it with ``with``."""
     root.mkdir(parents=True, exist_ok=True)
     if kind == "apache-kafka":
-        return ApacheKafka(root / "apache-kafka", heap="256m")
+        return ApacheKafka(root / "apache-kafka", heap="256m", quick_start=True)
     return EmbeddedBroker(log_path=root / "tansu.log")
