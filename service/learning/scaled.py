@@ -35,6 +35,7 @@ import math
 from typing import Any
 
 from perceptron_stream.learning.labels import to_label
+from perceptron_stream.learning.many import Steps, signed_labels, step_each
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
 from river import base
 
@@ -78,6 +79,27 @@ class ScaledPerceptron(base.Classifier):
         x = self._admitted(x, y)
         self.scaler.learn_one(x)
         return self.perceptron.step(self.scaler.transform_one(x), y)
+
+    def can_step_many(self, xs: list, ys: list) -> bool:
+        """Whether :meth:`step_many` registers nothing: the scaler (so the perceptron) holds every feature."""
+        counts = self.scaler.counts
+        return signed_labels(ys) and all(all(map(counts.__contains__, _names(x))) for x in xs)
+
+    def step_many(self, xs: list, ys: list) -> Steps:
+        """:meth:`step` of each event, as :class:`~perceptron_stream.learning.many.Steps`. The scaler stays per event:
+        each feature's running mean and variance after an event depend on those before it through rounded
+        operations (a recurrence along the stream, which no reordering reproduces); it does not depend on the
+        labels or the weights, so it scales the whole batch first, and the perceptron steps the scaled rows at
+        once. A batch with a feature the scaler lacks goes one event at a time (the perceptron may admit it)."""
+        if not self.can_step_many(xs, ys):
+            return step_each(self, xs, ys)
+        learn, transform = self.scaler.learn_one, self.scaler.transform_one
+        scaled = []
+        for x in xs:
+            x = _as_dict(x)
+            learn(x)
+            scaled.append(transform(x))
+        return self.perceptron.step_many(scaled, ys)
 
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         """:meth:`Perceptron.relabel` on the scaled x. The scaler saw x when it was predicted: it learns now only the
@@ -175,3 +197,8 @@ def _pairs(sc: _Reader, key: str, kind: type) -> dict:
 
 def _as_dict(x: dict | list) -> dict:
     return dict(enumerate(x)) if isinstance(x, list) else x
+
+
+def _names(x: dict | list):
+    """x's features: a dict's keys, a list's positions."""
+    return range(len(x)) if type(x) is list else x

@@ -19,12 +19,65 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from operator import attrgetter
 
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
-from perceptron_stream.wire.messages import Rejection
-from perceptron_stream.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
+from perceptron_stream.wire.inputs import Decoded
+from perceptron_stream.wire.messages import Event, Rejection
+from perceptron_stream.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, predictions, publishable
 
 log = logging.getLogger("perceptron_stream")
+_KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
+    attrgetter(name) for name in ("key", "value", "offset", "partition", "topic")
+)
+#: A batch whose spans (see Task._many) average fewer events than this goes one event at a time.
+SPAN_EVENTS = 16
+
+
+def _events(decoded: Decoded, n: int) -> list:
+    """A batch decoded as columns, back to one Event or Rejection per record (the one-at-a-time path)."""
+    events: list = [None] * n
+    for i, rejection in decoded.rejected:
+        events[i] = rejection
+    for i, *event in zip(range(n) if decoded.at is None else decoded.at, decoded.ids, decoded.xs, decoded.ys):
+        events[i] = tuple.__new__(Event, event)
+    return events
+
+
+class _Letters:
+    """A batch's dead letters, sent among its predictions in record order (:meth:`Task._many`)."""
+
+    def __init__(self, records, rejected: list, outputs: dict, send, tally: Tally):
+        self.records, self.waiting, self.send, self.tally = records, list(reversed(rejected)), send, tally
+        self.topic, self.limit = outputs["dlq_topic"], outputs["max_message_bytes"]
+
+    def before(self, index: int) -> None:
+        """Send the dead letters of the records before record ``index``."""
+        waiting = self.waiting
+        while waiting and waiting[-1][0] < index:
+            i, rejection = waiting.pop()
+            r = self.records[i]
+            key, value = dead_letter_record(rejection, r.value, r.key, r.topic, r.partition, r.offset, self.limit)
+            self.send(self.topic, key, value)
+            self.tally.rejected.append(rejection.reason)
+
+
+def _publishable(decoded: Decoded, n: int) -> Decoded:
+    """``decoded`` with its events whose id a prediction cannot carry (an integer beyond 64 bits) rejected, as
+    :func:`~perceptron_stream.wire.outputs.publishable` rejects them one at a time."""
+    if all(type(i) is not int or ID_MIN <= i <= ID_MAX for i in decoded.ids):
+        return decoded
+    ids, xs, ys, at, rejected = [], [], [], [], list(decoded.rejected)
+    for i, *event in zip(range(n) if decoded.at is None else decoded.at, decoded.ids, decoded.xs, decoded.ys):
+        published = publishable(tuple.__new__(Event, event))
+        if type(published) is Rejection:
+            rejected.append((i, published))
+        else:
+            ids.append(event[0])
+            xs.append(event[1])
+            ys.append(event[2])
+            at.append(i)
+    return Decoded(ids, xs, ys, at, sorted(rejected))
 
 
 def _frozen(learner):
@@ -151,91 +204,208 @@ class Task:
 
     # processing -----------------------------------------------------------
     def process(self, records, send, tally: Tally) -> None:
-        """Decode, predict-then-learn and publish each record, in order; positions move past them."""
+        """Decode, predict-then-learn and publish each record, in order; positions move past them.
+
+        A batch at once where it can be (:meth:`_many`): decoded by a few msgspec calls, stepped by the learner's
+        ``step_many``, its predictions built in one pass; the same outputs, in the same order, and the same
+        model as one record at a time (:meth:`process_each`, the reference; tests/pipeline/test_task.py checks).
+        """
         if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
             return self._labels(records, send, tally)
+        with self.lock:
+            run = _Learning(self, tally)
+            decoded = self.decoder.decode_many(list(map(_VALUE, records)), list(map(_KEY, records)))
+            if not self._many(run, records, decoded, send, tally):
+                self._each(run, records, _events(decoded, len(records)), send, tally)
+            run.end(records)
+            if self.joiner is not None and records:
+                self.joiner.saw_point(records[0].partition, records[-1].timestamp)
+        run.drift()
+
+    def process_each(self, records, send, tally: Tally) -> None:
+        """:meth:`process` one record at a time, each decoded on its own: the reference the batch form equals."""
+        if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
+            return self._labels(records, send, tally)
+        with self.lock:
+            run = _Learning(self, tally)
+            decode = self.decoder.decode
+            self._each(run, records, [decode(r.value, r.key) for r in records], send, tally)
+            run.end(records)
+            if self.joiner is not None and records:
+                self.joiner.saw_point(records[0].partition, records[-1].timestamp)
+        run.drift()
+
+    def _each(self, run: _Learning, records, events: list, send, tally: Tally) -> None:
+        """Predict-then-learn and publish each record's event (or its dead letter), one at a time, in order."""
         out_topic, dlq_topic, limit = (
             self.outputs["output_topic"],
             self.outputs["dlq_topic"],
             self.outputs["max_message_bytes"],
         )
-        decode, positions, mixer, joiner, models = (
-            self.decoder.decode,
-            self.positions,
-            self.mixer,
-            self.joiner,
-            self.models,
-        )
-        with self.lock:
-            run = _Learning(self, tally)
-            learner, replica = run.learner, run.replica
-            step, knows_none_of = learner.step, learner.knows_none_of
-            for r in records:
-                event = decode(r.value, r.key)
-                if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
-                    event = publishable(event)
-                if type(event) is Rejection:
-                    key, value = dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, limit)
-                    send(dlq_topic, key, value)
-                    tally.rejected.append(event.reason)
-                else:
-                    y, early = event.y, None
-                    if knows_none_of(event.x):  # before the step: a labeled event would add its features
-                        tally.unknown += 1
-                        if not self.told_unknown:
-                            self._tell_unknown(learner, event.x)
-                    y_pred, score, mistake = step(event.x, y)
-                    others = None if models is None else models.step(event.x, y)  # stepped on the same events
-                    if y is None:
-                        tally.unlabeled += 1
-                        if joiner is not None and event.id is not None:  # its label comes later: kept until then
-                            early = joiner.keep(
-                                r,
-                                event.id,
-                                event.x,
-                                y_pred,
-                                score,
-                                learner.updates,
-                                None if others is None else {n: o[0] for n, o in others.items()},
-                            )
-                    else:
-                        tally.labeled += 1
-                        tally.flags.append(mistake)
-                        if others is not None:
-                            for name, (_, _, m) in others.items():
-                                tally.challenger_flags.setdefault(name, []).append(m)
-                    if replica is not None:
-                        replica["mixes"] = 0 if mixer is None else mixer.mixes
-                    send(
-                        out_topic,
-                        r.key,
-                        prediction(
+        positions, mixer, joiner, models = self.positions, self.mixer, self.joiner, self.models
+        learner, replica = run.learner, run.replica
+        step, knows_none_of = learner.step, learner.knows_none_of
+        for r, event in zip(records, events):
+            if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
+                event = publishable(event)
+            if type(event) is Rejection:
+                key, value = dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, limit)
+                send(dlq_topic, key, value)
+                tally.rejected.append(event.reason)
+            else:
+                y, early = event.y, None
+                if knows_none_of(event.x):  # before the step: a labeled event would add its features
+                    tally.unknown += 1
+                    if not self.told_unknown:
+                        self._tell_unknown(learner, event.x)
+                y_pred, score, mistake = step(event.x, y)
+                others = None if models is None else models.step(event.x, y)  # stepped on the same events
+                if y is None:
+                    tally.unlabeled += 1
+                    if joiner is not None and event.id is not None:  # its label comes later: kept until then
+                        early = joiner.keep(
+                            r,
                             event.id,
-                            r.topic,
-                            r.partition,
-                            r.offset,
+                            event.x,
                             y_pred,
                             score,
-                            y,
-                            mistake,
                             learner.updates,
-                            learner.seen,
-                            learner.mistakes,
-                            replica,
-                        ),
-                    )
-                    if early is not None:  # its label came first: joined now that its decision is published
-                        joiner.join_early(r, *early, learner, send, tally, replica, models)
-                    positions[(r.topic, r.partition)] = r.offset + 1
-                    if (y is not None or early is not None) and mixer is not None and mixer.learned():
-                        learner = run.mix(send)
-                        step, knows_none_of = learner.step, learner.knows_none_of
-                    continue
+                            None if others is None else {n: o[0] for n, o in others.items()},
+                        )
+                else:
+                    tally.labeled += 1
+                    tally.flags.append(mistake)
+                    if others is not None:
+                        for name, (_, _, m) in others.items():
+                            tally.challenger_flags.setdefault(name, []).append(m)
+                if replica is not None:
+                    replica["mixes"] = 0 if mixer is None else mixer.mixes
+                send(
+                    out_topic,
+                    r.key,
+                    prediction(
+                        event.id,
+                        r.topic,
+                        r.partition,
+                        r.offset,
+                        y_pred,
+                        score,
+                        y,
+                        mistake,
+                        learner.updates,
+                        learner.seen,
+                        learner.mistakes,
+                        replica,
+                    ),
+                )
+                if early is not None:  # its label came first: joined now that its decision is published
+                    joiner.join_early(r, *early, learner, send, tally, replica, models)
                 positions[(r.topic, r.partition)] = r.offset + 1
-            run.end(records)
-            if joiner is not None and records:
-                joiner.saw_point(records[0].partition, records[-1].timestamp)
-        run.drift()
+                if (y is not None or early is not None) and mixer is not None and mixer.learned():
+                    learner = run.mix(send)
+                    step, knows_none_of = learner.step, learner.knows_none_of
+                continue
+            positions[(r.topic, r.partition)] = r.offset + 1
+
+    def _many(self, run: _Learning, records, decoded: Decoded, send, tally: Tally) -> bool:
+        """The batch form of :meth:`_each`; False (nothing done) where it does not apply.
+
+        It applies to one partition's batch whose ids a prediction can carry, when the champion steps its events
+        without registering a feature (``can_step_many``: then none is unknown to it either, so the per-event
+        look at that has nothing to say). The events go in spans: a span ends where the model changes by other
+        means than its own steps, after the event that makes a mix due and after a point whose label waited
+        (its join learns); a batch of many short spans goes one event at a time. Per span: the champion's and
+        the challengers' ``step_many``, the predictions built at once, and the outputs sent in record order
+        with the dead letters among them, as :meth:`_each` sends them.
+        """
+        if int in set(map(type, decoded.ids)):
+            decoded = _publishable(decoded, len(records))
+        ids, xs, ys, at, rejected = decoded
+        if not xs or len(set(map(_PARTITION, records))) != 1 or len(set(map(_TOPIC, records))) != 1:
+            return False
+        if not run.learner.can_step_many(xs, ys):
+            return False
+        first = records[0]
+        topic, partition = first.topic, first.partition
+        cuts = [] if self.joiner is None else self.joiner.labels_waiting(partition, ids, ys)
+        if len(cuts) * SPAN_EVENTS > len(xs):
+            return False
+        out_topic = self.outputs["output_topic"]
+        keys, offsets = list(map(_KEY, records)), list(map(_OFFSET, records))
+        event_at = range(len(xs)) if at is None else at
+        positions, mixer, joiner, models, replica = self.positions, self.mixer, self.joiner, self.models, run.replica
+        letters = _Letters(records, rejected, self.outputs, send, tally)
+        start, n = 0, len(xs)
+        while start < n:
+            end = cuts[0] + 1 if cuts else n
+            learning = [] if mixer is None else [i for i in range(start, end) if ys[i] is not None]
+            if cuts:
+                learning.append(cuts[0])  # the point whose label waited: its join learns
+            if mixer is not None and len(learning) >= max(1, mixer.every - mixer.since):
+                end = learning[max(1, mixer.every - mixer.since) - 1] + 1  # ends with the event that makes it due
+            if cuts and cuts[0] < end:
+                cuts.pop(0)
+            learner = run.learner
+            span_xs, span_ys, span_ids, span_at = xs[start:end], ys[start:end], ids[start:end], event_at[start:end]
+            steps = learner.step_many(span_xs, span_ys)
+            others = None if models is None else models.step_many(span_xs, span_ys)
+            labeled = len(span_ys) - span_ys.count(None)
+            tally.labeled += labeled
+            tally.unlabeled += len(span_ys) - labeled
+            if labeled:
+                tally.flags.extend(steps.flags())
+                for name, theirs in (others or {}).items():
+                    tally.challenger_flags.setdefault(name, []).extend(theirs.flags())
+            if replica is not None:
+                replica["mixes"] = 0 if mixer is None else mixer.mixes
+            values = predictions(
+                span_ids,
+                topic,
+                partition,
+                [offsets[i] for i in span_at],
+                steps.y_pred,
+                steps.score,
+                span_ys,
+                steps.mistake,
+                steps.updates,
+                steps.seen,
+                steps.mistakes,
+                replica,
+            )
+            early = None
+            if rejected or joiner is not None:
+                for k, (i, value) in enumerate(zip(span_at, values)):
+                    letters.before(i)
+                    if joiner is not None and span_ys[k] is None and span_ids[k] is not None:
+                        early = joiner.keep(
+                            records[i],
+                            span_ids[k],
+                            span_xs[k],
+                            int(steps.y_pred[k]),
+                            float(steps.score[k]),
+                            int(steps.updates[k]),
+                            None if others is None else {c: int(o.y_pred[k]) for c, o in others.items()},
+                        )
+                        if early is not None and k < len(values) - 1:
+                            raise RuntimeError(f"the label of point {span_ids[k]!r} waited unseen")  # cannot be
+                    send(out_topic, keys[i], value)
+            else:
+                for i, value in zip(span_at, values):
+                    send(out_topic, keys[i], value)
+            last = span_at[-1]
+            positions[(topic, partition)] = offsets[last] + 1
+            if early is not None:  # (the span's last point, whose label came first) joined now its decision is out
+                joiner.join_early(records[last], *early, learner, send, tally, replica, models)
+            if mixer is not None:
+                learned = sum(1 for i in learning if i < end and (ys[i] is not None or early is not None))
+                if learned:
+                    mixer.since += learned - 1
+                    if mixer.learned():
+                        run.mix(send)
+            start = end
+        letters.before(len(records))
+        positions[(topic, partition)] = records[-1].offset + 1
+        return True
 
     def _tell_unknown(self, learner, x) -> None:
         """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model

@@ -92,6 +92,14 @@ class Joiner:
         label = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
         return None if label is None else (point, label)
 
+    def labels_waiting(self, partition: int, ids: list, ys: list) -> list[int]:
+        """The points among a batch's events (``ids``, labels ``ys``) whose label waits (early) now: :meth:`keep`
+        would join them (the batch form of the task ends a span after each)."""
+        table = self.tables.get(partition)
+        if table is None or not table.early_count():
+            return []
+        return [i for i, (point_id, y) in enumerate(zip(ids, ys)) if y is None and table.waits(point_id)]
+
     def saw_point(self, partition: int, timestamp: int) -> None:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp

@@ -98,6 +98,10 @@ class PendingTable:
         self._early[key] = (at, blob)
         heapq.heappush(self._early_by_time, (at, key))
 
+    def waits(self, point_id: str | int | None) -> bool:
+        """Whether a label for ``point_id`` waits for its point (:meth:`add` would join them)."""
+        return point_id is not None and _key(point_id) in self._early
+
     def early_count(self) -> int:
         """Labels waiting for their point."""
         return len(self._early)
