@@ -166,7 +166,9 @@ class ManySteps:
         steps them one at a time (the same results)."""
         return self._kind(xs, ys) is not None
 
-    def _kind(self, xs: list, ys: list) -> type | None:
+    def _kind(self, xs: list, ys: list, names: bool = True) -> type | None:
+        """list or dict: the batch's rows, if it takes the batch form; ``names`` False: the dicts' names are not
+        looked at (an unknown one raises KeyError on the way, before the model changes)."""
         if not xs:
             return None
         kinds = set(map(type, xs))
@@ -178,8 +180,7 @@ class ManySteps:
             if len(lens) != 1 or not 0 < lens.pop() <= self._dense:
                 return None
         elif kind is dict:
-            index = self._index
-            if not all(map(index.__contains__, chain.from_iterable(xs))):
+            if names and not all(map(self._index.keys().__ge__, map(dict.keys, xs))):  # every name held (C loops)
                 return None
         else:
             return None
@@ -187,20 +188,24 @@ class ManySteps:
 
     def step_many(self, xs: list, ys: list) -> Steps:
         """``[step(x, y) for x, y in zip(xs, ys)]`` and the model after it, bit for bit, as :class:`Steps`."""
-        kind = self._kind(xs, ys)
+        kind = self._kind(xs, ys, names=False)
         if kind is None:
             return step_each(self, xs, ys)
+        try:
+            return self._step_many(xs, ys, kind)
+        except KeyError:  # a name the model does not hold (nothing changed yet): one at a time, it may register
+            return step_each(self, xs, ys)
+
+    def _step_many(self, xs: list, ys: list, kind: type) -> Steps:
         n = len(xs)
         labels = np.array([0 if y is None else y for y in ys], dtype=np.int64)
         labeled = labels != 0
         n_labeled = int(labeled.sum())
-        cols, rows = (range(len(xs[0])), xs) if kind is list else _columns(xs, self._index)
         windows = n_labeled == 0 or self._events_per_update >= NUMPY_RUN
-        if not windows and rows is None:  # dicts of several shapes, a noisy model: one at a time
-            before = self.updates
-            steps = step_each(self, xs, ys)
-            self._learnt(n_labeled, self.updates - before)
-            return steps
+        if kind is list:
+            cols, rows, ragged = range(len(xs[0])), xs, None
+        else:
+            cols, rows, ragged = _columns(xs, self._index, windows)
         variant = self._mode
         st = _State(variant, self._thr, _gather(self._w, cols), self._b)
         if variant == 1:
@@ -216,12 +221,12 @@ class ManySteps:
         if not np.isfinite([*st.w, *st.o, st.b, st.ob]).all():
             return step_each(self, xs, ys)
         if windows:
-            layout = _layout(xs, rows, cols, self._index, labels, labeled)
+            layout = _layout(xs, rows, ragged, len(cols), labels, labeled)
             score, upd = _windows(st, layout, labeled, n_labeled, kind is list)
             xmax = layout.norms()
         else:
-            score, upd = _fused(st, rows, ys, kind is list)
-            xmax = max(starmap(hypot, rows))  # hypot(*x) of each row, in C
+            score, upd = _fused(st, rows, ragged, xs, ys, kind is list)
+            xmax = max(starmap(hypot, rows if rows is not None else map(dict.values, xs)))  # hypot(*x) each, in C
         # the model after the batch
         self._b = st.b
         _scatter(self._w, cols, st.w)
@@ -274,13 +279,22 @@ class _State:
         self.ob, self.c, self.run, self.best, self.same, self.took = 0.0, 1, 0, 0, True, False
 
 
-def _columns(xs: list[dict], index: dict) -> tuple[list[int], list | None]:
-    """Dicts whose names come in one order in every event: their model positions, and each event's values in that
-    order (the rows of the fused loop). Else (``positions``, None)."""
-    first = list(xs[0])
-    if all(list(x) == first for x in xs):
-        return [index[k] for k in first], [list(x.values()) for x in xs]
-    return sorted({index[k] for x in xs for k in x}), None
+def _columns(xs: list[dict], index: dict, windows: bool):
+    """The columns of a batch of dicts, and its rows: ``(positions, rows, None)`` when the names come in one order
+    in every event (the model positions of the names, each event's values in that order); else ragged. For the
+    windows ``(positions, None, (local, lengths))``: the model positions the batch holds, sorted, each name's index
+    among them (one flat array, event after event) and the events' lengths; for the fused loop ``(every position,
+    None, index)``: it looks each name up as ``step`` does."""
+    first = xs[0].keys()
+    if all(map(first.__eq__, map(dict.keys, xs))) and list(map(list, xs)).count(list(first)) == len(xs):
+        return [index[k] for k in first], [list(x.values()) for x in xs], None
+    if not windows:
+        return range(len(index)), None, index
+    names = list(map(list, xs))
+    lengths = list(map(len, names))
+    pos = np.fromiter(map(index.__getitem__, chain.from_iterable(names)), dtype=np.intp, count=sum(lengths))
+    uniq, local = np.unique(pos, return_inverse=True)
+    return uniq.tolist(), None, (local, lengths)
 
 
 def _gather(w: list[float], cols) -> list[float]:
@@ -298,10 +312,12 @@ def _scatter(w: list[float], cols, values) -> None:
 
 
 # --------------------------------------------------------------------------- the fused loop (no NumPy per event)
-def _fused(st: _State, rows: list, ys: list, dense: bool) -> tuple[np.ndarray, np.ndarray]:
+def _fused(st: _State, rows: list | None, ragged, xs: list, ys: list, dense: bool) -> tuple[np.ndarray, np.ndarray]:
     """``step``'s operations in one loop over ``rows`` (value lists aligned with ``st.w``): the scores and update
     flags; ``st`` is left as the model after the batch. ``dense``: the list path's comparison (``not y·s > γ``:
-    a NaN score updates there; the dict path's ``y·s <= γ`` does not)."""
+    a NaN score updates there; the dict path's ``y·s <= γ`` does not). Ragged dicts: :func:`_fused_ragged`."""
+    if rows is None:
+        return _fused_ragged(st, ragged, xs, ys)
     n = len(rows)
     score = [0.0] * n
     upd = [False] * n
@@ -358,6 +374,56 @@ def _fused(st: _State, rows: list, ys: list, dense: bool) -> tuple[np.ndarray, n
     return np.array(score, dtype=np.float64), np.array(upd, dtype=bool)
 
 
+def _fused_ragged(st: _State, index: dict, xs: list[dict], ys: list) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_fused` for dicts of several shapes, over a copy of all the model's weights: each event's looked up by
+    its names, updated in place (``w[i] + v`` and ``w[i] - v``: the floats of ``w[i] += y·v``)."""
+    n = len(xs)
+    score = [0.0] * n
+    upd = [False] * n
+    w, o, b, ob, thr, variant = st.w, st.o, st.b, st.ob, st.thr, st.variant
+    c, run, best, same, took = st.c, st.run, st.best, st.same, st.took
+    place = index.__getitem__
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        s = in_order_sum(map(mul, map(w.__getitem__, map(place, x)), x.values())) + b
+        if variant == 0:
+            score[i] = s
+            if y is None or not y * s <= thr:
+                continue
+        elif variant == 1:
+            score[i] = s - (in_order_sum(map(mul, map(o.__getitem__, map(place, x)), x.values())) + ob) / c
+            if y is None:
+                continue
+            c += 1
+            if not y * s <= 0.0:
+                continue
+            yc = float(y * (c - 1))
+            for k, v in x.items():
+                o[place(k)] += yc * v
+            ob += y * (c - 1)
+        else:
+            score[i] = s if same else in_order_sum(map(mul, map(o.__getitem__, map(place, x)), x.values())) + ob
+            if y is None:
+                continue
+            if not y * s <= 0.0:
+                run += 1
+                if run > best:
+                    best = run
+                    if not same:
+                        o, ob, same, took = w[:], b, True, True  # a copy: w changes in place
+                continue
+            run, same = 0, False
+        if y == 1:
+            for k, v in x.items():
+                w[place(k)] += v
+        else:
+            for k, v in x.items():
+                w[place(k)] -= v
+        b += y
+        upd[i] = True
+    st.w, st.o, st.b, st.ob, st.c, st.run, st.best, st.same, st.took = w, o, b, ob, c, run, best, same, took
+    return np.array(score, dtype=np.float64), np.array(upd, dtype=bool)
+
+
 # --------------------------------------------------------------------------- NumPy windows
 class _Layout:
     """A batch's rows as the windows read them, each flipped by its label: ``V[i] = [+0.0, y·x..., y·1.0]``.
@@ -394,27 +460,26 @@ class _Layout:
         return hypot(*(x if type(x) is list else x.values()))
 
 
-def _layout(xs: list, rows: list | None, cols, index: dict, labels: np.ndarray, labeled: np.ndarray) -> _Layout:
-    """``xs`` as the windows read them (``rows``: their values aligned with ``cols``, or None: ragged dicts)."""
+def _layout(xs: list, rows: list | None, ragged, width: int, labels: np.ndarray, labeled: np.ndarray) -> _Layout:
+    """``xs`` as the windows read them: ``rows`` their values aligned with the columns, or ``ragged`` (each name's
+    column, the events' lengths: see :func:`_columns`) over ``width`` columns."""
     n = len(xs)
     if rows is not None:
-        k = len(cols)
+        k = width
         V = np.empty((n, k + 2), dtype=np.float64)
         V[:, 1:-1] = np.fromiter(chain.from_iterable(rows), dtype=np.float64, count=n * k).reshape(n, k)
         pos = None
     else:
-        lens = list(map(len, xs))
-        total = sum(lens)
-        local = {c: i + 1 for i, c in enumerate(cols)}
-        at_col = np.fromiter((local[index[k]] for k in chain.from_iterable(xs)), dtype=np.intp, count=total)
+        local, lengths = ragged
+        total = len(local)
         values = np.fromiter(chain.from_iterable(map(dict.values, xs)), dtype=np.float64, count=total)
-        rows_of = np.repeat(np.arange(n), lens)
-        at = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens) + 1
-        V = np.zeros((n, max(lens) + 2), dtype=np.float64)
+        rows_of = np.repeat(np.arange(n), lengths)
+        at = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
+        V = np.zeros((n, max(lengths) + 2), dtype=np.float64)
         pos = np.zeros(V.shape, dtype=np.intp)
         V[rows_of, at] = values
-        pos[rows_of, at] = at_col
-        pos[:, -1] = len(cols) + 1
+        pos[rows_of, at] = local + 1
+        pos[:, -1] = width + 1
     V[:, 0] = 0.0
     V[:, -1] = 1.0
     V[:, 1:] *= np.where(labeled, labels, 1).astype(np.float64)[:, None]
