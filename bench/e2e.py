@@ -148,6 +148,11 @@ def ceiling_kafka_python(
         max_poll_records=batch,
         **CEILING_CONSUMER,
     )
+    # kafka-python 3.0.12 can leave a first join on a new Apache Kafka cluster unapplied (no partition, ever: the
+    # run timed out at "assigned 0"); the service mends that, so does its ceiling (service/kafka/kp_mends.py)
+    from perceptron_stream.kafka.kp_mends import _joins_finished_between_polls_are_completed
+
+    _joins_finished_between_polls_are_completed(consumer)
     consumer.subscribe([input_topic], listener=Announce())
     producer = KafkaProducer(bootstrap_servers=bootstrap, **CEILING_PRODUCER)
     send, poll, flush, commit = producer.send, consumer.poll, producer.flush, consumer.commit
