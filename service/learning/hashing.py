@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perceptron_stream.learning.many import Steps
+from perceptron_stream.learning.many import Steps, signed_labels
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
 from perceptron_stream.learning.scaled import STATE_KIND as SCALED_KIND
 from perceptron_stream.learning.scaled import ScaledPerceptron
@@ -86,15 +86,16 @@ class HashedPerceptron(base.Classifier):
         return self.model.step(self.hasher.transform_one(x if type(x) is dict else _as_dict(x)), y)
 
     def can_step_many(self, xs: list, ys: list) -> bool:
-        """Always: a hashed model has no unknown features to look at (:meth:`knows_none_of`)."""
-        return True
+        """Whether the labels are -1/+1/None: a hashed model has no unknown features to look at (:meth:`knows_none_of`)."""
+        return signed_labels(ys)
 
-    def step_many(self, xs: list, ys: list) -> Steps:
+    def step_many(self, xs: list, ys: list, checked: bool = False) -> Steps:
         """:meth:`step` of each event: each hashed per event (river's hasher, one Rust call: names differ from event
         to event on the streams hashing is for, so there is no column layout to share), then the model's
         ``step_many`` over the hashed rows (per event itself while new buckets come)."""
         transform = self.hasher.transform_one
-        return self.model.step_many([transform(x if type(x) is dict else _as_dict(x)) for x in xs], ys)
+        hashed = [transform(x if type(x) is dict else _as_dict(x)) for x in xs]
+        return self.model.step_many(hashed, ys, checked or signed_labels(ys))  # dicts all
 
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         return self.model.relabel(self.hash(x), y, mistake)

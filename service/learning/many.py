@@ -158,7 +158,9 @@ class ManySteps:
     #: labeled events per update in the last batches (not state: it only picks the faster of two exact paths)
     _events_per_update: float = 0.0
 
-    def step(self, x: Any, y: int | None) -> tuple: ...  # the per-event reference (Perceptron's)
+    def step(self, x: Any, y: int | None) -> tuple:
+        """The per-event reference: :meth:`Perceptron.step <perceptron_stream.learning.Perceptron.step>`."""
+        raise NotImplementedError
 
     def can_step_many(self, xs: list, ys: list) -> bool:
         """Whether :meth:`step_many` steps ``xs`` in the batch form: labels -1/+1/None, and rows that register no
@@ -186,9 +188,17 @@ class ManySteps:
             return None
         return kind
 
-    def step_many(self, xs: list, ys: list) -> Steps:
-        """``[step(x, y) for x, y in zip(xs, ys)]`` and the model after it, bit for bit, as :class:`Steps`."""
-        kind = self._kind(xs, ys, names=False)
+    def step_many(self, xs: list, ys: list, checked: bool = False) -> Steps:
+        """``[step(x, y) for x, y in zip(xs, ys)]`` and the model after it, bit for bit, as :class:`Steps`.
+
+        ``checked``: the caller made sure the rows are all lists of one length or all dicts, and the labels -1, +1
+        or None (a task checks once for its champion and challengers: :meth:`can_step_many`)."""
+        if not checked:
+            kind = self._kind(xs, ys, names=False)
+        elif type(xs[0]) is dict:
+            kind = dict
+        else:
+            kind = list if 0 < len(xs[0]) <= self._dense else None
         if kind is None:
             return step_each(self, xs, ys)
         try:
@@ -445,9 +455,8 @@ class _Layout:
         x = self.V[:, 1:-1]
         est = np.sqrt(np.einsum("ij,ij->i", x, x))
         best = self._norm(int(est.argmax()))
-        if best < 1e-100:  # squares of such values lose their relative precision: no bound, every row exactly
-            candidates = range(self.n)
-        else:
+        candidates: range | list[int] = range(self.n)
+        if best >= 1e-100:  # below, squares lose their relative precision: no bound, every row exactly
             candidates = np.flatnonzero(est * (1.0 + NORM_TOLERANCE) >= best).tolist()
         for i in candidates:
             r = self._norm(i)

@@ -85,7 +85,7 @@ class ScaledPerceptron(base.Classifier):
         counts = self.scaler.counts
         return signed_labels(ys) and all(all(map(counts.__contains__, _names(x))) for x in xs)
 
-    def step_many(self, xs: list, ys: list) -> Steps:
+    def step_many(self, xs: list, ys: list, checked: bool = False) -> Steps:
         """:meth:`step` of each event, as :class:`~perceptron_stream.learning.many.Steps`. The scaler stays per event:
         each feature's running mean and variance after an event depend on those before it through rounded
         operations (a recurrence along the stream, which no reordering reproduces); it does not depend on the
@@ -99,7 +99,7 @@ class ScaledPerceptron(base.Classifier):
             x = _as_dict(x)
             learn(x)
             scaled.append(transform(x))
-        return self.perceptron.step_many(scaled, ys)
+        return self.perceptron.step_many(scaled, ys, checked=True)  # dicts, labels checked by can_step_many
 
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         """:meth:`Perceptron.relabel` on the scaled x. The scaler saw x when it was predicted: it learns now only the

@@ -70,7 +70,7 @@ class Frozen:
         the operator's exception, not the hot path)."""
         return self.model.can_step_many(xs, ys)
 
-    def step_many(self, xs: list, ys: list):
+    def step_many(self, xs: list, ys: list, checked: bool = False):
         return step_each(self, xs, ys)
 
     def relabel(self, x, y, mistake: bool) -> tuple:
@@ -124,9 +124,9 @@ class ModelSet:
     def step(self, x, y) -> dict[str, tuple]:
         return {name: c.step(x, y) for name, c in self.challengers.items()}
 
-    def step_many(self, xs: list, ys: list) -> dict:
+    def step_many(self, xs: list, ys: list, checked: bool = False) -> dict:
         """Each challenger's ``step_many`` over the champion's events (each is exact: the same as :meth:`step`)."""
-        return {name: c.step_many(xs, ys) for name, c in self.challengers.items()}
+        return {name: c.step_many(xs, ys, checked) for name, c in self.challengers.items()}
 
     def to_state(self) -> dict:
         return {name: c.to_state() for name, c in self.challengers.items()}
@@ -166,8 +166,7 @@ class DDM:
 
     def _reset(self) -> None:
         self.n, self.mean = 0.0, 0.0  # river's stats.Mean: the weight seen, the running mean
-        self.p_min: float | None = None
-        self.s_min: float | None = None
+        self.p_min = self.s_min = 0.0  # river's None: read only once set (ps_min = inf makes the first look set them)
         self.ps_min = math.inf
         self.drift_detected = self.warning_detected = False
 
@@ -176,28 +175,33 @@ class DDM:
         self.update_many([x], 0)
 
     def update_many(self, flags: list, start: int) -> tuple[int, bool]:
-        """Feed ``flags[start:]`` until a drift is detected: how many were fed, and whether one was."""
+        """Feed ``flags[start:]`` (bools) until a drift is detected: how many were fed, and whether one was.
+
+        The levels p_min + 2 s_min and p_min + 3 s_min are computed when p_min and s_min change, not at every
+        flag (the same floats), and the warning once, for the last flag fed."""
         if self.drift_detected:
             self._reset()
         n, mean, p_min, s_min, ps_min = self.n, self.mean, self.p_min, self.s_min, self.ps_min
-        warm, warn_at, drift_at, sqrt = self.warm_start, self.warning_threshold, self.drift_threshold, math.sqrt
-        warning, fed = self.warning_detected, 0
-        for x in flags[start:]:
-            fed += 1
+        warm, sqrt = self.warm_start, math.sqrt
+        drift_level = p_min + self.drift_threshold * s_min
+        ps = None  # p + s of the last flag fed after the warm start
+        fed = 0
+        for fed, x in enumerate(flags[start:], 1):  # noqa: B007 — fed is read after the loop
             n += 1.0
-            mean += (1.0 / n) * (bool(x) - mean)
+            mean += (1.0 / n) * (x - mean)
             s = sqrt(mean * (1 - mean) / n)
             if n > warm:
                 ps = mean + s
                 if ps <= ps_min:
                     p_min, s_min, ps_min = mean, s, mean + s
-                warning = ps > p_min + warn_at * s_min
-                if ps > p_min + drift_at * s_min:
+                    drift_level = p_min + self.drift_threshold * s_min
+                if ps > drift_level:
                     self.n, self.mean, self.p_min, self.s_min, self.ps_min = n, mean, p_min, s_min, ps_min
                     self.drift_detected, self.warning_detected = True, False
                     return fed, True
         self.n, self.mean, self.p_min, self.s_min, self.ps_min = n, mean, p_min, s_min, ps_min
-        self.warning_detected = warning
+        if ps is not None:
+            self.warning_detected = ps > p_min + self.warning_threshold * s_min
         return fed, False
 
 

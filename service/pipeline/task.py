@@ -347,8 +347,8 @@ class Task:
                 cuts.pop(0)
             learner = run.learner
             span_xs, span_ys, span_ids, span_at = xs[start:end], ys[start:end], ids[start:end], event_at[start:end]
-            steps = learner.step_many(span_xs, span_ys)
-            others = None if models is None else models.step_many(span_xs, span_ys)
+            steps = learner.step_many(span_xs, span_ys, checked=True)  # (can_step_many checked the rows' kinds)
+            others = None if models is None else models.step_many(span_xs, span_ys, checked=True)
             labeled = len(span_ys) - span_ys.count(None)
             tally.labeled += labeled
             tally.unlabeled += len(span_ys) - labeled

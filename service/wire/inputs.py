@@ -221,7 +221,7 @@ class Decoder:
         rejected: list[tuple[int, Rejection]] = []
         for i, (raw, key) in enumerate(zip(values, keys)):
             event = self.decode(raw, key)
-            if type(event) is Rejection:
+            if isinstance(event, Rejection):
                 rejected.append((i, event))
             else:
                 ids.append(event.id)
