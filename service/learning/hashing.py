@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perceptron_stream.learning.many import Steps, signed_labels
+from perceptron_stream.learning.many import Steps, relabel_many, signed_labels
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
 from perceptron_stream.learning.scaled import STATE_KIND as SCALED_KIND
 from perceptron_stream.learning.scaled import ScaledPerceptron
@@ -96,6 +96,10 @@ class HashedPerceptron(base.Classifier):
         transform = self.hasher.transform_one
         hashed = [transform(x if type(x) is dict else _as_dict(x)) for x in xs]
         return self.model.step_many(hashed, ys, checked or signed_labels(ys))  # dicts all
+
+    def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+        """:meth:`relabel` of each: the model's ``relabel_many`` of the hashed rows."""
+        return relabel_many(self.model, [self.hash(x) for x in xs], ys, mistakes)
 
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         return self.model.relabel(self.hash(x), y, mistake)

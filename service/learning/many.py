@@ -132,6 +132,24 @@ def step_each(learner, xs: list, ys: list) -> Steps:
     return Steps.of(results, updates, seen, mistakes)
 
 
+def relabel_many(learner, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+    """``learner.relabel(x, y, mistake)`` of each (labels that came after their points' predictions): the learner's
+    ``relabel_many`` where it has one, else one at a time. The model's updates and mistakes after each."""
+    if hasattr(learner, "relabel_many"):
+        return learner.relabel_many(xs, ys, mistakes)
+    return relabel_each(learner, xs, ys, mistakes)
+
+
+def relabel_each(learner, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+    """``learner.relabel`` one at a time (the reference): the model's updates and mistakes after each."""
+    updates, counted = [], []
+    for x, y, mistake in zip(xs, ys, mistakes):
+        learner.relabel(x, y, mistake)
+        updates.append(learner.updates)
+        counted.append(learner.mistakes)
+    return updates, counted
+
+
 class ManySteps:
     """:meth:`step_many`, the batch form of ``step``, for :class:`~perceptron_stream.learning.Perceptron`."""
 
@@ -268,6 +286,19 @@ class ManySteps:
         else:
             flags = [m if yes else None for m, yes in zip(mistake.tolist(), labeled.tolist())]
         return Steps(y_pred, score, flags, updates, seen, mistakes)
+
+    def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+        """:meth:`relabel <perceptron_stream.learning.Perceptron.relabel>` of each: :meth:`step_many` of the labeled
+        events (its weights are those of one step after another), the events counted as they were when predicted
+        (``seen`` as it was, one unlabeled fewer each) and the decisions' ``mistakes``. The model's updates and
+        mistakes after each."""
+        if not xs:
+            return [], []
+        seen, unlabeled, before = self.seen, self._unlabeled, self.mistakes
+        updates = self.step_many(xs, ys).updates.tolist()
+        counted = (before + np.cumsum(np.array(mistakes, dtype=bool))).tolist()
+        self.seen, self._unlabeled, self.mistakes = seen, max(0, unlabeled - len(xs)), counted[-1]
+        return updates, counted
 
     def _learnt(self, labeled: int, updates: int) -> None:
         """The batch's labeled events per update, for the next batch's choice of path (the recent counts most)."""

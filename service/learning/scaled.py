@@ -35,7 +35,7 @@ import math
 from typing import Any
 
 from perceptron_stream.learning.labels import to_label
-from perceptron_stream.learning.many import Steps, signed_labels, step_each
+from perceptron_stream.learning.many import Steps, relabel_each, signed_labels, step_each
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
 from river import base
 
@@ -100,6 +100,14 @@ class ScaledPerceptron(base.Classifier):
             learn(x)
             scaled.append(transform(x))
         return self.perceptron.step_many(scaled, ys, checked=True)  # dicts, labels checked by can_step_many
+
+    def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+        """:meth:`relabel` of each: with every feature held by the scaler (it learns nothing then), the perceptron's
+        ``relabel_many`` of the rows scaled as they are; else one at a time."""
+        if not self.can_step_many(xs, ys):
+            return relabel_each(self, xs, ys, mistakes)
+        transform = self.scaler.transform_one
+        return self.perceptron.relabel_many([transform(_as_dict(x)) for x in xs], ys, mistakes)
 
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         """:meth:`Perceptron.relabel` on the scaled x. The scaler saw x when it was predicted: it learns now only the

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 from perceptron_stream.learning import VARIANTS, learner_from_state
-from perceptron_stream.learning.many import step_each
+from perceptron_stream.learning.many import relabel_each, step_each
 
 
 class Frozen:
@@ -72,6 +72,9 @@ class Frozen:
 
     def step_many(self, xs: list, ys: list, checked: bool = False):
         return step_each(self, xs, ys)
+
+    def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+        return relabel_each(self, xs, ys, mistakes)  # (not the model's: it would learn)
 
     def relabel(self, x, y, mistake: bool) -> tuple:
         self.mistakes += bool(mistake)

@@ -225,7 +225,7 @@ class Task:
     def process_each(self, records, send, tally: Tally) -> None:
         """:meth:`process` one record at a time, each decoded on its own: the reference the batch form equals."""
         if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
-            return self._labels(records, send, tally)
+            return self._labels_each(records, send, tally)
         with self.lock:
             run = _Learning(self, tally)
             decode = self.decoder.decode
@@ -374,6 +374,9 @@ class Task:
             )
             early = None
             if rejected or joiner is not None:
+                if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
+                    y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
+                    theirs = {c: o.y_pred.tolist() for c, o in (others or {}).items()}
                 for k, (i, value) in enumerate(zip(span_at, values)):
                     letters.before(i)
                     if joiner is not None and span_ys[k] is None and span_ids[k] is not None:
@@ -381,10 +384,10 @@ class Task:
                             records[i],
                             span_ids[k],
                             span_xs[k],
-                            int(steps.y_pred[k]),
-                            float(steps.score[k]),
-                            int(steps.updates[k]),
-                            None if others is None else {c: int(o.y_pred[k]) for c, o in others.items()},
+                            y_pred[k],
+                            score[k],
+                            version[k],
+                            None if others is None else {c: their[k] for c, their in theirs.items()},
                         )
                         if early is not None and k < len(values) - 1:
                             raise RuntimeError(f"the label of point {span_ids[k]!r} waited unseen")  # cannot be
@@ -437,7 +440,23 @@ class Task:
 
     def _labels(self, records, send, tally: Tally) -> None:
         """Delayed labels: each joins its pending point (the model learns, the decision is scored), waits for its
-        point, or is a dead letter (:mod:`perceptron_stream.pipeline.labels`)."""
+        point, or is a dead letter (:mod:`perceptron_stream.pipeline.labels`). The batch's joins learn together
+        (:meth:`Joiner.label_many`), but with mixing (a mix may come after any join): one label at a time."""
+        if self.mixer is not None:
+            return self._labels_each(records, send, tally)
+        positions, joiner = self.positions, self.joiner
+        with self.lock:
+            run = _Learning(self, tally)
+            if run.replica is not None:
+                run.replica["mixes"] = 0  # (no mixer)
+            joiner.label_many(records, joiner.read(records), run.learner, send, tally, run.replica, self.models)
+            for r in records:
+                positions[(r.topic, r.partition)] = r.offset + 1
+            run.end(records)
+        run.drift()
+
+    def _labels_each(self, records, send, tally: Tally) -> None:
+        """:meth:`_labels` one label at a time (the reference; and with mixing)."""
         positions, joiner, mixer, models = self.positions, self.joiner, self.mixer, self.models
         with self.lock:
             run = _Learning(self, tally)

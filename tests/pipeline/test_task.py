@@ -38,8 +38,10 @@ CONFIGS = [
     ["--hash-features", "64", "--challengers", "averaged"],
     ["--max-model-features", "3"],
     ["--learning", "off", "--challengers", "averaged"],
-    ["--label-topic", "labels", "--challengers", "averaged"],
+    ["--label-topic", "labels", "--challengers", "averaged", "--max-early-labels", "5"],
     ["--model-scope", "partition", "--mix-every", "7", "--challengers", "pocket"],
+    ["--model-scope", "partition", "--mix-every", "0", "--label-topic", "labels", "--challengers", "pocket"],
+    ["--label-topic", "labels", "--standardize", "--hash-features", "32", "--challengers", "margin:0.5"],
 ]
 NAMES = ["age", "salary", "debt", "years", "score"]
 
@@ -108,11 +110,15 @@ def _stream(seed: int, n: int, form: str, d: int, topic: str = "points") -> list
 
 
 def _labels(seed: int, n: int) -> list[Record]:
-    """Labels for the points of :func:`_stream` (some before their point would come, some never: dead letters)."""
+    """Labels for the points of :func:`_stream`: some before their point comes, some after, some twice, some for
+    no point, a few malformed (dead letters all of those)."""
     rng = random.Random(seed + 1)
     out = []
-    for offset, i in enumerate(rng.sample(range(n + 3), min(n, 12))):
-        value = json.dumps({"id": f"p{i}", "y": rng.choice([1, -1])}).encode()
+    for offset in range(n):
+        i = rng.randrange(n + 3)
+        value = json.dumps({"id": f"p{i}", "y": rng.choice([1, -1, 0, True])}).encode()
+        if rng.random() < 0.05:
+            value = rng.choice([b"{", b'{"id": "p1", "y": 5}', b'{"y": 1}'])
         out.append(Record("labels", 0, offset, f"p{i}".encode(), value, 1_700_000_000_000 + 10 * i))
     return out
 
@@ -187,7 +193,7 @@ def test_the_batch_form_sends_and_learns_what_one_record_at_a_time_does(
 ):
     tmp_path = tmp_path_factory.mktemp("task")
     points = _stream(seed, n, form, d)
-    if "--label-topic" in config:  # labels among the points' batches, some before their points
+    if "--label-topic" in config:  # labels among the points' batches, before or after their points
         labels = _labels(seed, n)
         batches = []
         for i, batch in enumerate(_cut(points, sizes)):
@@ -233,4 +239,5 @@ def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
     with mock.patch.object(many, "NUMPY_RUN", numpy_run), mock.patch.object(task_module, "SPAN_EVENTS", 0):
         sent = _same_runs(tmp_path, config, ([early] if early else []) + _cut(records, sizes))
     assert sum(topic == "predictions" for topic, _, _ in sent) == len(records)
-    assert sum(topic == "predictions.outcomes" for topic, _, _ in sent) == len(labels)
+    outcomes = sum(topic == "predictions.outcomes" for topic, _, _ in sent)
+    assert outcomes == (len(labels) if "--max-early-labels" not in config else 5)  # the others let go: dead letters
