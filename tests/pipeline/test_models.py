@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.models import DDM, DriftWatch
-from river.drift.binary import DDM as RiversDDM
 from perceptron_stream.streams import credit, separable
+from river.drift.binary import DDM as RiversDDM
 
 
 def _drifts(events, variant: str = "plain", standardize: bool = False, batch: int = 500) -> list[int]:
@@ -82,9 +82,8 @@ def test_our_ddm_is_rivers_float_for_float(phases, cuts, seed):
             start += fed
             if drift:
                 at.append(base + start)
-    expected, n = [], 0
-    for x in flags:
-        n += 1
+    expected = []
+    for n, x in enumerate(flags, 1):
         theirs.update(x)
         if theirs.drift_detected:
             expected.append(n)
