@@ -25,6 +25,7 @@ Nothing is asserted: tests never time anything.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import platform
@@ -49,7 +50,8 @@ def shape(name: str, what: str):
 
 def fill(prefix: bytes, item: Callable[[int], bytes], suffix: bytes, n: int, sep: bytes = b",") -> bytes:
     """prefix + item(0) sep item(1) ... + suffix, as many items as fit in about n bytes (at least one)."""
-    parts, size, i = [], len(prefix) + len(suffix), 0
+    parts: list[bytes] = []
+    size, i = len(prefix) + len(suffix), 0
     while True:
         part = item(i)
         if parts and size + len(part) + len(sep) > n:
@@ -206,7 +208,7 @@ def main() -> int:
     try:
         from perceptron_stream.wire.inputs import Decoder
     except ImportError:  # a tree from before service/wire/ (0.1: service/schema.py)
-        from perceptron_stream.schema import Decoder
+        from perceptron_stream.schema import Decoder  # type: ignore[import-not-found, no-redef]  # that tree's module
 
     sizes = [int(s) for s in args.sizes.split(",")]
     names = [name for name in SHAPES if name == "valid x" or args.only in name]
@@ -221,11 +223,12 @@ def main() -> int:
             raw = messages[(name, size)]
             decoder = Decoder(max_message_bytes=1_048_576, max_features=args.max_features)
             outcome = decoder.decode(raw)
-            cost = best_cost(lambda: decoder.decode(raw), args.rounds)
+            cost = best_cost(functools.partial(decoder.decode, raw), args.rounds)
             per_byte = cost / len(raw) * 1e9
             if name == "valid x":
                 reference = per_byte
-            kind = type(outcome).__name__ if type(outcome).__name__ == "Event" else outcome.reason
+            kind = getattr(outcome, "reason", type(outcome).__name__)  # a rejection's reason, or Event (any tree's)
+            assert reference is not None  # valid x is measured first
             rows.append(
                 {
                     "size": size,

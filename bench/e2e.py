@@ -83,6 +83,7 @@ a round, and the medians. Results: bench/results/e2e-<time>.json (gitignored).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -99,6 +100,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -161,7 +163,8 @@ def ceiling_kafka_python(
         batches = poll(timeout_ms=200, max_records=batch)
         if not batches:
             continue
-        offsets, futures = {}, []
+        offsets: dict = {}
+        futures: list = []
         keep = futures.append
         for tp, messages in batches.items():
             for m in messages:
@@ -293,10 +296,10 @@ def ceiling_confluent(
     consumer.close()
 
 
-CEILINGS = {
+CEILINGS: dict[str, Callable[..., None]] = {
     "kafka-python": ceiling_kafka_python,
     "confluent": ceiling_confluent,
-    "confluent+service-path": lambda *args: ceiling_confluent(*args, work=True),
+    "confluent+service-path": functools.partial(ceiling_confluent, work=True),
 }
 
 # What a user would write instead (bench/peers): the module, and the package it needs beyond ours.
@@ -519,7 +522,7 @@ class Service:
         group: str,
         partitions: int,
         log_path: Path,
-        extra: list[str] = (),
+        extra: Sequence[str] = (),
         labels: bool = False,
     ):
         from perceptron_stream.broker import free_port
@@ -550,7 +553,7 @@ class Service:
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
         env["PYTHONPATH"] = str(import_root(tree))
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 — the service's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
             cwd=tree,
@@ -634,7 +637,7 @@ class Ceiling:
         log_path: Path,
     ):
         self.log_path = log_path
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 — the producer's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -767,7 +770,7 @@ def throughput_run(
     output_topic, group = f"out-{tag}", f"g-{tag}"
     worker = start(c, kafka, input_topic, output_topic, group, partitions, events, batch, logs / f"{tag}.log")
     samples: list[tuple[int, float]] = []
-    logged = worker.logged if c.kind == "peer" else dict
+    logged: Callable[[], dict[int, float]] = worker.logged if c.kind == "peer" else dict
 
     def sample(done: int) -> None:
         said = logged()
@@ -914,7 +917,7 @@ def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
     """
     return [
         (s, r)
-        for s, r in zip(runs, runs[1:])
+        for s, r in itertools.pairwise(runs)
         if s["name"] == s.get("rate_of") == r.get("rate_of") != r["name"] and s["p99_ms"] is not None and r["p99_ms"]
     ]
 

@@ -30,7 +30,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,7 +53,7 @@ def make_stream(d: int, n: int, noise: float, seed: int = 42) -> tuple[list[list
     return X, y
 
 
-def timed_rounds(runs: dict[str, Callable[[], object]], repeats: int, seed: int = 0) -> list[dict[str, float]]:
+def timed_rounds(runs: Mapping[str, Callable[[], object]], repeats: int, seed: int = 0) -> list[dict[str, float]]:
     """``repeats`` rounds; in each, every run once, in a shuffled order: CPU seconds per run.
 
     Taking turns exposes all contenders to the same machine load, and the clock
@@ -93,7 +93,7 @@ def summarize(rounds: list[dict[str, float]], n: int) -> tuple[dict[str, float],
 
 def measure(d: int, noise: float, n: int, repeats: int) -> dict:
     X, y = make_stream(d, n, noise)
-    D = [dict(enumerate(x)) for x in X]
+    D: list[dict] = [dict(enumerate(x)) for x in X]  # river types x as dict[Hashable, Any] (invariant)
     B = [v == 1 for v in y]
 
     def river_pl() -> None:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,13 +40,13 @@ SHARDS = (1, 2, 4, 8)
 MIXINGS = ("none", "uniform", "error")
 
 
-def streams(events: int, seed: int) -> dict[str, tuple[list, list, object]]:
+def streams(events: int, seed: int) -> dict[str, tuple[list, list, Callable[[], Any]]]:
     """name → (training events, fresh test events of the last concept, learner factory)."""
 
     def take(gen, n):
         return [(e["x"] if "x" in e else e["features"], e["y"]) for e in islice(gen, n)]
 
-    out = {}
+    out: dict[str, tuple[list, list, Callable[[], Any]]] = {}
     for name, noise in (("separable", 0.0), ("noisy", 0.05)):
         both = take(separable(dimensions=10, margin=0.1, noise=noise, seed=seed), events + 5000)
         out[name] = (both[:events], both[events:], Perceptron)

@@ -16,7 +16,7 @@ from perceptron_stream.state.checkpoint import Checkpoint, Owner, encode_checkpo
 rng = random.Random(1)
 for d in (10, 1000, 50000):
     states = []
-    for p in range(4):
+    for _ in range(4):
         m = make_learner(max_features=None)
         names = [f"feature-{i:06d}" for i in range(d)]
         for _ in range(3):

@@ -64,7 +64,7 @@ def _pollers(url: str, clients: int, stop: threading.Event, served: list[int]) -
 def run_once(bootstrap: str, topic: str, model: Path, events: int, clients: int, tag: str, work: Path) -> dict:
     port = free_port()
     metrics = f"http://127.0.0.1:{port}"
-    log = open(work / f"service-{tag}.log", "wb")
+    log = open(work / f"service-{tag}.log", "wb")  # noqa: SIM115 — the service's log: the finally below closes it once the service ended
     service = subprocess.Popen(
         [
             sys.executable,
@@ -115,7 +115,7 @@ def run_once(bootstrap: str, topic: str, model: Path, events: int, clients: int,
         service.terminate()
         service.wait(30)
         log.close()
-    if last is None:
+    if last is None or first is None:
         raise SystemExit(f"{tag}: the service did not process {events} events in 600 s (see {work})")
     rate = (last[1] - first[1]) / (last[0] - first[0])
     return {"clients": clients, "events_per_s": rate, "reports_served": sum(served)}

@@ -43,7 +43,7 @@ def records(count: int, labeled: bool = True, topic: str = "points"):
     try:
         from perceptron_stream.kafka.contract import Record
     except ImportError:  # before service/kafka/contract.py
-        from perceptron_stream.kafka.types import Record
+        from perceptron_stream.kafka.types import Record  # type: ignore[import-not-found, no-redef]  # that tree's module
     out = []
     for i, (e, _) in enumerate(zip(separable(dimensions=10, noise=0.05, seed=1), range(count))):
         if topic == "labels":
@@ -71,19 +71,20 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
     try:
         from perceptron_stream.pipeline.task import Tally
     except ImportError:  # the old Application: its own _process, over a stream that does nothing
-        app.io = NullStream()
-        return lambda: [app._process(recs[i : i + 1000]) for i in range(0, len(recs), 1000)]
+        app.io = NullStream()  # type: ignore[attr-defined]  # that Application's stream
+        return lambda: [app._process(recs[i : i + 1000]) for i in range(0, len(recs), 1000)]  # type: ignore[func-returns-value]  # that Application's _process (one batch)
     if app.settings.label_topic is not None and not hasattr(app, "factory"):  # before the task factory (which makes
         import tempfile  # its own cache directory), the app did
 
-        app._cache_dir = tempfile.TemporaryDirectory()
+        app._cache_dir = tempfile.TemporaryDirectory()  # type: ignore[attr-defined]  # that Application's
     task = app.tasks.group
+    assert task is not None  # group scope
     batches = [recs[i : i + 1000] for i in range(0, len(recs), 1000)]
     if labels is not None:
         from itertools import chain
 
         later = [labels[i : i + 1000] for i in range(0, len(labels), 1000)]
-        batches = list(chain.from_iterable(zip(batches, [[]] + later[:-1]))) + [later[-1]]
+        batches = [*chain.from_iterable(zip(batches, [[], *later[:-1]])), later[-1]]
 
     every = app.settings.checkpoint_interval_events
     seq = 0
@@ -111,7 +112,7 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
             task.joiner.restore(0, {}, [0])
             seq = 0
 
-        run.reset = reset
+        run.reset = reset  # type: ignore[attr-defined]  # best_cpu calls a run's reset, if it has one, untimed
     return run
 
 
@@ -131,7 +132,7 @@ def main() -> None:
     sys.path.insert(0, str(args.tree.resolve()))
     import tempfile
 
-    configs = {"plain": ([], True)}
+    configs: dict[str, tuple[list[str], bool | str]] = {"plain": ([], True)}
     if (args.tree / "service" / "pipeline").is_dir():  # a tree with challengers and delayed labels
         configs["+ challengers averaged,pocket"] = (["--challengers", "averaged,pocket"], True)
         configs["+ label topic (points kept pending)"] = (["--label-topic", "labels"], False)

@@ -30,16 +30,18 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from own_work import best_cpu, records, report
+    from own_work import best_cpu, records, report  # type: ignore[import-not-found]  # bench/own_work.py (mypy: bench.own_work)
     from perceptron_stream.learning import make_learner
     from perceptron_stream.pipeline.models import DriftWatch
     from perceptron_stream.wire.inputs import Decoder
+    from perceptron_stream.wire.messages import Event
     from perceptron_stream.wire.outputs import prediction
 
     recs = records(args.events)
-    events = [Decoder(1 << 20, 10_000).decode(r.value, r.key) for r in recs]
+    decoded = [Decoder(1 << 20, 10_000).decode(r.value, r.key) for r in recs]
+    events = [e for e in decoded if isinstance(e, Event)]  # every one: the records are valid events
     learner = make_learner("plain", 0.0, False)
-    flags = [learner.step(e.x, e.y)[2] for e in events]
+    flags = [learner.step(e.x, e.y)[2] is True for e in events]  # labeled events: a bool each
 
     def decode():
         d = Decoder(1 << 20, 10_000).decode  # a new decoder each round: the first event fixes its dimension

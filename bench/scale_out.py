@@ -50,10 +50,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import orjson  # noqa: E402
-from e2e import Kafka, Service, cpu_seconds, describe_tree  # noqa: E402
+
+from bench.e2e import Kafka, Service, cpu_seconds, describe_tree  # noqa: E402
 
 ASSIGNMENT = re.compile(rb"\b(assigned|revoked) (.*)$", re.MULTILINE)
 

@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from perceptron_stream import __version__
 from perceptron_stream.config import ServeSettings
 from perceptron_stream.http import HttpEndpoints
-from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable
+from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable, Stream
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.pipeline.labels import LabelGate
 from perceptron_stream.pipeline.models import REPORT_PAGE, ModelReports, ModelSet
@@ -77,14 +77,14 @@ class Application:
             scope=s.model_scope,
             challengers=[name for name, _, _ in ModelSet.parse(s.challengers)],
         )
-        self.health = Health(s.healthz_timeout_seconds)
+        self.health = Health(s.healthz_timeout_seconds, s.bootstrap_servers)
         self.retry = Retry(self.health, lambda: self._stopping)
         self.delivery = Delivery(s, self.health, self.metrics, lambda: self._stopping)
         self.lag = LagProbe(self.health, self.metrics, self.retry)
         self.tasks = TaskSet(s.input_topic, self.per_partition)
         self.reports = ModelReports()  # GET /model, read by the HTTP thread only
         self.http: HttpEndpoints | None = None
-        self.stream = None  # the poll loop's consumer and producer, once start-up opened it
+        self.stream: Stream | None = None  # the poll loop's consumer and producer, once start-up opened it
         self.label_gate = LabelGate(
             self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms
         )  # labels ahead of points
@@ -118,6 +118,8 @@ class Application:
     @property
     def learner(self):
         """The group's model (group scope)."""
+        if self.tasks.group is None:
+            raise AttributeError("learner: each partition has a model of its own (--model-scope partition)")
         return self.tasks.group.learner
 
     def model_report(self, offset: int = 0, limit: int = REPORT_PAGE) -> dict:
@@ -163,6 +165,8 @@ class Application:
             ).start()
             resources.callback(self.http.stop)
             log.info("metrics on http://%s:%d/metrics", s.metrics_host, self.http.port)
+            self.health.outage.hush()  # the clients' own log, until the brokers first answer: one line per outage
+            resources.callback(self.health.outage.restore)
             if not self._start(resources):  # stopped meanwhile
                 return 0
             return self._loop()
@@ -178,7 +182,7 @@ class Application:
         resources.callback(self._close_joiners)
         if not self.per_partition:  # the group's model, before joining: fail fast on a bad checkpoint or lost state
             self.restorer.start_group_model(self.tasks.group)
-            self.metrics.set_model(self.tasks.group.learner.weight_norm, self.tasks.group.learner.radius)
+            self.metrics.set_model(self.learner.weight_norm, self.learner.radius)
             self.health.restored = True
         if self._stopping:
             return False
@@ -203,7 +207,8 @@ class Application:
 
     def _close_clients(self) -> None:
         self._doing = "closing the clients"
-        self.stream.close()
+        if self.stream is not None:
+            self.stream.close()
 
     def _close_joiners(self) -> None:
         for task in self.tasks.all():
@@ -213,6 +218,7 @@ class Application:
     # the loop ------------------------------------------------------------
     def _loop(self) -> int:
         s, stream = self.settings, self.stream
+        assert stream is not None  # start-up opened it before the loop runs
         polling = f"in the {s.kafka_client} client's poll"
         while not self._stopping:
             self.health.beat()
@@ -251,6 +257,7 @@ class Application:
 
     def _process(self, batches) -> None:
         started = time.perf_counter()
+        assert self.stream is not None  # start-up opened it before the loop runs
         tally, send = Tally(), self.stream.send
         if (
             self.checkpointer.exactly_once

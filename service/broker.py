@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class EmbeddedBroker:
         self.advertised_port = advertised_port or self.port
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -86,9 +87,9 @@ class EmbeddedBroker:
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
         url, advertised = f"tcp://{self.host}:{self.port}", f"tcp://{self.host}:{self.advertised_port}"
         if self.log_path is None:
-            self._log_file = tempfile.TemporaryFile()
+            self._log_file = tempfile.TemporaryFile()  # noqa: SIM115 — the broker's log for its life: stop() closes it
         else:
-            self._log_file = open(self.log_path, "ab")
+            self._log_file = open(self.log_path, "ab")  # noqa: SIM115 — as above
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         self.process = subprocess.Popen(
             [

@@ -11,10 +11,13 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from perceptron_stream import __version__
 from perceptron_stream.config import (
     BrokerSettings,
+    CommandSettings,
     ConfigError,
     DemoSettings,
     ModelExportSettings,
@@ -25,7 +28,7 @@ from perceptron_stream.config import (
 )
 
 PROG = "perceptron-stream"
-COMMANDS = {
+COMMANDS: dict[str, tuple[type[CommandSettings], str]] = {
     "serve": (ServeSettings, "run the service: consume points, predict, learn, publish"),
     "broker": (BrokerSettings, "run the embedded Kafka-compatible broker (Tansu) in the foreground"),
     "produce": (ProduceSettings, "write a synthetic stream or replay a CSV/JSONL file into a topic"),
@@ -106,6 +109,7 @@ def run_broker(settings: BrokerSettings) -> int:
     print(f"embedded broker (Tansu) on {broker.bootstrap_servers}; memory only; Ctrl-C stops it", flush=True)
     print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
     process = broker.process
+    assert process is not None  # start() started it
 
     def forward(signum, _frame):  # the child gets SIGTERM; the wait below then returns
         if process.poll() is None:
@@ -202,7 +206,7 @@ def run_model_export(settings: ModelExportSettings) -> int:
     if settings.state_store == "local":
         from perceptron_stream.state.local import LocalStore
 
-        store = LocalStore(settings.state_dir, settings.group_id)
+        store: LocalStore | KafkaStore = LocalStore(settings.state_dir, settings.group_id)
     else:
         from perceptron_stream.kafka import CompactedTopic, KafkaFatal, KafkaUnavailable
         from perceptron_stream.state.kafka_store import KafkaStore
@@ -247,7 +251,7 @@ def run_demo(settings: DemoSettings) -> int:
     return demo(settings)
 
 
-RUNNERS = {
+RUNNERS: dict[str, Callable[[Any], int]] = {  # each takes its command's settings
     "serve": run_serve,
     "broker": run_broker,
     "produce": run_produce,

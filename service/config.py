@@ -23,12 +23,16 @@ import importlib.util
 import json
 import os
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
+    CliSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -92,6 +96,34 @@ class _FileSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(self.values)
+
+
+#: What ``--help`` shows for a value of each type (pydantic-settings shows the Python type: ``{Path,null}``).
+METAVARS: dict[Any, str] = {Path: "PATH", SecretStr: "SECRET", str: "TEXT", int: "INT", float: "NUMBER"}
+
+
+class _ReadableCli(CliSettingsSource):
+    """The command line of a settings class, its ``--help`` in a user's words: ``--ssl-cafile PATH``,
+    ``--sasl-password SECRET``, ``--label-topic TEXT``, where pydantic-settings prints the Python types
+    (``{Path,null}``, ``{SecretStr,null}``, ``{str,null}``). A setting that may be absent is just not given, so
+    ``null`` is no choice worth showing; a fixed set of values stays a set (``{plain,averaged,pocket,margin}``).
+
+    >>> cli = _ReadableCli(KafkaSettings)
+    >>> cli._metavar_format(Path | None), cli._metavar_format(SecretStr | None), cli._metavar_format(int)
+    ('PATH', 'SECRET', 'INT')
+    >>> cli._metavar_format(Literal["PLAIN", "SCRAM-SHA-256"] | None)
+    '{PLAIN,SCRAM-SHA-256}'
+    """
+
+    def _metavar_format(self, obj: Any) -> str:
+        args = typing.get_args(obj)
+        if typing.get_origin(obj) in (typing.Union, types.UnionType) and type(None) in args:
+            rest = [arg for arg in args if arg is not type(None)]
+            if len(rest) == 1:
+                obj = rest[0]
+        if obj in METAVARS:
+            return METAVARS[obj]
+        return super()._metavar_format(obj)  # a Literal's set of values; bool, which becomes --x/--no-x
 
 
 class CommandSettings(BaseSettings):
@@ -306,10 +338,10 @@ class ServeSettings(KafkaSettings):
         "Apache Kafka answers as soon as records arrive; the embedded broker waits it out, so it bounds latency there.",
     )
     metrics_host: str = Field(
-        "127.0.0.1", description="Address of /metrics, /healthz and /readyz (0.0.0.0 in containers)."
+        "127.0.0.1", description="Address of /metrics, /healthz, /readyz and /model (0.0.0.0 in containers)."
     )
     metrics_port: int = Field(
-        8000, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0 picks a free port)."
+        8000, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and /model (0 picks a free port)."
     )
     mistake_rate_window: int = Field(
         1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate."
@@ -672,7 +704,7 @@ def load(cls: type[Settings], args: list[str]) -> Settings:
     """Build ``cls`` from flags, env and file; raise ConfigError naming the setting."""
     token = _config_file.set(_config_file_arg(args))
     try:
-        return cls(_cli_parse_args=args)
+        return cls(_cli_settings_source=_ReadableCli(cls)(args=args))
     except ValidationError as exc:
         raise ConfigError("; ".join(_describe(error) for error in exc.errors())) from None
     except SettingsError as exc:
@@ -681,7 +713,7 @@ def load(cls: type[Settings], args: list[str]) -> Settings:
         _config_file.reset(token)
 
 
-def _describe(error: dict) -> str:
+def _describe(error: ErrorDetails) -> str:
     loc = [str(part) for part in error.get("loc", ()) if not isinstance(part, int)]
     message = error["msg"].removeprefix("Value error, ")
     if not loc:  # a check across settings: its message names them

@@ -30,10 +30,11 @@ from perceptron_stream.broker import EmbeddedBroker
 from perceptron_stream.config import DemoSettings, ProduceSettings, ServeSettings, load
 from perceptron_stream.produce import ProduceError, produce
 from perceptron_stream.state.checkpoint import CheckpointError
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 SPARK = "▁▂▃▄▅▆▇█"
 #: The variants the demo compares: the champion is ``--variant``, the others of these run as challengers.
@@ -45,6 +46,10 @@ LABEL_MISSING = 0.05
 #: A point whose label never comes expires after this long (counted as expired) instead of the service's 7 days,
 #: so the pending count stays what is really still to come.
 LABEL_TTL_S = 30.0
+#: The view's events/s is the rate over the last this many seconds (an average since the start would hide what
+#: the service does now: it fell from 992 to 535 while the producer ran at 500/s, as the catch-up at the start
+#: weighed less and less).
+RATE_WINDOW_S = 5.0
 
 
 def challengers(variant: str) -> list[str]:
@@ -100,12 +105,16 @@ class DemoView:
         *,
         champion: str = "champion",
         label_delay: float | None = None,
+        label_missing: float = LABEL_MISSING,
+        label_ttl: float = LABEL_TTL_S,
     ):
         """``champion``: its variant's name; ``label_delay``: the seconds after its point a label is sent (None: labels
-        inline, in each event)."""
+        inline, in each event), ``label_missing`` the share of labels never sent, ``label_ttl`` how long a point
+        waits for its label before it expires."""
         self.app, self.bootstrap, self.metrics_url, self.drift_at = app, bootstrap, metrics_url, drift_at
         self.champion, self.label_delay = champion, label_delay
-        self.samples: deque[tuple[float, int]] = deque(maxlen=20)
+        self.label_missing, self.label_ttl = label_missing, label_ttl
+        self.samples: deque[tuple[float, int]] = deque()  # (time, events seen): the last RATE_WINDOW_S and one before
         self.rates: deque[float] = deque(maxlen=40)  # one mistake-rate sample a second
         self._next_rate_at = 0.0
 
@@ -113,6 +122,8 @@ class DemoView:
         learner = self.app.learner
         now = time.monotonic()
         self.samples.append((now, learner.seen))
+        while len(self.samples) > 2 and self.samples[1][0] <= now - RATE_WINDOW_S:
+            self.samples.popleft()  # the oldest left is the last one at least RATE_WINDOW_S old
         (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
         rate = self.app.metrics.window.value
         if now >= self._next_rate_at:
@@ -147,20 +158,20 @@ class DemoView:
     def render(self) -> Panel:
         s = self.sample()
         stats = Table.grid(padding=(0, 2))
-        stats.add_row("events", f"{s['seen']:,}", "events/s", f"{s['events_per_s']:,.0f}")
+        stats.add_row("events", f"{s['seen']:,}", f"events/s (last {RATE_WINDOW_S:g} s)", f"{s['events_per_s']:,.0f}")
         stats.add_row("mistakes", f"{s['mistakes']:,}", "updates (model version)", f"{s['updates']:,}")
+        no_label_yet = self.label_delay is not None and not s["joined"]
         stats.add_row(
             "mistake rate",
-            f"{s['rate']:.1%} (last {self.app.metrics.window.window} labeled)",
+            "no label yet" if no_label_yet else f"{s['rate']:.1%} (last {self.app.metrics.window.window} labeled)",
             "trend (40 s)",
             sparkline(list(self.rates)),
         )
         phase = "before" if s["seen"] < self.drift_at else "after"
         stats.add_row("bank policy", f"changes at event {self.drift_at:,} ({phase})", "", "")
         for name, rate in s["challengers"].items():
-            stats.add_row(
-                f"challenger {name}", f"{rate:.1%} mistake rate", f"champion {self.champion}", f"{s['rate']:.1%}"
-            )
+            mine, champion = ("no label yet", "-") if no_label_yet else (f"{rate:.1%} mistake rate", f"{s['rate']:.1%}")
+            stats.add_row(f"challenger {name}", mine, f"champion {self.champion}", champion)
         drift = (
             "none detected"
             if not s["drifts"]
@@ -187,15 +198,44 @@ class DemoView:
             weights.add_row(str(name), f"{w:+.3f}")
         weights.add_row("(bias)", f"{s['bias']:+.3f}")
         footer = f"metrics: {self.metrics_url}/metrics   broker: {self.bootstrap}   Ctrl-C stops"
-        return Panel(Group(stats, "", weights, "", footer), title="perceptron-stream demo: credit approval")
+        notes: list[RenderableType] = (
+            [Text("\n".join(self.label_notes()), style="dim"), ""] if self.label_delay is not None else []
+        )
+        return Panel(Group(stats, "", *notes, weights, "", footer), title="perceptron-stream demo: credit approval")
+
+    def label_notes(self) -> list[str]:
+        """What the delayed-label numbers mean, on the screen: without it a mistake rate near 50% at the start and a
+        pending count that only grows, with nothing expired, look like faults."""
+        return [
+            f"A label comes {self.label_delay:g} s after its point: the mistake rate counts a decision when its label "
+            "comes,",
+            "and the first decisions were made before any label had come (so it starts near 50%).",
+            f"{self.label_missing:.0%} of the labels never come: their points stay pending until they expire after "
+            f"{self.label_ttl:g} s.",
+        ]
+
+    def legend(self) -> str:
+        """What the plain lines' numbers are (printed once, before them)."""
+        text = (
+            f"events/s: over the last {RATE_WINDOW_S:g} s; mistake_rate: over the last "
+            f"{self.app.metrics.window.window} labeled events"
+        )
+        if self.label_delay is not None:
+            text += "; " + " ".join(self.label_notes())
+        return text
 
     def line(self) -> str:
         s = self.sample()
+        rate_unknown = self.label_delay is not None and not s["joined"]  # no label has come yet
+        rate = "-" if rate_unknown else f"{s['rate']:.3f}"
         line = (
             f"events={s['seen']} events/s={s['events_per_s']:.0f} mistakes={s['mistakes']} "
-            f"mistake_rate={s['rate']:.3f} updates={s['updates']}"
+            f"mistake_rate={rate} updates={s['updates']}"
         )
-        line += "".join(f" {name}_mistake_rate={rate:.3f}" for name, rate in s["challengers"].items())
+        line += "".join(
+            f" {name}_mistake_rate={'-' if rate_unknown else format(rate, '.3f')}"
+            for name, rate in s["challengers"].items()
+        )
         line += f" drifts={s['drifts']}"
         if s["drift_ago"] is not None:
             line += f" last_drift_s_ago={s['drift_ago']:.0f}"
@@ -261,6 +301,7 @@ def run_demo(settings: DemoSettings) -> int:
         EmbeddedBroker(port=settings.broker_port) as broker,
         tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state,
     ):
+        assert broker.process is not None  # the context manager started it
         console.print(f"embedded broker on {broker.bootstrap_servers} (pid {broker.process.pid})")
         base = ["--bootstrap-servers", broker.bootstrap_servers]
         delayed = settings.delayed_labels
@@ -321,7 +362,7 @@ def run_demo(settings: DemoSettings) -> int:
         )
         view = None
         try:
-            if service.is_alive():
+            if app.http is not None and service.is_alive():  # (the service is up once http is)
                 metrics_url = f"http://{serve.metrics_host}:{app.http.port}"
                 console.print(f"metrics on {metrics_url}/metrics", highlight=False)
                 producer.start()
@@ -339,6 +380,7 @@ def run_demo(settings: DemoSettings) -> int:
                         while not stop.wait(0.25) and time.monotonic() < deadline and service.is_alive():
                             live.update(view.render())
                 else:
+                    print(view.legend(), flush=True)
                     while not stop.wait(2.0) and time.monotonic() < deadline and service.is_alive():
                         print(view.line(), flush=True)
             died = not service.is_alive()  # before it was asked to stop

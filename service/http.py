@@ -1,4 +1,4 @@
-"""The HTTP endpoints /metrics, /healthz and /readyz: the only module that does HTTP.
+"""The HTTP endpoints /metrics, /healthz, /readyz and /model: the only module that does HTTP.
 
 Hand-written on purpose (issue 12). A server with a thread per connection
 and no timeout let about 1,000 idle clients take every file descriptor:
@@ -42,6 +42,7 @@ import orjson
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.runtime.health import Health
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import CollectorRegistry, RestrictedRegistry
 
 log = logging.getLogger(__name__)
 
@@ -147,23 +148,24 @@ def model_page(query: str) -> tuple[int, int] | str:
 
 
 class _Connection:
-    __slots__ = ("deadline", "out", "received", "sent", "sock")
+    __slots__ = ("closed", "deadline", "out", "received", "sent", "sock")
 
     def __init__(self, sock: socket.socket, deadline: float):
         self.sock = sock
+        self.closed = False
         self.deadline = deadline
         self.received = b""
-        self.out: bytes | None = None  # the response, once the request is complete
+        self.out = b""  # the response, once the request is complete (never empty: a status line at least)
         self.sent = 0
 
     @property
     def idle(self) -> bool:
         """Still waiting for its complete request head."""
-        return self.out is None
+        return not self.out
 
 
 class HttpEndpoints:
-    """/metrics, /healthz and /readyz on ``host:port`` in a background thread.
+    """/metrics, /healthz, /readyz and /model on ``host:port`` in a background thread.
 
     /metrics then also reports ``health``'s poll-loop beat (see
     :meth:`ServiceMetrics.track_poll_loop`). The keyword arguments are the
@@ -248,10 +250,10 @@ class HttpEndpoints:
                 self._accept()
             elif key.fileobj is self._wake_r:
                 self._wake_r.recv(64)
-            elif key.data.sock is not None:  # not closed earlier in this turn
+            elif not key.data.closed:  # not closed earlier in this turn
                 if mask & selectors.EVENT_READ:
                     self._read(key.data)
-                if mask & selectors.EVENT_WRITE and key.data.sock is not None:
+                if mask & selectors.EVENT_WRITE and not key.data.closed:
                     self._write(key.data)
         now = time.monotonic()
         for conn in [c for c in self._connections.values() if c.deadline <= now]:
@@ -342,11 +344,11 @@ class HttpEndpoints:
             self._reserve = None  # taken again when a connection closes
 
     def _close(self, conn: _Connection, take_reserve: bool = True) -> None:
-        if conn.sock is None:
+        if conn.closed:
             return
         self._selector.unregister(conn.sock)
         conn.sock.close()
-        conn.sock = None
+        conn.closed = True
         del self._connections[id(conn)]
         if take_reserve and self._reserve is None:
             self._take_reserve()
@@ -433,10 +435,10 @@ class HttpEndpoints:
                 (("Allow", "OPTIONS,GET"),),
             )
         encoder, content_type = choose_encoder(headers.get("accept", ""))
-        registry = self._registry
+        registry: CollectorRegistry | RestrictedRegistry = self._registry
         names = parse_qs(query).get("name[]")
         if names:
-            registry = registry.restricted_registry(names)
+            registry = self._registry.restricted_registry(names)
         try:
             body = encoder(registry)
         except Exception:
@@ -444,7 +446,7 @@ class HttpEndpoints:
             return response(
                 "500 Internal Server Error", "text/plain", b"collecting the metrics failed; see the service log\n"
             )
-        extra = ()
+        extra: tuple[tuple[str, str], ...] = ()
         if gzip_accepted(headers.get("accept-encoding", "")):
             body, extra = gzip.compress(body), (("Content-Encoding", "gzip"),)
         return response("200 OK", content_type, body, extra)

@@ -12,6 +12,7 @@ import math
 import time
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
 from functools import partial
 from itertools import islice
 
@@ -85,7 +86,7 @@ def observe_many(histogram: Histogram, value: float, count: int) -> None:
     if count <= 0:
         return
     try:
-        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum  # noqa: SLF001 — prometheus-client has no weighted observe
     except AttributeError:  # pragma: no cover - another prometheus-client layout
         for _ in range(count):
             histogram.observe(value)
@@ -107,7 +108,7 @@ def observe_all(histogram: Histogram, values: list[float]) -> None:
     if not values:
         return
     try:
-        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum  # noqa: SLF001 — as observe_many
     except AttributeError:  # pragma: no cover - another prometheus-client layout
         for value in values:
             histogram.observe(value)
@@ -120,7 +121,9 @@ def observe_all(histogram: Histogram, values: list[float]) -> None:
 class ServiceMetrics:
     """The service's metrics, named by Prometheus conventions (``perceptron_`` prefix, base units)."""
 
-    def __init__(self, *, window: int, version: str, variant: str, scope: str = "group", challengers: list[str] = ()):
+    def __init__(
+        self, *, window: int, version: str, variant: str, scope: str = "group", challengers: Sequence[str] = ()
+    ):
         self.registry = registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)

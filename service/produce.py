@@ -254,9 +254,8 @@ def _partition_count(settings: ProduceSettings, topic: str) -> int:
         time.sleep(0.2)
 
 
-def _ensure_label_topic(settings: ProduceSettings) -> None:
+def _ensure_label_topic(settings: ProduceSettings, label_topic: str) -> None:
     """The label topic with ``--topic``'s partition count, so that a label lands in its point's partition number."""
-    label_topic = settings.label_topic
     wanted = _partition_count(settings, settings.topic)
     if not wanted:
         raise KafkaUnavailable(f"topic {settings.topic} shows no partitions")
@@ -320,18 +319,21 @@ def produce(
             settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S
         )
         if settings.label_topic is not None:
-            _ensure_label_topic(settings)
+            _ensure_label_topic(settings, settings.label_topic)
         producer = CountingProducer(settings)
     except (KafkaFatal, KafkaUnavailable, OSError) as exc:
         raise _fail(f"cannot use {servers}: {describe(exc)}; nothing was written") from None
     books = {POINT: Tally(), LABEL: Tally()}
-    topics = {POINT: settings.topic, LABEL: settings.label_topic}
+    topics = {POINT: settings.topic}
+    if settings.label_topic is not None:
+        topics[LABEL] = settings.label_topic
     attempted = {POINT: 0, LABEL: 0}
 
     def stopping() -> bool:
         return should_stop() or books[POINT].broken or books[LABEL].broken
 
     schedule: PairedSchedule | None = None
+    outgoing: Iterable[tuple[int, bytes | None, bytes]]
     if settings.label_topic is None:
         outgoing = _paced(messages(settings), RateLimiter(settings.rate))
     else:
@@ -372,7 +374,7 @@ def produce(
             show()
     finally:
         producer.close(10.0)
-    acked, failed, errors = {}, 0, Counter()
+    acked, failed, errors = {}, 0, Counter[str]()
     for kind, book in books.items():
         with book.lock:
             acked[kind], failed, errors = book.acknowledged, failed + book.failed, errors + book.errors

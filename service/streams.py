@@ -36,7 +36,7 @@ import csv
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -295,7 +295,7 @@ def csv_label(text: str) -> int:
 OTHER_SEPARATORS = {";": "';' (semicolon)", "\t": "tab", "|": "'|' (pipe)"}
 
 
-def _check_header(path: Path, fieldnames: list[str] | None, first_line: str) -> list[str]:
+def _check_header(path: Path, fieldnames: Sequence[str] | None, first_line: str) -> list[str]:
     """The header's column names, or a ValueError when the file has none or is not comma-separated."""
     if not fieldnames:
         raise ValueError(f"{path} is empty; a CSV needs a header row")
@@ -309,7 +309,7 @@ def _check_header(path: Path, fieldnames: list[str] | None, first_line: str) -> 
             f"{OTHER_SEPARATORS[separator]}, and CSV files are read comma-separated: save or export it "
             "with ',' between columns (and '.' as the decimal point)"
         )
-    return fieldnames
+    return list(fieldnames)
 
 
 def csv_columns(path: Path) -> list[str]:
@@ -429,13 +429,14 @@ def load_dataset(path: Path, dense: bool = False) -> Dataset:
             names.update(dict.fromkeys(event.features))
             rows.append((event.features, event.y))
         else:
+            assert event.x is not None  # an InputEvent holds x or features
             rows.append((event.x, event.y))
     if not rows:
         raise ValueError(f"{path} holds no events")
     if names:
         order = list(names)
-        X = [[r.get(n, 0.0) for n in order] for r, _ in rows]
+        X = [[r.get(n, 0.0) for n in order] for r, _ in rows if isinstance(r, dict)]  # every row: forms never mix
     else:
         order = [f"x{i}" for i in range(len(rows[0][0]))]
-        X = [list(r) for r, _ in rows]
+        X = [list(r) for r, _ in rows if isinstance(r, list)]  # every row (above)
     return Dataset(X, [y for _, y in rows], order, "named" if names else "dense")

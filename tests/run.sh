@@ -25,8 +25,11 @@ fi
 # Apache Kafka's jars (the version pinned in tests/apache_kafka/pom.xml), fetched once
 python3 tests/support/apache_kafka.py --fetch >/dev/null
 
-# The lint first ([tool.ruff] in pyproject.toml): a finding fails the run
-python3 -m ruff check tests
+# The lint, the layout and the types first ([tool.ruff] and [tool.mypy] in pyproject.toml), over the whole tree
+# (service/, tests/, bench/, docs/): a finding fails the run
+python3 -m ruff format --check --quiet .
+python3 -m ruff check --quiet .
+python3 -m mypy  # what and how strictly: [tool.mypy]
 NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet  # the documentation site: a broken link or a page missing from the nav fails
 
 # One worker per core, each with its own embedded broker (Apache Kafka is one

@@ -122,7 +122,7 @@ def _app_on(store_dir, *args):
     app = Application(load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(store_dir), *args]))
     s = app.settings
     app.wire(Opened(Owner(s.group_id, s.input_topic), store=LocalStore(store_dir, s.group_id)))
-    app.restorer._positions_in_logs = lambda task, cp: True  # noqa: SLF001 — no broker to read the logs' ranges from; nothing public stands in
+    app.restorer._positions_in_logs = lambda task, cp: True  # type: ignore[method-assign]  # noqa: SLF001 — no broker to read the logs' ranges from; nothing public stands in
     return app
 
 

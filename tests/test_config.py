@@ -76,7 +76,7 @@ def test_bad_values_name_the_setting(args, env, named, monkeypatch):
 def test_a_bad_config_file_is_named(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("batch_size = = 3")
-    with pytest.raises(ConfigError, match="config_file.*not valid TOML"):
+    with pytest.raises(ConfigError, match=r"config_file.*not valid TOML"):
         load(ServeSettings, ["--config-file", str(bad)])
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("bach_size = 3")

@@ -68,7 +68,7 @@ def test_the_view_shows_rate_mistakes_trend_and_weights_by_name(app, monkeypatch
     def row(label: str) -> str:
         return next(line for line in lines if label in line)
 
-    assert re.search(r"events\s+40\s+events/s\s+20\s", row("events/s")), row("events/s")
+    assert re.search(r"events\s+40\s+events/s \(last 5 s\)\s+20\s", row("events/s")), row("events/s")
     assert re.search(
         rf"mistakes\s+{learner.mistakes}\s+updates \(model version\)\s+{learner.updates}\s", row("mistakes")
     ), row("mistakes")
@@ -93,6 +93,26 @@ def test_the_plain_line_says_the_same(app, monkeypatch):
     clock.now += 1.0
     line = view.line()
     assert f"events=4 events/s=4 mistakes={app.learner.mistakes} mistake_rate={app.metrics.window.value:.3f}" in line
+
+
+def test_events_per_second_is_the_rate_of_the_last_seconds_not_since_the_start(app, monkeypatch):
+    """A catch-up at the start (1,000 events in its first second) then 500 events/s: the view shows 500, where an
+    average since the start would still show 545 after 11 s."""
+    clock = Clock()
+    monkeypatch.setattr(demo.time, "monotonic", clock)
+    view = DemoView(app, "b:1", "http://m:1", drift_at=10**6)
+    assert "events/s: over the last 5 s" in view.legend()
+    view.line()
+    _learn(app, [({"a": 1.0}, 1)] * 1000)
+    clock.now += 1.0
+    assert "events/s=1000 " in view.line()
+    for _ in range(5):  # every 2 s, as the demo's --no-live lines
+        _learn(app, [({"a": 1.0}, 1)] * 1000)
+        clock.now += 2.0
+        line = view.line()
+    assert app.learner.seen == 6000
+    assert "events/s=500 " in line, line
+    assert re.search(r"events/s \(last 5 s\)\s+500\s", _render(view)), _render(view)
 
 
 def _tally(**fields):
@@ -162,6 +182,17 @@ def test_delayed_labels_show_pending_joined_unknown_and_the_delay(monkeypatch):
     before = _render(view)
     assert re.search(r"labels pending\s+0\s+joined / unknown_id\s+0 / 0", before), before
     assert "none joined yet (sent 3 s after)" in before
+    # no label has come: no mistake rate to show, and the screen says why the numbers look as they will
+    assert re.search(r"mistake rate\s+no label yet\s", before), before
+    assert "mistake_rate=- " in view.line() and "plain_mistake_rate=- pocket_mistake_rate=- " in view.line()
+    assert re.search(r"challenger plain\s+no label yet\s+champion averaged\s+-", before), before
+    for said in (
+        "A label comes 3 s after its point: the mistake rate counts a decision when its label comes",
+        "the first decisions were made before any label had come (so it starts near 50%)",
+        "5% of the labels never come: their points stay pending until they expire after 30 s",
+    ):
+        assert said in before, (said, before)
+        assert said in view.legend()
 
     m = app.metrics
     m.observe_tally(
@@ -182,6 +213,7 @@ def test_delayed_labels_show_pending_joined_unknown_and_the_delay(monkeypatch):
     assert re.search(
         r"label delay\s+3\.0 s on average \(sent 3 s after\)\s+expired \(never came\)\s+7\b", row("label delay")
     ), row("label delay")
+    assert re.search(r"mistake rate\s+10\.0% \(last 10 labeled\)", row("mistake rate")), row("mistake rate")
     assert row("challenger plain") and row("drift (DDM)")  # the lines of both modes stay
     line = view.line()
     assert "pending=1503 joined=1200 unknown_id=2 expired=7 label_delay_s=3.0" in line, line

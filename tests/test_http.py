@@ -223,6 +223,7 @@ def test_healthz_is_answered_when_the_process_has_no_descriptor_left(tmp_path):
     """
     limit = 64
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(limit)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
     try:
         port, hogged = map(int, child.stdout.readline().split())
         assert hogged > 0 and len(os.listdir(f"/proc/{child.pid}/fd")) == limit  # full

@@ -228,7 +228,7 @@ def test_the_rate_limit_schedules_events_at_the_rate():
         times.append(clock())
         clock.now += 0.001  # the send itself takes a millisecond: the limiter absorbs it
     assert times[-1] - start == pytest.approx(1000 / 250)
-    assert all(b - a == pytest.approx(1 / 250) for a, b in zip(times, times[1:]))
+    assert all(b - a == pytest.approx(1 / 250) for a, b in itertools.pairwise(times))
 
 
 def test_the_rate_limit_does_not_burst_after_falling_behind():
@@ -261,6 +261,7 @@ class FakeProducer:
 
     def __init__(self, outcome=lambda i: None):
         self.outcome, self.sent, self.topics, self.pending, self.closed = outcome, [], [], [], False
+        self.created: list = []  # the specs of the topics that ensure_topics created (fake_kafka)
 
     def send(self, topic, key=None, value=None):
         result = self.outcome(len(self.sent))
@@ -293,7 +294,6 @@ def fake_kafka(monkeypatch):
     def install(outcome=lambda i: None, partitions=None):
         producer = FakeProducer(outcome)
         existing = dict(partitions or {})
-        producer.created = []
 
         def ensure(settings, specs, create, timeout_s=0.0):
             for spec in specs:
@@ -571,10 +571,13 @@ def test_lost_labels_fail_the_run_naming_both_topics(fake_kafka):
 
 def test_a_stop_while_labels_wait_says_how_many_were_never_sent(fake_kafka):
     producer = fake_kafka()
-    ticks = []
+    ticks: list[int] = []
 
     def stop_while_waiting():  # Ctrl-C a few ticks into the 30 s wait at the end
-        return len(producer.sent) == 20 and (ticks.append(1) or len(ticks) > 3)
+        if len(producer.sent) != 20:
+            return False
+        ticks.append(1)
+        return len(ticks) > 3
 
     started = time.monotonic()
     written = produce(

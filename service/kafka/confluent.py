@@ -290,7 +290,7 @@ class ConfluentIO:
                 (
                     m.error()
                     for m in messages
-                    if m.error() is not None and m.error().code() != CKafkaError._PARTITION_EOF
+                    if m.error() is not None and m.error().code() != CKafkaError._PARTITION_EOF  # noqa: SLF001 — librdkafka's internal code, public in confluent-kafka as _PARTITION_EOF
                 ),
                 None,
             )
@@ -694,13 +694,14 @@ def authentication_error(err: CKafkaError) -> kerrors.KafkaError | None:
     failed: ... sslv3 alert bad certificate: SSL alert number 42").
     """
     text = err.str()
-    if err.code() == CKafkaError._SSL and "certificate verify failed" in text:
+    # SLF001 below: librdkafka's internal error codes (RD_KAFKA_RESP_ERR__SSL, ...) are public in confluent-kafka under a leading underscore
+    if err.code() == CKafkaError._SSL and "certificate verify failed" in text:  # noqa: SLF001
         return SslAuthenticationError(text)
-    if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(
+    if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(  # noqa: SLF001
         f"SSL alert number {n}" in text for n in (42, 46, 48, 116)
     ):
         return ClientCertificateRefused(text)  # bad_certificate, certificate_unknown, unknown_ca, certificate_required
-    if err.code() != CKafkaError._AUTHENTICATION:
+    if err.code() != CKafkaError._AUTHENTICATION:  # noqa: SLF001
         return None
     if "Unsupported SASL mechanism" in text:
         return kerrors.UnsupportedSaslMechanismError(text)

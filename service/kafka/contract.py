@@ -20,7 +20,8 @@ generation of a transaction's offsets (tests/integration/test_transactions.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 #: Group timings that let a consumer join the embedded broker's group in
@@ -75,7 +76,7 @@ class TopicSpec(NamedTuple):
     name: str
     partitions: int
     replication_factor: int
-    config: dict[str, str] = {}
+    config: Mapping[str, str] = MappingProxyType({})  # read-only: one default shared by every spec
 
 
 class KafkaUnavailable(Exception):
@@ -144,7 +145,7 @@ class Refused(NamedTuple):
     topic: str
     key: bytes | None
     value: bytes
-    error: Exception
+    error: BaseException | None  # None: the client gave no reason
 
 
 class Stream(Protocol):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
+from typing import overload
 
 import kafka.errors as kerrors
 from kafka.errors import KafkaError
@@ -46,7 +47,7 @@ from perceptron_stream.kafka.contract import (  # noqa: F401 - the service's own
 RETRY, REFUSED, FATAL = "retry", "refused", "fatal"
 
 
-def _errors(names: tuple[str, ...]) -> tuple[type, ...]:
+def _errors(names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
     return tuple(getattr(kerrors, name) for name in names if hasattr(kerrors, name))
 
 
@@ -115,7 +116,7 @@ FENCED_ERROR_NAMES = (
 #: must change; or the client rejected the brokers' certificate: ssl_cafile must change.
 AUTHENTICATION_ERRORS = (*_errors(AUTHENTICATION_ERROR_NAMES), SslAuthenticationError)
 #: The service stops with these instead of retrying forever.
-FATAL_ERRORS = (*_errors(FATAL_ERROR_NAMES), SslAuthenticationError)
+FATAL_ERRORS: tuple[type[BaseException], ...] = (*_errors(FATAL_ERROR_NAMES), SslAuthenticationError)
 REFUSED_ERRORS = _errors(REFUSED_ERROR_NAMES)
 FENCED_ERRORS = _errors(FENCED_ERROR_NAMES)
 
@@ -217,7 +218,11 @@ def _hint(exc: BaseException, settings: KafkaSettings | None) -> str:
     return "check the Kafka settings (security, credentials, ACLs, replication factor)"
 
 
-def service_error(exc: BaseException | None, settings: KafkaSettings | None = None) -> BaseException:
+@overload
+def service_error(exc: BaseException, settings: KafkaSettings | None = None) -> BaseException: ...
+@overload
+def service_error(exc: None, settings: KafkaSettings | None = None) -> None: ...
+def service_error(exc: BaseException | None, settings: KafkaSettings | None = None) -> BaseException | None:
     """The service's own error (:mod:`perceptron_stream.kafka.contract`) for one of kafka-python's; others pass through.
 
     The one classification of the clients' errors (confluent.py maps
@@ -259,7 +264,10 @@ def transaction_error(
     if isinstance(error, KafkaFatal):
         return error
     if producer_broken:
-        return KafkaFatal(describe(exc), "the client's transactional producer failed for good: restart the instance")
+        return KafkaFatal(
+            describe(exc) if exc is not None else "no answer",
+            "the client's transactional producer failed for good: restart the instance",
+        )
     return Aborted(
         f"transaction aborted: {describe(error) if error is not None else 'no answer'}",
         timed_out=getattr(error, "timed_out", False),

@@ -68,7 +68,7 @@ class _NotSent:
 
     __slots__ = ("exception",)
 
-    def __init__(self, exception: Exception | None = None):
+    def __init__(self, exception: BaseException | None = None):
         self.exception = exception
 
     def succeeded(self) -> bool:

@@ -26,6 +26,7 @@ import ssl
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import kafka.errors as kerrors
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -80,16 +81,18 @@ class _RejectionsAreFinal(KafkaConnectionManager):
         if conn not in self._watched:
             self._watched.add(conn)
             conn.init_future.add_callback(lambda _: self._rejected.pop(node_id, None))
-            conn.init_future.add_errback(
-                lambda error: (
-                    (rejection := _rejection(error)) is not None and self._rejected.__setitem__(node_id, rejection)
-                )
-            )
+
+            def remember_rejection(error):
+                rejection = _rejection(error)
+                if rejection is not None:
+                    self._rejected[node_id] = rejection
+
+            conn.init_future.add_errback(remember_rejection)
         return conn
 
     async def _build_transport(self, node, timeout_at=None):
         transport = await super()._build_transport(node, timeout_at=timeout_at)
-        transport._sock_recv = functools.partial(_recv_then_eof, transport._sock_recv)
+        transport._sock_recv = functools.partial(_recv_then_eof, transport._sock_recv)  # noqa: SLF001 — the mend wraps kafka-python's socket read, which it keeps private
         return transport
 
     def maybe_raise_auth_failure(self, node_id):
@@ -212,7 +215,7 @@ def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
                 sender.force_close()
             except Exception:  # pragma: no cover - best effort on a broken client
                 log.debug("forcing the producer's sender down failed", exc_info=True)
-        producer._closed = True  # what close() would have set: no second attempt at garbage collection
+        producer._closed = True  # noqa: SLF001 — what close() would have set: no second attempt at garbage collection
 
 
 def close_consumer(consumer: KafkaConsumer, **options) -> None:
@@ -268,7 +271,7 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     parked records back. Proved by tests/integration/test_delayed_labels.py
     (labels held until their points come) and bench/e2e.py.
     """
-    fetcher = getattr(consumer, "_fetcher", None)
+    fetcher: Any = getattr(consumer, "_fetcher", None)  # kafka-python's, untyped
     if not all(
         hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records", "_paused_partition_records")
     ):
@@ -276,9 +279,9 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     drain = fetcher.fetched_records
 
     def fetched_records(*args, **kwargs):
-        in_line = fetcher._next_partition_records
+        in_line = fetcher._next_partition_records  # noqa: SLF001 — the fetcher's line of records is what the mend clears
         if in_line is not None and not in_line:
-            fetcher._next_partition_records = None
+            fetcher._next_partition_records = None  # noqa: SLF001 — see above
         return drain(*args, **kwargs)
 
     fetcher.fetched_records = fetched_records
@@ -307,7 +310,7 @@ def _failed_batches_are_fetched_again(consumer: KafkaConsumer) -> None:
     issue 29). Proved by tests/integration/test_reading.py (records in a
     codec the client cannot read: every poll fails, none spins).
     """
-    fetcher = getattr(consumer, "_fetcher", None)
+    fetcher: Any = getattr(consumer, "_fetcher", None)  # kafka-python's, untyped
     if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records")):
         return
     drain = fetcher.fetched_records
@@ -316,7 +319,7 @@ def _failed_batches_are_fetched_again(consumer: KafkaConsumer) -> None:
         try:
             return drain(*args, **kwargs)
         except Exception:
-            failed, fetcher._next_partition_records = fetcher._next_partition_records, None
+            failed, fetcher._next_partition_records = fetcher._next_partition_records, None  # noqa: SLF001 — the failed batch the fetcher keeps in line
             if failed is not None:
                 failed.drain()
             raise
@@ -346,12 +349,12 @@ def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None
     upstream issue found. Proved on Apache Kafka by the integration tests
     that wait for an assignment (tests/support/service.py wait_assigned).
     """
-    coordinator = getattr(consumer, "_coordinator", None)
+    coordinator: Any = getattr(consumer, "_coordinator", None)  # kafka-python's, untyped
     if not hasattr(coordinator, "_join_task") or not callable(getattr(coordinator, "need_rejoin", None)):
         return
     need_rejoin = coordinator.need_rejoin
 
     def rejoin_needed_while_a_join_is_held():
-        return coordinator._join_task is not None or need_rejoin()
+        return coordinator._join_task is not None or need_rejoin()  # noqa: SLF001 — the join in flight, kept private by kafka-python
 
     coordinator.need_rejoin = rejoin_needed_while_a_join_is_held

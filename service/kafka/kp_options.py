@@ -8,6 +8,8 @@ gets the mended network client (:mod:`perceptron_stream.kafka.kp_mends`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from kafka import KafkaProducer
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.contract import KafkaFatal
@@ -55,9 +57,9 @@ def require_codecs() -> None:
         )
 
 
-def client_options(settings: KafkaSettings) -> dict:
+def client_options(settings: KafkaSettings) -> dict[str, Any]:
     """bootstrap servers and the security settings, as kafka-python takes them."""
-    options = {
+    options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap_servers.split(","),
         "security_protocol": settings.security_protocol,
         # bounded attempts, so the caller's retry loop stays responsive to

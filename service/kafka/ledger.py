@@ -60,7 +60,7 @@ class Ledger:
 
     def __init__(self, first_delay_s: float = FIRST_DELAY_S, most_delay_s: float = MOST_DELAY_S):
         self.first_delay_s, self.most_delay_s = first_delay_s, most_delay_s
-        self._failed: list[tuple[tuple[str, bytes | None, bytes], Exception | None]] = []
+        self._failed: list[tuple[tuple[str, bytes | None, bytes], BaseException | None]] = []
         self._refused: list[Refused] = []
         self._fatal: BaseException | None = None
 

@@ -220,8 +220,8 @@ def _check(X: Any, y: Any, feature_names: Any, algorithm: Any, order: Any, max_p
 
 
 def train_report(
-    X: list[list[float]],
-    y: list[int],
+    X: Sequence[Sequence[float]],
+    y: Sequence[int],
     *,
     algorithm: str = "pla",
     order: str = "cyclic",
@@ -263,7 +263,7 @@ def train_report(
     except ValueError:  # w = 0 and b = 0
         aug = None
     R = radius(X, intercept)
-    report = {
+    report: dict[str, Any] = {
         "algorithm": algorithm,
         "order": order,
         "seed": seed,

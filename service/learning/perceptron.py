@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from itertools import repeat
 from math import hypot
 from operator import add, mul, sub
@@ -113,28 +114,30 @@ def _bad_label(y: Any) -> ValueError:
     return ValueError(f"step takes y = -1, +1 or None (map other spellings with to_label), got {y!r}")
 
 
-def _dot(w: list[float], m: Perceptron | None, x: list | dict) -> float:
+def _dot(w: list[float], m: Perceptron | None, x: Any) -> float:
     """w·x without the bias, summed in x's order (river's order).
 
     ``m`` None: x is a dense list, x[i] is feature i.  Else x is a dict of
     features all known to the perceptron ``m`` (KeyError otherwise); when they
     are its first features in order (a fixed schema) the sum skips the lookups.
+    (x is typed Any: which of list and dict it is goes with ``m``, which a type cannot say.)
     """
+    ws: Iterable[float]
     if m is None:
         ws, vals = w, x
-    elif m._keys[: len(x)] == list(x):
+    elif m.features[: len(x)] == list(x):
         ws, vals = w, x.values()
     else:
-        ws, vals = map(w.__getitem__, map(m._index.__getitem__, x)), x.values()
+        ws, vals = map(w.__getitem__, map(m.feature_index.__getitem__, x)), x.values()
     return _sum(map(mul, ws, vals))
 
 
-def _update(w: list[float], m: Perceptron | None, x: list | dict, y: float) -> None:
+def _update(w: list[float], m: Perceptron | None, x: Any, y: float) -> None:
     """w += y·x (``m`` as in :func:`_dot`).  river computes w - x·(-y): for y = ±1, the floats of w ± x."""
     n = len(x)
     if m is not None:
-        if m._keys[:n] != list(x):
-            idx = m._index
+        if m.features[:n] != list(x):
+            idx = m.feature_index
             for k, v in x.items():
                 w[idx[k]] += y * v
             return
@@ -157,6 +160,7 @@ def _as_dict(x: dict | list) -> dict:
 #: ``(y_pred, score, mistake)``, mistake None when the event had no label.  A
 #: plain tuple: building a NamedTuple was a sixth of a step (bench/README.md).
 StepResult = tuple[int, float, "bool | None"]
+_Floats = list[float]  # for _Reader, whose method float hides the type in its class
 
 
 def _check_cap(max_features: Any) -> None:
@@ -207,9 +211,9 @@ class Perceptron(ManySteps, base.Classifier):
         self.margin = margin
         self.max_features = max_features  # most features the model holds (None: no cap)
         self._thr = float(margin)  # update when y·score <= _thr (0 for every variant but margin)
-        self._keys: list = []  # position -> feature
-        self._index: dict = {}  # feature -> position
-        self._dense = 0  # _keys[i] == i for every i < _dense: lists index positions directly
+        self.features: list = []  # position -> feature
+        self.feature_index: dict = {}  # feature -> position
+        self._dense = 0  # features[i] == i for every i < _dense: lists index positions directly
         self._mode = VARIANTS.index(variant) % 3  # 0: plain/margin, 1: averaged, 2: pocket
         self._fast = 0 if self._mode == 0 else -1  # lists of up to _fast values take step's fast path
         self._bool_labels = False  # predict_one answers bools (learn_one's last label was one)
@@ -255,7 +259,7 @@ class Perceptron(ManySteps, base.Classifier):
         try:
             s = _dot(self._w, m, x) + self._b
         except KeyError:  # unknown features weigh 0: leave them out
-            x = {k: v for k, v in x.items() if k in self._index}
+            x = {k: v for k, v in _as_dict(x).items() if k in self.feature_index}
             s = _dot(self._w, m, x) + self._b
         if self._mode == 1:
             return s - (_dot(self._u, m, x) + self._ub) / self._c
@@ -294,7 +298,7 @@ class Perceptron(ManySteps, base.Classifier):
         >>> p.knows_none_of([1.0, 2.0]), p.knows_none_of({"x1": 1.0, "x3": 0.5}), Perceptron().knows_none_of([1.0])
         (True, False, False)
         """
-        index = self._index
+        index = self.feature_index
         if not index:
             return False
         if type(x) is list:
@@ -366,7 +370,7 @@ class Perceptron(ManySteps, base.Classifier):
         try:
             s = _dot(w, m, x) + self._b
         except KeyError:  # new features: rare, so the label is checked in full before any is registered
-            x = self._admit(x, y)
+            x = self.admit(_as_dict(x), y)
             s = _dot(w, m, x) + self._b
         ys = None if y is None else y * s
         if ys is not None and ys <= self._thr:
@@ -375,14 +379,14 @@ class Perceptron(ManySteps, base.Classifier):
             _update(w, m, x, y)
             self._b += y
             self.updates += 1
-        r = hypot(*x.values())
+        r = hypot(*x.values())  # type: ignore[union-attr]  # a dict by now (the type() tests above; isinstance would cost every event)
         if r > self._xmax:
             self._xmax = r
         self.seen += 1
         if y is None:
             self._unlabeled += 1
             return (1 if s > 0.0 else -1, s, None)
-        if ys <= 0.0:
+        if ys <= 0.0:  # type: ignore[operator]  # a float: y is not None here; a second test would cost every event
             self.mistakes += 1
             return (1 if s > 0.0 else -1, s, True)
         return (y, s, False)
@@ -520,18 +524,18 @@ class Perceptron(ManySteps, base.Classifier):
         return (y_pred, score, mistake)
 
     def _known(self, x: dict | Any, y: int | None) -> dict:
-        """x as a dict of features the model holds (see :meth:`_admit`)."""
+        """x as a dict of features the model holds (see :meth:`admit`)."""
         x = _as_dict(x)
-        if all(map(self._index.__contains__, x)):
+        if all(map(self.feature_index.__contains__, x)):
             return x
-        return self._admit(x, y)
+        return self.admit(x, y)
 
     # --------------------------------------------------------------- features
     # Only two places register features, both off the hot path (an event with a
-    # feature the model does not know yet): _admit (dicts) and _fit_list (lists
+    # feature the model does not know yet): admit (dicts) and _fit_list (lists
     # longer than the known positions).  So the cap costs nothing per event.
 
-    def _admit(self, x: dict, y: int | None) -> dict:
+    def admit(self, x: dict, y: int | None) -> dict:
         """The part of x the model takes, after registering what it may.
 
         Unlabeled (``y`` None): only the features it knows, nothing registered.
@@ -539,14 +543,14 @@ class Perceptron(ManySteps, base.Classifier):
         holds fewer than ``max_features``; the rest are left out and counted in
         ``dropped_features``.  The label is checked before anything changes.
         """
-        idx = self._index
+        idx = self.feature_index
         if y is None:
             return {k: v for k, v in x.items() if k in idx}
         if y != 1 and y != -1:
             raise _bad_label(y)
         new = [k for k in x if k not in idx]
         cap = self.max_features
-        room = len(new) if cap is None else max(cap - len(self._keys), 0)
+        room = len(new) if cap is None else max(cap - len(self.features), 0)
         for k in new[:room]:
             self._add_feature(k)
         if room >= len(new):
@@ -555,7 +559,7 @@ class Perceptron(ManySteps, base.Classifier):
         return {k: v for k, v in x.items() if k in idx}
 
     def _fit_list(self, x: list, y: int | None) -> list | dict:
-        """A list longer than the known positions, as the model takes it (as :meth:`_admit` does for dicts).
+        """A list longer than the known positions, as the model takes it (as :meth:`admit` does for dicts).
 
         A list when the model's features are all positions: cut to the known
         ones (unlabeled, or past the cap: the rest dropped and counted), after
@@ -565,7 +569,7 @@ class Perceptron(ManySteps, base.Classifier):
         n, d = len(x), self._dense
         if n <= d:
             return x
-        if d != len(self._keys):  # a name sits at position d
+        if d != len(self.features):  # a name sits at position d
             return _as_dict(x)
         if y is None:
             return x[:d]
@@ -582,9 +586,9 @@ class Perceptron(ManySteps, base.Classifier):
         return x
 
     def _add_feature(self, k: Any) -> int:
-        i = len(self._keys)
-        self._keys.append(k)
-        self._index[k] = i
+        i = len(self.features)
+        self.features.append(k)
+        self.feature_index[k] = i
         for arr in (self._w, self._u, self._p):
             arr.append(0.0)
         if k == i and type(k) is int and self._dense == i:
@@ -616,7 +620,7 @@ class Perceptron(ManySteps, base.Classifier):
         >>> later()
         ([0], [0.5], 0.5)
         """
-        keys = self._keys.copy()
+        keys = self.features.copy()
         if self._mode == 1:
             w, u, c, b, ub = self._w.copy(), self._u.copy(), self._c, self._b, self._ub
             return lambda: (keys, [wi - ui / c for wi, ui in zip(w, u)], b - ub / c)
@@ -627,7 +631,7 @@ class Perceptron(ManySteps, base.Classifier):
     @property
     def weights(self) -> dict:
         """Feature → weight of the predicting weights."""
-        return dict(zip(self._keys, self._predicting()[0]))
+        return dict(zip(self.features, self._predicting()[0]))
 
     @property
     def bias(self) -> float:
@@ -682,7 +686,7 @@ class Perceptron(ManySteps, base.Classifier):
         ``max_features`` (absent: None, no cap) and the ``dropped_features``
         counter (absent: 0).
         """
-        for k in self._keys:
+        for k in self.features:
             if type(k) not in (str, int):
                 raise ValueError(f"cannot checkpoint feature name {k!r}: names must be str or int")
         state: dict[str, Any] = {
@@ -691,7 +695,7 @@ class Perceptron(ManySteps, base.Classifier):
             "variant": self.variant,
             "margin": self.margin,
             "max_features": self.max_features,
-            "features": list(self._keys),
+            "features": list(self.features),
             "weights": list(self._w),
             "bias": self._b,
             "max_norm": self._xmax,
@@ -802,7 +806,7 @@ class _Reader:
             self.fail(f"{key} must be a finite number, got {v!r}")
         return float(v)
 
-    def floats(self, key: str, n: int) -> list[float]:
+    def floats(self, key: str, n: int) -> _Floats:
         v = self.get(key)
         if not isinstance(v, list) or len(v) != n:
             self.fail(f"{key} must be a list of {n} numbers (one per feature)")

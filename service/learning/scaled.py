@@ -127,7 +127,7 @@ class ScaledPerceptron(base.Classifier):
         x = _as_dict(x)
         if all(map(self.scaler.counts.__contains__, x)):
             return x
-        return self.perceptron._admit(x, y)
+        return self.perceptron.admit(x, y)
 
     @property
     def max_features(self) -> int | None:

@@ -18,7 +18,7 @@ weights can be recomputed from the topic (tests do).
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from perceptron_stream.learning import learner_from_state
 from perceptron_stream.learning.mixing import mix_states, mixing_weights
@@ -145,7 +145,7 @@ class Mixer:
         if not isinstance(saved, dict):
             self.mixes = self.since = self.updates_at_mix = 0
             return
-        values = [saved.get(k) for k in ("mixes", "learned", "updates_at_mix")]
+        values: list[Any] = [saved.get(k) for k in ("mixes", "learned", "updates_at_mix")]  # JSON: checked below
         if not all(type(v) is int and v >= 0 for v in values):
             raise CheckpointError("the checkpoint's mixer book-keeping is malformed")
         self.mixes, self.since, self.updates_at_mix = values

@@ -316,11 +316,13 @@ class _Snapshot:
     def __init__(self, learner, take):
         self.learner, self.version, self.seen, self.take = learner, learner.updates, learner.seen, take
         self.taken_at = time.monotonic()
-        self.keys = self.weights = self.bias = self.norm = None
+        self.keys: list = []  # the copy's, once a page is asked for (take() then None)
+        self.weights: list[float] = []
+        self.bias = self.norm = 0.0
         self.pages: dict[tuple[int, int], orjson.Fragment] = {}
 
     def page(self, offset: int, limit: int) -> orjson.Fragment:
-        if self.keys is None:  # off the lock: the lists were copied under it
+        if self.take is not None:  # off the lock: the lists were copied under it
             self.keys, self.weights, self.bias = self.take()
             self.norm = math.hypot(self.bias, *self.weights)
             self.take = None

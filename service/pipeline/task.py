@@ -118,7 +118,7 @@ class Tally:
         self.unknown = 0  # valid events that shared no feature with a model holding some (scored by its bias alone)
         self.flags: list[bool] = []  # mistake or not, one per labeled event (or joined label: the decision's), in order
         self.rejected: list[str] = []  # reasons
-        self.mixes: list[int] = []  # partitions that mixed
+        self.mixes: list[int | None] = []  # partitions that mixed
         self.label_outcomes: list[
             str
         ] = []  # delayed labels: joined, unknown_id, duplicate, early; points expired, evicted

@@ -112,9 +112,11 @@ class Checkpointer:
             except (KafkaUnavailable, OSError, CheckpointTooLargeError) as exc:
                 retry_in = self._backoff.next()
                 self._retry_at = time.monotonic() + retry_in
-                if isinstance(exc, KafkaUnavailable):
-                    self.health.broker_ok = False
-                log.error("checkpoint %d of %s failed: %s; retrying in %.0f s", cp.seq, task.name, exc, retry_in)
+                if isinstance(exc, KafkaUnavailable):  # the brokers are away: one line per outage, naming the setting
+                    self.health.broker_failed(f"write checkpoint {cp.seq} of {task.name}", exc)
+                    log.debug("checkpoint %d of %s failed: %s; retrying in %.0f s", cp.seq, task.name, exc, retry_in)
+                else:
+                    log.error("checkpoint %d of %s failed: %s; retrying in %.0f s", cp.seq, task.name, exc, retry_in)
                 return False
             task.saved(cp)
             self._to_commit = {**(self._to_commit or {}), **cp.positions}

@@ -49,11 +49,11 @@ class Delivery:
             except KafkaFatal as exc:
                 raise fatal(exc, "send the outputs") from None
             except DeliveryError as exc:
-                self.health.broker_ok = False
+                self.health.broker_failed("send the outputs", exc)  # one line per outage, naming the setting
                 self.health.beat()  # the loop is alive, waiting for the brokers
                 if self.stopping():
                     raise
-                log.warning("%s; waiting for the brokers", exc)
+                log.debug("%s; waiting for the brokers", exc)
 
     def _replace_refused(self, stream, refused: list[Refused]) -> None:
         """An output the brokers refuse for good (larger than the topic allows, say) becomes a dead letter without

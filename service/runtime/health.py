@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
+from perceptron_stream.runtime.outage import Outage
+
 log = logging.getLogger("perceptron_stream")
 
 #: How often the lag is refreshed (and, while no record comes, the brokers probed).
@@ -22,12 +24,29 @@ PROBE_TIMEOUT_S = 3.0
 class Health:
     """What /healthz and /readyz report, set by the poll loop."""
 
-    def __init__(self, stall_timeout_s: float):
+    def __init__(self, stall_timeout_s: float, bootstrap_servers: str = ""):
         self.stall_timeout_s = stall_timeout_s
         self.last_beat = time.monotonic()
         self.assigned = False
         self.restored = False
-        self.broker_ok = False
+        self._broker_ok = False
+        self.outage = Outage(bootstrap_servers)  # said once when the brokers go away, once when they answer again
+
+    @property
+    def broker_ok(self) -> bool:
+        return self._broker_ok
+
+    @broker_ok.setter
+    def broker_ok(self, ok: bool) -> None:
+        self._broker_ok = ok
+        if ok:
+            self.outage.answered()
+
+    def broker_failed(self, what: str, exc: BaseException) -> bool:
+        """A call to the brokers got no answer: /readyz not ready, and the outage said once (True when this began
+        it)."""
+        self._broker_ok = False
+        return self.outage.failed(what, exc)
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 
-from perceptron_stream.kafka import BEGINNING, END, GROUP_TIMINGS, first_offsets
+from perceptron_stream.kafka import BEGINNING, END, GROUP_TIMINGS, Stream, first_offsets
 from perceptron_stream.runtime.retry import StartupError
 from perceptron_stream.state.local import StateLockedError
 
@@ -103,12 +103,19 @@ class Assignments:
         self.health, self.metrics, self.lag = health, metrics, lag
         self.per_partition = settings.model_scope == "partition"
         self.guard = None if self.per_partition else OneInstance(settings, retry, health)
-        self.stream = None  # set once it is open
+        self.stream: Stream | None = None  # set once it is open
         self.batch_open = False  # the loop is inside a batch whose outputs are not all acknowledged
         self.waiting: dict[int, list[tuple[str, int]]] = {}  # partition scope: assigned, paused, to restore
         self._locked_warned: set[int] = set()
         # what readiness was last read for (_ready): partitions moved since, or (waiting, may process) then
         self._moved, self._ready_for = True, (False, False)
+
+    @property
+    def _stream(self) -> Stream:
+        """The open stream: the callbacks run inside its poll, and the loop calls the rest once start-up opened it."""
+        if self.stream is None:
+            raise RuntimeError("the stream is not open yet")
+        return self.stream
 
     # callbacks ------------------------------------------------------------
     def on_assigned(self, partitions: list[tuple[str, int]]) -> None:
@@ -117,7 +124,7 @@ class Assignments:
             for tp in partitions:
                 if self.tasks.for_partition(tp[1]) is None:
                     self.waiting.setdefault(tp[1], []).append(tp)
-            self.stream.pause([tp for tps in self.waiting.values() for tp in tps])
+            self._stream.pause([tp for tps in self.waiting.values() for tp in tps])
         else:
             task = self.tasks.group
             # The model in memory is the newest state (revocation checkpoints first);
@@ -125,7 +132,8 @@ class Assignments:
             # committed offsets say.
             for tp in partitions:
                 self._seek(task, tp)
-            self.guard.to_check = True
+            if self.guard is not None:  # always, in group scope
+                self.guard.to_check = True
         self.lag.soon()
         self._ready()
         self._moved = True  # and again at the next settle: an incremental assignment is applied after this callback
@@ -147,7 +155,7 @@ class Assignments:
                 if self.store is not None:
                     self.store.unlock(task.name)
                 self.metrics.forget_replica(task.partition)
-        elif self.stream is not None and self.guard.passed and not self.batch_open:
+        elif self.stream is not None and self.guard is not None and self.guard.passed and not self.batch_open:
             self.checkpointer.checkpoint(self.tasks.all(), self.stream)  # committed by the loop once the group is
             # stable again (exactly-once: with the transaction, here)
         self.metrics.forget_partitions(partitions)
@@ -172,7 +180,7 @@ class Assignments:
     def put_back(self, records) -> None:
         """Seek each partition back to the first of ``records``: they are read again once they may be processed."""
         for (topic, partition), offset in first_offsets((r.topic, r.partition, r.offset) for r in records).items():
-            self.stream.seek(topic, partition, offset)
+            self._stream.seek(topic, partition, offset)
 
     def _restore(self, partition: int) -> None:
         task = self.make_task(partition)
@@ -190,17 +198,17 @@ class Assignments:
         for tp in tps:
             self._seek(task, tp)
         self.tasks.add(task)
-        self.stream.resume(tps)
+        self._stream.resume(tps)
         self.metrics.set_model(task.learner.weight_norm, task.learner.radius, task.partition)
 
     def _seek(self, task, tp: tuple[str, int]) -> None:
         if tp in task.positions:
-            self.stream.seek(tp[0], tp[1], task.positions[tp])
+            self._stream.seek(tp[0], tp[1], task.positions[tp])
         elif self.settings.state_store != "none":
             # The model has learned nothing from it; committed offsets are only ever a
             # checkpoint's, so any here belong to a checkpoint that could not be used:
             # start where a new model would.
-            self.stream.seek(tp[0], tp[1], BEGINNING if self.settings.auto_offset_reset == "earliest" else END)
+            self._stream.seek(tp[0], tp[1], BEGINNING if self.settings.auto_offset_reset == "earliest" else END)
 
     def _ready(self) -> None:
         """Readiness and the assigned-partitions gauge from the consumer's whole assignment (the callbacks get

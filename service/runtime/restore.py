@@ -12,6 +12,7 @@ state that learned those events is lost).
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from perceptron_stream.kafka import committed_offsets, log_ranges
@@ -204,7 +205,7 @@ class Restorer:
         outside = []
         for topic in sorted({t for t, _ in cp.positions}):
             ranges = self.retry.until_it_works(
-                lambda: log_ranges(self.settings, topic), f"read the logs' ranges of {topic}"
+                functools.partial(log_ranges, self.settings, topic), f"read the logs' ranges of {topic}"
             )
             for (t, partition), position in sorted(cp.positions.items()):
                 if t != topic:

@@ -52,16 +52,19 @@ class Retry:
         backoff = Backoff()
         while True:
             try:
-                return action()
+                result = action()
             except KafkaFatal as exc:
                 raise fatal(exc, what) from None
             except KafkaUnavailable as exc:
-                self.health.broker_ok = False
+                self.health.broker_failed(what, exc)  # one line per outage, naming the setting to check
                 if self.stopping():
                     return None
                 delay = backoff.next()
-                log.warning("could not %s: %s; retrying in %.1f s", what, exc, delay)
+                log.debug("could not %s: %s; retrying in %.1f s", what, exc, delay)
                 self.sleep(delay)
+            else:
+                self.health.outage.answered()
+                return result
 
     def once(self, action: Callable[[], Any], what: str, probe: bool = False) -> tuple[bool, Any]:
         """One attempt: ``(True, result)``, or ``(False, None)`` when the brokers did not answer (logged); a fatal
@@ -72,9 +75,10 @@ class Retry:
         except KafkaFatal as exc:
             raise fatal(exc, what) from None
         except KafkaUnavailable as exc:
-            if exc.timed_out or probe:
-                self.health.broker_ok = False
-            log.warning("could not %s (%s); trying again later", what, exc)
+            if exc.timed_out or probe:  # the brokers did not answer: an outage, said once
+                self.health.broker_failed(what, exc)
+            else:  # they answered no for now (a rebalance): not an outage
+                log.warning("could not %s (%s); trying again later", what, exc)
             return False, None
 
     def sleep(self, seconds: float) -> None:

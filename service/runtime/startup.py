@@ -159,7 +159,7 @@ class Startup:
             return None
         changelog = None
         if s.label_topic is not None:
-            labels_ok, changelog = self._open_labels()
+            labels_ok, changelog = self._open_labels(s.label_topic)
             if not labels_ok:
                 return None
         owner = Owner(s.group_id, s.input_topic)
@@ -213,18 +213,18 @@ class Startup:
             store.key = signing_key(s)
         return store
 
-    def _open_labels(self) -> tuple[bool, PartitionedLog | None]:
+    def _open_labels(self, label_topic: str) -> tuple[bool, PartitionedLog | None]:
         """Delayed labels: the label topic partitioned like the input (a label and its point share a partition number,
         so one task holds both), the outcome topic, and with the Kafka store the pending changelog."""
         s, until = self.settings, self.retry.until_it_works
         counts = until(
-            lambda: partition_counts(s, [s.input_topic, s.label_topic]), "count the input and label topics' partitions"
+            lambda: partition_counts(s, [s.input_topic, label_topic]), "count the input and label topics' partitions"
         )
         if counts is None:
             return False, None
         n = counts[s.input_topic]
         topics = [
-            TopicSpec(s.label_topic, n, s.topic_replication_factor),
+            TopicSpec(label_topic, n, s.topic_replication_factor),
             TopicSpec(s.outcome_topic, s.topic_partitions, s.topic_replication_factor),
         ]
         if s.state_store == "kafka":
@@ -236,7 +236,7 @@ class Startup:
         ):
             return False, None
         counts = until(
-            lambda: partition_counts(s, [s.label_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])),
+            lambda: partition_counts(s, [label_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])),
             "count the label topic's partitions",
         )
         if counts is None:

@@ -41,6 +41,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -133,6 +134,13 @@ class Checkpoint:
     task: dict = field(default_factory=dict)  # the task's own book-keeping beside the model (mixing, ...)
 
 
+def owner_of(cp: Checkpoint) -> Owner:
+    """``cp``'s owner, which a checkpoint must have to be written (only version 0.1's, read, have none)."""
+    if cp.owner is None:
+        raise ValueError("a checkpoint needs its owner to be written")
+    return cp.owner
+
+
 def _canonical(body: dict) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
@@ -143,14 +151,13 @@ def _legacy_canonical(body: dict) -> bytes:
 
 def encode_checkpoint(cp: Checkpoint, key: bytes | None = None) -> bytes:
     """The checkpoint as JSON bytes with its SHA-256, and its HMAC-SHA256 when ``key`` is given."""
-    if cp.owner is None:
-        raise ValueError("a checkpoint needs its owner to be written")
+    owner = owner_of(cp)
     body = {
         "kind": KIND,
         "format": FORMAT,
         "seq": cp.seq,
         "created": cp.created,
-        "owner": cp.owner.to_json(),
+        "owner": owner.to_json(),
         "positions": [[t, p, o] for (t, p), o in sorted(cp.positions.items())],
         "dimension": cp.dimension,
         "meta": cp.meta,
@@ -241,7 +248,7 @@ def _int(body: dict, name: str, low: int, high: int) -> int:
 
 
 def _finite(body: dict, name: str) -> float:
-    value = body.get(name)
+    value: Any = body.get(name)  # JSON: checked below
     if type(value) not in (int, float) or not math.isfinite(value):
         raise _malformed(name, value, "a finite number")
     return float(value)
@@ -278,7 +285,7 @@ def _owner(value) -> Owner:
     if type(value) is not dict:
         raise _malformed("owner", value, "an object")
     names = ("group_id", "input_topic", "task", "cluster_id", "topic_id")
-    texts = {n: value.get(n) for n in names}
+    texts: dict[str, Any] = {n: value.get(n) for n in names}  # JSON: checked below
     for n in names[:3]:
         if type(texts[n]) is not str or not texts[n]:
             raise _malformed(f"owner.{n}", texts[n], "a non-empty string")
@@ -290,7 +297,7 @@ def _owner(value) -> Owner:
 
 def newest_usable(
     candidates: Iterable[tuple[str, Checkpoint | CheckpointError]],
-    accept: Callable[[Checkpoint], None] | None,
+    accept: Callable[[Checkpoint], object] | None,
     where: str,
     expected: Owner | None = None,
 ) -> Checkpoint | None:

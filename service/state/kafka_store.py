@@ -12,6 +12,7 @@ while the topic is read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from perceptron_stream.state.checkpoint import (
     GROUP_TASK,
@@ -22,6 +23,7 @@ from perceptron_stream.state.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
     newest_usable,
+    owner_of,
 )
 
 #: The largest record the checkpoint producer sends and the service's checkpoint topic takes.
@@ -65,13 +67,13 @@ class KafkaStore:
                 f"record of the Kafka state store may have (the model holds {features:,} features): lower "
                 "--max-model-features, hash the features (--hash-features), or use --state-store local"
             )
-        return self.topic.topic, self.slot_keys(cp.owner.task)[cp.seq % self.keep], value
+        return self.topic.topic, self.slot_keys(owner_of(cp).task)[cp.seq % self.keep], value
 
     def load(
         self,
         task: str,
         expected: Owner | None = None,
-        accept: Callable[[Checkpoint], None] | None = None,
+        accept: Callable[[Checkpoint], object] | None = None,
         legacy: bool = False,
         committed: dict[tuple[str, int], int] | None = None,
     ) -> Checkpoint | None:
@@ -87,7 +89,7 @@ class KafkaStore:
         positions the group holds.
         """
         latest = self.topic.read_latest(set(self.slot_keys(task)))
-        decoded = []
+        decoded: list[tuple[str, Checkpoint | CheckpointError]] = []
         for key, value in latest.items():
             try:
                 cp = decode_checkpoint(value or b"", self.key)
@@ -100,7 +102,7 @@ class KafkaStore:
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
         return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected)
 
-    def pending_dir(self, task: str) -> None:
+    def pending_dir(self, task: str) -> Path | None:  # the Store protocol's: None here
         """No disk of its own: the pending tables are rebuilt from the pending changelog in a cache directory."""
         return None
 

@@ -50,6 +50,7 @@ from perceptron_stream.state.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
     newest_usable,
+    owner_of,
 )
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,8 @@ class LocalStore:
         return _checkpoint_files(self.root)
 
     def save(self, cp: Checkpoint) -> None:
-        directory = self.task_dir(cp.owner.task)
+        task = owner_of(cp).task
+        directory = self.task_dir(task)
         directory.mkdir(parents=True, exist_ok=True)
         final = directory / f"checkpoint-{cp.seq:012d}.json"
         temp = final.with_suffix(".tmp")
@@ -192,14 +194,14 @@ class LocalStore:
             os.fsync(dir_fd)  # make the rename itself durable
         finally:
             os.close(dir_fd)
-        for old in self.files(cp.owner.task)[self.keep :]:
+        for old in self.files(task)[self.keep :]:
             old.unlink(missing_ok=True)
 
     def load(
         self,
         task: str,
         expected: Owner | None = None,
-        accept: Callable[[Checkpoint], None] | None = None,
+        accept: Callable[[Checkpoint], object] | None = None,
         legacy: bool = False,
     ) -> Checkpoint | None:
         """The newest checkpoint of ``task`` that is ``expected``'s, decodes and that ``accept`` takes

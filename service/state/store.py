@@ -33,7 +33,7 @@ class Store(Protocol):
         self,
         task: str,
         expected: Owner | None = None,
-        accept: Callable[[Checkpoint], None] | None = None,
+        accept: Callable[[Checkpoint], object] | None = None,
         legacy: bool = False,
     ) -> Checkpoint | None:
         """The newest usable checkpoint of ``task`` (see :func:`~perceptron_stream.state.checkpoint.newest_usable`)."""

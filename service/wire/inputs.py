@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable
 from math import hypot
 from operator import attrgetter
-from typing import Annotated, Any, NamedTuple, Optional, Union
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 import orjson
@@ -64,19 +64,20 @@ def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | 
     # take the model's way (publishable then sorts them), as do those beyond 64 bits
     number = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
     most = min(max_features, sys.maxsize)  # msgspec's lengths are C sizes; no list is longer anyway
+    dense: Any  # a type for msgspec, or None: no dense event decodes
     if dimension is None:
-        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=1, max_length=most)]]
+        dense = Annotated[list[value], msgspec.Meta(min_length=1, max_length=most)] | None
     elif 1 <= dimension <= max_features:
-        dense = Optional[Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)]]
+        dense = Annotated[list[value], msgspec.Meta(min_length=dimension, max_length=dimension)] | None
     else:  # a checkpoint's dimension beyond today's --max-features (or none a dense event can have): the model says why
         dense = None
     event = msgspec.defstruct(
         "FastEvent",
         [
-            ("id", Union[str, number, None], None),
+            ("id", str | number | None, None),
             ("x", dense, None),
-            ("features", Optional[Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)]], None),
-            ("y", Union[bool, int, None], None),
+            ("features", Annotated[dict[str, value], msgspec.Meta(min_length=1, max_length=most)] | None, None),
+            ("y", bool | int | None, None),
         ],
         forbid_unknown_fields=True,
     )
@@ -262,8 +263,10 @@ class Decoder:
             event = InputEvent.model_validate_json(raw)
         except ValidationError as exc:
             return _explain(exc, raw)
-        dense = event.x is not None
-        return self._checked(event.id, event.x if dense else event.features, dense, event.y)
+        if event.x is not None:
+            return self._checked(event.id, event.x, True, event.y)
+        assert event.features is not None  # an InputEvent holds x or features
+        return self._checked(event.id, event.features, False, event.y)
 
     def _checked(
         self, id_: str | int | None, x: list[float] | dict[str, float], dense: bool, y: int | None
@@ -276,7 +279,7 @@ class Decoder:
             return Rejection(
                 "too_many_features", f"the event has {n} features, more than the limit of {self.max_features}"
             )
-        values, limit = (x if dense else x.values()), self.max_feature_value
+        values, limit = (x if isinstance(x, list) else x.values()), self.max_feature_value
         # every |x_i| <= ||x||: the norm (in C doubles, no overflow) settles the common case
         # at a quarter of the cost of max/min, whose comparisons are generic object ones
         if hypot(*values) > limit and (largest := max(map(abs, values))) > limit:

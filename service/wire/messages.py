@@ -339,7 +339,7 @@ class Rejection(NamedTuple):
     error: str
 
 
-SCHEMAS = {
+SCHEMAS: dict[str, type[BaseModel]] = {
     "input-event": InputEvent,
     "prediction": Prediction,
     "dead-letter": DeadLetter,

@@ -170,7 +170,7 @@ DEAD_LETTER_ERROR_LIMIT = 1000
 
 def publishable(event: Event | Rejection) -> Event | Rejection:
     """The decoded event, or a rejection when its prediction could not be written."""
-    if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
+    if type(event) is Event and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
         return Rejection(
             "invalid_event",
             f"id must be a string or an integer of at most 64 bits, got an integer of {event.id.bit_length()} bits",

@@ -29,6 +29,7 @@ import sysconfig
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path, PurePosixPath
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -41,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+COMPOSE_PAGE = ROOT / "docs" / "getting-started" / "docker-compose.md"  # what a user reads of the compose file
+SCALE_OUT_PAGE = ROOT / "docs" / "how-to" / "scale-out-deploy.md"
 
 SERVICE = "perceptron-stream"
 SCALED = "perceptron-stream-scaled"  # the profile scale-out's model, in partition scope, run with --scale
@@ -319,14 +322,14 @@ def test_demo_topics_keep_an_hour_not_a_week(compose, monkeypatch):
     for topic in (settings.checkpoint_topic, scaled.mix_topic):
         assert not {"retention.ms", "retention.bytes"} & set(_topic_configs(created[topic])), topic
     assert "retention.ms" not in CHECKPOINT_TOPIC_CONFIG
-    # and the README and the compose file's header say so (line breaks aside)
+    # and the Docker Compose page and the compose file's header say so (line breaks aside)
     header = " ".join(line.lstrip("#") for line in COMPOSE_FILE.read_text().split("\nservices:", 1)[0].splitlines())
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for text in (" ".join(header.split()), " ".join(readme.split())):
+    page = COMPOSE_PAGE.read_text(encoding="utf-8")
+    for text in (" ".join(header.split()), " ".join(page.split())):
         assert "points, predictions" in text.replace("`", "") and "retention.ms" in text
         assert "one hour of events" in text and "no retention" in text
     for retention_ms in retentions:
-        assert f"`retention.ms={retention_ms}`" in readme
+        assert f"`retention.ms={retention_ms}`" in page
 
 
 # --------------------------------------------------------------------------- compose: the service
@@ -373,7 +376,9 @@ def test_service_is_built_from_the_dockerfile_and_waits_for_kafka_and_topics(com
 
 
 def _partitions(compose, topic: str) -> int:
-    return int(re.search(r"--partitions\s+(\d+)", _created_topics(compose)[topic]).group(1))
+    found = re.search(r"--partitions\s+(\d+)", _created_topics(compose)[topic])
+    assert found, topic
+    return int(found.group(1))
 
 
 def test_scaled_service_has_what_partition_scope_needs(compose, monkeypatch):
@@ -422,13 +427,14 @@ def test_suggested_scale_stays_within_the_input_partitions(compose, monkeypatch)
     """One replica per partition: an instance beyond the partition count gets nothing to do."""
     partitions = _partitions(compose, serve_settings(monkeypatch, container_env(compose, SCALED)).input_topic)
     header = COMPOSE_FILE.read_text().split("\nservices:", 1)[0]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for where, text in (("the compose header", header), ("README.md", readme)):
+    page = SCALE_OUT_PAGE.read_text(encoding="utf-8")
+    for where, text in (("the compose header", header), (SCALE_OUT_PAGE.name, page)):
         commands = re.findall(rf"docker compose [^\n`]*--scale {SCALED}=\d+[^\n`]*", text)
         assert commands, f"no `--scale {SCALED}=N` command in {where}"
         for command in commands:
             assert "--profile scale-out" in command, (where, command)
-            assert 1 <= int(re.search(rf"--scale {SCALED}=(\d+)", command).group(1)) <= partitions, (where, command)
+            scale = re.search(rf"--scale {SCALED}=(\d+)", command)
+            assert scale and 1 <= int(scale.group(1)) <= partitions, (where, command)
 
 
 def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, monkeypatch):
@@ -445,7 +451,8 @@ def test_metrics_port_is_published_scraped_and_health_checked_alike(compose, mon
     # the image's HEALTHCHECK asks the same port by default, and EXPOSEs it
     instructions = dockerfile_instructions(DOCKERFILE.read_text())
     code = healthcheck_command(instructions)[-1]
-    assert re.search(r"PERCEPTRON_STREAM_METRICS_PORT['\"],\s*['\"](\d+)['\"]", code).group(1) == str(port)
+    default = re.search(r"PERCEPTRON_STREAM_METRICS_PORT['\"],\s*['\"](\d+)['\"]", code)
+    assert default and default.group(1) == str(port), code
     assert _one(instructions, "EXPOSE").split() == [str(port)]
 
 
@@ -509,13 +516,13 @@ def test_producer_flags_load_as_produce_settings(compose, monkeypatch):
 
 
 def test_suggested_host_produce_command_fits_the_running_model(compose, monkeypatch):
-    """README and the compose header suggest a `produce` from the host: it must write the demo's
+    """The Docker Compose page and the compose header suggest a `produce` from the host: it must write the demo's
     own kind of events (the credit stream) into the service's input, explicitly, and unlabeled
     as the text says, not another stream's dense `x` into the credit model and its checkpoint."""
     header = COMPOSE_FILE.read_text().split("\nservices:", 1)[0]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = COMPOSE_PAGE.read_text(encoding="utf-8")
     pattern = r"perceptron-stream produce --bootstrap-servers localhost:[^`\n]*"
-    commands = {"README.md": re.findall(pattern, readme), "the compose header": re.findall(pattern, header)}
+    commands = {COMPOSE_PAGE.name: re.findall(pattern, page), "the compose header": re.findall(pattern, header)}
     serve = serve_settings(monkeypatch, container_env(compose, SERVICE))
     demo = load(ProduceSettings, [str(arg) for arg in compose["services"]["producer"]["command"][1:]])
     advertised = _environment(compose["services"]["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
@@ -633,7 +640,7 @@ def test_hadolint_rejects_a_bad_dockerfile(tmp_path):
 def test_dockerfile_builds_the_project_as_a_non_root_user():
     instructions = dockerfile_instructions(DOCKERFILE.read_text())
     assert [args for word, args in instructions if word == "FROM"] == ["python:3.11-slim"]
-    copied = set()
+    copied: set[str] = set()
     for word, args in instructions:
         if word == "COPY":
             *sources, _ = args.split()
@@ -668,7 +675,7 @@ def test_dockerfile_env_names_are_settings(monkeypatch):
 
 class _Health(BaseHTTPRequestHandler):
     status = 200
-    seen: list[str] = []
+    seen: ClassVar[list[str]] = []  # the paths asked, across the server's handler instances
 
     def do_GET(self):
         type(self).seen.append(self.path)
@@ -685,7 +692,12 @@ def test_healthcheck_command_really_asks_healthz(status, healthy):
     """Run the HEALTHCHECK's own command against a local stand-in for the service."""
     command = healthcheck_command(dockerfile_instructions(DOCKERFILE.read_text()))
     assert command[0] == "python"  # no curl in python:3.11-slim
-    handler = type("Handler", (_Health,), {"status": status, "seen": []})
+
+    class Handler(_Health):  # this run's status and paths
+        seen: ClassVar[list[str]] = []
+
+    Handler.status = status
+    handler = Handler
     server = HTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -255,30 +255,37 @@ def test_kustomized_image_reader():
 
 
 def test_one_image_name_and_tag_in_readme_compose_and_manifests(objects, container):
-    """A user who builds the README's image, or lets Compose build it, and loads it into kind or
-    minikube gets the image the Deployment asks for (IfNotPresent: a missing one is ImagePullBackOff)."""
+    """A user who builds the image the docs say (Docker Compose and Kubernetes pages), or lets Compose build it, and
+    loads it into kind or minikube gets the image the Deployment asks for (IfNotPresent: a missing one is
+    ImagePullBackOff)."""
     import tomllib
 
     deployed = kustomized_image(container["image"], objects["Kustomization"].get("images", []))
     assert container["imagePullPolicy"] in ("IfNotPresent", "Never"), "a loaded image must be used as it is"
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     [built] = [service["image"] for service in compose["services"].values() if "build" in service]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    compose_page = (ROOT / "docs" / "getting-started" / "docker-compose.md").read_text(encoding="utf-8")
+    kubernetes_page = (ROOT / "docs" / "getting-started" / "kubernetes.md").read_text(encoding="utf-8")
     commands = {
-        "README docker build": re.findall(r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", readme),
+        "Docker Compose page's docker build": re.findall(
+            r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", compose_page
+        ),
+        "Kubernetes page's docker build": re.findall(
+            r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", kubernetes_page
+        ),
         "Dockerfile docker build": re.findall(
             r"docker build -f deploy/Dockerfile -t ([^\s`]+) \.", DOCKERFILE.read_text()
         ),
-        "README docker run": re.findall(r"docker run ([^\s`]+)", readme),
-        "README kind load": re.findall(r"kind load docker-image ([^\s`]+)", readme),
-        "README minikube image load": re.findall(r"minikube image load ([^\s`]+)", readme),
+        "Docker Compose page's docker run": re.findall(r"docker run ([^\s`]+)", compose_page),
+        "Kubernetes page's kind load": re.findall(r"kind load docker-image ([^\s`]+)", kubernetes_page),
+        "Kubernetes page's minikube image load": re.findall(r"minikube image load ([^\s`]+)", kubernetes_page),
     }
     for what, images in commands.items():
         assert images, f"no {what} command"
         for image in images:
             assert image == deployed, f"{what} uses {image}, the Deployment runs {deployed}"
     assert built == deployed, f"compose builds {built}, the Deployment runs {deployed}"
-    assert f"`{deployed}`" in readme  # named where the Kubernetes section says what it runs
+    assert f"`{deployed}`" in kubernetes_page  # named where the Kubernetes page says what it runs
     # the tag is the project's version: bump them together
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert deployed.rpartition(":")[2] == version
@@ -330,7 +337,8 @@ def test_deployment_env_names_are_settings_and_the_secret_is_optional(objects, c
         f"{ENV_PREFIX}SASL_USERNAME": "perceptron-stream",
         f"{ENV_PREFIX}SASL_PASSWORD": secret["stringData"]["sasl-password"],
     }
-    assert serve_settings(monkeypatch, env).sasl_password.get_secret_value() == secret["stringData"]["sasl-password"]
+    password = serve_settings(monkeypatch, env).sasl_password
+    assert password is not None and password.get_secret_value() == secret["stringData"]["sasl-password"]
 
 
 def test_secret_is_a_clearly_marked_placeholder(objects):
@@ -438,7 +446,9 @@ def test_container_runs_locked_down(objects, container):
 
 def _quantity(value) -> float:
     units = {"m": 1e-3, "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 1e3, "M": 1e6, "G": 1e9}
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value)).groups()
+    found = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value))
+    assert found, value
+    number, unit = found.groups()
     return float(number) * units[unit]
 
 

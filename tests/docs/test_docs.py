@@ -1,7 +1,8 @@
 """The documentation site (docs/, mkdocs.yml) stays true to the code and builds strictly.
 
-- every ```python example of the docs runs (``>>>`` examples as doctests, the others executed), unless a marker
-  says why it cannot (a running broker);
+- every ```python example of the docs runs (``>>>`` examples as doctests, the others executed); one whose marker
+  says it needs a running broker runs against one in tests/integration/test_docs_examples.py;
+- every ```sh example of the docs and README runs (``train``) or is parsed with its command's settings;
 - the reference pages are generated from the code: every setting of every command with its flag, environment
   variable, readable type and default; a settings class's description is what the table shows;
 - every metric the service exports is on the metrics page;
@@ -19,11 +20,23 @@ from pathlib import Path
 
 import pytest
 from perceptron_stream.cli import COMMANDS
-from perceptron_stream.config import CommandSettings, env_var, flag
+from perceptron_stream.config import CommandSettings, ConfigError, env_var, flag
 from perceptron_stream.metrics import ServiceMetrics
 from pydantic import Field
 
-from tests.support.docs import DOCS, MKDOCS_YML, ROOT, Example, python_examples, reference_hook
+from tests.support.docs import (
+    DOCS,
+    MKDOCS_YML,
+    ROOT,
+    Example,
+    ShellExample,
+    commands_of,
+    python_examples,
+    reference_hook,
+    shell_examples,
+    try_commands,
+    write_config_files,
+)
 
 EXAMPLES = python_examples()
 reference = reference_hook()
@@ -169,3 +182,48 @@ def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
 def test_the_hooks_own_examples() -> None:
     result = doctest.testmod(reference)
     assert result.attempted > 0 and result.failed == 0, result
+
+
+# -- the shell examples run, as far as they can without brokers --------------------------------------------------
+
+SHELL = shell_examples()
+
+
+@pytest.mark.parametrize("example", SHELL, ids=lambda e: e.name)
+def test_shell_example_runs_or_parses(example: ShellExample, tmp_path: Path) -> None:
+    """``perceptron-stream train`` runs, every other ``perceptron-stream`` command line is parsed with its settings
+    (a flag that does not exist, a value out of range, a file not made by the lines before it fail here)."""
+    write_config_files(example.page, tmp_path)  # a settings file the page shows, as the reader saves it
+    done = try_commands(example, tmp_path)
+    wanted = [
+        command for _, command in commands_of(example) if command[0] in ("perceptron-stream", "printf", "head", "chmod")
+    ]
+    assert len(done) == len(wanted), (example.name, done)
+
+
+def test_the_shell_examples_are_checked_and_a_wrong_flag_fails(tmp_path: Path) -> None:
+    ran = []
+    for i, example in enumerate(SHELL):
+        (tmp_path / str(i)).mkdir()
+        write_config_files(example.page, tmp_path / str(i))
+        ran += try_commands(example, tmp_path / str(i))
+    assert sum(entry.startswith("ran perceptron-stream train") for entry in ran) >= 2, ran
+    assert sum(entry.startswith("parsed perceptron-stream serve") for entry in ran) >= 5, ran
+    env = ShellExample(ROOT / "README.md", 1, "PERCEPTRON_STREAM_BATCH_SIZE=0 perceptron-stream serve")
+    with pytest.raises(ConfigError, match="batch_size"):
+        try_commands(env, tmp_path)
+    wrong = ShellExample(ROOT / "README.md", 1, "perceptron-stream serve --no-such-flag 1")
+    with pytest.raises(ConfigError, match="no-such-flag"):
+        try_commands(wrong, tmp_path)
+
+
+def test_a_settings_file_a_page_shows_is_the_command_s_settings(tmp_path: Path, monkeypatch) -> None:
+    """security.md's serve.toml, with the password from the environment as the page says: what serve would run with."""
+    from perceptron_stream.config import ServeSettings, load
+
+    assert write_config_files(DOCS / "how-to" / "security.md", tmp_path) == ["serve.toml"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERCEPTRON_STREAM_SASL_PASSWORD", "secret")
+    settings = load(ServeSettings, ["--config-file", "serve.toml"])
+    assert (settings.security_protocol, settings.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert settings.sasl_password is not None and settings.sasl_password.get_secret_value() == "secret"

@@ -105,6 +105,7 @@ def test_broker_command_serves_until_sigterm(tmp_path):
         text=True,
         cwd=ROOT,
     )
+    assert process.stdout is not None
     try:
         first = process.stdout.readline()
         assert f"127.0.0.1:{port}" in first

@@ -74,7 +74,7 @@ def test_poll_send_flush_commit_and_lag(broker, topics):
     bootstrap, topic = broker.bootstrap_servers, topics["input_topic"]
     produce(bootstrap, topic, [b"v%d" % i for i in range(300)], keys=[b"k%d" % i for i in range(300)])
     create_topic(bootstrap, topics["output_topic"])
-    assigned = []
+    assigned: list = []
     io = _io(bootstrap, topics, on_assigned=assigned.append)
     try:
         records = _poll_until(io, 100, max_records=40)
@@ -131,9 +131,10 @@ def test_seeks_made_in_on_assigned_start_the_assignment_there(broker, topics):
     finally:
         first.close()
 
-    io = None
+    io: ConfluentIO | None = None
 
     def on_assigned(partitions):  # p0 from its committed offset, p1 from 5, p2 from its start (not 'latest')
+        assert io is not None  # called back inside its poll
         assert partitions == [(topic, 0), (topic, 1), (topic, 2)]
         io.seek(topic, 1, 5)
         io.seek(topic, 2, BEGINNING)

@@ -1,7 +1,7 @@
 """Faults with real processes on both brokers: SIGKILL at random
 moments, and the broker frozen mid-stream.
 
-What must hold after any of them (README "Guarantees"):
+What must hold after any of them (docs: concepts/guarantees.md):
 
 - every input offset has at least one prediction (at-least-once outputs);
 - a repeated prediction (same ``source``) is byte for byte the first one:
@@ -141,11 +141,15 @@ def test_sigkill_at_random_moments_learns_each_event_exactly_once(kafka_broker, 
             else:
                 lo, hi = next(slices)
                 target = max(rng.randrange(lo, hi), watcher.distinct() + rng.randrange(200, 1000))
-                process, log_path = _start_run(args, tmp_path, str(run), lambda p, log: watcher.distinct() >= target)
+                process, log_path = _start_run(
+                    args, tmp_path, str(run), lambda p, log, target=target: watcher.distinct() >= target
+                )
                 if kind == "checkpoint":
                     written = len(CHECKPOINTED.findall(_log(log_path)))
                     wait_until(
-                        lambda: len(CHECKPOINTED.findall(_log(log_path))) > written or process.poll() is not None,
+                        lambda log_path=log_path, written=written, process=process: (
+                            len(CHECKPOINTED.findall(_log(log_path))) > written or process.poll() is not None
+                        ),
                         30,
                         interval=0.005,
                         what=f"run {run}: a checkpoint",
@@ -232,7 +236,7 @@ def test_broker_frozen_for_20_seconds_mid_stream(own_broker, tmp_path, topics):
         own_broker.pause()
         paused_at = time.monotonic()
         try:
-            status, body = wait_until(
+            _, body = wait_until(
                 lambda: (lambda r: r if r[0] == 503 else None)(http_get(readyz)),
                 19,
                 what="/readyz to report the outage",

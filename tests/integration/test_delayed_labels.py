@@ -110,7 +110,7 @@ def _replay(points, labels_in_order, then=(), challenger=None):
     if other is not None:
         for p in then:
             other.step(p["x"], None)
-        learner.challenger = other
+        learner.challenger = other  # type: ignore[union-attr]  # the replay's challenger, carried by its champion
     return published, outcomes, later, learner
 
 
@@ -229,6 +229,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
         create_compacting_topic(
             broker.bootstrap_servers,
             extra["pending_topic"],
+            1,
             **{"min.compaction.lag.ms": CHANGELOG_TOPIC_CONFIG["min.compaction.lag.ms"]},
         )
     process = start_service_process(args, tmp_path / "serve-1.log")
@@ -262,7 +263,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
     assert not has_traceback((tmp_path / "serve-2.log").read_text()), tail(tmp_path / "serve-2.log")
     _, expected, _, learner = _replay(points, labels)
     outcomes = _outcomes(broker, names, records=True)
-    first = {}
+    first: dict[int, dict] = {}
     for o in outcomes:  # repeats after the crash are identified by label_source
         first.setdefault(o["label_source"]["offset"], o)
     assert [(first[i]["id"], first[i]["y"], first[i]["y_pred"], first[i]["score"]) for i in range(len(labels))] == [
@@ -330,12 +331,12 @@ def test_a_label_topic_of_another_partition_count_is_refused(broker, topics, tmp
     assert load(ServeSettings, settings_args(broker, names, tmp_path)).label_topic == names["label_topic"]
 
 
-def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_thread):
-    """README "Delayed labels": the snippet a user pastes, against the service it describes."""
+def test_the_docs_example_works_as_written(broker, topics, tmp_path, service_thread):
+    """The delayed-labels page (docs/concepts/delayed-labels.md): the snippet a user pastes, against the service it
+    describes."""
     from tests.support import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Delayed labels") :]
+    section = (ROOT / "docs" / "concepts" / "delayed-labels.md").read_text()
     snippet = section[section.index("```python\n") + 10 : section.index("```", section.index("```python\n") + 10)]
     names = {**topics, "input_topic": f"points-{topics['group_id']}", "label_topic": f"labels-{topics['group_id']}"}
     snippet = (
@@ -348,7 +349,7 @@ def test_the_readme_example_works_as_written(broker, topics, tmp_path, service_t
     names["outcome_topic"] = f"outcomes-{topics['group_id']}"
     service = service_thread(settings_args(broker, names, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")
-    exec(compile(snippet, "README.md", "exec"), {})
+    exec(compile(snippet, "delayed-labels.md", "exec"), {})
     [prediction] = consume(broker.bootstrap_servers, names["output_topic"], 1)
     [outcome] = consume(broker.bootstrap_servers, names["outcome_topic"], 1)
     got = json.loads(outcome.value)
@@ -399,6 +400,7 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
     for p, mine in by_partition.items():
         _, _, _, learner = _replay(mine, [(e["id"], e["_y"]) for e in mine])
         checkpoint = store.load(f"partition-{p}")
+        assert checkpoint is not None
         assert checkpoint.model == learner.to_state() and checkpoint.task["labels"]["pending"] == {str(p): 0}
 
 

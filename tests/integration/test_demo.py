@@ -31,27 +31,33 @@ def _metric(port: int, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def _broker_address(output: str) -> str:
+    found = re.search(r"embedded broker on (\S+)", output)
+    assert found, f"the demo did not say where its broker is:\n{output}"
+    return found.group(1)
+
+
 def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
     port = free_port()
-    out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "demo",
-            "--duration",
-            "20",
-            "--no-live",
-            "--metrics-port",
-            str(port),
-            "--rate",
-            "1000",
-        ],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
+    with open(tmp_path / "demo.out", "w") as out:  # the demo writes to its own copy of the descriptor
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "perceptron_stream.cli",
+                "demo",
+                "--duration",
+                "20",
+                "--no-live",
+                "--metrics-port",
+                str(port),
+                "--rate",
+                "1000",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
     try:
 
         def metric(name):
@@ -63,7 +69,7 @@ def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
             assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, (
                 challenger
             )
-        broker_address = re.search(r"embedded broker on (\S+)", (tmp_path / "demo.out").read_text()).group(1)
+        broker_address = _broker_address((tmp_path / "demo.out").read_text())
         assert _processes_mentioning(f"tcp://{broker_address}"), "the demo's broker should be running"
         code = demo.wait(timeout=60)
     finally:
@@ -101,7 +107,7 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
         if demo.poll() is None:
             demo.kill()
     assert demo.returncode == 0, output
-    broker_address = re.search(r"embedded broker on (\S+)", output).group(1)
+    broker_address = _broker_address(output)
     assert _processes_mentioning(f"tcp://{broker_address}") == []
 
 
@@ -146,7 +152,7 @@ def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
     assert f"port {port} is in use: try --metrics-port" in stderr, stderr
     assert "Traceback" not in stderr, stderr  # the message says it all
     assert "stopped: broker, producer and service are down" not in stdout  # no success line after a failure
-    broker_address = re.search(r"embedded broker on (\S+)", stdout).group(1)
+    broker_address = _broker_address(stdout)
     time.sleep(0.5)
     assert _processes_mentioning(f"tcp://{broker_address}") == [], "a child process outlived the demo"
 
@@ -156,26 +162,26 @@ def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path
     import signal
 
     port = free_port()
-    out = open(tmp_path / "demo.out", "w+")
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "demo",
-            "--delayed-labels",
-            "--duration",
-            "120",
-            "--no-live",
-            "--metrics-port",
-            str(port),
-            "--rate",
-            "1000",
-        ],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
+    with open(tmp_path / "demo.out", "w") as out:  # the demo writes to its own copy of the descriptor
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "perceptron_stream.cli",
+                "demo",
+                "--delayed-labels",
+                "--duration",
+                "120",
+                "--no-live",
+                "--metrics-port",
+                str(port),
+                "--rate",
+                "1000",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
     try:
         try:
             wait_until(

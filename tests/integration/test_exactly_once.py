@@ -1,5 +1,5 @@
 """``--processing-guarantee exactly-once`` with real processes: what a read_committed reader sees after a SIGKILL,
-and the combinations start-up refuses (README "Guarantees").
+and the combinations start-up refuses (docs: concepts/guarantees.md).
 
 On Apache Kafka, both clients: the service SIGKILLed mid-stream twice and run to the end; a read_committed
 reader of the predictions sees every input offset exactly once, each prediction the uninterrupted run's, and
@@ -76,7 +76,7 @@ def test_sigkill_mid_stream_leaves_each_offset_predicted_exactly_once_for_read_c
             log_path = tmp_path / f"serve-{run}.log"
             process = start_service_process(args, log_path)
             wait_until(
-                lambda: watcher.distinct() >= kill_at or process.poll() is not None,
+                lambda kill_at=kill_at, process=process: watcher.distinct() >= kill_at or process.poll() is not None,
                 180,
                 interval=0.005,
                 what=f"run {run}: {kill_at} offsets predicted",

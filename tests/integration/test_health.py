@@ -9,7 +9,8 @@ import pytest
 from perceptron_stream.broker import free_port
 
 from tests.support.endpoints import http_get
-from tests.support.launch import settings_args
+from tests.support.launch import settings_args, start_service_process
+from tests.support.service import LOG_RECORD, stop_process
 from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 
@@ -28,7 +29,7 @@ def test_not_ready_while_the_broker_is_unreachable_but_alive(tmp_path, topics, s
 
     service = service_thread(settings_args(Nowhere, topics, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 503, 10, what="readyz 503")
-    status, body = http_get(service.metrics_url + "/readyz")
+    _, body = http_get(service.metrics_url + "/readyz")
     assert json.loads(body) == {
         "ok": False,
         "partitions_assigned": False,
@@ -37,6 +38,35 @@ def test_not_ready_while_the_broker_is_unreachable_but_alive(tmp_path, topics, s
     }
     assert http_get(service.metrics_url + "/healthz")[0] == 200  # retrying with backoff is alive, not stuck
     assert service.stop() == 0  # stopped while still retrying: a clean exit, no crash
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_an_unreachable_broker_is_one_line_naming_the_setting_not_the_clients_own_log(tmp_path, topics, client):
+    """Before: 109 lines in 20 s on either client (kafka-python's four a connection attempt, the service's one a
+    retry), none naming --bootstrap-servers. Now the outage is one line that names the setting, however many
+    attempts fail, and kafka-python's and librdkafka's loggers stay quiet until the brokers answer."""
+
+    class Nowhere:  # an address where no broker listens
+        bootstrap_servers = f"127.0.0.1:{free_port()}"
+
+    log_path = tmp_path / "serve.log"
+    process = start_service_process(settings_args(Nowhere, topics, tmp_path, kafka_client=client), log_path)
+    try:
+        wait_until(lambda: "do not answer" in log_path.read_text(), 60, what="the outage said")
+        # a start-up attempt gives up after 3 s, the backoff adds 0.2, 0.4, 0.8 s: four more attempts fail
+        # in the next 15 s (fewer on a loaded machine, which can only make the log shorter)
+        time.sleep(15)
+    finally:
+        assert stop_process(process, log_path) == 0
+    log = log_path.read_text()
+    records = [line for line in log.splitlines() if LOG_RECORD.match(line)]
+    told = [line for line in records if "do not answer" in line]
+    assert len(told) == 1, log
+    assert f"the brokers at {Nowhere.bootstrap_servers} do not answer" in told[0], told
+    assert "--bootstrap-servers, PERCEPTRON_STREAM_BOOTSTRAP_SERVERS" in told[0], told
+    assert not [line for line in records if " kafka." in line or "perceptron_stream.kafka" in line], log
+    # the metrics line, the outage, the stop (and its revocation note, if any): nothing per attempt
+    assert len(records) <= 4, log
 
 
 def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, topics, tmp_path, service_thread):
@@ -53,10 +83,14 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
         release.wait(30)
         return real_poll(*args, **kwargs)
 
-    last_turn = "perceptron_poll_loop_last_turn_timestamp_seconds"
-    assert metric(service.metrics_url, last_turn) > time.time() - 1.0  # turning
+    def last_turn() -> float:
+        value = metric(service.metrics_url, "perceptron_poll_loop_last_turn_timestamp_seconds")
+        assert value is not None, "no poll-loop beat on /metrics"
+        return value
+
+    assert last_turn() > time.time() - 1.0  # turning
     service.app.stream.poll = stuck_poll  # the loop blocks inside poll, as on a hung client
-    status, body = wait_until(
+    _, body = wait_until(
         lambda: (lambda r: r if r[0] == 503 else None)(http_get(service.metrics_url + "/healthz")),
         10,
         what="healthz 503",
@@ -64,14 +98,14 @@ def test_ready_after_assignment_and_unhealthy_when_the_poll_loop_stalls(broker, 
     idle = json.loads(body)["poll_loop_idle_seconds"]
     assert idle > 1.0
     # Prometheus sees the same stall: the last turn stands still while the scrape goes on
-    stalled_at = metric(service.metrics_url, last_turn)
+    stalled_at = last_turn()
     assert stalled_at < time.time() - 1.0
     time.sleep(0.3)
-    assert metric(service.metrics_url, last_turn) == pytest.approx(stalled_at, abs=0.05)
+    assert last_turn() == pytest.approx(stalled_at, abs=0.05)
     release.set()
     service.app.stream.poll = real_poll
     wait_until(lambda: http_get(service.metrics_url + "/healthz")[0] == 200, 10, what="healthz back to 200")
-    assert metric(service.metrics_url, last_turn) > time.time() - 1.0
+    assert last_turn() > time.time() - 1.0
     assert http_get(service.metrics_url + "/nothing")[0] == 404
 
 

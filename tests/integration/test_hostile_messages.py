@@ -33,10 +33,11 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
 
     # what the service must do with each, decided offline by the same decoder and learner
     cap = ServeSettings.model_fields["max_model_features"].default  # the service's learner, cap included
-    decoder, learner, expected = Decoder(MAX_BYTES, MAX_FEATURES), make_learner("plain", max_features=cap), []
+    decoder, learner = Decoder(MAX_BYTES, MAX_FEATURES), make_learner("plain", max_features=cap)
+    expected: list[tuple[str, bytes | str]] = []
     for raw in stream:
         result = publishable(decoder.decode(raw))
-        if type(result) is Event:
+        if isinstance(result, Event):
             y_pred, score, mistake = learner.step(result.x, result.y)
             expected.append(("prediction", orjson.dumps({"y_pred": y_pred, "score": score, "mistake": mistake})))
         else:
@@ -72,5 +73,6 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
     assert [got.get(offset) for offset in range(len(stream))] == expected
     settings = load(ServeSettings, args)
     final = LocalStore(settings.state_dir, settings.group_id).load("model")
+    assert final is not None
     assert json.dumps(final.model, sort_keys=True) == json.dumps(learner.to_state(), sort_keys=True)  # NaN-safe
     assert final.positions == {(topics["input_topic"], 0): len(stream)}

@@ -231,6 +231,7 @@ def test_healthz_answers_within_a_second_while_1000_idle_connections_are_open(
         took, status = timed_get(service.url + "/healthz")
         ready_status = timed_get(service.url + "/readyz")[1]
         produce(broker.bootstrap_servers, topics["input_topic"], events(30, seed=2))  # after the crowd came
+        predicted: int | str
         try:
             predicted = len(consume(broker.bootstrap_servers, topics["output_topic"], 50, timeout=15))
         except AssertionError as exc:

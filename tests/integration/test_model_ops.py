@@ -38,7 +38,7 @@ def _metric(url: str, name: str) -> float:
 def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_publishes(
     broker, topics, tmp_path, service_thread
 ):
-    events = _events(3000, seed=81) + [{"id": "u", "x": [0.1] * 5}]  # and one unlabeled
+    events = [*_events(3000, seed=81), {"id": "u", "x": [0.1] * 5}]  # and one unlabeled
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events)
     args = settings_args(broker, topics, tmp_path, challengers="averaged,pocket,margin:0.5")
@@ -214,13 +214,14 @@ def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broke
     service.stop()
 
 
-def _readme_warm_start() -> list[list[str]]:
-    """The README's warm-start example, its `$ ` lines as argument lists (the printf line as its file's text)."""
+def _docs_warm_start() -> list[list[str]]:
+    """The warm-start example of the docs (how-to/warm-start.md), its `$ ` lines as argument lists (the printf line
+    as its file's text)."""
     import re
     import shlex
 
-    text = (ROOT / "README.md").read_text()
-    block = text[text.index("- **Warm start**") :]
+    text = (ROOT / "docs" / "how-to" / "warm-start.md").read_text()
+    block = text[text.index("## Warm start") :]
     block = block[block.index("```sh") + 5 : block.index("```", block.index("```sh") + 5)]
     return [
         shlex.split(re.sub(r"\s*&$", "", line.strip()[2:]))
@@ -246,9 +247,9 @@ def _cli(args: list[str], cwd, broker=None, topic=None) -> subprocess.CompletedP
     return done
 
 
-def test_the_readme_warm_start_example_predicts_the_seeds_points_right(broker, topics, tmp_path, service_thread):
-    """The README's lines, run as they are: printf, train --dense, serve --initial-model --learning off, produce --dense."""
-    printf, train, serve, send = _readme_warm_start()
+def test_the_docs_warm_start_example_predicts_the_textbook_points_right(broker, topics, tmp_path, service_thread):
+    """The docs' lines, run as they are: printf, train --dense, serve --initial-model --learning off, produce --dense."""
+    printf, train, serve, send = _docs_warm_start()
     assert printf[:1] == ["printf"] and printf[-2:] == [">", "d.csv"]
     (tmp_path / "d.csv").write_text(printf[1].encode().decode("unicode_escape"))
     _cli(train, tmp_path)
@@ -378,7 +379,8 @@ def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(
     before = (
         service.app.reports.builds
     )  # a request before start-up saw the placeholder model: another model, another build
-    stop, got = threading.Event(), [[] for _ in range(8)]
+    stop = threading.Event()
+    got: list[list] = [[] for _ in range(8)]
     clients = [
         threading.Thread(target=_poll_model, args=(service.metrics_url, stop, got[i], 1000 * i), daemon=True)
         for i in range(8)
@@ -400,7 +402,8 @@ def test_eight_clients_polling_model_of_a_wide_model_cost_one_build_per_version(
     else:
         assert builds <= len(seen_versions)  # one build per version a request saw first; every other reused it
     # the pages walk the whole model, in its order, each feature once (learning off: the file's weights)
-    walked, offset = {}, 0
+    walked: dict[str, float] = {}
+    offset: int | None = 0
     while offset is not None:
         page = json.loads(http_get(f"{service.metrics_url}/model?offset={offset}&limit=10000")[1])
         champion = page["models"][0]["champion"]

@@ -1,7 +1,7 @@
 """Scale-out: several service processes share one consumer group in ``--model-scope partition``.
 
 Real processes on both brokers: instances join, one is killed with SIGKILL,
-another starts mid-stream. What must hold (README "Scale-out"):
+another starts mid-stream. What must hold (docs: concepts/scopes.md, concepts/guarantees.md):
 
 - every (partition, offset) is predicted at least once;
 - each partition's replica learns each of its events exactly once: with
@@ -144,7 +144,7 @@ def _held(log: str) -> set[int]:
 
 
 def _start(args, tmp_path, name: str):
-    return start_service_process(args + ["--metrics-port", "0"], tmp_path / f"serve-{name}.log")
+    return start_service_process([*args, "--metrics-port", "0"], tmp_path / f"serve-{name}.log")
 
 
 # Both stores and both clients on Apache Kafka, and its KIP-848 group protocol; the embedded broker once (the runs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+from typing import Any
 
 from perceptron_stream.learning import make_learner
 from perceptron_stream.streams import separable
@@ -227,7 +228,7 @@ def test_topics_are_created_with_the_configured_partitions(broker, topics, tmp_p
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers)
     try:
         for name in ("input_topic", "output_topic", "dlq_topic"):
-            assert wait_until(lambda: consumer.partitions_for_topic(topics[name]), 30, what=name) == {0, 1, 2}
+            assert wait_until(lambda name=name: consumer.partitions_for_topic(topics[name]), 30, what=name) == {0, 1, 2}
     finally:
         consumer.close()
         service.stop()
@@ -241,7 +242,7 @@ def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broke
     cap, rng = 25_000, random.Random(12)
     events = []
     for i in range(20):
-        event = {
+        event: dict[str, Any] = {
             "id": f"e{i}",
             "features": {
                 f"{i:02d}/token-{j:05d}-{rng.randrange(10**6):06d}": round(rng.uniform(-1, 1), 3) for j in range(10_000)
@@ -272,6 +273,7 @@ def test_open_ended_feature_names_keep_the_model_bounded_and_lose_no_event(broke
     assert [p["id"] for p in predictions] == [e["id"] for e in events]  # every event predicted, none lost
     assert [(p["y_pred"], p["score"], p["mistake"]) for p in predictions] == expected
     checkpoint = LocalStore(tmp_path / "state", topics["group_id"]).load("model")
+    assert checkpoint is not None
     model = checkpoint.model
     assert len(model["perceptron"]["features"]) == len(model["scaler"]["counts"]) == cap
     assert model["perceptron"]["counters"]["dropped_features"] == offline.dropped_features

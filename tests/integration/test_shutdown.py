@@ -123,6 +123,7 @@ def test_sigterm_ends_a_process_stuck_in_a_client_call_within_the_stop_timeout(c
     assert [p["id"] for p in predictions] == [e["id"] for e in events]
     settings = load(ServeSettings, args)
     checkpoint = LocalStore(settings.state_dir, settings.group_id).load("model")
+    assert checkpoint is not None
     assert checkpoint.positions == {(topic, 0): 100}
     learner = make_learner("plain", max_features=settings.max_model_features)
     for e in events[:100]:

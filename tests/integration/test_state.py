@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
@@ -53,7 +54,8 @@ def _damage_local(args) -> list[str]:
     body = json.loads(second.read_bytes())
     body["model"]["bias"] += 1.0  # valid JSON, wrong content: only the checksum can tell
     second.write_text(json.dumps(body))
-    assert store.load("model").seq == int(oldest.stem.split("-")[1])
+    restored = store.load("model")
+    assert restored is not None and restored.seq == int(oldest.stem.split("-")[1])
     return [newest.name, second.name]
 
 
@@ -64,6 +66,7 @@ def _damage_kafka(args) -> list[str]:
     store = KafkaStore(topic, settings.group_id)
     try:
         newest = store.load("model")
+        assert newest is not None
         keys = [f"{settings.group_id}/{(newest.seq - age) % store.keep}" for age in (0, 1)]
         good = encode_checkpoint(newest)
         topic.put(keys[0].encode(), good[: len(good) // 2])
@@ -71,7 +74,8 @@ def _damage_kafka(args) -> list[str]:
         body["seq"] -= 1
         body["model"]["bias"] += 1.0
         topic.put(keys[1].encode(), json.dumps(body).encode())
-        assert store.load("model").seq == newest.seq - 2
+        restored = store.load("model")
+        assert restored is not None and restored.seq == newest.seq - 2
     finally:
         store.close()
     return keys
@@ -157,7 +161,7 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
         watcher.stop()
     saved = final_checkpoint(args, "local")
 
-    code = exit_code(args + ["--variant", "averaged"], tmp_path / "serve-2.log")
+    code = exit_code([*args, "--variant", "averaged"], tmp_path / "serve-2.log")
     log = (tmp_path / "serve-2.log").read_text()
     assert code == 1, log[-3000:]
     assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[
@@ -333,7 +337,7 @@ def test_a_partition_the_restored_checkpoint_does_not_know_is_learned_from_its_s
 
 
 class _NONE:  # a stand-in for "no checkpoint yet" in the waits above
-    positions: dict = {}
+    positions: ClassVar[dict] = {}
 
 
 # no store -------------------------------------------------------------------

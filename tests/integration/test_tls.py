@@ -201,6 +201,7 @@ def test_service_over_tls_publishes_the_offline_learners_predictions(
         checkpoint = store.load("model")
     finally:
         store.close()
+    assert checkpoint is not None
     assert checkpoint.model == model and checkpoint.positions == {(topics["input_topic"], 0): len(events)}
 
 

@@ -221,6 +221,7 @@ def test_a_zombie_whose_partition_moved_can_commit_nothing(client, apache_kafka,
     here, there = context.Pipe()
     zombie = context.Process(target=_zombie, args=(client, bootstrap, topics, there), daemon=True)
     zombie.start()
+    assert zombie.pid is not None
     b = None
     try:
         assert here.poll(90), "A read nothing"

@@ -117,7 +117,7 @@ def _check_refused_then_start_over(broker, topics, tmp_path, events) -> str:
 
     watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"]).start()
     try:
-        run_to_the_end(args + ["--start-over"], watcher, len(events), tmp_path / "serve-3.log")
+        run_to_the_end([*args, "--start-over"], watcher, len(events), tmp_path / "serve-3.log")
         watcher.settle()
     finally:
         by_source = watcher.stop()
@@ -135,6 +135,7 @@ def test_a_checkpoint_record_with_positions_past_the_log_end_is_refused(kafka_br
     store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
     try:
         newest = store.load("model")
+        assert newest is not None
         from dataclasses import replace
 
         forged = replace(newest, seq=newest.seq + 1, positions={(topics["input_topic"], 0): 1_000_000})
@@ -165,6 +166,7 @@ def test_with_a_key_forged_unsigned_and_garbage_records_fall_back_to_the_signed_
         store.key = key["PERCEPTRON_STREAM_CHECKPOINT_KEY"].encode()
         try:
             newest = store.load("model")
+            assert newest is not None
             slots = store.slot_keys("model")
             forged = json.loads(encode_checkpoint(newest))  # well formed, checksummed, unsigned
             forged["seq"] = newest.seq + 1

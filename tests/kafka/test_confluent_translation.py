@@ -36,9 +36,9 @@ def test_confluent_errors_are_classified_as_kafka_pythons_then_leave_as_the_serv
     assert isinstance(info.value.__cause__, KafkaException)
     with pytest.raises(KafkaFatal, match="TopicAuthorizationFailedError"):
         Stream().failing(29)
-    with pytest.raises(KafkaFatal, match="UnsupportedCodecError") as info:  # a batch librdkafka cannot decompress
+    with pytest.raises(KafkaFatal, match="UnsupportedCodecError") as codec:  # a batch librdkafka cannot decompress
         Stream().failing(CKafkaError._BAD_COMPRESSION)  # noqa: SLF001 — librdkafka's public local error code
-    assert "compression.type" in info.value.hint
+    assert "compression.type" in codec.value.hint
 
 
 def test_security_settings_in_librdkafka_names(tmp_path):

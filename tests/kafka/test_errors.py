@@ -117,10 +117,12 @@ def test_a_transactions_other_errors_are_fatal_or_abort_it_for_a_retry():
             and isinstance(aborted, KafkaUnavailable)
             and "transaction aborted" in str(aborted)
         )
-    assert (
-        transaction_error(kerrors.KafkaTimeoutError()).timed_out
-        and not transaction_error(kerrors.NotCoordinatorError()).timed_out
+    timed_out, not_coordinator = (
+        transaction_error(kerrors.KafkaTimeoutError()),
+        transaction_error(kerrors.NotCoordinatorError()),
     )
+    assert isinstance(timed_out, Aborted) and isinstance(not_coordinator, Aborted)
+    assert timed_out.timed_out and not not_coordinator.timed_out
 
 
 def test_outside_a_transaction_a_stale_generation_stays_retried():

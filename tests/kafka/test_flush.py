@@ -10,6 +10,7 @@ away, refuse, or are back.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
@@ -32,7 +33,7 @@ class Producer:
     ``refuses`` (no metadata: send itself raises) or ``works``; ``b"big"`` is refused for good, and values in
     ``failing`` are not acknowledged even when it works."""
 
-    def __init__(self, mode: str = "works", delivered: list | None = None, failing: set[bytes] = frozenset()):
+    def __init__(self, mode: str = "works", delivered: list | None = None, failing: Iterable[bytes] = ()):
         self.mode, self.failing, self.closed = mode, set(failing), False
         self.delivered = [] if delivered is None else delivered
         self.sent: list[bytes] = []
@@ -57,8 +58,8 @@ class Producer:
 
 def stream(producer: Producer, new_producer=None) -> KafkaIO:
     io = KafkaIO.__new__(KafkaIO)  # no consumer: flush only touches the producer
-    io.producer, io._pending, io._refused, io.ledger, io.settings = producer, [], False, Ledger(), None  # noqa: SLF001 — nothing public builds a KafkaIO without a consumer (its producer side alone)
-    io._new_producer = new_producer or (lambda: producer)  # noqa: SLF001 — the stand-in producer a renew makes (no broker)
+    io.producer, io._pending, io._refused, io.ledger, io.settings = producer, [], False, Ledger(), None  # type: ignore[assignment]  # no settings: flush needs none  # noqa: SLF001 — nothing public builds a KafkaIO without a consumer (its producer side alone)
+    io._new_producer = new_producer or (lambda: producer)  # type: ignore[method-assign]  # noqa: SLF001 — the stand-in producer a renew makes (no broker)
     return io
 
 

@@ -20,7 +20,7 @@ def test_the_callbacks_get_sorted_partitions():
 
 @pytest.mark.parametrize("failure", [StartupError("foreign state"), KafkaUnavailable("brokers away", timed_out=True)])
 def test_a_failure_is_kept_the_callbacks_after_it_skipped_and_raised_once_as_it_was(failure):
-    assigned = []
+    assigned: list = []
 
     def revoked(partitions):
         raise failure

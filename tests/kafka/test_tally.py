@@ -11,7 +11,12 @@ from perceptron_stream.kafka.ledger import Tally
 
 def test_deliveries_count_from_another_thread():
     deliveries = Tally()
-    threads = [threading.Thread(target=lambda: [deliveries.ok() for _ in range(10_000)]) for _ in range(4)]
+
+    def deliver():
+        for _ in range(10_000):
+            deliveries.ok()
+
+    threads = [threading.Thread(target=deliver) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -74,7 +75,7 @@ def test_the_cap_drops_and_counts_the_new_features_of_labeled_events(variant, st
     m.step({"a": 1.0, "b": 2.0}, 1)
     m.step({"c": 1.0, "d": 2.0, "a": 1.0, "e": 1.0}, -1)  # room for c only: d and e dropped
     assert (_features(m), m.dropped_features) == (["a", "b", "c"], 2)
-    y_pred, score, mistake = m.step({"f": 9.0}, 1)  # nothing known: learned as an empty event (bias only)
+    _, _, mistake = m.step({"f": 9.0}, 1)  # nothing known: learned as an empty event (bias only)
     assert m.dropped_features == 3 and mistake is not None
     assert _features(m) == ["a", "b", "c"] and (_scaler_names(m) in (None, ["a", "b", "c"]))
     m.step({"g": 1.0}, None)  # unlabeled: never counted, never added
@@ -270,7 +271,7 @@ def test_hashing_is_murmurhash3_of_the_name_with_a_pinned_seed():
     states fail their probes) before it can read a checkpoint's weights under other features."""
     n, seed = 1 << 20, 2357136044  # river: the seed drawn by numpy's RandomState(0), frozen by numpy's policy
     got = HashedPerceptron(n).hash({name: 1.0 for name in HASH_NAMES})
-    expected = {}
+    expected: dict[int, float] = {}
     for name in HASH_NAMES:
         h = _murmur3_32(name.encode(), seed)
         expected[h % n] = expected.get(h % n, 0.0) + (-1.0 if h < 0 else 1.0)
@@ -297,6 +298,7 @@ def test_dense_lists_are_hashed_as_the_features_0_to_d_minus_1():
 
 
 def test_hashing_refuses_bad_sizes_and_states_of_another_kind():
+    bad: Any  # wrong on purpose
     for bad in (0, -3, 1.5, None):
         with pytest.raises(ValueError, match="n_features"):
             HashedPerceptron(bad)

@@ -14,7 +14,7 @@ D3_Y = [1, 1, 1, -1, -1]
 
 # seed 002
 THETA, THETA0 = [1.0, -1.0], 1.0
-D2_X = [[1, 3], [2.5, 1.5], [-1.5, 1.5]]
+D2_X: list[list[float]] = [[1, 3], [2.5, 1.5], [-1.5, 1.5]]
 D2_Y = [1, 1, -1]
 
 # seed 002, the offset example
@@ -37,7 +37,7 @@ def test_seed003_online_perceptron_cycling_over_d():
     p = Perceptron()
     mistakes_per_pass = []
     for _ in range(3):
-        mistakes_per_pass.append(sum(mistake for _, _, mistake in (p.step(x, y) for x, y in zip(D3_X, D3_Y))))
+        mistakes_per_pass.append(sum(mistake is True for _, _, mistake in (p.step(x, y) for x, y in zip(D3_X, D3_Y))))
     assert mistakes_per_pass == [2, 0, 0]
     assert (p.bias, p.weights, p.updates) == (0.0, {0: -1.0, 1: 1.0}, 2)
 

@@ -1,4 +1,4 @@
-"""The learning core stays free of Kafka, HTTP and pickle (README "Layout")."""
+"""The learning core stays free of Kafka, HTTP and pickle (docs: reference/layout.md)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 from perceptron_stream.learning import Perceptron, ScaledPerceptron, learner_from_state, make_learner
@@ -145,7 +146,7 @@ def test_river_protocol():
     # separable on a: a > 3; river's Perceptron in the same pipeline makes the same mistakes.
     # The first label is True: before any learning ours answers -1 (the label kind is not
     # known yet) where river's answers False, a miss either way only when the label is True.
-    stream = [({"a": float(i % 7), "b": float(i % 3)}, i % 7 > 3) for i in range(4, 204)]
+    stream: list[tuple[dict, bool]] = [({"a": float(i % 7), "b": float(i % 3)}, i % 7 > 3) for i in range(4, 204)]
     model = preprocessing.StandardScaler() | Perceptron()
     acc = evaluate.progressive_val_score(stream, model, metrics.Accuracy())
     river_acc = evaluate.progressive_val_score(
@@ -210,6 +211,7 @@ def test_step_rejects_a_label_that_would_update(y):
 
 def test_step_takes_the_labels_it_documents():
     p = Perceptron()
+    y: Any  # 1.0 and True too, as step's docstring says, beyond its annotation
     for y in (True, 1, 1.0, -1, None):
         p.step([1.0, 1.0], y)
     assert (p.seen, p.labeled, p.updates, p.bias) == (5, 4, 2, 0.0)

@@ -38,6 +38,7 @@ def separable(draw, max_d: int = 4):
 def test_pla_converges_within_the_mistake_bound(data, order, seed):
     X, y, gamma = data
     bound = mistake_bound(radius(X), gamma)
+    assert bound is not None  # separable: γ > 0
     fit = pla(X, y, order=order, seed=seed, max_passes=math.ceil(bound) + 2)
     assert fit.converged and mistakes(fit.weights, fit.bias, X, y) == 0
     assert fit.updates <= bound * (1 + 1e-9)
@@ -51,7 +52,9 @@ def test_online_perceptron_mistakes_within_the_bound(data, passes):
     for _ in range(passes):
         for x, yi in zip(X, y):
             p.step(x, yi)
-    assert p.updates == p.mistakes <= mistake_bound(p.radius, gamma) * (1 + 1e-9)
+    bound = mistake_bound(p.radius, gamma)
+    assert bound is not None  # separable: γ > 0
+    assert p.updates == p.mistakes <= bound * (1 + 1e-9)
 
 
 @settings(max_examples=100, deadline=None)

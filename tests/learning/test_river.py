@@ -16,7 +16,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from perceptron_stream.learning import Perceptron
+from perceptron_stream.learning import Perceptron, ScaledPerceptron
 from river import datasets, linear_model
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -158,6 +158,7 @@ def test_scaled_step_is_rivers_pipeline_learning_during_predict():
             ours_pred, score, _ = ours.step(x, 1 if y else -1)
             assert ours_pred == y_pred or abs(score) < 1e-12
             theirs.learn_one(x, y)
+    assert isinstance(ours, ScaledPerceptron)
     _same_weights(ours.perceptron, theirs["Perceptron"])
 
 

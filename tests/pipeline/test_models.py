@@ -17,7 +17,7 @@ def _drifts(events, variant: str = "plain", standardize: bool = False, batch: in
     """The events at which DriftWatch opened an episode, the champion's mistakes fed a batch at a time as the task does."""
     model, watch, found, flags = make_learner(variant, standardize=standardize), DriftWatch(), [], []
     for i, (x, y) in enumerate(events, start=1):
-        flags.append(model.step(x, y)[2])
+        flags.append(model.step(x, y)[2] is True)  # labeled: a bool
         if len(flags) == batch:
             found += [i] * watch.update(flags)
             flags = []

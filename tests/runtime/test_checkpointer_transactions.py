@@ -4,6 +4,8 @@ transactional record and committed-only load. On Apache Kafka: tests/integration
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import Aborted, Fenced, Refused
@@ -68,6 +70,7 @@ def test_exactly_once_on_the_embedded_broker_is_refused_by_its_cluster_id():
 def test_one_new_transactional_id_per_instance_under_exactly_once_only():
     s = _settings(*EXACTLY_ONCE, "--group-id", "scorers")
     first, second = transactional_id(s), transactional_id(s)
+    assert first is not None and second is not None
     assert first.startswith("scorers-") and second.startswith("scorers-") and first != second
     assert transactional_id(_settings("--group-id", "scorers")) is None
 
@@ -94,7 +97,9 @@ class TransactionalStream:
     the next commit."""
 
     def __init__(self, fails: Exception | None = None, refuses: bool = False):
-        self.sent, self.commits, self.aborts, self.fails, self.refuses = [], [], 0, fails, refuses
+        self.sent: list[tuple[str, bytes | None, bytes]] = []
+        self.commits: list[dict] = []
+        self.aborts, self.fails, self.refuses = 0, fails, refuses
 
     def send(self, topic, key, value):
         self.sent.append((topic, key, value))
@@ -129,7 +134,7 @@ def test_a_commit_sends_the_checkpoint_into_the_transaction_and_commits_it_with_
     stream = TransactionalStream()
     checkpointer.maybe([task], stream, final=True)
     assert stream.commits == [{("points", 0): 7}]
-    [(topic, key, value)] = stream.sent
+    [(topic, key, _value)] = stream.sent
     assert (topic, key) == ("perceptron-stream.checkpoints", store.slot_keys(GROUP_TASK)[1])
     assert store.topic.records == {}  # written by the transaction only, never by the store's own producer
     assert task.seq == 1 and task.unsaved == 0
@@ -170,7 +175,7 @@ def test_a_failed_transaction_stops_the_service_counted_as_aborted_and_nothing_i
 
 def test_a_checkpoint_record_refused_for_good_stops_the_service():
     checkpointer, _, task, _ = _checkpointer()
-    with pytest.raises(StartupError, match="refused a checkpoint record on perceptron-stream.checkpoints"):
+    with pytest.raises(StartupError, match=re.escape("refused a checkpoint record on perceptron-stream.checkpoints")):
         checkpointer.maybe([task], TransactionalStream(refuses=True), final=True)
 
 
@@ -183,7 +188,7 @@ def test_a_stop_inside_a_batch_aborts_the_open_transaction():
 
 # the Kafka store ------------------------------------------------------------------------------------------------
 def test_the_transactional_record_is_what_save_writes_and_load_takes_only_committed_positions():
-    checkpointer, store, task, _ = _checkpointer()
+    _, store, task, _ = _checkpointer()
     committed = task.snapshot()
     store.save(committed)
     topic, key, value = store.record(committed)

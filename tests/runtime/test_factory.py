@@ -65,7 +65,7 @@ def test_without_a_store_the_group_model_starts_from_the_factorys_initial_model(
     from perceptron_stream.runtime.retry import Retry
 
     s = _settings(tmp_path, "--state-store", "none")
-    started = []
+    started: list = []
     task = _factory(s).new_task(None)
     Restorer(s, None, Retry(Health(60.0), lambda: False), initial=started.append).start_group_model(task)
     assert started == [task]

@@ -73,6 +73,7 @@ def test_a_stop_during_start_up_closes_what_opened_and_returns_0(tmp_path):
     app.stop()  # before the brokers (none at port 9) ever answered
     assert app.run(install_signal_handlers=False) == 0
     assert app.stream is None and app.store is None  # start-up opened neither
+    assert app.http is not None
     with pytest.raises(OSError):  # the HTTP endpoints were closed on the way out
         socket.create_connection(("127.0.0.1", app.http.port), timeout=1).close()
     assert app.undone().endswith("left undone: nothing was read yet")

@@ -29,6 +29,7 @@ def test_a_signal_the_main_thread_never_sees_still_stops_the_process_at_the_dead
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert process.stdout is not None
     try:
         assert process.stdout.readline() == "ready\n"
         process.terminate()

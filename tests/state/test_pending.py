@@ -77,7 +77,7 @@ def _restore_against_the_model(ops, max_pending, data):
             take(point_id, key)
         elif op == "labels":  # a batch of labels: their rows read ahead (and another id's), then each taken in turn
             batch = data.draw(st.lists(IDS, max_size=6))
-            table.read_ahead(batch + [point_id])
+            table.read_ahead([*batch, point_id])
             for label_id in batch:
                 take(label_id, f"i:{label_id}" if type(label_id) is int else f"s:{label_id}")
         elif op == "early":  # a label whose point is not there: it waits (as the joiner does: after a take found none)
@@ -86,9 +86,9 @@ def _restore_against_the_model(ops, max_pending, data):
                 table.hold(point_id, {"y": point_id}, at=now)
                 model[key] = ("early", now)
         elif op == "grace":  # the early labels of time <= now - step let go, oldest first
-            got = table.pop_early(cutoff=now - step)
+            let_go = table.pop_early(cutoff=now - step)
             due = sorted((a, k) for k, (s, a) in model.items() if s == "early" and a <= now - step)
-            assert [g["y"] for g in got] == [model_id(k) for _, k in due]
+            assert [g["y"] for g in let_go] == [model_id(k) for _, k in due]
             for _, k in due:
                 del model[k]
         elif op == "expire":

@@ -41,6 +41,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 HERE = Path(__file__).resolve().parent
 POM = HERE.parent / "apache_kafka" / "pom.xml"
@@ -300,7 +301,7 @@ class ApacheKafka:
         )
         if fmt.returncode != 0:
             raise ApacheKafkaError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
-        self._stdout = open(self.root / "stdout.log", "ab")
+        self._stdout: IO[bytes] | None = open(self.root / "stdout.log", "ab")  # noqa: SIM115 — the broker's output for its life: stop() closes it
         self.process = subprocess.Popen(
             [*java, "kafka.Kafka", str(config)],
             stdin=subprocess.DEVNULL,
@@ -336,8 +337,9 @@ class ApacheKafka:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if getattr(self, "_stdout", None) is not None:
-            self._stdout.close()
+        stdout = getattr(self, "_stdout", None)
+        if stdout is not None:
+            stdout.close()
             self._stdout = None
 
     def __enter__(self) -> ApacheKafka:
@@ -442,6 +444,7 @@ if __name__ == "__main__":  # pragma: no cover - a developer's tool
 
     with ApacheKafka(Path(tempfile.mkdtemp(prefix="apache-kafka-"))) as broker:
         print(json.dumps(asdict(broker.info), indent=2), flush=True)
+        assert broker.process is not None
         try:
             broker.process.wait()
         except KeyboardInterrupt:

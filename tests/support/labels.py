@@ -31,7 +31,7 @@ def make_joiner(max_early: int = 100) -> Joiner:
     )
 
 
-def make_task(joiner: Joiner) -> Task:
+def make_task(joiner: Joiner | None) -> Task:
     return Task(
         "group",
         Owner("g", "points"),

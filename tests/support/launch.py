@@ -40,14 +40,14 @@ def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> s
 
     ``preexec_fn`` runs in the child before the service starts (e.g. to lower
     its open-files limit)."""
-    log = open(log_path, "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        preexec_fn=preexec_fn,
-    )
+    with open(log_path, "ab") as log:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            preexec_fn=preexec_fn,
+        )
 
 
 class ServiceThread:
@@ -58,8 +58,8 @@ class ServiceThread:
         from perceptron_stream.config import ServeSettings, load
 
         self.app = Application(load(ServeSettings, args))
-        self.result = None
-        self.error = None
+        self.result: int | None = None
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
@@ -83,4 +83,5 @@ class ServiceThread:
 
     @property
     def metrics_url(self) -> str:
+        assert self.app.http is not None, "the service's HTTP endpoints are not up"
         return f"http://127.0.0.1:{self.app.http.port}"

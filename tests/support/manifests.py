@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import yaml
 from perceptron_stream.config import ENV_PREFIX, ServeSettings, load
@@ -56,7 +57,7 @@ _DURATION = (
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"  # the CRDs' pattern
 )
 #: The fields of the ServiceMonitor CRD (prometheus-operator, monitoring.coreos.com/v1) that these manifests use.
-SERVICEMONITOR_SCHEMA = {
+SERVICEMONITOR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
     "additionalProperties": False,

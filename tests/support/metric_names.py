@@ -1,6 +1,6 @@
 """The service's metric names as Prometheus stores them: the one list the alert rules and the exporter are checked against."""
 
-#: The service's metric contract (README "Metrics and dashboards"), as the sample
+#: The service's metric contract (docs: operations/metrics.md), as the sample
 #: names Prometheus stores: a rule naming anything else under perceptron_ has a
 #: typo and would never fire. tests/test_metrics.py checks that ServiceMetrics
 #: exports exactly these, so this list cannot drift from the code;

@@ -42,7 +42,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tests.support import ROOT
 
@@ -184,7 +184,7 @@ class PrometheusServer:
         self.binary = binary
         self.port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
 
     # -- life cycle -------------------------------------------------------
 
@@ -212,7 +212,7 @@ class PrometheusServer:
         last_error = ""
         for _attempt in range(5):  # another process may take the free port before we bind it
             self.port = free_port()
-            self._log = open(self.log_path, "ab")
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 — Prometheus's log for its life: stop() closes it
             self.process = subprocess.Popen(
                 [
                     binary,

@@ -54,7 +54,7 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0):
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        out = []
+        out: list = []
         deadline = time.monotonic() + timeout
         while len(out) < count and time.monotonic() < deadline:
             for messages in consumer.poll(timeout_ms=200).values():

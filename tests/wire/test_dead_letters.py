@@ -164,17 +164,18 @@ def test_the_service_sends_dead_letters_within_the_limit():
     app = Application(
         load(ServeSettings, ["--metrics-port", "0", "--max-message-bytes", "1000000", "--state-store", "none"])
     )
-    app.stream = CapturingStream()
+    stream = CapturingStream()
+    app.stream = stream  # type: ignore[assignment]  # a stand-in with what _process uses: send and flush
     hostile = [
         Record("points", 0, 0, b"k" * 930_000, CONTROL * 2048, 0),  # invalid JSON within the limit, escaped 6 times
         Record("points", 0, 1, b"k" * 999_900, b'{"x": [1.0], "y": 5}', 0),  # bad label, a key with no room left
         Record("points", 0, 2, b"k" * 10, b"\xff" * 2_000_000, 0),
     ]  # too large (2 MB), not UTF-8
     app._process([hostile])  # noqa: SLF001 — one batch, no broker: run() needs one
-    assert [(topic, len(key or b"") + len(value) <= 1_000_000) for topic, key, value in app.stream.sent] == [
+    assert [(topic, len(key or b"") + len(value) <= 1_000_000) for topic, key, value in stream.sent] == [
         ("points.dlq", True)
     ] * 3
-    letters = [DeadLetter.model_validate_json(value) for _, _, value in app.stream.sent]
+    letters = [DeadLetter.model_validate_json(value) for _, _, value in stream.sent]
     assert [letter.reason for letter in letters] == ["invalid_json", "bad_label", "too_large"]
-    assert [key is None for _, key, _ in app.stream.sent] == [False, True, False]
+    assert [key is None for _, key, _ in stream.sent] == [False, True, False]
     assert [letter.raw_truncated for letter in letters] == [True, False, True]

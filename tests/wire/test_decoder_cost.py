@@ -73,6 +73,7 @@ def test_a_bad_id_is_one_error(value):
     raw = b'{"x": [1.0], "id": ' + value + b"}"
     assert _errors_reported(raw) == 1
     got = Decoder(1_000_000, 10_000).decode(raw)
+    assert isinstance(got, Rejection)
     assert got.reason == "invalid_event" and got.error.startswith("id must be a string or a number, got ")
 
 
@@ -96,10 +97,15 @@ def test_the_decoder_explains_one_error_whatever_the_count(monkeypatch, shape, n
 def test_a_large_message_is_parsed_once(monkeypatch):
     """From MODEL_FIRST_BYTES the model's parser alone reads the message: the fast path would first parse a
     hostile one, to hand it to the model that parses it again."""
-    calls = []
+    calls: list[int] = []
     decoder = Decoder(1_000_000, 10_000)
     fast = decoder._fast_decode  # noqa: SLF001 — decode() does not tell which path ran
-    monkeypatch.setattr(decoder, "_fast_decode", lambda raw: calls.append(len(raw)) or fast(raw))
+
+    def counted(raw):
+        calls.append(len(raw))
+        return fast(raw)
+
+    monkeypatch.setattr(decoder, "_fast_decode", counted)
     small, large = HOSTILE["x of lists"](10), HOSTILE["x of lists"](MODEL_FIRST_BYTES)
     assert len(small) < MODEL_FIRST_BYTES <= len(large)
     assert (

@@ -51,10 +51,9 @@ def check_event(event: Event, raw: bytes, dimension_before: int | None) -> None:
     doc = json.loads(text)  # and JSON (Python's parser: the last duplicate key wins, as in the decoder)
     assert isinstance(doc, dict)
     assert event.y in (-1, 1, None)
-    assert (
-        doc.get("y") in (None, True, False, 0, 1, -1)
-        and event.y == {None: None, True: 1, False: -1, 0: -1, 1: 1, -1: -1}[doc.get("y")]
-    )
+    y = doc.get("y")
+    assert y is None or (type(y) in (bool, int) and y in (1, 0, -1))  # null, true/false, 1/0/-1: never 1.0 nor "1"
+    assert event.y == (None if y is None else 1 if y == 1 else -1)  # true and 1 are +1; false, 0 and -1 are -1
     assert event.id == doc.get("id") and (event.id is None or type(event.id) in (str, int))
     values = event.x if isinstance(event.x, list) else list(event.x.values())
     assert 1 <= len(values) <= MAX_FEATURES
@@ -67,8 +66,8 @@ def check_event(event: Event, raw: bytes, dimension_before: int | None) -> None:
         assert event.x == {k: _as_float(v) for k, v in doc["features"].items()}
         assert doc.get("x") is None
     published = publishable(event)
-    if type(published) is Rejection:  # an id orjson cannot write: dead-lettered by the service
-        assert not ID_MIN <= event.id <= ID_MAX
+    if isinstance(published, Rejection):  # an id orjson cannot write: dead-lettered by the service
+        assert type(event.id) is int and not ID_MIN <= event.id <= ID_MAX
         check_rejection(published, raw)
     else:
         orjson.dumps({"id": event.id, "source": {"topic": "t", "partition": 0, "offset": 1}, "y": event.y})
@@ -107,7 +106,8 @@ def check_message(decoder: Decoder, raw: bytes | None):
     before = decoder.dimension
     result = decoder.decode(raw)  # never raises
     assert type(result) in (Event, Rejection), result
-    if type(result) is Event:
+    if isinstance(result, Event):
+        assert raw is not None  # a tombstone is no event
         check_event(result, raw, before)
         values = result.x if isinstance(result.x, list) else list(result.x.values())
         assert max(map(abs, values)) <= decoder.max_feature_value  # else out_of_range: the score could overflow

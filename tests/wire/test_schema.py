@@ -17,6 +17,16 @@ from perceptron_stream.wire.messages import (
 from perceptron_stream.wire.outputs import dead_letter
 
 
+def _event(outcome: Event | Rejection) -> Event:
+    assert isinstance(outcome, Event), outcome
+    return outcome
+
+
+def _reason(outcome: Event | Rejection) -> str:
+    assert isinstance(outcome, Rejection), outcome
+    return outcome.reason
+
+
 def test_committed_schemas_match_the_models():
     for filename, text in json_schemas().items():
         path = SCHEMA_DIR / filename
@@ -49,7 +59,7 @@ def test_the_design_examples_are_valid():
 
 @pytest.mark.parametrize("y, label", [(1, 1), (-1, -1), (0, -1), (True, 1), (False, -1), (None, None)])
 def test_accepted_labels_map_to_plus_minus_one(y, label):
-    assert Decoder(1000, 10).decode(json.dumps({"x": [1.0], "y": y}).encode()).y == label
+    assert _event(Decoder(1000, 10).decode(json.dumps({"x": [1.0], "y": y}).encode())).y == label
 
 
 @pytest.mark.parametrize(
@@ -94,30 +104,30 @@ def test_the_key_counts_toward_the_size_limit():
 
 def test_the_magnitude_limit_is_a_setting():
     assert Decoder(1000, 10, max_feature_value=1e300).decode(b'{"x": [1e299]}') == Event(None, [1e299], None)
-    assert Decoder(1000, 10, max_feature_value=1e300).decode(b'{"x": [1e301]}').reason == "out_of_range"
+    assert _reason(Decoder(1000, 10, max_feature_value=1e300).decode(b'{"x": [1e301]}')) == "out_of_range"
 
 
 def test_the_first_dense_event_fixes_the_dimension():
     d = Decoder(1000, 10)
     assert isinstance(d.decode(b'{"x": [1, 2]}'), Event)
-    assert d.decode(b'{"x": [1, 2, 3]}').reason == "wrong_dimension"
+    assert _reason(d.decode(b'{"x": [1, 2, 3]}')) == "wrong_dimension"
     assert isinstance(d.decode(b'{"features": {"a": 1, "b": 2, "c": 3}}'), Event)  # named features are free
-    assert Decoder(1000, 10, dimension=3).decode(b'{"x": [1, 2]}').reason == "wrong_dimension"
+    assert _reason(Decoder(1000, 10, dimension=3).decode(b'{"x": [1, 2]}')) == "wrong_dimension"
 
 
 def test_a_dimension_beyond_the_feature_limit_takes_no_dense_event():
     """A checkpoint's dimension from before a lower --max-features: its events have too many features now."""
     d = Decoder(1000, 2, dimension=3)
-    assert d.decode(b'{"x": [1, 2, 3]}').reason == "too_many_features"
-    assert d.decode(b'{"x": [1, 2]}').reason == "wrong_dimension"
+    assert _reason(d.decode(b'{"x": [1, 2, 3]}')) == "too_many_features"
+    assert _reason(d.decode(b'{"x": [1, 2]}')) == "wrong_dimension"
     assert d.decode(b'{"features": {"a": 1, "b": 2}}') == Event(None, {"a": 1.0, "b": 2.0}, None)
 
 
 def test_the_fast_path_takes_any_limit_and_no_dimension_a_dense_event_cannot_have():
     """A review's edge cases: a dimension of 0 let an empty x through the fast path; a limit beyond a C size
     made the decoder itself raise."""
-    assert Decoder(1000, 5, dimension=0).decode(b'{"x": []}').reason == "invalid_event"
-    assert Decoder(1000, 5, dimension=0).decode(b'{"x": [1]}').reason == "wrong_dimension"
+    assert _reason(Decoder(1000, 5, dimension=0).decode(b'{"x": []}')) == "invalid_event"
+    assert _reason(Decoder(1000, 5, dimension=0).decode(b'{"x": [1]}')) == "wrong_dimension"
     assert Decoder(1000, 2**63).decode(b'{"x": [1, 2]}') == Event(None, [1.0, 2.0], None)
 
 

@@ -82,7 +82,7 @@ class Joiner:
     # points and labels ----------------------------------------------------
     def keep(
         self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None
-    ) -> dict | None:
+    ) -> tuple[dict, dict] | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
         predictions of it, which their own mistakes are scored by). Returns ``(point, label)`` when its label came
         first and waited (:meth:`join_early` joins them once the prediction is sent), else None."""
@@ -127,13 +127,13 @@ class Joiner:
         """A batch of label records (one partition's) decoded, the pending rows of their ids read at once
         (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing."""
         labels = [decode_label(r.value, r.key, self.max_message_bytes) for r in records]
-        self.table(records[0].partition).read_ahead([label.id for label in labels if type(label) is not Rejection])
+        self.table(records[0].partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
         (early), or a dead letter."""
-        if type(label) is Rejection:
+        if isinstance(label, Rejection):
             return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, label, send, tally)
         table = self.table(r.partition)
         got = table.take(label.id, now=r.timestamp / 1000)
@@ -142,7 +142,7 @@ class Joiner:
                 self._let_go(old, why, send, tally, r.partition)
             tally.label_outcomes.append("early")
             return
-        if got == "duplicate":
+        if isinstance(got, str):  # "duplicate"
             tally.label_outcomes.append("duplicate")
             return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, _duplicate(label), send, tally)
         self.join.joined(
@@ -352,7 +352,7 @@ class Joiner:
             and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int and type(e[1]) is str for e in lineage)
         ):
             raise CheckpointError("the checkpoint's pending-table lineage is malformed")
-        self.lineage = lineage + [[seq + 1, self.run]]
+        self.lineage = [*lineage, [seq + 1, self.run]]
         self.epoch = seq + 1
         counts = state.get("pending", {}) if isinstance(state, dict) else {}
         for partition in partitions:

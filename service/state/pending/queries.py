@@ -19,7 +19,7 @@ EXPIRE_AT_ONCE = 10_000
 
 def rows_of(db: sqlite3.Connection, keys: list[str], columns: str) -> list[tuple]:
     """(id, ``columns``...) of the table's rows of ``keys``, a query per READ_AHEAD_CHUNK ids."""
-    found = []
+    found: list[tuple] = []
     for i in range(0, len(keys), READ_AHEAD_CHUNK):
         chunk = keys[i : i + READ_AHEAD_CHUNK]
         found += db.execute(f"SELECT id, {columns} FROM pending WHERE id IN ({','.join('?' * len(chunk))})", chunk)

@@ -20,8 +20,6 @@ from perceptron_stream.state.pending.memory import OpenEpochRows
 from perceptron_stream.state.pending.queries import oldest, rows_of
 from perceptron_stream.state.pending.undo import EARLY, STATES, UndoTable, undo_value
 
-_UNREAD = object()  # an id take() finds no read-ahead row for (None is a row known to be absent)
-
 
 def _key(point_id: str | int) -> str:
     """Ids are strings or integers on the wire: ``7`` and ``"7"`` are different points."""
@@ -47,7 +45,7 @@ class PendingTable:
         # Labels taken from the table's rows since the batch began: their updates and undo entries, written
         # with one executemany each at the batch's commit.
         self._takes: list[tuple[float, int, str]] = []  # (labeled at, epoch, id)
-        self._undo: list[tuple[int, str, bytes]] = []  # the takes' undo entries
+        self._undo: list[tuple[int, str, bytes | None]] = []  # the takes' undo entries
         self._rows: dict[str, tuple | None] = {}  # the table's rows read ahead for a batch's labels (None: absent)
         self.evicted = 0  # pending points evicted to stay within max_pending, since the caller last took the count
 
@@ -79,6 +77,7 @@ class PendingTable:
             memory.unverified.append(key)  # new, unless the table has it (counted as new until looked up)
         self._count += old is None or old[0] != "pending"
         self._remember(key, "pending", now, blob)
+        return None
 
     def _join_early(self, key: str, now: float) -> dict:
         """The early label of ``key``, its row now the labeled mark (a row of the table is replaced, logged for undo)."""
@@ -162,10 +161,9 @@ class PendingTable:
                 return "duplicate"
             self._count -= 1
             self._remember(key, "labeled", now, None)
+            assert row[2] is not None  # a pending row holds its point
             return orjson.loads(row[2])
-        row = self._rows.get(key, _UNREAD)
-        if row is _UNREAD:
-            row = self.disk.row(key)
+        row = self._rows[key] if key in self._rows else self.disk.row(key)
         if row is None:
             return None
         state, _, point, epoch = row
@@ -177,6 +175,7 @@ class PendingTable:
         if epoch < open_epoch:  # a point of an earlier epoch: a restore of it brings the point back
             self._undo.append((open_epoch, key, undo_value(row)))
         self._count -= 1
+        assert point is not None  # a pending row holds its point
         return orjson.loads(point)
 
     def expire(self, now: float) -> int:

@@ -131,7 +131,7 @@ class UndoTable:
         if self.changed is not None:
             self.changed.update(rows)
 
-    def mark_labeled(self, takes: list[tuple[float, int, str]], undo: list[tuple[int, str, bytes]]) -> None:
+    def mark_labeled(self, takes: list[tuple[float, int, str]], undo: list[tuple[int, str, bytes | None]]) -> None:
         """Rows taken by their labels ((labeled at, epoch, id)) marked labeled, after their undo entries ``undo``
         (read when they were taken)."""
         self.begin()

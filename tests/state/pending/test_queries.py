@@ -22,7 +22,7 @@ def _table(rows) -> sqlite3.Connection:
 
 def test_rows_of_reads_a_chunk_of_ids_a_query():
     db = _table([(f"s:{i}", "pending", float(i)) for i in range(3 * READ_AHEAD_CHUNK)])
-    queries = []
+    queries: list[str] = []
     db.set_trace_callback(queries.append)
     keys = [f"s:{i}" for i in range(2 * READ_AHEAD_CHUNK + 1)] + ["s:absent"]
     found = rows_of(db, keys, "state")

@@ -1,0 +1,123 @@
+"""One line per outage of the brokers (perceptron_stream.runtime.outage), the clients' own loggers quiet meanwhile."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from perceptron_stream.runtime.health import Health
+from perceptron_stream.runtime.outage import QUIETED, Outage
+
+KAFKA_PYTHON = logging.getLogger("kafka.net.manager")  # where kafka-python logs a refused connection
+LIBRDKAFKA = logging.getLogger("perceptron_stream.kafka.confluent")  # where librdkafka's log and errors go
+
+
+@pytest.fixture(autouse=True)
+def levels():
+    """The quieted loggers' levels as the command line sets them (INFO; kafka-python's at WARNING), put back after."""
+    before = {name: logging.getLogger(name).level for name in (*QUIETED, "perceptron_stream")}
+    logging.getLogger("perceptron_stream").setLevel(logging.INFO)
+    logging.getLogger("perceptron_stream.kafka").setLevel(logging.NOTSET)
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    yield
+    for name, level in before.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def _clients_speak() -> None:
+    KAFKA_PYTHON.error("Connection failed: KafkaConnectionError: 111 ECONNREFUSED")
+    LIBRDKAFKA.warning("kafka client: 127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed")
+
+
+def _said(caplog, name: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == name]
+
+
+def test_an_outage_is_one_line_with_the_setting_and_the_clients_are_quiet_until_it_ends(caplog):
+    outage = Outage("kafka-1:9092,kafka-2:9092")
+    caplog.set_level(logging.DEBUG, logger="")  # caplog's handler takes all; the loggers' levels decide
+    assert outage.failed("check the topics", TimeoutError("Unable to bootstrap")) is True
+    for _ in range(20):  # twenty more attempts, and the clients' own lines for each
+        assert outage.failed("check the topics", TimeoutError("Unable to bootstrap")) is False
+        _clients_speak()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("the brokers at kafka-1:9092,kafka-2:9092 do not answer (could not check the topics")
+    assert "bootstrap_servers (--bootstrap-servers, PERCEPTRON_STREAM_BOOTSTRAP_SERVERS)" in warnings[0]
+    assert outage.on and outage.failures == 21
+
+    caplog.clear()
+    outage.answered()
+    [back] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert back.startswith("the brokers at kafka-1:9092,kafka-2:9092 answer again, after ") and "21 failed" in back
+    assert not outage.on
+    _clients_speak()  # heard again
+    assert _said(caplog, "kafka.net.manager") and _said(caplog, "perceptron_stream.kafka.confluent")
+
+
+def test_a_second_outage_is_said_again():
+    outage = Outage()
+    assert outage.failed("send the outputs", OSError("x"))
+    outage.answered()
+    outage.answered()  # no outage: nothing to end
+    assert outage.failed("send the outputs", OSError("x"))
+
+
+def test_hushed_at_start_up_until_the_brokers_first_answer(caplog):
+    caplog.set_level(logging.DEBUG, logger="")
+    outage = Outage()
+    outage.hush()
+    _clients_speak()
+    assert not _said(caplog, "kafka.net.manager") and not _said(caplog, "perceptron_stream.kafka.confluent")
+    outage.answered()
+    assert not caplog.records  # no outage began: nothing to say
+    _clients_speak()
+    assert _said(caplog, "kafka.net.manager") and _said(caplog, "perceptron_stream.kafka.confluent")
+    assert logging.getLogger("kafka").level == logging.WARNING  # as it was
+
+
+def test_log_level_debug_quiets_nothing(caplog):
+    caplog.set_level(logging.DEBUG, logger="")
+    logging.getLogger("perceptron_stream").setLevel(logging.DEBUG)
+    outage = Outage()
+    outage.failed("check the topics", TimeoutError("x"))
+    outage.failed("check the topics", TimeoutError("x"))
+    _clients_speak()
+    assert _said(caplog, "kafka.net.manager") and _said(caplog, "perceptron_stream.kafka.confluent")
+    assert any("still do not answer" in r.getMessage() for r in caplog.records)  # the later failures, at DEBUG
+
+
+def test_health_ends_the_outage_when_the_brokers_answer():
+    health = Health(30.0, "b:9092")
+    assert health.broker_failed("read points", TimeoutError("x")) and not health.broker_ok
+    assert not health.broker_failed("read points", TimeoutError("x"))
+    health.broker_ok = True
+    assert health.broker_ok and not health.outage.on
+
+
+def test_a_service_stopped_during_an_outage_gives_the_loggers_their_levels_back(tmp_path):
+    """The demo and the tests run the service in a thread of a process that goes on: its quiet must end with it."""
+    import threading
+
+    from perceptron_stream.app import Application
+    from perceptron_stream.broker import free_port
+    from perceptron_stream.config import ServeSettings, load
+
+    app = Application(
+        load(
+            ServeSettings,
+            ["--bootstrap-servers", f"127.0.0.1:{free_port()}", "--metrics-port", "0", "--state-dir", str(tmp_path)],
+        )
+    )
+    thread = threading.Thread(target=app.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        while app.http is None and thread.is_alive():
+            thread.join(0.05)
+        assert logging.getLogger("kafka").level == logging.CRITICAL  # hushed until the brokers answer
+    finally:
+        app.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert logging.getLogger("kafka").level == logging.WARNING
+    assert logging.getLogger("perceptron_stream.kafka").level == logging.NOTSET
