@@ -167,7 +167,7 @@ class ManySteps:
     _thr: float
     _mode: int
     _dense: int
-    _index: dict
+    feature_index: dict
     _xmax: float
     _unlabeled: int
     seen: int
@@ -200,7 +200,9 @@ class ManySteps:
             if len(lens) != 1 or not 0 < lens.pop() <= self._dense:
                 return None
         elif kind is dict:
-            if names and not all(map(self._index.keys().__ge__, map(dict.keys, xs))):  # every name held (C loops)
+            if names and not all(
+                map(self.feature_index.keys().__ge__, map(dict.keys, xs))
+            ):  # every name held (C loops)
                 return None
         else:
             return None
@@ -233,7 +235,7 @@ class ManySteps:
         if kind is list:
             cols, rows, ragged = range(len(xs[0])), xs, None
         else:
-            cols, rows, ragged = _columns(xs, self._index, windows)
+            cols, rows, ragged = _columns(xs, self.feature_index, windows)
         variant = self._mode
         st = _State(variant, self._thr, _gather(self._w, cols), self._b)
         if variant == 1:

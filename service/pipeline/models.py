@@ -189,7 +189,7 @@ class DDM:
         drift_level = p_min + self.drift_threshold * s_min
         ps = None  # p + s of the last flag fed after the warm start
         fed = 0
-        for fed, x in enumerate(flags[start:], 1):  # noqa: B007 — fed is read after the loop
+        for fed, x in enumerate(flags[start:], 1):
             n += 1.0
             mean += (1.0 / n) * (x - mean)
             s = sqrt(mean * (1 - mean) / n)

@@ -79,6 +79,7 @@ class Join:
         tally.label_outcomes.append("joined")
         delay = max(0.0, at - point["at"])  # 0: the label came first
         tally.delays.append(delay)
+        updates, seen, mistakes = counters
         send(
             self.outcome_topic,
             key,
@@ -92,7 +93,9 @@ class Join:
                 partition,
                 offset,
                 delay,
-                *counters,
+                updates,
+                seen,
+                mistakes,
                 replica,
             ),
         )

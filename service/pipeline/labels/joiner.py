@@ -194,7 +194,8 @@ class Joiner:
             elif kind == "count":
                 tally.label_outcomes.append(what[0])
             elif kind == "let go":
-                self._let_go(*what[:2], send, tally, what[2])
+                old, why, partition = what
+                self._let_go(old, why, send, tally, partition)
             else:
                 r, label, point = what
                 counters, theirs = next(learned)
