@@ -393,8 +393,8 @@ class Task:
                             raise RuntimeError(f"the label of point {span_ids[k]!r} waited unseen")  # cannot be
                     send(out_topic, keys[i], value)
             else:
-                for i, value in zip(span_at, values):
-                    send(out_topic, keys[i], value)
+                for key, value in zip(keys[start:end] if at is None else [keys[i] for i in span_at], values):
+                    send(out_topic, key, value)
             last = span_at[-1]
             positions[(topic, partition)] = offsets[last] + 1
             if early is not None:  # (the span's last point, whose label came first) joined now its decision is out
