@@ -9,6 +9,8 @@
     python3 bench/e2e.py --client service-labels      # also the service with delayed labels and two challengers
                                                       # (with service-confluent: on both clients)
     python3 bench/e2e.py --service-tree new=../other  # also the service of another source tree, side by side
+    python3 bench/e2e.py --exactly-once               # also exactly-once at two commit intervals beside
+                                                      # at-least-once, all on the Kafka store (EXACTLY_ONCE)
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
 
 One fresh broker per invocation: Apache Kafka (``--broker apache-kafka``, the
@@ -44,7 +46,15 @@ round), each in a child process of its own, with a fresh group and output topic:
   the last outcome, and its CPU time is per point with its label;
 - peers (``--client quix+river``, ``--client confluent+river``): what a user
   would write instead of the service, river's Perceptron behind a Kafka library,
-  each the way its library's documentation shows (bench/peers; the bench extra).
+  each the way its library's documentation shows (bench/peers; the bench extra);
+- ``--exactly-once``: the service with the Kafka state store at-least-once, and
+  exactly-once at two commit intervals (:data:`EXACTLY_ONCE`). Throughput from
+  the output CreateTimes as for every contender: a transaction's outputs are
+  stamped as they are sent, so the span is the processing, commits included.
+  Latency is measured where a consumer of exactly-once outputs sees them (they
+  become visible at their transaction's commit, not at their CreateTime): on
+  arrival at a read_committed reader (:class:`VisibleReader`), arrival − input
+  CreateTime, for all three at half the at-least-once one's rate.
 
 Throughput, the same for all, from the data: N / (CreateTime of the last
 output − CreateTime of the first), read back from the output topic once every
@@ -84,7 +94,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import importlib.util
 import itertools
 import json
@@ -119,6 +128,15 @@ PRODUCER = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024, "max_reques
 #   a short one cuts the latency tail and costs nothing while data flows.
 CEILING_PRODUCER = {**PRODUCER, "linger_ms": 1000}
 CEILING_CONSUMER = {**GROUP_TIMINGS, "fetch_max_wait_ms": 20}
+#: ``--exactly-once``: (name, serve's flags) of the services compared, at-least-once first (the reference).
+EXACTLY_ONCE = (
+    ("service kafka-store", ("--state-store", "kafka")),
+    ("service exactly-once 100ms", ("--state-store", "kafka", "--processing-guarantee", "exactly-once")),
+    (
+        "service exactly-once 1000ms",
+        ("--state-store", "kafka", "--processing-guarantee", "exactly-once", "--commit-interval-ms", "1000"),
+    ),
+)
 #: ``--client service-labels``: its flags, and how many points ahead of its label each point is sent.
 LABEL_FLAGS = ["--challengers", "averaged,pocket"]
 LABEL_LAG = 1000
@@ -408,7 +426,7 @@ class Kafka:
                         firsts.append(messages[0].timestamp)
                         break
                 end = consumer.end_offsets([tp])[tp]  # may read short on the embedded broker: read on to the end
-                consumer.seek(tp, max(0, end - 1))
+                consumer.seek(tp, max(0, end - 10))  # (exactly-once: a transaction's commit marker is the last)
                 last, quiet = 0, 0
                 while quiet < 3:
                     got = consumer.poll(timeout_ms=300, max_records=100_000)
@@ -433,6 +451,8 @@ class Contender(NamedTuple):
     labels: bool = (
         False  # a service with delayed labels (--client service-labels): points and labels on topics of their own
     )
+    flags: tuple[str, ...] = ()  # more flags of serve (--exactly-once's contenders)
+    visible: bool = False  # latency on arrival at a read_committed reader (--exactly-once's contenders)
 
 
 def _label_samples(outcomes) -> tuple[str, ...]:
@@ -552,7 +572,11 @@ class Service:
             *extra,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERCEPTRON_STREAM_")}
-        env["PYTHONPATH"] = str(import_root(tree))
+        # the tree's service/ as the import name perceptron_stream (PYTHONPATH=tree alone found none there, and the
+        # installed package ran instead: every tree measured the same code)
+        self.package = tempfile.TemporaryDirectory(prefix="e2e-package-")
+        os.symlink(tree / "service", Path(self.package.name) / "perceptron_stream")
+        env["PYTHONPATH"] = os.pathsep.join([self.package.name, str(tree)])
         self.log = open(log_path, "ab")  # noqa: SIM115 — the service's log for its life: stop() closes it
         self.process = subprocess.Popen(
             [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
@@ -619,6 +643,7 @@ class Service:
                 self.process.wait()
         self.log.close()
         self.state.cleanup()
+        self.package.cleanup()
         return self.process.returncode
 
 
@@ -733,8 +758,59 @@ def start(
         group,
         partitions,
         log_path,
-        ["--batch-size", str(batch), *client],
+        ["--batch-size", str(batch), *client, *c.flags],
     )
+
+
+class VisibleReader:
+    """What a read_committed consumer of ``topic`` (from its start) sees, and when: the wall-clock ms of the first
+    and last arrival and of each key's first. Exactly-once outputs become visible at their transaction's commit,
+    not at their CreateTime. confluent-kafka, whose consumer takes the shared cores far less CPU than kafka-python's."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int):
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"visible-{topic}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 10,
+                "broker.address.family": "v4",
+            }
+        )
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        self.arrivals: dict[bytes, float] = {}
+        self.count = 0
+        self.first: float | None = None  # wall-clock ms of the first arrival, and of the last
+        self.last: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            messages = [m for m in self.consumer.consume(10_000, 0.05) if m.error() is None]
+            if not messages:
+                continue
+            now = time.time() * 1000
+            self.first = self.first or now
+            self.last, self.count = now, self.count + len(messages)
+            for m in messages:
+                self.arrivals.setdefault(m.key(), now)
+
+    def wait(self, count: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.count < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"a read_committed reader saw {self.count} of {count} outputs in {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.consumer.close()
 
 
 def wait_done(
@@ -879,6 +955,7 @@ def latency_run(
     kafka.create(input_topic, partitions)
     total = int(rate * seconds)
     worker = start(c, kafka, input_topic, output_topic, group, partitions, total, batch, logs / f"{tag}.log")
+    reader = VisibleReader(kafka.bootstrap, output_topic, partitions) if c.visible else None
     try:
         worker.wait_ready()
         time.sleep(0.5)
@@ -886,12 +963,19 @@ def latency_run(
         sent, producer = rate_producer(kafka, input_topic, payloads, rate, seconds, partitions)
         achieved = sent / (time.time() - began)
         wait_done(kafka, worker, group, sent, timeout=600)
+        if reader is not None:
+            reader.wait(sent)
     finally:
         worker.stop()
+        if reader is not None:
+            reader.stop()
     inputs = {m.key: m.timestamp for m in kafka.read(input_topic, sent)}
     warm_until = min(inputs.values()) + 1000
-    outputs = kafka.read(output_topic, sent)
-    latencies = sorted(m.timestamp - inputs[m.key] for m in outputs if inputs[m.key] >= warm_until)
+    if reader is not None:  # arrival at a read_committed reader, not the output's CreateTime
+        outputs = [(key, at) for key, at in reader.arrivals.items()]
+    else:
+        outputs = [(m.key, m.timestamp) for m in kafka.read(output_topic, sent)]
+    latencies = sorted(at - inputs[key] for key, at in outputs if inputs[key] >= warm_until)
     return {
         "name": c.name,
         "partitions": partitions,
@@ -901,6 +985,7 @@ def latency_run(
         "sent": sent,
         "outputs": len(outputs),
         "measured": len(latencies),
+        "to": "arrival at a read_committed reader" if reader is not None else "output CreateTime",
         "p50_ms": percentile(latencies, 0.50),
         "p99_ms": percentile(latencies, 0.99),
         "max_ms": latencies[-1] if latencies else None,
@@ -995,19 +1080,6 @@ def memory_run(
 
 
 # --------------------------------------------------------------------------- main
-def import_root(tree: Path) -> Path:
-    """A directory from which ``import perceptron_stream`` imports ``tree``'s code: the tree's ``service/`` is the
-    package (pyproject's package-dir), so a directory beside it holds a link of that name to it. Without it a
-    child started with the tree on its path imported the installed package instead, whatever the tree."""
-    name = hashlib.sha1(str(tree.resolve()).encode()).hexdigest()[:16]
-    root = Path(tempfile.gettempdir()) / "perceptron-stream-trees" / name
-    link = root / "perceptron_stream"
-    if not link.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(tree.resolve() / "service")
-    return root
-
-
 def describe_tree(tree: Path) -> str:
     """The commit of a git tree, with '+changes' when its working copy differs from it."""
     try:
@@ -1063,6 +1135,12 @@ def main() -> int:
         help="also the service from another source tree (e.g. a proposed change), side by side",
     )
     parser.add_argument(
+        "--exactly-once",
+        action="store_true",
+        help="also the service on the Kafka store at-least-once and exactly-once at two commit intervals, timed at a "
+        "read_committed reader",
+    )
+    parser.add_argument(
         "--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)"
     )
     parser.add_argument(
@@ -1091,6 +1169,8 @@ def main() -> int:
             parser.error(f"--client {client} needs {PEERS[client][1]}: pip install -e '.[bench]'")
         if importlib.util.find_spec("confluent_kafka") is None:  # every other choice runs on it too
             parser.error(f"--client {client} needs confluent-kafka: pip install -e '.[confluent]' (or '.[bench]')")
+    if args.exactly_once and importlib.util.find_spec("confluent_kafka") is None:  # its read_committed reader's
+        parser.error("--exactly-once needs confluent-kafka: pip install -e '.[confluent]' (or '.[bench]')")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the broker and the children on the way out
     console = Console(width=max(120, Console().width))
     contenders = [Contender("ceiling kafka-python", "ceiling", "kafka-python", ROOT)]
@@ -1121,6 +1201,8 @@ def main() -> int:
             parser.error(f"--service-tree {spec}: want NAME=DIR, DIR holding service/cli.py")
         services += service_contenders(f"@{name}", Path(tree).resolve())
     contenders += services
+    eos = [Contender(name, "service", "kafka-python", ROOT, flags=f, visible=True) for name, f in EXACTLY_ONCE]
+    contenders += eos if args.exactly_once else []
     bare = {c.client: c for c in contenders if c.kind == "ceiling" and c.client in ("kafka-python", "confluent")}
     partitions = [int(p) for p in args.partitions.split(",")]
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -1207,6 +1289,26 @@ def main() -> int:
                             f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms"
                         )
                         results["latency"].append(run)
+            for p in partitions if args.exactly_once and args.latency_seconds and not args.no_throughput else ():
+                rate = service_rate(results, eos[0].name, p) / 2  # all three at the at-least-once one's half rate
+                for i, c in enumerate(eos):
+                    console.print(f"latency: {c.name}, {p} partition(s), {rate:,.0f} events/s, read_committed ...")
+                    run = latency_run(
+                        kafka,
+                        c,
+                        payloads,
+                        p,
+                        rate,
+                        args.latency_seconds,
+                        args.batch_size,
+                        f"p{p}-eos-{i}",
+                        logs,
+                    )
+                    run["rate_of"] = f"{eos[0].name} (read_committed)"  # not paired with a bare loop
+                    console.print(
+                        f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms"
+                    )
+                    results["latency"].append(run)
             for i, c in enumerate(services if args.memory_events else ()):
                 console.print(f"memory: {c.name}, {args.memory_events:,} events fed continuously ...")
                 results["memory"].append(
@@ -1307,6 +1409,20 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
             table.add_row(c.name, *cells)
         console.print(table)
         for t in results["throughput"]:
+            runs, baseline = t["runs"], EXACTLY_ONCE[0][0]
+            for name, _ in EXACTLY_ONCE[1:]:
+                pairs = [
+                    (r, q)
+                    for r in runs
+                    if r["name"] == name
+                    for q in runs
+                    if q["name"] == baseline and q["repeat"] == r["repeat"]
+                ]
+                if pairs:
+                    console.print(
+                        f"{t['partitions']} partition(s): {name} / {baseline}, events/s in the same round: "
+                        + ", ".join(f"{r['events_per_s'] / q['events_per_s']:.2f}" for r, q in pairs)
+                    )
             for name, ratios in t.get("ratios_to_service_by_repeat", {}).items():
                 console.print(
                     f"{t['partitions']} partition(s): {name} / service, events/s in the same round: "

@@ -396,8 +396,9 @@ class ServeSettings(KafkaSettings):
         "at-least-once",
         description="at-least-once: outputs are acknowledged before the offsets are committed (a crash repeats some "
         "outputs). exactly-once: a span's outputs, its checkpoint and its input positions are committed in one Kafka "
-        "transaction, every --commit-interval-ms (read_committed readers see each input's outputs once); needs "
-        "--state-store kafka and Apache Kafka (not the embedded broker), and no --label-topic or --mix-every yet.",
+        "transaction, every --commit-interval-ms (read_committed readers see each input's outputs once), with "
+        "delayed labels' changelog and mix records; needs --state-store kafka and Apache Kafka (not the embedded "
+        "broker).",
     )
     commit_interval_ms: int = Field(
         100,

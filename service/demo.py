@@ -50,6 +50,8 @@ LABEL_TTL_S = 30.0
 #: the service does now: it fell from 992 to 535 while the producer ran at 500/s, as the catch-up at the start
 #: weighed less and less).
 RATE_WINDOW_S = 5.0
+#: What the view says of the outputs' guarantee: the demo's, and where the other one runs.
+OUTPUTS = "at least once here; exactly once with serve --processing-guarantee exactly-once on Apache Kafka"
 
 
 def challengers(variant: str) -> list[str]:
@@ -197,7 +199,11 @@ class DemoView:
         for name, w in sorted(s["weights"].items(), key=lambda kv: str(kv[0])):
             weights.add_row(str(name), f"{w:+.3f}")
         weights.add_row("(bias)", f"{s['bias']:+.3f}")
-        footer = f"metrics: {self.metrics_url}/metrics   broker: {self.bootstrap}   Ctrl-C stops"
+        footer = (
+            f"metrics: {self.metrics_url}/metrics   broker: {self.bootstrap}   Ctrl-C stops\n"
+            # the embedded broker cannot hold exactly-once (its read_committed readers see aborted records)
+            f"outputs: {OUTPUTS}"
+        )
         notes: list[RenderableType] = (
             [Text("\n".join(self.label_notes()), style="dim"), ""] if self.label_delay is not None else []
         )

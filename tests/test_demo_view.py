@@ -81,6 +81,7 @@ def test_the_view_shows_rate_mistakes_trend_and_weights_by_name(app, monkeypatch
     assert set(learner.weights) == {"age", "salary"} and any(w != 0 for w in learner.weights.values())
     assert f"{learner.bias:+.3f}" in row("(bias)")
     assert "changes at event 5,000 (before)" in text
+    assert "outputs: at least once here; exactly once with serve --processing-guarantee exactly-once" in row("outputs")
     assert "http://127.0.0.1:8000/metrics" in text and "127.0.0.1:9092" in text
 
 

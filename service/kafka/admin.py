@@ -70,14 +70,41 @@ def _retrying(action: Callable, what: str, timeout_s: float):
 
 
 @translated
-def committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
-    """Partition → committed next offset of consumer group ``group_id`` on ``topic`` (none: {})."""
+def committed_offsets(settings: KafkaSettings, group_id: str, topic: str, stable: bool = False) -> dict[int, int]:
+    """Partition → committed next offset of consumer group ``group_id`` on ``topic`` (none: {}).
+
+    ``stable``: refused (KafkaUnavailable: ask again) while a transaction that commits offsets of the group is
+    not over, as a read_committed consumer asks (KIP-447's require_stable). An exactly-once restore reads them
+    so: a transaction committed just before a rebalance is acknowledged before its markers are written, and the
+    next owner would otherwise read the offsets before it and restore the checkpoint before it, publishing the
+    span again.
+    """
+    if stable:
+        return _stable_committed_offsets(settings, group_id, topic)
     admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
     try:
         offsets = admin.list_group_offsets(group_id).get(group_id, {})
     finally:
         admin.close()
     return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0}
+
+
+def _stable_committed_offsets(settings: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
+    """What a read_committed consumer of the group is told (UnstableOffsetCommitError while a commit is pending),
+    asked without joining the group."""
+    consumer = KafkaConsumer(
+        **kafka_python_options(settings),
+        group_id=group_id,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        request_timeout_ms=10_000,
+    )
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        offsets = {p: consumer.committed(TopicPartition(topic, p), timeout_ms=10_000) for p in sorted(partitions)}
+        return {p: o for p, o in offsets.items() if o is not None and o >= 0}
+    finally:
+        close_consumer(consumer, autocommit=False)
 
 
 @translated

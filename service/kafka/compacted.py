@@ -7,9 +7,17 @@ record is written in the transaction of its span, and one of an aborted
 transaction (or of a zombie's, fenced) must never be restored. Their end is
 then the last stable offset: a transaction left open (its instance crashed)
 holds a reader back until the coordinator aborts it
-(``TRANSACTION_TIMEOUT_MS``). With no transactions on these topics (the
-at-least-once service) they read exactly what they read before. The
-embedded broker shows aborted records even so (tests/integration/test_transactions.py).
+(``TRANSACTION_TIMEOUT_MS``). A read from the beginning (checkpoints,
+changelog) ends only past the high watermark its first fetch saw
+(:class:`_ReadEnd`), not at the last stable offset: every transaction that had
+written to the topic when the read began is over (committed or aborted) before
+it ends. Several instances share the one-partition checkpoint topic; stopping at
+the last stable offset, held back by a crashed instance's open transaction,
+would miss a checkpoint another instance committed after it (the one a
+partition moving between live instances is restored from), and a commit whose
+markers are not written yet. With no transactions on these topics (the
+at-least-once service) they read exactly what they read before. The embedded
+broker shows aborted records even so (tests/integration/test_transactions.py).
 """
 
 from __future__ import annotations
@@ -22,6 +30,25 @@ from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.errors import service_error, translated
 from perceptron_stream.kafka.kp_mends import close_consumer, close_producer
 from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, kafka_python_options, make_producer
+
+
+class _ReadEnd:
+    """Where a read_committed read of ``tps`` from their beginning ends: past the larger of the last stable offset
+    and the high watermark of the first fetch (every record written when the read began), so that every transaction
+    open then is over. The embedded broker's ListOffsets reads short (README "Brokers"): its fetch tells the end."""
+
+    def __init__(self, consumer: KafkaConsumer, tps: list[TopicPartition]):
+        self.consumer, self.tps = consumer, tps
+        self.ends = dict(consumer.end_offsets(tps))  # read_committed: the last stable offsets
+        self.seen: set[TopicPartition] = set()  # whose first fetch's high watermark is in ``ends``
+
+    def reached(self) -> bool:
+        """After a poll: whether every partition's position is past its end."""
+        for tp in self.tps:
+            if tp not in self.seen and (high := self.consumer.highwater(tp)) is not None:
+                self.ends[tp] = max(self.ends[tp], high)
+                self.seen.add(tp)
+        return len(self.seen) == len(self.tps) and all(self.consumer.position(tp) >= self.ends[tp] for tp in self.tps)
 
 
 class CompactedTopic:
@@ -64,11 +91,10 @@ class CompactedTopic:
                 )
             consumer.assign(tps)
             consumer.seek_to_beginning(*tps)
-            ends = consumer.end_offsets(tps)
+            end = _ReadEnd(consumer, tps)
             out: dict[bytes, bytes | None] = {}
             deadline, quiet_polls = time.monotonic() + timeout_s, 0
-            # end_offsets reads short on the embedded broker (README "Brokers"): read
-            # until past it AND one poll came back empty.
+            # read until past the end AND one poll came back empty
             while time.monotonic() < deadline:
                 batches = consumer.poll(timeout_ms=200)
                 empty = not batches
@@ -77,7 +103,7 @@ class CompactedTopic:
                         if m.key in wanted:
                             out[m.key] = m.value
                 batches = messages = None  # the values of other keys go now, not at the next poll
-                done = all(consumer.position(tp) >= ends[tp] for tp in tps)
+                done = end.reached()
                 quiet_polls = quiet_polls + 1 if empty else 0
                 if done and quiet_polls >= 1:
                     return out
@@ -172,7 +198,7 @@ class PartitionedLog:
             tp = TopicPartition(self.topic, partition)
             consumer.assign([tp])
             consumer.seek_to_beginning(tp)
-            end = consumer.end_offsets([tp])[tp]
+            end = _ReadEnd(consumer, [tp])
             deadline, quiet = time.monotonic() + timeout_s, 0
             while time.monotonic() < deadline:
                 batches = consumer.poll(timeout_ms=200)
@@ -180,9 +206,7 @@ class PartitionedLog:
                     for m in messages:
                         yield m.key, m.value
                 quiet = quiet + 1 if not batches else 0
-                if (
-                    consumer.position(tp) >= end and quiet >= 1
-                ):  # end_offsets may read short (the embedded broker): one quiet poll too
+                if end.reached() and quiet >= 1:  # one quiet poll too (the embedded broker)
                     return
             raise KafkaError(f"reading {self.topic}[{partition}] did not finish within {timeout_s:.0f} s")
         finally:

@@ -496,10 +496,11 @@ class Task:
         if self.joiner is not None:
             self.joiner.epoch = self.seq + 1
 
-    def before_save(self, cp: Checkpoint) -> None:
-        """What must be durable before ``cp`` is (the Kafka store's pending changelog)."""
+    def before_save(self, cp: Checkpoint, into=None) -> None:
+        """What must be durable before ``cp`` is (the Kafka store's pending changelog); ``into``: the stream whose
+        open transaction commits ``cp`` (exactly-once), which the changelog's records join."""
         if self.joiner is not None:
-            self.joiner.before_save(cp.seq)
+            self.joiner.before_save(cp.seq, into)
 
     def saved(self, cp: Checkpoint) -> None:
         self.seq = cp.seq

@@ -13,17 +13,28 @@ learns one twice). Without a store, what was acknowledged is committed.
 Under ``--processing-guarantee exactly-once`` the loop's stream holds an open
 Kafka transaction with every output since the last commit; every
 ``--commit-interval-ms`` (and on revocation, and at a clean stop) the
-checkpoint record of each task that changed is sent into it and it is
-committed with those tasks' positions (:meth:`Checkpointer.transact`): outputs,
-checkpoints and positions become visible together, or not at all. A
+checkpoint record of each task that changed (and, with delayed labels, its
+pending changelog records) is sent into it and it is committed with those
+tasks' positions (:meth:`Checkpointer.transact`): outputs, checkpoints,
+changelog and positions become visible together, or not at all. A
 transaction that fails is not retried: the service stops
 (:meth:`Checkpointer.transaction_lost`), and its restart restores the last
 committed checkpoint, which is where the committed outputs and positions end.
+
+One fault injection, for tests only: with the environment variable
+``ABORT_TRANSACTION_ENV`` set to N, the process's N-th transaction that commits
+something is aborted where its commit would be, once every record of it
+(outputs, changelog, checkpoint) is in the brokers' logs; the service then
+stops as for any aborted transaction (tests/integration/test_exactly_once.py).
+Neither a SIGKILL nor a paused broker can place an abort there: the changelog
+and checkpoint records exist only in the few milliseconds of a commit. Never
+set it in production.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from perceptron_stream.kafka import Aborted, Fenced, KafkaFatal, KafkaUnavailable
@@ -34,6 +45,8 @@ log = logging.getLogger("perceptron_stream")
 
 #: Commits give up after this long (a commit waits for the group coordinator).
 COMMIT_TIMEOUT_S = 5.0
+#: Test-only (see the module's docstring): the number of the transaction to abort before its commit.
+ABORT_TRANSACTION_ENV = "PERCEPTRON_TEST_ABORT_TRANSACTION"
 
 
 class Checkpointer:
@@ -47,6 +60,8 @@ class Checkpointer:
         )
         self.exactly_once = settings.processing_guarantee == "exactly-once"
         self.transaction_failed = False  # exactly-once: a transaction failed, the service is stopping
+        self.transactions = 0  # exactly-once: transactions that sent something, this run
+        self._abort_at = int(os.environ.get(ABORT_TRANSACTION_ENV, 0))  # test-only fault injection (0: none)
 
     def acknowledged(self, tasks) -> None:
         """A batch's outputs were acknowledged: without a store, its positions may be committed now."""
@@ -160,8 +175,12 @@ class Checkpointer:
         started = time.perf_counter()
         checkpoints = [(task, task.snapshot()) for task in changed]
         try:
-            for _, cp in checkpoints:
+            for task, cp in checkpoints:
+                task.before_save(cp, stream)  # the pending changelog's records of the span
                 stream.send(*self.store.record(cp))
+            self.transactions += 1
+            if self.transactions == self._abort_at:
+                self._inject_abort(stream)
             refused = stream.commit_transaction(
                 {tp: o for _, cp in checkpoints for tp, o in cp.positions.items()}, timeout_s=COMMIT_TIMEOUT_S
             )
@@ -208,6 +227,15 @@ class Checkpointer:
             f"a transaction's commit did not finish ({exc}); stopping, so that the restart restores "
             "the last committed checkpoint"
         )
+
+    def _inject_abort(self, stream) -> None:
+        """Test-only: abort the open transaction once all it holds is in the logs, as a failed commit would."""
+        stream.flush(COMMIT_TIMEOUT_S)
+        stream.abort()
+        log.warning(
+            "%s=%d: transaction %d aborted before its commit", ABORT_TRANSACTION_ENV, self._abort_at, self._abort_at
+        )
+        raise Aborted(f"transaction {self.transactions} aborted by the test's {ABORT_TRANSACTION_ENV}")
 
     def _abort(self, stream) -> None:
         try:

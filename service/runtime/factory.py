@@ -86,7 +86,9 @@ class TaskFactory:
                 outcome_topic=s.outcome_topic,
                 dlq_topic=s.dlq_topic,
                 max_message_bytes=s.max_message_bytes,
-                changelog=None if self.changelog is None else Changelog(self.changelog, s.group_id),
+                changelog=None
+                if self.changelog is None
+                else Changelog(self.changelog, s.group_id, in_transactions=s.processing_guarantee == "exactly-once"),
                 label_topic=s.label_topic,
                 grace_seconds=s.label_grace_seconds,
                 max_early=s.max_early_labels,

@@ -146,8 +146,10 @@ class Assignments:
                 self.waiting.pop(p, None)
             tasks = [t for t in (self.tasks.for_partition(p) for p in gone) if t is not None]
             if self.stream is not None and not self.batch_open:
-                self.checkpointer.checkpoint(tasks, self.stream)  # committed by the loop (exactly-once: with the
-                # transaction, here); the next owner restores from it
+                # committed by the loop; the next owner restores from it. Exactly-once: the open transaction is
+                # committed here, with every task whose outputs it holds (KIP-848 revokes only some: a kept task's
+                # outputs must not become visible without its positions)
+                self.checkpointer.checkpoint(self.tasks.all() if self.checkpointer.exactly_once else tasks, self.stream)
             for task in tasks:
                 self.tasks.drop(task.partition)
                 if task.joiner is not None:

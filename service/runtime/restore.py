@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from functools import partial
 
 from perceptron_stream.kafka import committed_offsets, log_ranges
 from perceptron_stream.learning import learner_from_state
@@ -77,10 +78,13 @@ class Restorer:
         only_committed = {}
         if self.settings.processing_guarantee == "exactly-once":  # only checkpoints committed with their positions
             s = self.settings
-            offsets = self.retry.until_it_works(
-                lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets"
-            )
-            only_committed = {"committed": {(s.input_topic, p): o for p, o in (offsets or {}).items()}}
+            committed = {}
+            for topic in [s.input_topic] + ([s.label_topic] if s.label_topic else []):  # a task reads both
+                offsets = self.retry.until_it_works(  # stable: no transaction committing them still ending
+                    partial(committed_offsets, s, s.group_id, topic, stable=True), "read the group's committed offsets"
+                )
+                committed.update({(topic, p): o for p, o in (offsets or {}).items()})
+            only_committed = {"committed": committed}
         try:
             cp = self.store.load(task.name, task.owner, accept, legacy=legacy, **only_committed)
         except ForeignStateError as exc:

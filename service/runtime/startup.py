@@ -13,9 +13,12 @@ brokers is retried until it works or the service is stopped: a stop
 meanwhile returns None.
 
 ``--processing-guarantee exactly-once`` is refused here, before anything is
-opened, where it could not hold (:func:`refuse_exactly_once_without`), and on
-the embedded broker once its cluster id is read (:func:`refuse_exactly_once_on`);
-its stream gets the instance's transactional id (:func:`transactional_id`).
+opened, where it could not hold (:func:`refuse_exactly_once_without`: without
+the Kafka store), and on the embedded broker once its cluster id is read
+(:func:`refuse_exactly_once_on`); its stream gets the instance's transactional
+id (:func:`transactional_id`). It takes delayed labels (the pending changelog's
+records join the span's transaction) and mixing (the mix records are outputs of
+the span; the mix topic's reader reads committed records only).
 """
 
 from __future__ import annotations
@@ -87,18 +90,6 @@ def refuse_exactly_once_without(s: ServeSettings) -> None:
             f"--processing-guarantee exactly-once needs --state-store kafka (it is {s.state_store}): the "
             "checkpoint must be committed in the same Kafka transaction as the outputs and the input "
             "positions, and a local directory (or no store) cannot join a Kafka transaction"
-        )
-    if s.label_topic is not None:
-        raise StartupError(
-            "--processing-guarantee exactly-once does not take --label-topic yet: the pending changelog "
-            f"({s.pending_topic}) is written by a producer of its own, outside the transaction; run "
-            "delayed labels with --processing-guarantee at-least-once"
-        )
-    if s.model_scope == "partition" and s.mix_every:
-        raise StartupError(
-            "--processing-guarantee exactly-once does not take --mix-every yet (it is "
-            f"{s.mix_every}): no test shows a mixing replica's outputs exactly once across a crash yet; run "
-            "exactly-once with --mix-every 0, or mixing at-least-once"
         )
 
 

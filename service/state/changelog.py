@@ -8,6 +8,16 @@ compacted topic partitioned like the input, each tagged with the checkpoint
 and keeps only the changes the restored checkpoint's *lineage* (which run
 owned which epochs) covers; a change a crashed run wrote after its last
 checkpoint is recognised and undone by writing the valid value again.
+
+Under ``--processing-guarantee exactly-once`` the epoch's changes go into the
+transaction that commits its checkpoint (``write(..., into=stream)``:
+``send_to`` the input partition's number), so they are visible exactly when
+the checkpoint and its positions are. The topic's reader reads committed
+records only: an aborted span's changes (a crash, a fenced zombie) are never
+read back, and the restore is the last committed checkpoint's table with
+nothing to undo. The undo stays for what exactly-once cannot vouch for (records
+an at-least-once run of the same group wrote before); its repairs then go
+into the task's next transaction (``in_transactions``), never around it.
 """
 
 from __future__ import annotations
@@ -66,18 +76,34 @@ class Changelog:
     """The Kafka store's changelog of pending tables: one compacted topic partitioned like the input.
 
     ``io`` does the Kafka work: ``send(partition, key, value)``, ``flush()``
-    and ``read(partition) -> [(key, value)]`` (from the beginning, to the end).
+    and ``read(partition) -> [(key, value)]`` (from the beginning, to the end),
+    and names its ``topic``. ``in_transactions`` (exactly-once): every write
+    goes into a transaction (:meth:`write`'s ``into``), and the repairs of a
+    restore wait for the next one.
     """
 
-    def __init__(self, io, group_id: str):
-        self.io, self.prefix = io, f"{group_id}/"
+    def __init__(self, io, group_id: str, in_transactions: bool = False):
+        self.io, self.prefix, self.in_transactions = io, f"{group_id}/", in_transactions
+        self.repairs: dict[int, list[tuple[bytes, bytes]]] = {}  # partition → repairs for its next transaction
 
     def _key(self, partition: int, key: str) -> bytes:
         return f"{self.prefix}{partition}/{key}".encode()
 
-    def write(self, partition: int, changes, epoch: int, run: str) -> None:
+    def write(self, partition: int, changes, epoch: int, run: str, into=None) -> None:
+        """``changes`` ((key, row or None)) of ``partition``'s table in ``epoch``; ``into``: a stream with an open
+        transaction (exactly-once), which they join, after the partition's repairs waiting for it."""
+        if into is None:
+            send = self.io.send
+        else:
+            topic = self.io.topic
+
+            def send(p: int, key: bytes, value: bytes) -> None:
+                into.send_to(topic, p, key, value)
+
+            for key, value in self.repairs.pop(partition, ()):
+                send(partition, key, value)
         for key, row in changes:
-            self.io.send(partition, self._key(partition, key), orjson.dumps({"epoch": epoch, "run": run, "row": row}))
+            send(partition, self._key(partition, key), orjson.dumps({"epoch": epoch, "run": run, "row": row}))
 
     def flush(self) -> None:
         self.io.flush()
@@ -112,11 +138,17 @@ class Changelog:
             )
         table.load(valid, seq + 1)
         stale = [name for name, ok in last_valid.items() if not ok]
-        for name in stale:  # the newest record of these keys is not this lineage's: compaction must not keep it
-            row = valid.get(name)
-            self.io.send(partition, self._key(partition, name), orjson.dumps({"epoch": seq, "run": REPAIR, "row": row}))
-        if stale:
+        repairs = [  # the newest record of these keys is not this lineage's: compaction must not keep it
+            (self._key(partition, name), orjson.dumps({"epoch": seq, "run": REPAIR, "row": valid.get(name)}))
+            for name in stale
+        ]
+        if self.in_transactions:  # with the task's next checkpoint (until then a restore finds the same ones)
+            self.repairs[partition] = repairs
+        elif repairs:
+            for key, value in repairs:
+                self.io.send(partition, key, value)
             self.io.flush()
+        if stale:
             log.info(
                 "restored the pending table of partition %d from the changelog: %d points, %d stale changes undone",
                 partition,

@@ -19,37 +19,14 @@ import time
 import pytest
 from perceptron_stream.app import CHANGELOG_TOPIC_CONFIG
 from perceptron_stream.config import ServeSettings, load
-from perceptron_stream.learning import make_learner
-from perceptron_stream.streams import separable
 
 from tests.support.apache_kafka import create_compacting_topic, records_left
 from tests.support.endpoints import http_get, metrics_once
+from tests.support.labels import label_topics, labeled_points, replay_labels, send_labels, send_points
 from tests.support.launch import settings_args, start_service_process
 from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
-
-
-def _points(count: int, seed: int, start: int = 0) -> list[dict]:
-    return [
-        {"id": f"p-{start + i}", "x": e["x"], "_y": e["y"]}
-        for i, (e, _) in enumerate(zip(separable(dimensions=5, noise=0.05, seed=seed), range(count)))
-    ]
-
-
-def _send_points(broker, topic: str, points: list[dict]) -> None:
-    produce(
-        broker.bootstrap_servers,
-        topic,
-        [{"id": p["id"], "x": p["x"]} for p in points],
-        keys=[p["id"].encode() for p in points],
-    )
-
-
-def _send_labels(broker, topic: str, labels: list[tuple[str, int]]) -> None:
-    produce(
-        broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels]
-    )
 
 
 def _send_labels_behind(broker, names: dict, points: list[dict], behind: int, **producer_options) -> None:
@@ -78,62 +55,26 @@ def _label_counts(metrics: str) -> dict:
     }
 
 
-def _topics(broker, topics: dict) -> dict:
-    out = {
-        **topics,
-        "label_topic": topics["input_topic"] + "-labels",
-        "outcome_topic": topics["output_topic"] + "-outcomes",
-    }
-    for name in ("input_topic", "label_topic", "outcome_topic", "output_topic", "dlq_topic"):
-        create_topic(broker.bootstrap_servers, out[name])
-    return out
-
-
-def _replay(points, labels_in_order, then=(), challenger=None):
-    """Offline: predictions of the points, outcomes of the labels (in their order), predictions of ``then``
-    (and a challenger variant scored on the same points and labels)."""
-    learner = make_learner(max_features=50_000)
-    other = make_learner(challenger, max_features=50_000) if challenger else None
-    published, theirs, by_id = {}, {}, {p["id"]: p for p in points + list(then)}
-    for p in points:
-        published[p["id"]] = learner.step(p["x"], None)
-        if other is not None:
-            theirs[p["id"]] = other.step(p["x"], None)[0]
-    outcomes = []
-    for point_id, y in labels_in_order:
-        y_pred, score, _ = published[point_id]
-        learner.relabel(by_id[point_id]["x"], y, y_pred != y)
-        if other is not None:
-            other.relabel(by_id[point_id]["x"], y, theirs[point_id] != y)
-        outcomes.append((point_id, y, y_pred, score, y_pred != y))
-    later = [learner.step(p["x"], None) for p in then]
-    if other is not None:
-        for p in then:
-            other.step(p["x"], None)
-        learner.challenger = other  # type: ignore[union-attr]  # the replay's challenger, carried by its champion
-    return published, outcomes, later, learner
-
-
 def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, service_thread):
-    names = _topics(broker, topics)
+    names = label_topics(broker, topics)
     rng = random.Random(71)
-    first, later = _points(400, seed=71), _points(100, seed=72, start=400)
+    first, later = labeled_points(400, seed=71), labeled_points(100, seed=72, start=400)
     labels = [(p["id"], p["_y"]) for p in first if rng.random() < 0.9]  # a tenth never labeled
     rng.shuffle(labels)
     args = settings_args(broker, names, tmp_path, batch_size=50, challengers="averaged")
     service = service_thread(args)
-    _send_points(broker, names["input_topic"], first)
+    send_points(broker, names["input_topic"], first)
     consume(broker.bootstrap_servers, names["output_topic"], len(first))
-    _send_labels(broker, names["label_topic"], labels)
+    send_labels(broker, names["label_topic"], labels)
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(labels))
-    _send_points(broker, names["input_topic"], later)
+    send_points(broker, names["input_topic"], later)
     predictions = consume(broker.bootstrap_servers, names["output_topic"], len(first) + len(later))
     # the metrics are counted just after the last batch's outputs are acknowledged: read them once counted
     pending = f"perceptron_pending_labels {float(len(first) - len(labels) + len(later))}"
     metrics = metrics_once(service.metrics_url, pending)
     service.stop()
 
-    published, expected, expected_later, learner = _replay(first, labels, later, challenger="averaged")
+    published, expected, expected_later, learner = replay_labels(first, labels, later, challenger="averaged")
     got = {json.loads(m.value)["id"]: json.loads(m.value) for m in predictions}
     assert all(
         (got[i]["y_pred"], got[i]["score"], got[i]["mistake"]) == (y_pred, score, None)
@@ -165,19 +106,19 @@ def test_points_then_labels_in_any_order_then_points(broker, topics, tmp_path, s
 def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lettered(
     broker, topics, tmp_path, service_thread
 ):
-    names = _topics(broker, topics)
-    points = _points(30, seed=73)
+    names = label_topics(broker, topics)
+    points = labeled_points(30, seed=73)
     # a label finding no point waits for it 1 s of the points' stream time (the input read to its end moves it)
     args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=10, label_grace_seconds=1)
     service = service_thread(args)
-    _send_points(broker, names["input_topic"], points)  # the first 10 are evicted: 20 pending at most
+    send_points(broker, names["input_topic"], points)  # the first 10 are evicted: 20 pending at most
     consume(broker.bootstrap_servers, names["output_topic"], len(points))
-    _send_labels(broker, names["label_topic"], [("p-25", 1), ("p-25", -1), ("nobody", 1), ("p-3", 1)])
+    send_labels(broker, names["label_topic"], [("p-25", 1), ("p-25", -1), ("nobody", 1), ("p-3", 1)])
     letters = [json.loads(m.value) for m in consume(broker.bootstrap_servers, names["dlq_topic"], 3)]
     assert sorted(letter["reason"] for letter in letters) == ["duplicate", "unknown_id", "unknown_id"]
     time.sleep(10)  # past the TTL: the 19 still pending expire at the next batch
-    _send_points(broker, names["input_topic"], _points(1, seed=74, start=100))
-    _send_labels(broker, names["label_topic"], [("p-20", 1)])  # expired: unknown now
+    send_points(broker, names["input_topic"], labeled_points(1, seed=74, start=100))
+    send_labels(broker, names["label_topic"], [("p-20", 1)])  # expired: unknown now
     consume(broker.bootstrap_servers, names["dlq_topic"], 4)
 
     wait_until(
@@ -200,9 +141,9 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
     throughout (their segments roll nearly every record): the checkpoints are compacted, and the changelog's
     undo entries, younger than its min.compaction.lag.ms, are still there for the restart to undo with."""
     broker = kafka_broker
-    names = _topics(broker, topics)
+    names = label_topics(broker, topics)
     rng = random.Random(75)
-    points = _points(3000, seed=75)
+    points = labeled_points(3000, seed=75)
     labels = [(p["id"], p["_y"]) for p in points]
     rng.shuffle(labels)
     extra = (
@@ -234,9 +175,9 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
         )
     process = start_service_process(args, tmp_path / "serve-1.log")
     try:
-        _send_points(broker, names["input_topic"], points)
+        send_points(broker, names["input_topic"], points)
         consume(broker.bootstrap_servers, names["output_topic"], len(points))
-        _send_labels(broker, names["label_topic"], labels)
+        send_labels(broker, names["label_topic"], labels)
         wait_until(
             lambda: (
                 "checkpoint" in (tmp_path / "serve-1.log").read_text()
@@ -261,7 +202,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
             process.kill()
             process.wait()
     assert not has_traceback((tmp_path / "serve-2.log").read_text()), tail(tmp_path / "serve-2.log")
-    _, expected, _, learner = _replay(points, labels)
+    _, expected, _, learner = replay_labels(points, labels)
     outcomes = _outcomes(broker, names, records=True)
     first: dict[int, dict] = {}
     for o in outcomes:  # repeats after the crash are identified by label_source
@@ -370,7 +311,7 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
     }
     for name in ("input_topic", "label_topic"):
         create_topic(broker.bootstrap_servers, names[name], partitions=2)
-    points = _points(200, seed=76)
+    points = labeled_points(200, seed=76)
     by_partition = {p: points[p::2] for p in range(2)}
     for p, mine in by_partition.items():  # keyed alike, sent to the same partition number
         produce(
@@ -398,7 +339,7 @@ def test_in_partition_scope_each_replica_joins_its_partitions_labels(broker, top
     settings = load(ServeSettings, args)
     store = LocalStore(settings.state_dir, settings.group_id)
     for p, mine in by_partition.items():
-        _, _, _, learner = _replay(mine, [(e["id"], e["_y"]) for e in mine])
+        _, _, _, learner = replay_labels(mine, [(e["id"], e["_y"]) for e in mine])
         checkpoint = store.load(f"partition-{p}")
         assert checkpoint is not None
         assert checkpoint.model == learner.to_state() and checkpoint.task["labels"]["pending"] == {str(p): 0}
@@ -411,8 +352,8 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     """Both topics written before the service starts (a restart after a pause, a replay), each label
     sent some points after its own: the consumer reads the short labels faster than the points, so many
     labels come before their point and wait for it (as early labels); every one is joined."""
-    names = _topics(broker, topics)
-    points = _points(2000, seed=73)
+    names = label_topics(broker, topics)
+    points = labeled_points(2000, seed=73)
     _send_labels_behind(broker, names, points, 300, acks="all", linger_ms=5)
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
@@ -472,8 +413,8 @@ def _read_all(broker, topic: str) -> list[dict]:
 def test_points_held_in_their_producer_find_their_labels_waiting(broker, topics, tmp_path, service_thread, client):
     """Issue 28: 813 of these 3,000 labels were dead-lettered unknown_id when a label reaching the brokers before
     its point was one whose point was unknown. Now each waits for its point and is joined when it comes."""
-    names = _topics(broker, topics)
-    points = _points(3000, seed=77)
+    names = label_topics(broker, topics)
+    points = labeled_points(3000, seed=77)
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
     wait_until(
         lambda: "perceptron_assigned_partitions 1.0" in http_get(service.metrics_url + "/metrics")[1],
@@ -507,8 +448,8 @@ def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(
     learned and counted once (the last outcome of each label is the one the final model holds)."""
     import threading
 
-    names = _topics(kafka_broker, topics)
-    points = _points(3000, seed=78)
+    names = label_topics(kafka_broker, topics)
+    points = labeled_points(3000, seed=78)
     extra = (
         {
             "state_store": "kafka",

@@ -20,73 +20,19 @@ from __future__ import annotations
 import json
 import re
 import signal
-import threading
 import time
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
-from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.learning import learner_from_state, make_learner
 from perceptron_stream.learning.mixing import mix_states
-from perceptron_stream.state.checkpoint import decode_checkpoint
-from perceptron_stream.state.kafka_store import KafkaStore
-from perceptron_stream.streams import separable
+from perceptron_stream.state.checkpoint import decode_checkpoint, owner_of
 
 from tests.support.launch import settings_args, start_service_process
-from tests.support.service import has_traceback, stop_process, tail
-from tests.support.topics import create_topic, produce
+from tests.support.partitions import PARTITIONS, dealt_events, held_partitions, produce_dealt, replicas
+from tests.support.service import OutputWatcher, has_traceback, source_partition_offset, stop_process, tail
+from tests.support.topics import read_all
 from tests.support.waiting import wait_until
-
-PARTITIONS = 6
-
-
-class Watcher:
-    """Every prediction on the (one-partition) output topic, by input (partition, offset), read in a thread."""
-
-    def __init__(self, bootstrap: str, topic: str):
-        from kafka import KafkaConsumer, TopicPartition
-
-        create_topic(bootstrap, topic)
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-        tp = TopicPartition(topic, 0)
-        self.consumer.assign([tp])
-        self.consumer.seek_to_beginning(tp)
-        self.by_source: dict[tuple[int, int], list[bytes]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for messages in self.consumer.poll(timeout_ms=100).values():
-                for m in messages:
-                    source = json.loads(m.value)["source"]
-                    self.by_source.setdefault((source["partition"], source["offset"]), []).append(m.value)
-
-    def distinct(self) -> int:
-        return len(self.by_source)
-
-    def stop(self) -> dict:
-        self._stop.set()
-        self._thread.join(10)
-        self.consumer.close()
-        return self.by_source
-
-
-def _events(count: int, seed: int) -> list[tuple[int, dict]]:
-    """(partition, event) dealt round-robin over the partitions, each event keyed by its id (in offset order per partition
-    however the list is cut and produced)."""
-    return [
-        (i % PARTITIONS, e)
-        for i, (e, _) in enumerate(zip(separable(dimensions=6, noise=0.05, seed=seed), range(count)))
-    ]
-
-
-def _produce(broker, topic: str, events: list[tuple[int, dict]]) -> None:
-    create_topic(broker.bootstrap_servers, topic, partitions=PARTITIONS)
-    for p in range(PARTITIONS):
-        mine = [e for q, e in events if q == p]
-        produce(broker.bootstrap_servers, topic, mine, keys=[e["id"].encode() for e in mine], partition=p)
 
 
 def _args(broker, topics, tmp_path, store: str = "kafka", **extra) -> list[str]:
@@ -106,20 +52,6 @@ def _args(broker, topics, tmp_path, store: str = "kafka", **extra) -> list[str]:
     )
 
 
-def _replicas(args) -> dict:
-    settings = load(ServeSettings, args)
-    if settings.state_store == "local":
-        from perceptron_stream.state.local import LocalStore
-
-        local = LocalStore(settings.state_dir, settings.group_id)
-        return {p: local.load(f"partition-{p}") for p in range(PARTITIONS)}
-    store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
-    try:
-        return {p: store.load(f"partition-{p}") for p in range(PARTITIONS)}
-    finally:
-        store.close()
-
-
 def _partitions_logged(log: str, what: str) -> set[int]:
     """The partitions of every "assigned ..." or "revoked ..." line of (a part of) a service's log."""
     found = set()
@@ -127,20 +59,6 @@ def _partitions_logged(log: str, what: str) -> set[int]:
         if f" {what} " in line:
             found |= {int(p) for p in re.findall(r"\[(\d+)\]", line.split(f" {what} ", 1)[1])}
     return found
-
-
-def _held(log: str) -> set[int]:
-    r"""The partitions a service held at the end of (a part of) its log: its "assigned" and "revoked" lines in order.
-
-    >>> _held("a assigned in[0], in[1]\nb revoked in[1]\nc assigned in[2]")
-    {0, 2}
-    """
-    held: set[int] = set()
-    for line in log.splitlines():
-        for what, change in ((" assigned ", held.update), (" revoked ", held.difference_update)):
-            if what in line:
-                change({int(p) for p in re.findall(r"\[(\d+)\]", line.split(what, 1)[1])})
-    return held
 
 
 def _start(args, tmp_path, name: str):
@@ -166,9 +84,9 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
     protocol = "consumer" if client == "confluent-kip-848" else "classic"
     client = client.removesuffix("-kip-848")
     count = 6000
-    events = _events(count, seed=61)
+    events = dealt_events(count, seed=61)
     first, second = events[: count // 2], events[count // 2 :]
-    _produce(broker, topics["input_topic"], first)
+    produce_dealt(broker.bootstrap_servers, topics["input_topic"], first)
     args = _args(
         broker,
         topics,
@@ -179,14 +97,14 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
         kafka_client=client,
         group_protocol=protocol,
     )
-    watcher = Watcher(broker.bootstrap_servers, topics["output_topic"])
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"], by=source_partition_offset).start()
     processes = {}
     try:
         processes["a"] = _start(args, tmp_path, "a")
         processes["b"] = _start(args, tmp_path, "b")
         wait_until(lambda: watcher.distinct() >= count // 4, 90, what="a quarter predicted")
         # b holds partitions before a dies and c comes (a, started first, may have predicted a quarter alone)
-        wait_until(lambda: _held((tmp_path / "serve-b.log").read_text()), 60, what="b's partitions")
+        wait_until(lambda: held_partitions((tmp_path / "serve-b.log").read_text()), 60, what="b's partitions")
         processes["a"].send_signal(signal.SIGKILL)  # its partitions idle until its session times out, then move
         processes["a"].wait()
         b_log_before_c = len((tmp_path / "serve-b.log").read_text())
@@ -196,7 +114,7 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
             60,
             what="the newcomer's assignment",
         )
-        _produce(broker, topics["input_topic"], second)  # the second half reaches b and c
+        produce_dealt(broker.bootstrap_servers, topics["input_topic"], second)  # the second half reaches b and c
         wait_until(lambda: watcher.distinct() >= count, 120, what="every (partition, offset) predicted")
         for name in ("b", "c"):
             assert stop_process(processes[name], tmp_path / f"serve-{name}.log") == 0, tail(
@@ -221,9 +139,9 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
         first = b_log.find(" revoked ", b_log_before_c)
         assert first >= 0, tail(tmp_path / "serve-b.log")
         line_start, line_end = b_log.rfind("\n", 0, first) + 1, b_log.find("\n", first)
-        held, gave = _held(b_log[:line_start]), _partitions_logged(b_log[line_start:line_end], "revoked")
+        held, gave = held_partitions(b_log[:line_start]), _partitions_logged(b_log[line_start:line_end], "revoked")
         assert gave and gave < held, (held, gave, tail(tmp_path / "serve-b.log"))
-    replicas = _replicas(args)
+    checkpoints = replicas(args)
     repeats = 0
     for p in range(PARTITIONS):
         mine = [e for q, e in events if q == p]
@@ -246,19 +164,19 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
                 "seen": learner.seen,
                 "mistakes": learner.mistakes,
             }
-        assert replicas[p].positions == {(topics["input_topic"], p): len(mine)}
-        assert replicas[p].model == learner.to_state(), f"partition {p}: not the offline replay of its events"
-        assert replicas[p].task["challengers"] == {"averaged": challenger.to_state()}  # moved with its partition too
+        assert checkpoints[p].positions == {(topics["input_topic"], p): len(mine)}
+        assert checkpoints[p].model == learner.to_state(), f"partition {p}: not the offline replay of its events"
+        assert checkpoints[p].task["challengers"] == {"averaged": challenger.to_state()}  # moved with its partition too
     print(f"repeated predictions after the kill: {repeats}")
 
 
 def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka_broker, topics, tmp_path):
     broker = kafka_broker
     count = 3000
-    events = _events(count, seed=62)
-    _produce(broker, topics["input_topic"], events)
+    events = dealt_events(count, seed=62)
+    produce_dealt(broker.bootstrap_servers, topics["input_topic"], events)
     args = _args(broker, topics, tmp_path, mix_every=100)
-    watcher = Watcher(broker.bootstrap_servers, topics["output_topic"])
+    watcher = OutputWatcher(broker.bootstrap_servers, topics["output_topic"], by=source_partition_offset).start()
     processes = {}
     try:
         processes["a"] = _start(args, tmp_path, "a")
@@ -276,23 +194,23 @@ def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka
         watcher.stop()
 
     settings = load(ServeSettings, args)
-    records = _read_all(settings, settings.mix_topic)
-    replicas = _replicas(args)
+    records = [decode_checkpoint(m.value) for m in read_all(settings.bootstrap_servers, settings.mix_topic)]
+    checkpoints = replicas(args)
     mixed_partitions = 0
     for p in range(PARTITIONS):
-        final = replicas[p]
+        final = checkpoints[p]
         mixes = final.task["mixer"]["mixes"]
         assert mixes >= 1, f"partition {p} never mixed"
-        [last] = [r for r in records if r.owner.task == f"partition-{p}" and r.seq == mixes][-1:]
+        [last] = [r for r in records if owner_of(r).task == f"partition-{p}" and r.seq == mixes][-1:]
         own = last.model
         states, mu = [], []
         for q, seq, m in last.task["mix"]["inputs"]:
             source = (
                 last
                 if q == p
-                else [r for r in records[: records.index(last)] if r.owner.task == f"partition-{q}" and r.seq == seq][
-                    -1
-                ]
+                else [
+                    r for r in records[: records.index(last)] if owner_of(r).task == f"partition-{q}" and r.seq == seq
+                ][-1]
             )
             states.append(source.model)
             mu.append(m)
@@ -306,22 +224,3 @@ def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka
         assert final.positions == {(topics["input_topic"], p): len(mine)}
         assert final.model == learner.to_state(), f"partition {p}: not the mix it logged, then its own events"
     assert mixed_partitions > 0, "no mix used another partition's state"
-
-
-def _read_all(settings, topic: str) -> list:
-    """Every record of ``topic`` as checkpoint documents, in order."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, group_id=None)
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        out, quiet = [], 0
-        while quiet < 3:
-            batch = consumer.poll(timeout_ms=300)
-            quiet = 0 if batch else quiet + 1
-            out += [decode_checkpoint(m.value) for messages in batch.values() for m in messages]
-        return out
-    finally:
-        consumer.close()

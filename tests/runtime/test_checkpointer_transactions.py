@@ -10,7 +10,7 @@ import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import Aborted, Fenced, Refused
 from perceptron_stream.metrics import ServiceMetrics
-from perceptron_stream.runtime.checkpointer import Checkpointer
+from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV, Checkpointer
 from perceptron_stream.runtime.factory import TaskFactory
 from perceptron_stream.runtime.health import Health
 from perceptron_stream.runtime.retry import Retry, StartupError
@@ -40,17 +40,11 @@ def test_exactly_once_without_the_kafka_store_is_refused_naming_both_settings(st
     assert f"(it is {store})" in str(refused.value)
 
 
-def test_exactly_once_with_delayed_labels_is_refused_naming_the_settings():
-    with pytest.raises(StartupError) as refused:
-        refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--label-topic", "labels"))
-    assert "--processing-guarantee exactly-once does not take --label-topic" in str(refused.value)
-
-
-def test_exactly_once_with_mixing_is_refused_naming_the_settings():
-    with pytest.raises(StartupError) as refused:
-        refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--model-scope", "partition", "--mix-every", "1000"))
-    assert "--processing-guarantee exactly-once does not take --mix-every yet (it is 1000)" in str(refused.value)
-    refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--model-scope", "partition", "--mix-every", "0"))
+def test_exactly_once_takes_delayed_labels_and_mixing():
+    refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--label-topic", "labels"))
+    refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--model-scope", "partition", "--mix-every", "1000"))
+    with pytest.raises(StartupError):  # still the Kafka store, whatever else is asked
+        refuse_exactly_once_without(_settings("--processing-guarantee", "exactly-once", "--label-topic", "labels"))
 
 
 def test_at_least_once_and_exactly_once_with_the_kafka_store_start():
@@ -103,6 +97,13 @@ class TransactionalStream:
 
     def send(self, topic, key, value):
         self.sent.append((topic, key, value))
+
+    def send_to(self, topic, partition, key, value):
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout_s):
+        self.flushes = getattr(self, "flushes", 0) + 1
+        return []
 
     def commit_transaction(self, positions, timeout_s):
         if self.fails is not None:
@@ -173,6 +174,18 @@ def test_a_failed_transaction_stops_the_service_counted_as_aborted_and_nothing_i
     assert _transactions(metrics, "aborted") == 1
 
 
+def test_the_test_only_fault_injection_aborts_the_nth_transaction_once_all_of_it_was_flushed(monkeypatch):
+    monkeypatch.setenv(ABORT_TRANSACTION_ENV, "2")
+    checkpointer, _, task, metrics = _checkpointer("--commit-interval-ms", "1")
+    stream = TransactionalStream()
+    checkpointer.transact([task], stream)  # the first commits
+    task.unsaved = 1
+    with pytest.raises(StartupError, match="aborted by the test's PERCEPTRON_TEST_ABORT_TRANSACTION"):
+        checkpointer.transact([task], stream)
+    assert (len(stream.commits), stream.flushes, stream.aborts) == (1, 1, 1) and len(stream.sent) == 2
+    assert task.seq == 1 and _transactions(metrics, "aborted") == 1
+
+
 def test_a_checkpoint_record_refused_for_good_stops_the_service():
     checkpointer, _, task, _ = _checkpointer()
     with pytest.raises(StartupError, match=re.escape("refused a checkpoint record on perceptron-stream.checkpoints")):
@@ -184,6 +197,44 @@ def test_a_stop_inside_a_batch_aborts_the_open_transaction():
     stream = TransactionalStream()
     checkpointer.final([task], stream, batch_open=True)
     assert stream.aborts == 1 and stream.commits == [] and _transactions(metrics, "aborted") == 1
+
+
+class Changelog:
+    """The pending changelog's topic (a PartitionedLog) behind a task's joiner: it is only read under exactly-once."""
+
+    topic = "perceptron-stream.pending"
+
+    def read(self, partition):
+        return []
+
+    def send(self, partition, key, value):
+        raise AssertionError("a changelog record written outside the transaction")
+
+    def flush(self):
+        raise AssertionError("the changelog's own producer flushed under exactly-once")
+
+
+def test_with_delayed_labels_the_spans_changelog_records_go_into_its_transaction_before_its_checkpoint():
+    s = _settings(*EXACTLY_ONCE, "--label-topic", "labels")
+    health = Health(60.0)
+    metrics = ServiceMetrics(window=10, version="test", variant=s.variant, scope=s.model_scope, challengers=[])
+    store = KafkaStore(Topic(), s.group_id)
+    factory = TaskFactory(s, Owner(s.group_id, s.input_topic, GROUP_TASK), store=store, changelog=Changelog())
+    task = factory.new_task(None)
+    try:
+        task.joiner.table(0).add("c-1", {"x": [1.0]}, now=1.0)  # a point kept for its label
+        task.positions[(s.input_topic, 0)] = 1
+        task.unsaved = 1
+        stream = TransactionalStream()
+        Checkpointer(s, store, metrics, health, Retry(health, lambda: False)).transact([task], stream)
+        assert [(topic, key) for topic, key, _ in stream.sent] == [
+            ("perceptron-stream.pending", b"perceptron-stream/0/s:c-1"),
+            ("perceptron-stream.checkpoints", store.slot_keys(GROUP_TASK)[1]),
+        ]
+        assert stream.commits == [{("points", 0): 1}] and task.seq == 1
+    finally:
+        task.joiner.close()
+        factory.close()
 
 
 # the Kafka store ------------------------------------------------------------------------------------------------

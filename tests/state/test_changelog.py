@@ -9,6 +9,8 @@ from perceptron_stream.state.pending import PendingTable
 class MemoryLog:
     """What Changelog uses of PartitionedLog, in memory."""
 
+    topic = "pending"
+
     def __init__(self):
         self.records: dict[int, list] = {}
         self.flushes = 0
@@ -48,3 +50,37 @@ def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_la
     again = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
     changelog.restore(0, again, 5, [[1, "run-1"], [2, "run-2"]])  # even read as of a later checkpoint of run-2
     assert again.pending_count() == 2 and again.take("c", now=6.0) is None and log.flushes >= 1
+
+
+class Transaction:
+    """A stream's open transaction, as Changelog.write(into=...) uses it: what was sent to which partition."""
+
+    def __init__(self):
+        self.sent: list = []
+
+    def send_to(self, topic, partition, key, value):
+        self.sent.append((topic, partition, key, value))
+
+
+def test_in_transactions_the_epochs_changes_and_a_restores_repairs_go_into_the_next_transaction_only():
+    log = MemoryLog()
+    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
+    table.add("a", {"v": 1}, now=1.0)
+    Changelog(log, "g").write(0, table.changed(), 1, "run-1")  # at-least-once: run-1's checkpoint 1...
+    table.checkpoint(1)
+    table.add("b", {"v": 2}, now=2.0)
+    Changelog(log, "g").write(0, table.changed(), 2, "run-1")  # ...and its change after it, then it died
+    written = len(log.records[0])
+
+    changelog = Changelog(log, "g", in_transactions=True)  # an exactly-once run restores checkpoint 1
+    restored = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
+    changelog.restore(0, restored, 1, [[1, "run-1"], [2, "run-2"]])
+    assert restored.pending_count() == 1 and len(log.records[0]) == written  # nothing written around a transaction
+    restored.add("c", {"v": 3}, now=3.0)
+    into = Transaction()
+    changelog.write(0, restored.changed(), 2, "run-2", into=into)
+    assert [(t, p, k) for t, p, k, _ in into.sent] == [("pending", 0, b"g/0/s:b"), ("pending", 0, b"g/0/s:c")]
+    assert into.sent[0][3] == b'{"epoch":1,"run":"repair","row":null}'  # the repair first, then the epoch's change
+    assert len(log.records[0]) == written and log.flushes == 0  # nothing by the changelog's own producer
+    changelog.write(0, [], 3, "run-2", into=(later := Transaction()))
+    assert later.sent == []  # a repair goes once

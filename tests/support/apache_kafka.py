@@ -198,6 +198,9 @@ class ApacheKafka:
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
+            # the coordinator looks for transactions past their timeout every second (10 s by default): a killed
+            # instance's open transaction holds read_committed readers TRANSACTION_TIMEOUT_MS and about a second more
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",

@@ -1,5 +1,6 @@
-"""The delayed-label path in pure code, as its tests drive it: a group task with a joiner on in-memory pending
-tables, point and label records of partition 0, and a ``send`` that keeps what was sent."""
+"""The delayed-label path as its tests drive it: in pure code, a group task with a joiner on in-memory pending
+tables, point and label records of partition 0, and a ``send`` that keeps what was sent; against a broker, points
+and their labels sent to topics of a test's own, and the offline replay a run must equal."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from perceptron_stream.pipeline.labels import Joiner
 from perceptron_stream.pipeline.task import Task
 from perceptron_stream.state.checkpoint import Owner
 from perceptron_stream.state.pending import PendingTable
+from perceptron_stream.streams import separable
 from perceptron_stream.wire.inputs import Decoder
+
+from tests.support.topics import create_topic, produce
 
 #: The grace period of :func:`make_joiner` (seconds).
 GRACE = 300.0
@@ -64,3 +68,63 @@ class Sent(list):
 
     def on(self, topic: str) -> list:
         return [value for t, _, value in self if t == topic]
+
+
+def labeled_points(count: int, seed: int, start: int = 0) -> list[dict]:
+    """Points ``p-<n>`` (d = 5) with their label aside in ``_y``: sent without it, labeled later."""
+    return [
+        {"id": f"p-{start + i}", "x": e["x"], "_y": e["y"]}
+        for i, (e, _) in enumerate(zip(separable(dimensions=5, noise=0.05, seed=seed), range(count)))
+    ]
+
+
+def send_points(broker, topic: str, points: list[dict]) -> None:
+    produce(
+        broker.bootstrap_servers,
+        topic,
+        [{"id": p["id"], "x": p["x"]} for p in points],
+        keys=[p["id"].encode() for p in points],
+    )
+
+
+def send_labels(broker, topic: str, labels: list[tuple[str, int]]) -> None:
+    produce(
+        broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels]
+    )
+
+
+def label_topics(broker, topics: dict) -> dict:
+    """``topics`` with a label and an outcome topic of their own; every topic created with one partition."""
+    out = {
+        **topics,
+        "label_topic": topics["input_topic"] + "-labels",
+        "outcome_topic": topics["output_topic"] + "-outcomes",
+    }
+    for name in ("input_topic", "label_topic", "outcome_topic", "output_topic", "dlq_topic"):
+        create_topic(broker.bootstrap_servers, out[name])
+    return out
+
+
+def replay_labels(points, labels_in_order, then=(), challenger=None):
+    """Offline: predictions of the points, outcomes of the labels (in their order), predictions of ``then``
+    (and a challenger variant scored on the same points and labels)."""
+    learner = make_learner(max_features=50_000)
+    other = make_learner(challenger, max_features=50_000) if challenger else None
+    published, theirs, by_id = {}, {}, {p["id"]: p for p in points + list(then)}
+    for p in points:
+        published[p["id"]] = learner.step(p["x"], None)
+        if other is not None:
+            theirs[p["id"]] = other.step(p["x"], None)[0]
+    outcomes = []
+    for point_id, y in labels_in_order:
+        y_pred, score, _ = published[point_id]
+        learner.relabel(by_id[point_id]["x"], y, y_pred != y)
+        if other is not None:
+            other.relabel(by_id[point_id]["x"], y, theirs[point_id] != y)
+        outcomes.append((point_id, y, y_pred, score, y_pred != y))
+    later = [learner.step(p["x"], None) for p in then]
+    if other is not None:
+        for p in then:
+            other.step(p["x"], None)
+        learner.challenger = other  # type: ignore[union-attr]  # the replay's challenger, carried by its champion
+    return published, outcomes, later, learner

@@ -5,6 +5,7 @@ What a run then did (its outputs, checkpoint, log) is :mod:`tests.support.servic
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -35,11 +36,13 @@ def settings_args(broker, topics: dict, tmp_path: Path, **extra) -> list[str]:
     return out
 
 
-def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> subprocess.Popen:
+def start_service_process(
+    args: list[str], log_path: Path, preexec_fn=None, env: dict | None = None
+) -> subprocess.Popen:
     """`perceptron-stream serve` as a real child process (signals, crashes).
 
     ``preexec_fn`` runs in the child before the service starts (e.g. to lower
-    its open-files limit)."""
+    its open-files limit); ``env``: variables added to the test's environment."""
     with open(log_path, "ab") as log:  # the child writes to its own copy of the descriptor
         return subprocess.Popen(
             [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
@@ -47,6 +50,7 @@ def start_service_process(args: list[str], log_path: Path, preexec_fn=None) -> s
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             preexec_fn=preexec_fn,
+            env=None if env is None else {**os.environ, **env},
         )
 
 

@@ -55,11 +55,27 @@ def offline(events: list[dict], variant: str = "plain") -> tuple[list[dict], dic
     return expected, learner.to_state()
 
 
+def source_offset(doc: dict) -> int:
+    """An output's input offset: what :class:`OutputWatcher` files it under by default (a one-partition input)."""
+    return doc["source"]["offset"]
+
+
+def source_partition_offset(doc: dict) -> tuple[int, int]:
+    """An output's input (partition, offset): for an input topic of several partitions."""
+    return doc["source"]["partition"], doc["source"]["offset"]
+
+
+def label_offset(doc: dict) -> int:
+    """An outcome's label offset (``label_source``): each label's outcome, however often it was published."""
+    return doc["label_source"]["offset"]
+
+
 class OutputWatcher:
     """Reads a one-partition output topic from its start, in a thread, while the test runs (``read_committed``:
-    only what committed transactions wrote, as a consumer of exactly-once outputs reads)."""
+    only what committed transactions wrote, as a consumer of exactly-once outputs reads). Each output is filed under
+    ``by`` of its JSON (its input offset by default)."""
 
-    def __init__(self, bootstrap: str, topic: str, read_committed: bool = False):
+    def __init__(self, bootstrap: str, topic: str, read_committed: bool = False, by=source_offset):
         from kafka import KafkaConsumer, TopicPartition
 
         create_topic(bootstrap, topic)  # one partition, before the service would create it
@@ -73,8 +89,9 @@ class OutputWatcher:
         tp = TopicPartition(topic, 0)
         self.consumer.assign([tp])
         self.consumer.seek_to_beginning(tp)
-        self.by_source: dict[int, list[bytes]] = {}  # input offset -> every output value for it
-        self.keys: dict[int, list[bytes | None]] = {}  # input offset -> the Kafka key of each of those outputs
+        self.by = by
+        self.by_source: dict = {}  # input offset (``by``) -> every output value for it
+        self.keys: dict = {}  # input offset (``by``) -> the Kafka key of each of those outputs
         self.records = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -94,7 +111,7 @@ class OutputWatcher:
             with self._lock:
                 for messages in batches.values():
                     for m in messages:
-                        offset = json.loads(m.value)["source"]["offset"]
+                        offset = self.by(json.loads(m.value))
                         self.by_source.setdefault(offset, []).append(m.value)
                         self.keys.setdefault(offset, []).append(m.key)
                         self.records += 1
@@ -115,7 +132,7 @@ class OutputWatcher:
         with self._lock:
             return len(self.by_source)
 
-    def stop(self) -> dict[int, list[bytes]]:
+    def stop(self) -> dict:
         self._stop.set()
         self._thread.join(30)
         self.consumer.close()

@@ -63,3 +63,29 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0):
         return out
     finally:
         consumer.close()
+
+
+def read_all(bootstrap: str, topic: str, read_committed: bool = False, quiet_polls: int = 3) -> list:
+    """Every record of every partition of ``topic``, from its start until ``quiet_polls`` polls in a row bring
+    nothing (``read_committed``: only what committed transactions wrote, up to the last stable offset)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+    )
+    try:
+        wait_until(lambda: consumer.partitions_for_topic(topic), 60, what=f"topic {topic}")
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out, quiet = [], 0
+        while quiet < quiet_polls:
+            batch = consumer.poll(timeout_ms=300)
+            quiet = 0 if batch else quiet + 1
+            out += [m for tp in tps for m in batch.get(tp, [])]
+        return out
+    finally:
+        consumer.close()

@@ -321,17 +321,19 @@ class Joiner:
                 table.evicted = 0
 
     # checkpoints ----------------------------------------------------------
-    def before_save(self, seq: int) -> None:
+    def before_save(self, seq: int, into=None) -> None:
         """Before checkpoint ``seq`` is saved: every table's changes written and committed (the points the open
         epoch keeps in memory too: a crash after the save must find them on disk); with the Kafka store, the
-        epoch's changes to the changelog, acknowledged."""
+        epoch's changes to the changelog, acknowledged, or (``into``: exactly-once) sent into the open transaction
+        that commits the checkpoint."""
         for table in self.tables.values():
             table.flush()
             table.commit()
         if self.changelog is not None:
             for partition, table in sorted(self.tables.items()):
-                self.changelog.write(partition, table.changed(), seq, self.run)
-            self.changelog.flush()
+                self.changelog.write(partition, table.changed(), seq, self.run, into=into)
+            if into is None:
+                self.changelog.flush()
 
     def to_state(self) -> dict:
         return {
