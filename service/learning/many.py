@@ -85,11 +85,13 @@ class Steps:
     (True/False, None for an unlabeled event); ``updates``, ``seen`` and ``mistakes`` int64 arrays.
     """
 
-    __slots__ = ("mistake", "mistakes", "score", "seen", "updates", "y_pred")
+    __slots__ = ("joined", "learned", "mistake", "mistakes", "score", "seen", "updates", "y_pred")
 
     def __init__(self, y_pred, score, mistake, updates, seen, mistakes):
         self.y_pred, self.score, self.mistake = y_pred, score, mistake
         self.updates, self.seen, self.mistakes = updates, seen, mistakes
+        self.joined: list[tuple[int, int, int]] = []  # with joins: the counters (updates, seen, mistakes) after each
+        self.learned: list[bool] | None = None  # with joins: the mistakes counted, labeled events' and joins', in order
 
     def __len__(self) -> int:
         return len(self.mistake)
@@ -99,7 +101,9 @@ class Steps:
         return (int(self.y_pred[i]), float(self.score[i]), self.mistake[i])
 
     def flags(self) -> list[bool]:
-        """The mistakes of the labeled events, in order."""
+        """The mistakes of the labeled events, in order (with joins: theirs and the joined decisions', in order)."""
+        if self.learned is not None:
+            return self.learned
         return [m for m in self.mistake if m is not None]
 
     @classmethod
@@ -121,15 +125,80 @@ def signed_labels(ys: list) -> bool:
     return not set(map(type, ys)) - {int, _NoneType} and ys.count(1) + ys.count(-1) + ys.count(None) == len(ys)
 
 
-def step_each(learner, xs: list, ys: list) -> Steps:
-    """``learner.step`` one event at a time (the reference), as :class:`Steps`: any learner with ``step``."""
+def step_each(learner, xs: list, ys: list, joins: list | None = None) -> Steps:
+    """``learner.step`` one event at a time (the reference), as :class:`Steps`: any learner with ``step``.
+
+    ``joins``: (index, y) of events whose label came before them (unlabeled, each once): right after the event's
+    step, ``learner.relabel(x, y, its prediction's mistake)``, as a point's join with its early label learns."""
     step, results, updates, mistakes = learner.step, [], [], []
     seen = learner.seen
-    for x, y in zip(xs, ys):
+    if not joins:
+        for x, y in zip(xs, ys):
+            results.append(step(x, y))
+            updates.append(learner.updates)
+            mistakes.append(learner.mistakes)
+        return Steps.of(results, updates, seen, mistakes)
+    label_of, joined, learned = dict(joins), [], []
+    for i, (x, y) in enumerate(zip(xs, ys)):
         results.append(step(x, y))
         updates.append(learner.updates)
         mistakes.append(learner.mistakes)
-    return Steps.of(results, updates, seen, mistakes)
+        if results[-1][2] is not None:
+            learned.append(results[-1][2])
+        if i in label_of:
+            wrong = results[-1][0] != label_of[i]
+            learner.relabel(x, label_of[i], wrong)
+            joined.append((learner.updates, learner.seen, learner.mistakes))
+            learned.append(wrong)
+    steps = Steps.of(results, updates, seen, mistakes)
+    steps.joined, steps.learned = joined, learned
+    return steps
+
+
+def _interleave(xs: list, ys: list, joins: list) -> tuple[list, list, np.ndarray, np.ndarray]:
+    """The events with each join's relabel right after its event: rows, labels, and where the events and the joins
+    are among them."""
+    rows: list = []
+    labels: list = []
+    events_at: list[int] = []
+    joins_at: list[int] = []
+    label_of = dict(joins)
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        events_at.append(len(rows))
+        rows.append(x)
+        labels.append(y)
+        if i in label_of:
+            joins_at.append(len(rows))
+            rows.append(x)
+            labels.append(label_of[i])
+    return rows, labels, np.array(events_at), np.array(joins_at)
+
+
+def as_joins(steps: Steps, events_at: np.ndarray, joins_at: np.ndarray, labels: np.ndarray, seen: int, mistakes: int):
+    """``steps`` of events interleaved with relabels (:func:`_interleave`) counted as ``relabel`` counts: a relabel
+    is no event seen, and counts its decision's mistake (its event's prediction against the label), not its own.
+    The events' :class:`Steps`, with the joins' counters (``joined``) and the mistakes counted in order
+    (``learned``); the model's seen and mistakes after them all."""
+    n_all = len(steps)
+    own = np.diff(steps.mistakes, prepend=mistakes)  # each row's own mistake, 0 or 1
+    wrong = steps.y_pred[joins_at - 1] != labels  # the joined decision's (its event's row is just before it)
+    own[joins_at] = wrong
+    counted = mistakes + np.cumsum(own)
+    is_event = np.zeros(n_all, dtype=bool)
+    is_event[events_at] = True
+    seen_at = seen + np.cumsum(is_event)
+    learned_rows = np.sort(np.concatenate([events_at[[steps.mistake[i] is not None for i in events_at]], joins_at]))
+    out = Steps(
+        steps.y_pred[events_at],
+        steps.score[events_at],
+        [steps.mistake[i] for i in events_at.tolist()],
+        steps.updates[events_at],
+        seen_at[events_at],
+        counted[events_at],
+    )
+    out.joined = list(zip(steps.updates[joins_at].tolist(), seen_at[joins_at].tolist(), counted[joins_at].tolist()))
+    out.learned = (own[learned_rows] != 0).tolist()
+    return out, int(seen_at[-1]), int(counted[-1])
 
 
 def relabel_many(learner, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
@@ -208,11 +277,26 @@ class ManySteps:
             return None
         return kind
 
-    def step_many(self, xs: list, ys: list, checked: bool = False) -> Steps:
+    def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None) -> Steps:
         """``[step(x, y) for x, y in zip(xs, ys)]`` and the model after it, bit for bit, as :class:`Steps`.
 
         ``checked``: the caller made sure the rows are all lists of one length or all dicts, and the labels -1, +1
-        or None (a task checks once for its champion and challengers: :meth:`can_step_many`)."""
+        or None (a task checks once for its champion and challengers: :meth:`can_step_many`). ``joins``: (index,
+        y) of unlabeled events whose label came first: each relabeled right after its step (see
+        :func:`step_each`), in the same pass (a relabel's learning is a step's)."""
+        if joins:
+            rows, labels, events_at, joins_at = _interleave(xs, ys, joins)
+            seen, mistakes, unlabeled = self.seen, self.mistakes, self._unlabeled
+            steps, self.seen, self.mistakes = as_joins(
+                self.step_many(rows, labels, checked),
+                events_at,
+                joins_at,
+                np.array([y for _, y in joins]),
+                seen,
+                mistakes,
+            )
+            self._unlabeled = unlabeled + ys.count(None) - len(joins)  # each join's event was counted unlabeled first
+            return steps
         if not checked:
             kind = self._kind(xs, ys, names=False)
         elif type(xs[0]) is dict:

@@ -85,21 +85,23 @@ class ScaledPerceptron(base.Classifier):
         counts = self.scaler.counts
         return signed_labels(ys) and all(all(map(counts.__contains__, _names(x))) for x in xs)
 
-    def step_many(self, xs: list, ys: list, checked: bool = False) -> Steps:
-        """:meth:`step` of each event, as :class:`~perceptron_stream.learning.many.Steps`. The scaler stays per event:
-        each feature's running mean and variance after an event depend on those before it through rounded
-        operations (a recurrence along the stream, which no reordering reproduces); it does not depend on the
-        labels or the weights, so it scales the whole batch first, and the perceptron steps the scaled rows at
-        once. A batch with a feature the scaler lacks goes one event at a time (the perceptron may admit it)."""
+    def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None) -> Steps:
+        """:meth:`step` of each event, as :class:`~perceptron_stream.learning.many.Steps` (``joins``: each of those
+        events relabeled right after it, as ``step_each`` says). The scaler stays per event: each feature's
+        running mean and variance after an event depend on those before it through rounded operations (a
+        recurrence along the stream, which no reordering reproduces); it does not depend on the labels or the
+        weights, so it scales the whole batch first, and the perceptron steps the scaled rows at once (a join's
+        relabel scales its event's row again with the scaler as it is then: the same row). A batch with a
+        feature the scaler lacks goes one event at a time (the perceptron may admit it)."""
         if not self.can_step_many(xs, ys):
-            return step_each(self, xs, ys)
+            return step_each(self, xs, ys, joins)
         learn, transform = self.scaler.learn_one, self.scaler.transform_one
         scaled = []
         for x in xs:
             x = _as_dict(x)
             learn(x)
             scaled.append(transform(x))
-        return self.perceptron.step_many(scaled, ys, checked=True)  # dicts, labels checked by can_step_many
+        return self.perceptron.step_many(scaled, ys, True, joins)  # dicts, labels checked by can_step_many
 
     def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
         """:meth:`relabel` of each: with every feature held by the scaler (it learns nothing then), the perceptron's

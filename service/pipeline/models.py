@@ -70,8 +70,8 @@ class Frozen:
         the operator's exception, not the hot path)."""
         return self.model.can_step_many(xs, ys)
 
-    def step_many(self, xs: list, ys: list, checked: bool = False):
-        return step_each(self, xs, ys)
+    def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None):
+        return step_each(self, xs, ys, joins)
 
     def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
         return relabel_each(self, xs, ys, mistakes)  # (not the model's: it would learn)
@@ -127,9 +127,9 @@ class ModelSet:
     def step(self, x, y) -> dict[str, tuple]:
         return {name: c.step(x, y) for name, c in self.challengers.items()}
 
-    def step_many(self, xs: list, ys: list, checked: bool = False) -> dict:
+    def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None) -> dict:
         """Each challenger's ``step_many`` over the champion's events (each is exact: the same as :meth:`step`)."""
-        return {name: c.step_many(xs, ys, checked) for name, c in self.challengers.items()}
+        return {name: c.step_many(xs, ys, checked, joins) for name, c in self.challengers.items()}
 
     def to_state(self) -> dict:
         return {name: c.to_state() for name, c in self.challengers.items()}

@@ -312,103 +312,117 @@ class Task:
 
         It applies to one partition's batch whose ids a prediction can carry, when the champion steps its events
         without registering a feature (``can_step_many``: then none is unknown to it either, so the per-event
-        look at that has nothing to say). The events go in spans: a span ends where the model changes by other
-        means than its own steps, after the event that makes a mix due and after a point whose label waited
-        (its join learns); a batch of many short spans goes one event at a time. Per span: the champion's and
-        the challengers' ``step_many``, the predictions built at once, and the outputs sent in record order
-        with the dead letters among them, as :meth:`_each` sends them.
+        look at that has nothing to say). Per span of events: the champion's and the challengers' ``step_many``
+        (the joins of points whose label came first learned in the same pass, each right after its point, as
+        ``join_early`` learns it), the predictions built at once, and the outputs sent in record order with
+        the dead letters and the joins' outcomes among them, as :meth:`_each` sends them. The span is the batch;
+        with mixing, a span ends where a mix is due and after each join (a mix may follow any learning event),
+        and a batch of many short spans goes one event at a time.
         """
         if int in set(map(type, decoded.ids)):
             decoded = _publishable(decoded, len(records))
-        ids, xs, ys, at, rejected = decoded
+        ids, xs, ys, _, rejected = decoded
         if not xs or len(set(map(_PARTITION, records))) != 1 or len(set(map(_TOPIC, records))) != 1:
             return False
         if not run.learner.can_step_many(xs, ys):
             return False
         first = records[0]
         topic, partition = first.topic, first.partition
-        cuts = [] if self.joiner is None else self.joiner.labels_waiting(partition, ids, ys)
-        if len(cuts) * SPAN_EVENTS > len(xs):
+        mixer = self.mixer
+        cuts = [] if self.joiner is None else self.joiner.labels_waiting(partition, ids, ys)  # (event, label's y)
+        if mixer is not None and len(cuts) * SPAN_EVENTS > len(xs):
             return False
-        out_topic = self.outputs["output_topic"]
-        keys, offsets = list(map(_KEY, records)), list(map(_OFFSET, records))
-        event_at = range(len(xs)) if at is None else at
-        positions, mixer, joiner, models, replica = self.positions, self.mixer, self.joiner, self.models, run.replica
         letters = _Letters(records, rejected, self.outputs, send, tally)
         start, n = 0, len(xs)
         while start < n:
-            end = cuts[0] + 1 if cuts else n
-            learning = [] if mixer is None else [i for i in range(start, end) if ys[i] is not None]
-            if cuts:
-                learning.append(cuts[0])  # the point whose label waited: its join learns
-            if mixer is not None and len(learning) >= max(1, mixer.every - mixer.since):
-                end = learning[max(1, mixer.every - mixer.since) - 1] + 1  # ends with the event that makes it due
-            if cuts and cuts[0] < end:
-                cuts.pop(0)
-            learner = run.learner
-            span_xs, span_ys, span_ids, span_at = xs[start:end], ys[start:end], ids[start:end], event_at[start:end]
-            steps = learner.step_many(span_xs, span_ys, checked=True)  # (can_step_many checked the rows' kinds)
-            others = None if models is None else models.step_many(span_xs, span_ys, checked=True)
-            labeled = len(span_ys) - span_ys.count(None)
-            tally.labeled += labeled
-            tally.unlabeled += len(span_ys) - labeled
-            if labeled:
-                tally.flags.extend(steps.flags())
-                for name, theirs in (others or {}).items():
-                    tally.challenger_flags.setdefault(name, []).extend(theirs.flags())
-            if replica is not None:
-                replica["mixes"] = 0 if mixer is None else mixer.mixes
-            values = predictions(
-                span_ids,
-                topic,
-                partition,
-                [offsets[i] for i in span_at],
-                steps.y_pred,
-                steps.score,
-                span_ys,
-                steps.mistake,
-                steps.updates,
-                steps.seen,
-                steps.mistakes,
-                replica,
-            )
-            early = None
-            if rejected or joiner is not None:
-                if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
-                    y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
-                    theirs = {c: o.y_pred.tolist() for c, o in (others or {}).items()}
-                for k, (i, value) in enumerate(zip(span_at, values)):
-                    letters.before(i)
-                    if joiner is not None and span_ys[k] is None and span_ids[k] is not None:
-                        early = joiner.keep(
-                            records[i],
-                            span_ids[k],
-                            span_xs[k],
-                            y_pred[k],
-                            score[k],
-                            version[k],
-                            None if others is None else {c: their[k] for c, their in theirs.items()},
-                        )
-                        if early is not None and k < len(values) - 1:
-                            raise RuntimeError(f"the label of point {span_ids[k]!r} waited unseen")  # cannot be
-                    send(out_topic, keys[i], value)
+            if mixer is None:
+                end, joins = n, [(i - start, y) for i, y in cuts]
             else:
-                for key, value in zip(keys[start:end] if at is None else [keys[i] for i in span_at], values):
-                    send(out_topic, key, value)
-            last = span_at[-1]
-            positions[(topic, partition)] = offsets[last] + 1
-            if early is not None:  # (the span's last point, whose label came first) joined now its decision is out
-                joiner.join_early(records[last], *early, learner, send, tally, replica, models)
+                end = cuts[0][0] + 1 if cuts else n
+                learning = [i for i in range(start, end) if ys[i] is not None] + [i for i, _ in cuts[:1]]
+                if len(learning) >= max(1, mixer.every - mixer.since):
+                    end = learning[max(1, mixer.every - mixer.since) - 1] + 1  # ends with the event making it due
+                joins = [(i - start, y) for i, y in cuts if i < end]
+            cuts = [(i, y) for i, y in cuts if i >= end]
+            self._span(run, records, decoded, start, end, joins, letters, send, tally)
             if mixer is not None:
-                learned = sum(1 for i in learning if i < end and (ys[i] is not None or early is not None))
+                learned = len(joins) + sum(1 for y in ys[start:end] if y is not None)
                 if learned:
                     mixer.since += learned - 1
                     if mixer.learned():
                         run.mix(send)
             start = end
-        letters.before(len(records))
-        positions[(topic, partition)] = records[-1].offset + 1
+        letters.before(len(records))  # (those after the last event)
+        self.positions[(topic, partition)] = records[-1].offset + 1
         return True
+
+    def _span(self, run: _Learning, records, decoded: Decoded, start: int, end: int, joins: list, letters, send, tally):
+        """Events ``start``..``end`` of ``decoded`` stepped at once (``joins``: (index in the span, label's y) of
+        its points whose label waited, learned right after each), their messages sent in record order with the
+        dead letters (``letters``) of the records before them."""
+        ids, xs, ys, at, rejected = decoded
+        first = records[0]
+        topic, partition = first.topic, first.partition
+        learner, models, joiner, replica, mixer = run.learner, self.models, self.joiner, run.replica, self.mixer
+        span_xs, span_ys, span_ids = xs[start:end], ys[start:end], ids[start:end]
+        span_at = range(start, end) if at is None else at[start:end]
+        steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the rows' kinds)
+        others = None if models is None else models.step_many(span_xs, span_ys, True, joins)
+        labeled = len(span_ys) - span_ys.count(None)
+        tally.labeled += labeled
+        tally.unlabeled += len(span_ys) - labeled
+        if labeled or joins:  # the joins' counted here too, in order (publish_early counts the rest of them)
+            tally.flags.extend(steps.flags())
+            for name, theirs in (others or {}).items():
+                tally.challenger_flags.setdefault(name, []).extend(theirs.flags())
+        if replica is not None:
+            replica["mixes"] = 0 if mixer is None else mixer.mixes
+        offsets = [records[i].offset for i in span_at]
+        values = predictions(
+            span_ids,
+            topic,
+            partition,
+            offsets,
+            steps.y_pred,
+            steps.score,
+            span_ys,
+            steps.mistake,
+            steps.updates,
+            steps.seen,
+            steps.mistakes,
+            replica,
+        )
+        out_topic = self.outputs["output_topic"]
+        if not rejected and joiner is None:
+            for r, value in zip(records[start:end] if at is None else [records[i] for i in span_at], values):
+                send(out_topic, r.key, value)
+            self.positions[(topic, partition)] = offsets[-1] + 1
+            return
+        if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
+            y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
+            their_y = {c: o.y_pred.tolist() for c, o in (others or {}).items()}
+            joined = iter(range(len(joins)))
+            label_of = dict(joins)
+        for k, (i, value) in enumerate(zip(span_at, values)):
+            letters.before(i)
+            early = None
+            r = records[i]
+            if joiner is not None and span_ys[k] is None and span_ids[k] is not None:
+                early = joiner.keep(
+                    r,
+                    span_ids[k],
+                    span_xs[k],
+                    y_pred[k],
+                    score[k],
+                    version[k],
+                    None if others is None else {c: their[k] for c, their in their_y.items()},
+                )
+                if (early is not None) != (k in label_of) or (early is not None and early[1]["y"] != label_of[k]):
+                    raise RuntimeError(f"point {span_ids[k]!r}: its label was not the one that waited")  # cannot be
+            send(out_topic, r.key, value)
+            if early is not None:  # its label came first: its join (learned with the span) published now
+                joiner.publish_early(r, *early, steps.joined[next(joined)], {}, send, tally, replica)
+        self.positions[(topic, partition)] = offsets[-1] + 1
 
     def _tell_unknown(self, learner, x) -> None:
         """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model

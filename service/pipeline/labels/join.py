@@ -68,14 +68,30 @@ class Join:
         ]
 
     def publish(
-        self, label_id, y: int, point: dict, key, topic, partition, offset, at, counters, theirs, send, tally, replica
+        self,
+        label_id,
+        y: int,
+        point: dict,
+        key,
+        topic,
+        partition,
+        offset,
+        at,
+        counters,
+        theirs,
+        send,
+        tally,
+        replica,
+        counted: bool = False,
     ) -> None:
         """A joined decision counted and its outcome sent: ``counters`` the model's (updates, seen, mistakes) after
-        the join learned, ``theirs`` the challengers' mistakes on it."""
-        for name, wrong in theirs.items():
-            tally.challenger_flags.setdefault(name, []).append(wrong)
+        the join learned, ``theirs`` the challengers' mistakes on it (``counted``: their flags and the decision's
+        are in the tally already)."""
+        if not counted:
+            for name, wrong in theirs.items():
+                tally.challenger_flags.setdefault(name, []).append(wrong)
+            tally.flags.append(point["y_pred"] != y)
         tally.labeled += 1
-        tally.flags.append(point["y_pred"] != y)
         tally.label_outcomes.append("joined")
         delay = max(0.0, at - point["at"])  # 0: the label came first
         tally.delays.append(delay)

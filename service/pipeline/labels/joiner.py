@@ -99,13 +99,21 @@ class Joiner:
         label = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
         return None if label is None else (point, label)
 
-    def labels_waiting(self, partition: int, ids: list, ys: list) -> list[int]:
-        """The points among a batch's events (``ids``, labels ``ys``) whose label waits (early) now: :meth:`keep`
-        would join them (the batch form of the task ends a span after each)."""
+    def labels_waiting(self, partition: int, ids: list, ys: list) -> list[tuple[int, int]]:
+        """(index, label's y) of the points among a batch's events (``ids``, labels ``ys``) whose label waits now:
+        :meth:`keep` will join them (the first point of each id: a second one finds its label taken). The task's
+        batch form learns their joins in the same pass as the points (``step_many(..., joins=)``)."""
         table = self.tables.get(partition)
         if table is None or not table.early_count():
             return []
-        return [i for i, (point_id, y) in enumerate(zip(ids, ys)) if y is None and table.waits(point_id)]
+        out, taken = [], set()
+        for i, (point_id, y) in enumerate(zip(ids, ys)):
+            if y is None and point_id not in taken:
+                label = table.waiting(point_id)
+                if label is not None:
+                    out.append((i, label["y"]))
+                    taken.add(point_id)
+        return out
 
     def saw_point(self, partition: int, timestamp: int) -> None:
         if timestamp > self.point_time.get(partition, -1):
@@ -256,6 +264,28 @@ class Joiner:
             tally,
             replica,
             models,
+        )
+
+    def publish_early(self, r, point: dict, label: dict, counters, theirs: dict, send, tally, replica) -> None:
+        """:meth:`join_early` of a join learned already (the task's batch form learned it with its point's step):
+        ``counters`` the model's (updates, seen, mistakes) after it, ``theirs`` the challengers' mistakes on it,
+        both counted in ``tally.flags`` already."""
+        key = None if label["key"] is None else base64.b64decode(label["key"])
+        self.join.publish(
+            label["id"],
+            label["y"],
+            point,
+            key,
+            self.label_topic,
+            r.partition,
+            label["offset"],
+            label["at"],
+            counters,
+            theirs,
+            send,
+            tally,
+            replica,
+            counted=True,
         )
 
     def expire_early(self, send, tally) -> int:

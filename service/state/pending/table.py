@@ -97,9 +97,10 @@ class PendingTable:
         self._early[key] = (at, blob)
         heapq.heappush(self._early_by_time, (at, key))
 
-    def waits(self, point_id: str | int | None) -> bool:
-        """Whether a label for ``point_id`` waits for its point (:meth:`add` would join them)."""
-        return point_id is not None and _key(point_id) in self._early
+    def waiting(self, point_id: str | int | None) -> dict | None:
+        """The label that waits for point ``point_id`` (:meth:`add` would join them), left waiting; None: none."""
+        held = None if point_id is None else self._early.get(_key(point_id))
+        return None if held is None else orjson.loads(held[1])
 
     def early_count(self) -> int:
         """Labels waiting for their point."""
