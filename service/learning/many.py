@@ -157,21 +157,21 @@ def step_each(learner, xs: list, ys: list, joins: list | None = None) -> Steps:
 
 def _interleave(xs: list, ys: list, joins: list) -> tuple[list, list, np.ndarray, np.ndarray]:
     """The events with each join's relabel right after its event: rows, labels, and where the events and the joins
-    are among them."""
+    are among them (``joins`` in event order)."""
     rows: list = []
     labels: list = []
-    events_at: list[int] = []
-    joins_at: list[int] = []
-    label_of = dict(joins)
-    for i, (x, y) in enumerate(zip(xs, ys)):
-        events_at.append(len(rows))
-        rows.append(x)
+    done = 0
+    for i, y in joins:
+        rows += xs[done : i + 1]
+        rows.append(xs[i])
+        labels += ys[done : i + 1]
         labels.append(y)
-        if i in label_of:
-            joins_at.append(len(rows))
-            rows.append(x)
-            labels.append(label_of[i])
-    return rows, labels, np.array(events_at), np.array(joins_at)
+        done = i + 1
+    rows += xs[done:]
+    labels += ys[done:]
+    at = np.array([i for i, _ in joins], dtype=np.int64)
+    events_at = np.arange(len(xs)) + np.searchsorted(at, np.arange(len(xs)), side="left")
+    return rows, labels, events_at, at + np.arange(1, len(at) + 1)
 
 
 def as_joins(steps: Steps, events_at: np.ndarray, joins_at: np.ndarray, labels: np.ndarray, seen: int, mistakes: int):
