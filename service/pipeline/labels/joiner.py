@@ -18,7 +18,7 @@ import uuid
 from perceptron_stream.pipeline.labels.join import Join
 from perceptron_stream.state.checkpoint import CheckpointError
 from perceptron_stream.state.pending import PendingTable
-from perceptron_stream.wire.inputs import decode_label
+from perceptron_stream.wire.inputs import decode_labels
 from perceptron_stream.wire.messages import Label, Rejection
 
 
@@ -134,7 +134,7 @@ class Joiner:
     def read(self, records) -> list[Label | Rejection]:
         """A batch of label records (one partition's) decoded, the pending rows of their ids read at once
         (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing."""
-        labels = [decode_label(r.value, r.key, self.max_message_bytes) for r in records]
+        labels = decode_labels([r.value for r in records], [r.key for r in records], self.max_message_bytes)
         self.table(records[0].partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
 
