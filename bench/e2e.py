@@ -12,6 +12,7 @@
     python3 bench/e2e.py --exactly-once               # also exactly-once at two commit intervals beside
                                                       # at-least-once, all on the Kafka store (EXACTLY_ONCE)
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
+    python3 bench/e2e.py --sparse 1000:50 --client service-confluent   # 50 of 1,000 named features an event
 
 One fresh broker per invocation: Apache Kafka (``--broker apache-kafka``, the
 default: the version pinned in tests/apache_kafka/pom.xml, KRaft on loopback,

@@ -41,6 +41,8 @@ What takes the batch form (:meth:`ManySteps.can_step_many`), and what stays per 
 - an event that would register a feature (a new name, a longer list: the model grows and its cap decides what it
   takes, in event order), a label other than -1/+1/None, a model with a non-finite weight: the batch goes through
   ``step`` one event at a time (:func:`step_each`, the reference);
+- a point's join with a label that came before it (``joins``): its relabel is interleaved right after its step
+  and learns in the same pass (a relabel's learning is a step's), counted as ``relabel`` counts;
 - R (the radius): a maximum, which does not depend on the order. The fused loop takes ``math.hypot`` of each
   event as ``step`` does; the windows take NumPy's norm of every row, a bound within a relative
   :data:`NORM_TOLERANCE`, and ``math.hypot`` of the rows that could beat the maximum only.
@@ -56,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-#: Windows pay when the model's recent batches updated about once in this many labeled events or fewer.
+#: Windows pay when the model's recent batches ran at least this many labeled events between updates.
 NUMPY_RUN = 32
 #: The fewest rows a window scores after an update; windows follow the runs seen in the batch so far.
 MIN_WINDOW = 16
