@@ -1,15 +1,18 @@
-"""The pieces of a plain event's own work, each timed alone: decode, step, the prediction's JSON, drift detection.
+"""The pieces of a plain event's own work, each timed alone, one event at a time and a batch at once.
 
     python3 bench/parts.py                      # this tree
     python3 bench/parts.py --tree /tmp/old      # another checkout (git archive <commit> service | tar -x -C /tmp/old)
 
 100,000 events of d = 10 (5% label noise) as the client hands them over
-(bench/own_work.py's records), each piece over all of them: the service's
-``Decoder.decode``, the learner's fused ``step``, the prediction's builder,
-and river's DDM fed the mistake flags as the task feeds it. CPU time, the
-best of ``--rounds``, the pieces in turn each round. With bench/own_work.py
-(the whole task) this says where a plain event's microseconds go
-(bench/README.md, "The floor").
+(bench/own_work.py's records), each piece over all of them: decoding
+(``Decoder.decode`` per message; ``Decoder.decode_many`` per batch of 1,000),
+the step (the learner's ``step`` per event; ``step_many`` per batch), the
+prediction's JSON (``prediction`` per event; ``predictions`` per batch) and
+drift detection (DDM fed the mistake flags as the task feeds it). CPU time,
+the best of ``--rounds``, the pieces in turn each round. A tree without the
+batch form (before issue 26) times the per-event pieces only. With
+bench/own_work.py (the whole task) this says where a plain event's
+microseconds go (bench/README.md, "The floor").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BATCH = 1000
 
 
 def main() -> None:
@@ -45,6 +49,7 @@ def main() -> None:
     events = [e for e in decoded if isinstance(e, Event)]  # every one: the records are valid events
     learner = make_learner("plain", 0.0, False)
     flags = [learner.step(e.x, e.y)[2] is True for e in events]  # labeled events: a bool each
+    spans = range(0, len(recs), BATCH)
 
     def decode():
         d = Decoder(1 << 20, 10_000).decode  # a new decoder each round: the first event fixes its dimension
@@ -67,8 +72,47 @@ def main() -> None:
         "decode and validate": decode,
         "step (predict, then learn)": step,
         "the prediction's JSON": encode,
-        "drift detection (river's DDM)": drift,
+        "drift detection (DDM)": drift,
     }
+    if hasattr(Decoder, "decode_many"):  # the batch form (issue 26)
+        from perceptron_stream.wire.outputs import predictions
+
+        values, keys = [r.value for r in recs], [r.key for r in recs]
+        ids, xs, ys = [e.id for e in events], [e.x for e in events], [e.y for e in events]
+        steps = make_learner("plain", 0.0, False).step_many(xs, ys)
+
+        def decode_many():
+            d = Decoder(1 << 20, 10_000).decode_many
+            for i in spans:
+                d(values[i : i + BATCH], keys[i : i + BATCH])
+
+        def step_many():
+            s = make_learner("plain", 0.0, False).step_many
+            for i in spans:
+                s(xs[i : i + BATCH], ys[i : i + BATCH])
+
+        def encode_many():
+            for i in spans:
+                j = i + BATCH
+                predictions(
+                    ids[i:j],
+                    "points",
+                    0,
+                    list(range(i, j)),
+                    steps.y_pred[i:j],
+                    steps.score[i:j],
+                    ys[i:j],
+                    steps.mistake[i:j],
+                    steps.updates[i:j],
+                    steps.seen[i:j],
+                    steps.mistakes[i:j],
+                )
+
+        pieces |= {
+            "decode_many (batches of 1,000)": decode_many,
+            "step_many (batches of 1,000)": step_many,
+            "predictions (batches of 1,000)": encode_many,
+        }
     gc.collect()
     gc.freeze()  # as the service does after start-up
     report(args.tree, args.events, args.rounds, best_cpu(pieces, args.rounds))

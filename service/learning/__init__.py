@@ -1,11 +1,13 @@
 """The learning core: the online perceptron of the seeds and its batch forms.
 
 No Kafka, no HTTP: only river (for the classifier protocol and the optional
-StandardScaler) and the standard library, so it can be read, tested and
-reused alone.
+StandardScaler), NumPy (the batch form of ``step``) and the standard
+library, so it can be read, tested and reused alone.
 
 - :class:`Perceptron`: river classifier with the fused ``step`` hot path
-  (variants plain, averaged, pocket, margin); JSON state, no pickle.
+  (variants plain, averaged, pocket, margin) and its batch form
+  ``step_many`` (:mod:`perceptron_stream.learning.many`: the same floats);
+  JSON state, no pickle.
 - :func:`make_learner` / :func:`learner_from_state`: what the service runs
   and restores (optionally a StandardScaler in front, a cap on the features
   the model holds, feature hashing: :class:`HashedPerceptron`).

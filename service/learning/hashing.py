@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from perceptron_stream.learning.many import Steps, relabel_many, signed_labels
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
 from perceptron_stream.learning.scaled import STATE_KIND as SCALED_KIND
 from perceptron_stream.learning.scaled import ScaledPerceptron
@@ -83,6 +84,22 @@ class HashedPerceptron(base.Classifier):
 
     def step(self, x: dict | list, y: int | None) -> StepResult:
         return self.model.step(self.hasher.transform_one(x if type(x) is dict else _as_dict(x)), y)
+
+    def can_step_many(self, xs: list, ys: list) -> bool:
+        """Whether the labels are -1/+1/None: a hashed model has no unknown features to look at (:meth:`knows_none_of`)."""
+        return signed_labels(ys)
+
+    def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None) -> Steps:
+        """:meth:`step` of each event: each hashed per event (river's hasher, one Rust call: names differ from event
+        to event on the streams hashing is for, so there is no column layout to share), then the model's
+        ``step_many`` over the hashed rows (per event itself while new buckets come); ``joins`` as there."""
+        transform = self.hasher.transform_one
+        hashed = [transform(x if type(x) is dict else _as_dict(x)) for x in xs]
+        return self.model.step_many(hashed, ys, checked or signed_labels(ys), joins)  # dicts all
+
+    def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+        """:meth:`relabel` of each: the model's ``relabel_many`` of the hashed rows."""
+        return relabel_many(self.model, [self.hash(x) for x in xs], ys, mistakes)
 
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         return self.model.relabel(self.hash(x), y, mistake)

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 from collections.abc import Iterable
 from itertools import repeat
 from math import hypot
@@ -93,30 +92,16 @@ from operator import add, mul, sub
 from typing import Any
 
 from perceptron_stream.learning.labels import to_label
+from perceptron_stream.learning.many import ManySteps
+from perceptron_stream.learning.many import in_order_sum as _sum  # the one definition of a score's sum
 from river import base
 
 VARIANTS = ("plain", "averaged", "pocket", "margin")
 STATE_KIND = "perceptron"
 STATE_FORMAT = 1
 
-# Up to Python 3.11, sum() of floats adds them one by one, in order: the same
-# floats as river's dot product.  From 3.12 it compensates rounding errors,
-# which is more accurate but no longer bit-identical to river: use a loop.
-_SEQUENTIAL_SUM = sys.version_info < (3, 12)
-
 # The names state["labels"] takes: what predict_one answers in.
 _SIGNED, _BOOL = "-1/+1", "bool"
-
-
-def _seq_sum(values: Any) -> float:
-    """sum() as Python <= 3.11 does it for floats: left to right, no compensation."""
-    s = 0.0
-    for v in values:
-        s += v
-    return s
-
-
-_sum = sum if _SEQUENTIAL_SUM else _seq_sum
 
 
 def _is_bool(y: Any) -> bool:
@@ -192,7 +177,7 @@ def _check_params(variant: Any, margin: Any) -> None:
         raise ValueError(f"margin={margin!r} is only used by variant='margin' (variant is {variant!r})")
 
 
-class Perceptron(base.Classifier):
+class Perceptron(ManySteps, base.Classifier):
     """Online perceptron; ``variant`` picks the rule (see the module docstring).
 
     Inputs are dicts (feature name → number) or dense lists (features 0..d-1,

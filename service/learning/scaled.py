@@ -35,6 +35,7 @@ import math
 from typing import Any
 
 from perceptron_stream.learning.labels import to_label
+from perceptron_stream.learning.many import Steps, relabel_each, signed_labels, step_each
 from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
 from river import base
 
@@ -78,6 +79,37 @@ class ScaledPerceptron(base.Classifier):
         x = self._admitted(x, y)
         self.scaler.learn_one(x)
         return self.perceptron.step(self.scaler.transform_one(x), y)
+
+    def can_step_many(self, xs: list, ys: list) -> bool:
+        """Whether :meth:`step_many` registers nothing: the scaler (so the perceptron) holds every feature."""
+        counts = self.scaler.counts
+        return signed_labels(ys) and all(all(map(counts.__contains__, _names(x))) for x in xs)
+
+    def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None) -> Steps:
+        """:meth:`step` of each event, as :class:`~perceptron_stream.learning.many.Steps` (``joins``: each of those
+        events relabeled right after it, as ``step_each`` says). The scaler stays per event: each feature's
+        running mean and variance after an event depend on those before it through rounded operations (a
+        recurrence along the stream, which no reordering reproduces); it does not depend on the labels or the
+        weights, so it scales the whole batch first, and the perceptron steps the scaled rows at once (a join's
+        relabel scales its event's row again with the scaler as it is then: the same row). A batch with a
+        feature the scaler lacks goes one event at a time (the perceptron may admit it)."""
+        if not self.can_step_many(xs, ys):
+            return step_each(self, xs, ys, joins)
+        learn, transform = self.scaler.learn_one, self.scaler.transform_one
+        scaled = []
+        for x in xs:
+            x = _as_dict(x)
+            learn(x)
+            scaled.append(transform(x))
+        return self.perceptron.step_many(scaled, ys, True, joins)  # dicts, labels checked by can_step_many
+
+    def relabel_many(self, xs: list, ys: list, mistakes: list[bool]) -> tuple[list[int], list[int]]:
+        """:meth:`relabel` of each: with every feature held by the scaler (it learns nothing then), the perceptron's
+        ``relabel_many`` of the rows scaled as they are; else one at a time."""
+        if not self.can_step_many(xs, ys):
+            return relabel_each(self, xs, ys, mistakes)
+        transform = self.scaler.transform_one
+        return self.perceptron.relabel_many([transform(_as_dict(x)) for x in xs], ys, mistakes)
 
     def relabel(self, x: dict | list, y: int, mistake: bool) -> StepResult:
         """:meth:`Perceptron.relabel` on the scaled x. The scaler saw x when it was predicted: it learns now only the
@@ -175,3 +207,8 @@ def _pairs(sc: _Reader, key: str, kind: type) -> dict:
 
 def _as_dict(x: dict | list) -> dict:
     return dict(enumerate(x)) if isinstance(x, list) else x
+
+
+def _names(x: dict | list):
+    """x's features: a dict's keys, a list's positions."""
+    return range(len(x)) if type(x) is list else x

@@ -19,12 +19,65 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from operator import attrgetter
 
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
-from perceptron_stream.wire.messages import Rejection
-from perceptron_stream.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, publishable
+from perceptron_stream.wire.inputs import Decoded
+from perceptron_stream.wire.messages import Event, Rejection
+from perceptron_stream.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, predictions, publishable
 
 log = logging.getLogger("perceptron_stream")
+_KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
+    attrgetter(name) for name in ("key", "value", "offset", "partition", "topic")
+)
+#: A batch whose spans (see Task._many) average fewer events than this goes one event at a time.
+SPAN_EVENTS = 16
+
+
+def _events(decoded: Decoded, n: int) -> list:
+    """A batch decoded as columns, back to one Event or Rejection per record (the one-at-a-time path)."""
+    events: list = [None] * n
+    for i, rejection in decoded.rejected:
+        events[i] = rejection
+    for i, *event in zip(range(n) if decoded.at is None else decoded.at, decoded.ids, decoded.xs, decoded.ys):
+        events[i] = tuple.__new__(Event, event)
+    return events
+
+
+class _Letters:
+    """A batch's dead letters, sent among its predictions in record order (:meth:`Task._many`)."""
+
+    def __init__(self, records, rejected: list, outputs: dict, send, tally: Tally):
+        self.records, self.waiting, self.send, self.tally = records, list(reversed(rejected)), send, tally
+        self.topic, self.limit = outputs["dlq_topic"], outputs["max_message_bytes"]
+
+    def before(self, index: int) -> None:
+        """Send the dead letters of the records before record ``index``."""
+        waiting = self.waiting
+        while waiting and waiting[-1][0] < index:
+            i, rejection = waiting.pop()
+            r = self.records[i]
+            key, value = dead_letter_record(rejection, r.value, r.key, r.topic, r.partition, r.offset, self.limit)
+            self.send(self.topic, key, value)
+            self.tally.rejected.append(rejection.reason)
+
+
+def _publishable(decoded: Decoded, n: int) -> Decoded:
+    """``decoded`` with its events whose id a prediction cannot carry (an integer beyond 64 bits) rejected, as
+    :func:`~perceptron_stream.wire.outputs.publishable` rejects them one at a time."""
+    if all(type(i) is not int or ID_MIN <= i <= ID_MAX for i in decoded.ids):
+        return decoded
+    ids, xs, ys, at, rejected = [], [], [], [], list(decoded.rejected)
+    for i, *event in zip(range(n) if decoded.at is None else decoded.at, decoded.ids, decoded.xs, decoded.ys):
+        published = publishable(tuple.__new__(Event, event))
+        if type(published) is Rejection:
+            rejected.append((i, published))
+        else:
+            ids.append(event[0])
+            xs.append(event[1])
+            ys.append(event[2])
+            at.append(i)
+    return Decoded(ids, xs, ys, at, sorted(rejected))
 
 
 def _frozen(learner):
@@ -151,91 +204,225 @@ class Task:
 
     # processing -----------------------------------------------------------
     def process(self, records, send, tally: Tally) -> None:
-        """Decode, predict-then-learn and publish each record, in order; positions move past them."""
+        """Decode, predict-then-learn and publish each record, in order; positions move past them.
+
+        A batch at once where it can be (:meth:`_many`): decoded by a few msgspec calls, stepped by the learner's
+        ``step_many``, its predictions built in one pass; the same outputs, in the same order, and the same
+        model as one record at a time (:meth:`process_each`, the reference; tests/pipeline/test_task.py checks).
+        """
         if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
             return self._labels(records, send, tally)
+        with self.lock:
+            run = _Learning(self, tally)
+            decoded = self.decoder.decode_many(list(map(_VALUE, records)), list(map(_KEY, records)))
+            if not self._many(run, records, decoded, send, tally):
+                self._each(run, records, _events(decoded, len(records)), send, tally)
+            run.end(records)
+            if self.joiner is not None and records:
+                self.joiner.saw_point(records[0].partition, records[-1].timestamp)
+        run.drift()
+
+    def process_each(self, records, send, tally: Tally) -> None:
+        """:meth:`process` one record at a time, each decoded on its own: the reference the batch form equals."""
+        if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
+            return self._labels_each(records, send, tally)
+        with self.lock:
+            run = _Learning(self, tally)
+            decode = self.decoder.decode
+            self._each(run, records, [decode(r.value, r.key) for r in records], send, tally)
+            run.end(records)
+            if self.joiner is not None and records:
+                self.joiner.saw_point(records[0].partition, records[-1].timestamp)
+        run.drift()
+
+    def _each(self, run: _Learning, records, events: list, send, tally: Tally) -> None:
+        """Predict-then-learn and publish each record's event (or its dead letter), one at a time, in order."""
         out_topic, dlq_topic, limit = (
             self.outputs["output_topic"],
             self.outputs["dlq_topic"],
             self.outputs["max_message_bytes"],
         )
-        decode, positions, mixer, joiner, models = (
-            self.decoder.decode,
-            self.positions,
-            self.mixer,
-            self.joiner,
-            self.models,
-        )
-        with self.lock:
-            run = _Learning(self, tally)
-            learner, replica = run.learner, run.replica
-            step, knows_none_of = learner.step, learner.knows_none_of
-            for r in records:
-                event = decode(r.value, r.key)
-                if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
-                    event = publishable(event)
-                if type(event) is Rejection:
-                    key, value = dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, limit)
-                    send(dlq_topic, key, value)
-                    tally.rejected.append(event.reason)
-                else:
-                    y, early = event.y, None
-                    if knows_none_of(event.x):  # before the step: a labeled event would add its features
-                        tally.unknown += 1
-                        if not self.told_unknown:
-                            self._tell_unknown(learner, event.x)
-                    y_pred, score, mistake = step(event.x, y)
-                    others = None if models is None else models.step(event.x, y)  # stepped on the same events
-                    if y is None:
-                        tally.unlabeled += 1
-                        if joiner is not None and event.id is not None:  # its label comes later: kept until then
-                            early = joiner.keep(
-                                r,
-                                event.id,
-                                event.x,
-                                y_pred,
-                                score,
-                                learner.updates,
-                                None if others is None else {n: o[0] for n, o in others.items()},
-                            )
-                    else:
-                        tally.labeled += 1
-                        tally.flags.append(mistake)
-                        if others is not None:
-                            for name, (_, _, m) in others.items():
-                                tally.challenger_flags.setdefault(name, []).append(m)
-                    if replica is not None:
-                        replica["mixes"] = 0 if mixer is None else mixer.mixes
-                    send(
-                        out_topic,
-                        r.key,
-                        prediction(
+        positions, mixer, joiner, models = self.positions, self.mixer, self.joiner, self.models
+        learner, replica = run.learner, run.replica
+        step, knows_none_of = learner.step, learner.knows_none_of
+        for r, event in zip(records, events):
+            if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
+                event = publishable(event)
+            if type(event) is Rejection:
+                key, value = dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, limit)
+                send(dlq_topic, key, value)
+                tally.rejected.append(event.reason)
+            else:
+                y, early = event.y, None
+                if knows_none_of(event.x):  # before the step: a labeled event would add its features
+                    tally.unknown += 1
+                    if not self.told_unknown:
+                        self._tell_unknown(learner, event.x)
+                y_pred, score, mistake = step(event.x, y)
+                others = None if models is None else models.step(event.x, y)  # stepped on the same events
+                if y is None:
+                    tally.unlabeled += 1
+                    if joiner is not None and event.id is not None:  # its label comes later: kept until then
+                        early = joiner.keep(
+                            r,
                             event.id,
-                            r.topic,
-                            r.partition,
-                            r.offset,
+                            event.x,
                             y_pred,
                             score,
-                            y,
-                            mistake,
                             learner.updates,
-                            learner.seen,
-                            learner.mistakes,
-                            replica,
-                        ),
-                    )
-                    if early is not None:  # its label came first: joined now that its decision is published
-                        joiner.join_early(r, *early, learner, send, tally, replica, models)
-                    positions[(r.topic, r.partition)] = r.offset + 1
-                    if (y is not None or early is not None) and mixer is not None and mixer.learned():
-                        learner = run.mix(send)
-                        step, knows_none_of = learner.step, learner.knows_none_of
-                    continue
+                            None if others is None else {n: o[0] for n, o in others.items()},
+                        )
+                else:
+                    tally.labeled += 1
+                    tally.flags.append(mistake)
+                    if others is not None:
+                        for name, (_, _, m) in others.items():
+                            tally.challenger_flags.setdefault(name, []).append(m)
+                if replica is not None:
+                    replica["mixes"] = 0 if mixer is None else mixer.mixes
+                send(
+                    out_topic,
+                    r.key,
+                    prediction(
+                        event.id,
+                        r.topic,
+                        r.partition,
+                        r.offset,
+                        y_pred,
+                        score,
+                        y,
+                        mistake,
+                        learner.updates,
+                        learner.seen,
+                        learner.mistakes,
+                        replica,
+                    ),
+                )
+                if early is not None:  # its label came first: joined now that its decision is published
+                    joiner.join_early(r, *early, learner, send, tally, replica, models)
                 positions[(r.topic, r.partition)] = r.offset + 1
-            run.end(records)
-            if joiner is not None and records:
-                joiner.saw_point(records[0].partition, records[-1].timestamp)
-        run.drift()
+                if (y is not None or early is not None) and mixer is not None and mixer.learned():
+                    learner = run.mix(send)
+                    step, knows_none_of = learner.step, learner.knows_none_of
+                continue
+            positions[(r.topic, r.partition)] = r.offset + 1
+
+    def _many(self, run: _Learning, records, decoded: Decoded, send, tally: Tally) -> bool:
+        """The batch form of :meth:`_each`; False (nothing done) where it does not apply.
+
+        It applies to one partition's batch whose ids a prediction can carry, when the champion steps its events
+        without registering a feature (``can_step_many``: then none is unknown to it either, so the per-event
+        look at that has nothing to say). Per span of events: the champion's and the challengers' ``step_many``
+        (the joins of points whose label came first learned in the same pass, each right after its point, as
+        ``join_early`` learns it), the predictions built at once, and the outputs sent in record order with
+        the dead letters and the joins' outcomes among them, as :meth:`_each` sends them. The span is the batch;
+        with mixing, a span ends where a mix is due and after each join (a mix may follow any learning event),
+        and a batch of many short spans goes one event at a time.
+        """
+        if int in set(map(type, decoded.ids)):
+            decoded = _publishable(decoded, len(records))
+        ids, xs, ys, _, rejected = decoded
+        if not xs or len(set(map(_PARTITION, records))) != 1 or len(set(map(_TOPIC, records))) != 1:
+            return False
+        if not run.learner.can_step_many(xs, ys):
+            return False
+        first = records[0]
+        topic, partition = first.topic, first.partition
+        mixer = self.mixer
+        cuts = [] if self.joiner is None else self.joiner.labels_waiting(partition, ids, ys)  # (event, label's y)
+        if mixer is not None and len(cuts) * SPAN_EVENTS > len(xs):
+            return False
+        letters = _Letters(records, rejected, self.outputs, send, tally)
+        start, n = 0, len(xs)
+        while start < n:
+            if mixer is None:
+                end, joins = n, [(i - start, y) for i, y in cuts]
+            else:
+                end = cuts[0][0] + 1 if cuts else n
+                learning = [i for i in range(start, end) if ys[i] is not None] + [i for i, _ in cuts[:1]]
+                if len(learning) >= max(1, mixer.every - mixer.since):
+                    end = learning[max(1, mixer.every - mixer.since) - 1] + 1  # ends with the event making it due
+                joins = [(i - start, y) for i, y in cuts if i < end]
+            cuts = [(i, y) for i, y in cuts if i >= end]
+            self._span(run, records, decoded, start, end, joins, letters, send, tally)
+            if mixer is not None:
+                learned = len(joins) + sum(1 for y in ys[start:end] if y is not None)
+                if learned:
+                    mixer.since += learned - 1
+                    if mixer.learned():
+                        run.mix(send)
+            start = end
+        letters.before(len(records))  # (those after the last event)
+        self.positions[(topic, partition)] = records[-1].offset + 1
+        return True
+
+    def _span(self, run: _Learning, records, decoded: Decoded, start: int, end: int, joins: list, letters, send, tally):
+        """Events ``start``..``end`` of ``decoded`` stepped at once (``joins``: (index in the span, label's y) of
+        its points whose label waited, learned right after each), their messages sent in record order with the
+        dead letters (``letters``) of the records before them."""
+        ids, xs, ys, at, rejected = decoded
+        first = records[0]
+        topic, partition = first.topic, first.partition
+        learner, models, joiner, replica, mixer = run.learner, self.models, self.joiner, run.replica, self.mixer
+        span_xs, span_ys, span_ids = xs[start:end], ys[start:end], ids[start:end]
+        span_at = range(start, end) if at is None else at[start:end]
+        steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the rows' kinds)
+        others = None if models is None else models.step_many(span_xs, span_ys, True, joins)
+        labeled = len(span_ys) - span_ys.count(None)
+        tally.labeled += labeled
+        tally.unlabeled += len(span_ys) - labeled
+        if labeled or joins:  # the joins' counted here too, in order (publish_early counts the rest of them)
+            tally.flags.extend(steps.flags())
+            for name, theirs in (others or {}).items():
+                tally.challenger_flags.setdefault(name, []).extend(theirs.flags())
+        if replica is not None:
+            replica["mixes"] = 0 if mixer is None else mixer.mixes
+        offsets = [records[i].offset for i in span_at]
+        values = predictions(
+            span_ids,
+            topic,
+            partition,
+            offsets,
+            steps.y_pred,
+            steps.score,
+            span_ys,
+            steps.mistake,
+            steps.updates,
+            steps.seen,
+            steps.mistakes,
+            replica,
+        )
+        out_topic = self.outputs["output_topic"]
+        if not rejected and joiner is None:
+            for r, value in zip(records[start:end] if at is None else [records[i] for i in span_at], values):
+                send(out_topic, r.key, value)
+            self.positions[(topic, partition)] = offsets[-1] + 1
+            return
+        if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
+            y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
+            their_y = {c: o.y_pred.tolist() for c, o in (others or {}).items()}
+            joined = iter(range(len(joins)))
+            label_of = dict(joins)
+        for k, (i, value) in enumerate(zip(span_at, values)):
+            letters.before(i)
+            early = None
+            r = records[i]
+            if joiner is not None and span_ys[k] is None and span_ids[k] is not None:
+                early = joiner.keep(
+                    r,
+                    span_ids[k],
+                    span_xs[k],
+                    y_pred[k],
+                    score[k],
+                    version[k],
+                    None if others is None else {c: their[k] for c, their in their_y.items()},
+                )
+                if (early is not None) != (k in label_of) or (early is not None and early[1]["y"] != label_of[k]):
+                    raise RuntimeError(f"point {span_ids[k]!r}: its label was not the one that waited")  # cannot be
+            send(out_topic, r.key, value)
+            if early is not None:  # its label came first: its join (learned with the span) published now
+                joiner.publish_early(r, *early, steps.joined[next(joined)], {}, send, tally, replica)
+        self.positions[(topic, partition)] = offsets[-1] + 1
 
     def _tell_unknown(self, learner, x) -> None:
         """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model
@@ -267,7 +454,23 @@ class Task:
 
     def _labels(self, records, send, tally: Tally) -> None:
         """Delayed labels: each joins its pending point (the model learns, the decision is scored), waits for its
-        point, or is a dead letter (:mod:`perceptron_stream.pipeline.labels`)."""
+        point, or is a dead letter (:mod:`perceptron_stream.pipeline.labels`). The batch's joins learn together
+        (:meth:`Joiner.label_many`), but with mixing (a mix may come after any join): one label at a time."""
+        if self.mixer is not None:
+            return self._labels_each(records, send, tally)
+        positions, joiner = self.positions, self.joiner
+        with self.lock:
+            run = _Learning(self, tally)
+            if run.replica is not None:
+                run.replica["mixes"] = 0  # (no mixer)
+            joiner.label_many(records, joiner.read(records), run.learner, send, tally, run.replica, self.models)
+            for r in records:
+                positions[(r.topic, r.partition)] = r.offset + 1
+            run.end(records)
+        run.drift()
+
+    def _labels_each(self, records, send, tally: Tally) -> None:
+        """:meth:`_labels` one label at a time (the reference; and with mixing)."""
         positions, joiner, mixer, models = self.positions, self.joiner, self.mixer, self.models
         with self.lock:
             run = _Learning(self, tally)

@@ -88,6 +88,77 @@ def prediction(
     )
 
 
+def predictions(
+    ids: list,
+    topic: str,
+    partition: int,
+    offsets,
+    y_pred,
+    score,
+    ys: list,
+    mistake: list,
+    version,
+    seen,
+    mistakes,
+    replica: dict | None = None,
+) -> list[bytes]:
+    """Many predictions at once: ``[prediction(...) for each event]``, the same bytes, built in one pass.
+
+    Each column (``offsets``, ``y_pred``, ``score``, ``version``, ``seen``, ``mistakes``: lists or NumPy arrays;
+    ``ids``, ``ys``, ``mistake``: lists) is written by one ``orjson.dumps`` and cut at its commas (no number, true,
+    false or null holds one; ids with strings are written one per line, and cut at the line ends: a JSON string
+    holds no newline unescaped, where it may hold a comma, quotes and brackets in any order); the messages are the columns interleaved with the constant parts, joined once and cut at their newlines (a JSON
+    message holds none). orjson writes a float64 of an array as it writes a Python float (tests/wire check both
+    builders agree on every value, NaN and infinities (null) and -0.0 included).
+
+    >>> predictions(["c-1", "c-2"], "points", 0, [17, 18], [1, -1], [2.5, -0.5], [1, None], [False, None],
+    ...             [42, 42], [1000, 1001], [12, 12])[1]
+    b'{"id":"c-2","source":{"topic":"points","partition":0,"offset":18},"y_pred":-1,"score":-0.5,"y":null,"mistake":null,"model":{"version":42,"seen":1001,"mistakes":12}}'
+    """
+    n = len(ids)
+    if n == 0:
+        return []
+    kinds = set(map(type, ids))
+    if kinds == {int} or kinds == {type(None)}:
+        id_texts = _cut(ids)
+    else:  # one per line: a JSON string holds no newline unescaped (a comma, a quote or a bracket it may)
+        id_texts = _dumps(ids, option=orjson.OPT_INDENT_2)[4:-2].split(b",\n  ")
+    model = b'"version":' if replica is None else _dumps(replica)[1:-1] + b',"version":'
+    parts = (
+        b'{"id":',
+        id_texts,
+        b',"source":{"topic":' + _dumps(topic) + b',"partition":' + _dumps(partition) + b',"offset":',
+        _cut(offsets),
+        b'},"y_pred":',
+        _cut(y_pred),
+        b',"score":',
+        _cut(score),
+        b',"y":',
+        _cut(ys),
+        b',"mistake":',
+        _cut(mistake),
+        b',"model":{' + model,
+        _cut(version),
+        b',"seen":',
+        _cut(seen),
+        b',"mistakes":',
+        _cut(mistakes),
+        b"}}\n",
+    )
+    width = len(parts)
+    flat: list = [None] * (width * n)
+    for i, part in enumerate(parts):
+        flat[i::width] = [part] * n if type(part) is bytes else part
+    out = b"".join(flat).split(b"\n")
+    out.pop()  # after the last newline
+    return out
+
+
+def _cut(column) -> list[bytes]:
+    """The JSON text of each value of ``column`` (numbers, booleans, null), by one dumps."""
+    return _dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+
+
 #: An integer id is written back in the prediction: beyond 64 bits orjson
 #: (and most consumers) cannot write it, and the event would stop the service.
 ID_MIN, ID_MAX = -(1 << 63), (1 << 64) - 1

@@ -1,12 +1,16 @@
-"""service/pipeline/models.py: drift counted in episodes (one change, one count)."""
+"""service/pipeline/models.py: drift counted in episodes (one change, one count); our DDM is river's."""
 
 from __future__ import annotations
 
+import random
 from itertools import islice
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from perceptron_stream.learning import make_learner
-from perceptron_stream.pipeline.models import DriftWatch
+from perceptron_stream.pipeline.models import DDM, DriftWatch
 from perceptron_stream.streams import credit, separable
+from river.drift.binary import DDM as RiversDDM
 
 
 def _drifts(events, variant: str = "plain", standardize: bool = False, batch: int = 500) -> list[int]:
@@ -53,3 +57,42 @@ def test_an_episode_ends_when_the_rate_is_back_at_its_level_or_after_the_limit()
     assert harder.update(half[:60]) == 0 and harder.in_episode
     harder.update(half[60:])
     assert not harder.in_episode  # the limit: from here the detector measures the new level as its normal
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(1, 400)), min_size=1, max_size=8),
+    st.lists(st.integers(1, 300), max_size=20),
+    st.integers(0, 2**32),
+)
+def test_our_ddm_is_rivers_float_for_float(phases, cuts, seed):
+    """DDM (our loop over many flags) against river's DDM fed one flag at a time: the same detections, at the same
+    flags, and the same statistics after every batch, over streams of phases of several error rates (drifts and
+    settling), fed in batches of any size."""
+    rng = random.Random(seed)
+    flags = [rng.random() < rate for rate, length in phases for _ in range(length)]
+    ours, theirs = DDM(), RiversDDM()
+    at, i = [], 0
+    for size in [*cuts, len(flags)]:
+        batch, base = flags[i : i + size], i
+        i += len(batch)
+        start = 0
+        while start < len(batch):
+            fed, drift = ours.update_many(batch, start)
+            start += fed
+            if drift:
+                at.append(base + start)
+    expected = []
+    for n, x in enumerate(flags, 1):
+        theirs.update(x)
+        if theirs.drift_detected:
+            expected.append(n)
+    assert at == expected
+    river_stats = (
+        theirs._p.n,  # noqa: SLF001 — river keeps DDM's statistics private; nothing public shows them
+        theirs._p.get(),  # noqa: SLF001
+        theirs._ps_min,  # noqa: SLF001
+        theirs.warning_detected,
+        theirs.drift_detected,
+    )
+    assert (ours.n, ours.mean, ours.ps_min, ours.warning_detected, ours.drift_detected) == river_stats

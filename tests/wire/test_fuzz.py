@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from perceptron_stream.learning import make_learner
-from perceptron_stream.wire.inputs import Decoder
+from perceptron_stream.wire.inputs import Decoder, decode_label, decode_labels
 from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, REASONS, DeadLetter, Event, Rejection
 from perceptron_stream.wire.outputs import (
     DEAD_LETTER_ERROR_LIMIT,
@@ -37,7 +37,7 @@ from perceptron_stream.wire.outputs import (
     publishable,
 )
 
-from tests.support.hostile import MAX_BYTES, MAX_FEATURES, hostile_messages
+from tests.support.hostile import MAX_BYTES, MAX_FEATURES, hostile_messages, service_messages
 
 
 # the checks ---------------------------------------------------------------
@@ -174,3 +174,71 @@ def test_ids_at_the_64_bit_edges():
     for bad in (ID_MIN - 1, ID_MAX + 1, 10**300):
         got = publishable(d.decode(json.dumps({"x": [1.0], "id": bad}).encode()))
         assert type(got) is Rejection and got.reason == "invalid_event" and "64 bits" in got.error
+
+
+_finite = st.floats(-1e6, 1e6) | st.sampled_from([0.0, -0.0, 5e-324, 1e15, -1e15]) | st.integers(-(2**60), 2**60)
+_common = st.builds(  # events the fast path takes, mostly: a batch of them is decoded by the C calls
+    lambda features, extra: json.dumps({**features, **extra}).encode(),
+    st.fixed_dictionaries({"x": st.lists(_finite, min_size=2, max_size=3)})
+    | st.fixed_dictionaries({"features": st.dictionaries(st.sampled_from("abcd"), _finite, min_size=1)}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "id": st.none() | st.text(max_size=6) | st.integers(-(2**64), 2**64),
+            "y": st.sampled_from([1, -1, 0, True, False, None, 2]),
+        },
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    batches=st.lists(
+        st.lists(service_messages, min_size=1, max_size=12) | st.lists(_common, min_size=1, max_size=12),
+        min_size=1,
+        max_size=4,
+    ),
+    keys=st.lists(st.none() | st.binary(max_size=40), min_size=1, max_size=5),
+    dimension=st.sampled_from([None, 2, 3]),
+)
+def test_decode_many_is_decode_one_at_a_time(batches, keys, dimension):
+    """Batches of hostile and near-valid messages: decode_many's events and rejections are decode's, message for
+    message, and the two decoders' dimension stays the same."""
+    one, many = Decoder(MAX_BYTES, MAX_FEATURES, dimension), Decoder(MAX_BYTES, MAX_FEATURES, dimension)
+    for batch in batches:
+        batch_keys = [keys[i % len(keys)] for i in range(len(batch))]
+        expected = [one.decode(raw, key) for raw, key in zip(batch, batch_keys)]
+        got = many.decode_many(batch, batch_keys)
+        events = [e for e in expected if type(e) is Event]
+        assert (got.ids, got.xs, got.ys) == ([e.id for e in events], [e.x for e in events], [e.y for e in events])
+        assert [type(x) for x in got.xs] == [type(e.x) for e in events]
+        at = range(len(batch)) if got.at is None else got.at
+        assert list(at) == [i for i, e in enumerate(expected) if type(e) is Event]
+        assert got.rejected == [(i, e) for i, e in enumerate(expected) if type(e) is Rejection]
+        assert many.dimension == one.dimension
+
+
+_common_labels = st.builds(
+    lambda i, y: json.dumps({"id": i, "y": y}).encode(),
+    st.text(max_size=8) | st.integers(-(2**70), 2**70),
+    st.sampled_from([1, -1, 0, True, False]),
+)
+_label_values = st.one_of(
+    hostile_messages,
+    _common_labels,
+    st.builds(
+        lambda i, y: json.dumps({"id": i, "y": y}).encode(),
+        st.text(max_size=8) | st.integers(-(2**70), 2**70) | st.floats(),
+        st.sampled_from([1, -1, 0, True, False, 2, None, 1.0, "1"]),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    batch=st.lists(_label_values, min_size=1, max_size=12) | st.lists(_common_labels, min_size=1, max_size=12),
+    key=st.none() | st.binary(max_size=40),
+)
+def test_decode_labels_is_decode_label_one_at_a_time(batch, key):
+    keys = [key] * len(batch)
+    assert decode_labels(batch, keys, MAX_BYTES) == [decode_label(raw, key, MAX_BYTES) for raw in batch]

@@ -10,6 +10,7 @@ letter. No Kafka here: messages go to a ``send`` callable.
 
 from __future__ import annotations
 
+from perceptron_stream.learning.many import relabel_many
 from perceptron_stream.wire.messages import Rejection
 from perceptron_stream.wire.outputs import dead_letter_record, outcome
 
@@ -40,19 +41,61 @@ class Join:
 
         ``point`` is the pending row (:meth:`~perceptron_stream.pipeline.labels.joiner.Joiner.keep`); ``topic``, ``partition``,
         ``offset`` and ``at`` (seconds) are the label's."""
-        mistake = point["y_pred"] != y
-        learner.relabel(point["x"], y, mistake)
+        learner.relabel(point["x"], y, point["y_pred"] != y)
+        theirs = {}
         if models is not None:
             predicted = point.get("challengers", {})
             for name, challenger in models.challengers.items():
-                theirs = predicted.get(name)  # None: a challenger added since the point came (scored as a mistake)
-                challenger.relabel(point["x"], y, theirs != y)
-                tally.challenger_flags.setdefault(name, []).append(theirs != y)
+                wrong = predicted.get(name) != y  # None: a challenger added since the point came (scored as a mistake)
+                challenger.relabel(point["x"], y, wrong)
+                theirs[name] = wrong
+        counters = (learner.updates, learner.seen, learner.mistakes)
+        self.publish(label_id, y, point, key, topic, partition, offset, at, counters, theirs, send, tally, replica)
+
+    def learn_many(self, points: list[dict], ys: list[int], learner, models) -> list[tuple]:
+        """:meth:`joined`'s learning for many joins in order, each learner's by ``relabel_many`` (the same floats as
+        one relabel at a time): per join, the champion's (updates, seen, mistakes) after it and the challengers'
+        mistakes on its decision, for :meth:`publish`."""
+        xs = [point["x"] for point in points]
+        updates, mistakes = relabel_many(learner, xs, ys, [point["y_pred"] != y for point, y in zip(points, ys)])
+        seen = learner.seen
+        wrong: dict[str, list[bool]] = {}
+        for name, challenger in ({} if models is None else models.challengers).items():
+            wrong[name] = [point.get("challengers", {}).get(name) != y for point, y in zip(points, ys)]
+            relabel_many(challenger, xs, ys, wrong[name])
+        return [
+            ((updates[i], seen, mistakes[i]), {name: flags[i] for name, flags in wrong.items()}) for i in range(len(xs))
+        ]
+
+    def publish(
+        self,
+        label_id,
+        y: int,
+        point: dict,
+        key,
+        topic,
+        partition,
+        offset,
+        at,
+        counters,
+        theirs,
+        send,
+        tally,
+        replica,
+        counted: bool = False,
+    ) -> None:
+        """A joined decision counted and its outcome sent: ``counters`` the model's (updates, seen, mistakes) after
+        the join learned, ``theirs`` the challengers' mistakes on it (``counted``: their flags and the decision's
+        are in the tally already)."""
+        if not counted:
+            for name, wrong in theirs.items():
+                tally.challenger_flags.setdefault(name, []).append(wrong)
+            tally.flags.append(point["y_pred"] != y)
         tally.labeled += 1
-        tally.flags.append(mistake)
         tally.label_outcomes.append("joined")
         delay = max(0.0, at - point["at"])  # 0: the label came first
         tally.delays.append(delay)
+        updates, seen, mistakes = counters
         send(
             self.outcome_topic,
             key,
@@ -66,9 +109,9 @@ class Join:
                 partition,
                 offset,
                 delay,
-                learner.updates,
-                learner.seen,
-                learner.mistakes,
+                updates,
+                seen,
+                mistakes,
                 replica,
             ),
         )

@@ -18,8 +18,15 @@ import uuid
 from perceptron_stream.pipeline.labels.join import Join
 from perceptron_stream.state.checkpoint import CheckpointError
 from perceptron_stream.state.pending import PendingTable
-from perceptron_stream.wire.inputs import decode_label
+from perceptron_stream.wire.inputs import decode_labels
 from perceptron_stream.wire.messages import Label, Rejection
+
+
+def _duplicate(label: Label) -> Rejection:
+    return Rejection(
+        "duplicate",
+        f"the point with id {label.id!r} was labeled already (or a label for it waits for it): a label is learned once",
+    )
 
 
 class Joiner:
@@ -92,6 +99,22 @@ class Joiner:
         label = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
         return None if label is None else (point, label)
 
+    def labels_waiting(self, partition: int, ids: list, ys: list) -> list[tuple[int, int]]:
+        """(index, label's y) of the points among a batch's events (``ids``, labels ``ys``) whose label waits now:
+        :meth:`keep` will join them (the first point of each id: a second one finds its label taken). The task's
+        batch form learns their joins in the same pass as the points (``step_many(..., joins=)``)."""
+        table = self.tables.get(partition)
+        if table is None or not table.early_count():
+            return []
+        out, taken = [], set()
+        for i, (point_id, y) in enumerate(zip(ids, ys)):
+            if y is None and point_id not in taken:
+                label = table.waiting(point_id)
+                if label is not None:
+                    out.append((i, label["y"]))
+                    taken.add(point_id)
+        return out
+
     def saw_point(self, partition: int, timestamp: int) -> None:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
@@ -111,7 +134,7 @@ class Joiner:
     def read(self, records) -> list[Label | Rejection]:
         """A batch of label records (one partition's) decoded, the pending rows of their ids read at once
         (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing."""
-        labels = [decode_label(r.value, r.key, self.max_message_bytes) for r in records]
+        labels = decode_labels([r.value for r in records], [r.key for r in records], self.max_message_bytes)
         self.table(records[0].partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
 
@@ -123,46 +146,13 @@ class Joiner:
         table = self.table(r.partition)
         got = table.take(label.id, now=r.timestamp / 1000)
         if got is None:  # its point has not come (or is gone): the label waits for it, up to the grace period
-            if table.early_count() >= self.max_early:
-                for old in table.pop_early(most=table.early_count() - self.max_early + 1):
-                    self._let_go(
-                        old,
-                        f"more than --max-early-labels {self.max_early:,} labels waited for their point "
-                        "in this partition: the oldest goes",
-                        send,
-                        tally,
-                        r.partition,
-                    )
-            table.hold(
-                label.id,
-                {
-                    "id": label.id,
-                    "y": label.y,
-                    "offset": r.offset,
-                    "at": r.timestamp / 1000,
-                    "key": None if r.key is None else base64.b64encode(r.key).decode(),
-                    "value": r.value.decode(),
-                },
-                at=r.timestamp / 1000,
-            )
+            for old, why in self._wait(table, r, label):
+                self._let_go(old, why, send, tally, r.partition)
             tally.label_outcomes.append("early")
             return
         if isinstance(got, str):  # "duplicate"
             tally.label_outcomes.append("duplicate")
-            return self.join.dead_letter(
-                r.value,
-                r.key,
-                r.topic,
-                r.partition,
-                r.offset,
-                Rejection(
-                    "duplicate",
-                    f"the point with id {label.id!r} was labeled already (or a label for it waits for it): a "
-                    "label is learned once",
-                ),
-                send,
-                tally,
-            )
+            return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, _duplicate(label), send, tally)
         self.join.joined(
             label.id,
             label.y,
@@ -178,6 +168,84 @@ class Joiner:
             replica,
             models,
         )
+
+    def label_many(self, records, labels: list, learner, send, tally, replica: dict | None, models=None) -> None:
+        """:meth:`label` of each label of a batch, in order, with the joined ones learned together.
+
+        Each label's step through the tables comes first (take, hold, or a dead letter: nothing there depends on
+        the model), then the joins' learning by ``relabel_many`` (:meth:`Join.learn_many`: the same as one relabel
+        after another), then what each label sends and counts, in the labels' order, as :meth:`label` does.
+        """
+        actions: list[tuple] = []
+        joins: list[tuple] = []
+        for r, label in zip(records, labels):
+            if type(label) is Rejection:
+                actions.append(("letter", r, label))
+                continue
+            table = self.table(r.partition)
+            got = table.take(label.id, now=r.timestamp / 1000)
+            if got is None:
+                actions.extend(("let go", old, why, r.partition) for old, why in self._wait(table, r, label))
+                actions.append(("count", "early"))
+            elif got == "duplicate":
+                actions.append(("count", "duplicate"))
+                actions.append(("letter", r, _duplicate(label)))
+            else:
+                actions.append(("join", r, label, got))
+                joins.append((got, label.y))
+        learned = iter(self.join.learn_many([p for p, _ in joins], [y for _, y in joins], learner, models))
+        join = self.join
+        for kind, *what in actions:
+            if kind == "letter":
+                r, rejection = what
+                join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, rejection, send, tally)
+            elif kind == "count":
+                tally.label_outcomes.append(what[0])
+            elif kind == "let go":
+                old, why, partition = what
+                self._let_go(old, why, send, tally, partition)
+            else:
+                r, label, point = what
+                counters, theirs = next(learned)
+                join.publish(
+                    label.id,
+                    label.y,
+                    point,
+                    r.key,
+                    r.topic,
+                    r.partition,
+                    r.offset,
+                    r.timestamp / 1000,
+                    counters,
+                    theirs,
+                    send,
+                    tally,
+                    replica,
+                )
+
+    def _wait(self, table: PendingTable, r, label: Label) -> list[tuple[dict, str]]:
+        """Hold ``label`` (record ``r``) until its point comes; the oldest early labels it pushes beyond
+        --max-early-labels, with why, to be let go (:meth:`_let_go`)."""
+        evicted = []
+        if table.early_count() >= self.max_early:
+            why = (
+                f"more than --max-early-labels {self.max_early:,} labels waited for their point "
+                "in this partition: the oldest goes"
+            )
+            evicted = [(old, why) for old in table.pop_early(most=table.early_count() - self.max_early + 1)]
+        table.hold(
+            label.id,
+            {
+                "id": label.id,
+                "y": label.y,
+                "offset": r.offset,
+                "at": r.timestamp / 1000,
+                "key": None if r.key is None else base64.b64encode(r.key).decode(),
+                "value": r.value.decode(),
+            },
+            at=r.timestamp / 1000,
+        )
+        return evicted
 
     def join_early(self, r, point: dict, label: dict, learner, send, tally, replica: dict | None, models=None) -> None:
         """A point whose label came first (``keep`` returned them), its prediction sent: joined now."""
@@ -196,6 +264,28 @@ class Joiner:
             tally,
             replica,
             models,
+        )
+
+    def publish_early(self, r, point: dict, label: dict, counters, theirs: dict, send, tally, replica) -> None:
+        """:meth:`join_early` of a join learned already (the task's batch form learned it with its point's step):
+        ``counters`` the model's (updates, seen, mistakes) after it, ``theirs`` the challengers' mistakes on it,
+        both counted in ``tally.flags`` already."""
+        key = None if label["key"] is None else base64.b64decode(label["key"])
+        self.join.publish(
+            label["id"],
+            label["y"],
+            point,
+            key,
+            self.label_topic,
+            r.partition,
+            label["offset"],
+            label["at"],
+            counters,
+            theirs,
+            send,
+            tally,
+            replica,
+            counted=True,
         )
 
     def expire_early(self, send, tally) -> int:

@@ -40,6 +40,7 @@ class PendingTable:
         # holds them: in memory too, so a point finds its label without a query (a query a point cost a replay,
         # whose labels are read far ahead of their points, a third of its CPU); at most --max-early-labels a table
         self._early: dict[str, tuple[float, bytes]] = {}
+        self._peeked: dict[str, dict] = {}  # early labels :meth:`waiting` read, for :meth:`add` to take as they are
         self._early_by_time: list[tuple[float, str]] = []
         self._reload_early()
         # Labels taken from the table's rows since the batch began: their updates and undo entries, written
@@ -82,20 +83,35 @@ class PendingTable:
     def _join_early(self, key: str, now: float) -> dict:
         """The early label of ``key``, its row now the labeled mark (a row of the table is replaced, logged for undo)."""
         label = self._early.pop(key)[1]
+        peeked = self._peeked.pop(key, None)
         if (
             self.memory.rows.pop(key, None) is None
         ):  # not held in this epoch: the table's row is replaced, logged for undo
             self.memory.unverified.append(key)  # (looked up at the next write, with the other ids added)
         self._remember(key, "labeled", now, None)
-        return orjson.loads(label)
+        return orjson.loads(label) if peeked is None else peeked
 
     def hold(self, label_id: str | int, label: dict, at: float) -> None:
         """Keep ``label``, whose point has not come (:meth:`take` found no row), until :meth:`add` brings the point
         or :meth:`pop_early` lets it go. A second label for it is a duplicate (:meth:`take`)."""
         key, blob = _key(label_id), orjson.dumps(label)
+        self._peeked.pop(key, None)
         self._remember(key, EARLY, at, blob)
         self._early[key] = (at, blob)
         heapq.heappush(self._early_by_time, (at, key))
+
+    def waiting(self, point_id: str | int | None) -> dict | None:
+        """The label that waits for point ``point_id`` (:meth:`add` would join them), left waiting; None: none."""
+        if point_id is None:
+            return None
+        key = _key(point_id)
+        label = self._peeked.get(key)
+        if label is None:
+            held = self._early.get(key)
+            if held is None:
+                return None
+            label = self._peeked[key] = orjson.loads(held[1])  # read once: add returns this one
+        return label
 
     def early_count(self) -> int:
         """Labels waiting for their point."""
@@ -117,6 +133,7 @@ class PendingTable:
                 break
             _, key = heapq.heappop(self._early_by_time)
             blob = self._early.pop(key)[1]
+            self._peeked.pop(key, None)
             self._rows.pop(key, None)
             if self.memory.rows.pop(key, None) is None:  # in the table: deleted, logged for undo
                 self._forget_read_ahead()
@@ -127,6 +144,7 @@ class PendingTable:
     def _reload_early(self) -> None:
         """The early labels' ids and times, from the table (at open and after a restore)."""
         self._early = {key: (at, bytes(point)) for key, at, point in self.disk.early_rows()}
+        self._peeked = {}
         self._early_by_time = [(at, key) for key, (at, _) in self._early.items()]
         heapq.heapify(self._early_by_time)
 

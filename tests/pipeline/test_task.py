@@ -1,0 +1,245 @@
+"""A task's batch form equals its one-record-at-a-time form: the same messages in the same order, the same model.
+
+Two tasks made alike by the task factory from the same settings take the same records in the same batches, one
+through :meth:`Task.process` (decoded by msgspec over the batch, stepped by ``step_many``, its predictions built
+in one pass), the other through :meth:`Task.process_each` (each record decoded, stepped and encoded on its own:
+the reference). Every message sent (topic, key, value bytes, in order), the tallies the metrics count, and the
+checkpoints they would write must be equal: over random streams (dense, named, of changing shapes; labeled or
+not; with malformed messages among them), every variant, the scaler, hashing, challengers, learning off, delayed
+labels and partition scope with mixing, and random batch cuts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka.contract import Record
+from perceptron_stream.learning import many
+from perceptron_stream.pipeline import task as task_module
+from perceptron_stream.pipeline.mixer import MixBoard
+from perceptron_stream.pipeline.task import Tally
+from perceptron_stream.runtime.factory import TaskFactory, model_meta
+from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
+
+CONFIGS = [
+    [],
+    ["--variant", "margin", "--margin", "0.5"],
+    ["--variant", "averaged"],
+    ["--variant", "pocket"],
+    ["--challengers", "averaged,pocket,margin:0.25"],
+    ["--standardize", "--challengers", "pocket"],
+    ["--hash-features", "64", "--challengers", "averaged"],
+    ["--max-model-features", "3"],
+    ["--learning", "off", "--challengers", "averaged"],
+    ["--label-topic", "labels", "--challengers", "averaged", "--max-early-labels", "5"],
+    ["--model-scope", "partition", "--mix-every", "7", "--challengers", "pocket"],
+    ["--model-scope", "partition", "--mix-every", "0", "--label-topic", "labels", "--challengers", "pocket"],
+    ["--label-topic", "labels", "--standardize", "--hash-features", "32", "--challengers", "margin:0.5"],
+]
+NAMES = ["age", "salary", "debt", "years", "score"]
+
+
+class Sent(list):
+    """A ``send`` keeping (topic, key, value) in order, the value's bytes as they were."""
+
+    def __call__(self, topic, key, value):
+        self.append((topic, key, value))
+
+
+def _task(tmp_path, flags: list[str], tag: str):
+    s = load(
+        ServeSettings,
+        ["--metrics-port", "0", "--state-dir", str(tmp_path / tag), "--max-message-bytes", "1024", *flags],
+    )
+    owner = Owner(s.group_id, s.input_topic, GROUP_TASK, "cluster", "topic-id")
+    board = MixBoard(owner, model_meta(s), 1) if s.model_scope == "partition" else None
+    factory = TaskFactory(s, owner, board=board)
+    task = factory.new_task(0 if s.model_scope == "partition" else None)
+    task.fresh()
+    return factory, task
+
+
+def _value(rng: random.Random):
+    return rng.choice([0.0, -0.0, 1.0, -2.0, 3, 1e-300, 7.5e5, rng.uniform(-1, 1), rng.uniform(-50, 50)])
+
+
+def _message(rng: random.Random, form: str, d: int, ids: list) -> bytes | None:
+    """One input message: mostly a valid event of the stream's form, sometimes one a rule rejects."""
+    event: dict = {}
+    if rng.random() < 0.8:
+        event["id"] = rng.choice(ids)
+    if form == "dense" or (form == "mixed" and rng.random() < 0.5):
+        event["x"] = [_value(rng) for _ in range(d)]
+    else:
+        names = NAMES[:d] if form == "named" else rng.sample(NAMES, rng.randint(1, len(NAMES)))
+        event["features"] = {name: _value(rng) for name in names}
+    if rng.random() < 0.85:
+        event["y"] = rng.choice([1, -1, 1, -1, 0, True, False, None])
+    bad = rng.random()
+    if bad < 0.03:
+        return None  # a tombstone
+    if bad < 0.06:
+        return b'{"x": [1.0'  # not JSON
+    if bad < 0.09:
+        event["y"] = 2
+    elif bad < 0.11:
+        event["x"] = [1.0] * (d + 1)  # another dimension (or both x and features)
+    elif bad < 0.13:
+        event["id"] = rng.choice([2**70, 2**63])  # an id no prediction can carry; one the model's way takes
+    elif bad < 0.15:
+        event["extra"] = "x" * rng.choice([3, 1100])  # an unknown key (and too long for --max-message-bytes 1024)
+    return json.dumps(event).encode()
+
+
+def _stream(seed: int, n: int, form: str, d: int, topic: str = "points") -> list[Record]:
+    rng = random.Random(seed)
+    ids = [f"p{i}" for i in range(n)] + [7, None, "p0"]
+    out = []
+    for offset in range(n):
+        value = _message(rng, form, d, ids)
+        key = None if rng.random() < 0.2 else f"k{offset % 7}".encode()
+        out.append(Record(topic, 0, offset, key, value, 1_700_000_000_000 + 10 * offset))
+    return out
+
+
+def _labels(seed: int, n: int) -> list[Record]:
+    """Labels for the points of :func:`_stream`: some before their point comes, some after, some twice, some for
+    no point, a few malformed (dead letters all of those)."""
+    rng = random.Random(seed + 1)
+    out = []
+    for offset in range(n):
+        i = rng.randrange(n + 3)
+        value = json.dumps({"id": f"p{i}", "y": rng.choice([1, -1, 0, True])}).encode()
+        if rng.random() < 0.05:
+            value = rng.choice([b"{", b'{"id": "p1", "y": 5}', b'{"y": 1}'])
+        out.append(Record("labels", 0, offset, f"p{i}".encode(), value, 1_700_000_000_000 + 10 * i))
+    return out
+
+
+def _cut(records: list, sizes: list[int]) -> list[list]:
+    batches, i = [], 0
+    for size in sizes:
+        if i < len(records):
+            batches.append(records[i : i + size])
+            i += size
+    if i < len(records):
+        batches.append(records[i:])
+    return batches
+
+
+def _run(task, batches: list[list], batched: bool):
+    sent, tallies = Sent(), []
+    for records in batches:
+        tally = Tally()
+        (task.process if batched else task.process_each)(records, sent, tally)
+        tallies.append({name: getattr(tally, name) for name in Tally.__slots__})
+    return sent, tallies
+
+
+def _state(task) -> dict:
+    cp = task.snapshot()
+    if "labels" in cp.task:
+        cp.task["labels"]["lineage"] = [epoch for epoch, _run in cp.task["labels"]["lineage"]]  # (a tag per run)
+    return {
+        "positions": cp.positions,
+        "model": cp.model,
+        "dimension": cp.dimension,
+        "task": cp.task,
+        "radius": task.learner.radius,
+        "pending": None if task.joiner is None else (task.joiner.pending(), task.joiner.early()),
+    }
+
+
+def _same_runs(tmp_path, flags, batches):
+    """Both forms over ``batches``: their sends, tallies and final states."""
+    with mock.patch("perceptron_stream.pipeline.task.time.time", return_value=1_700_000_000.0):
+        results = []
+        for tag, batched in (("each", False), ("many", True)):
+            factory, task = _task(tmp_path, flags, tag)
+            try:
+                sent, tallies = _run(task, batches, batched)
+                results.append((sent, tallies, _state(task)))
+            finally:
+                if task.joiner is not None:
+                    task.joiner.close()
+                factory.close()
+    (sent_each, tallies_each, state_each), (sent_many, tallies_many, state_many) = results
+    assert sent_many == sent_each
+    assert tallies_many == tallies_each
+    assert repr(state_many) == repr(state_each)  # repr: -0.0 is not 0.0 there
+    return sent_each
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    config=st.sampled_from(CONFIGS),
+    form=st.sampled_from(["dense", "named", "ragged", "mixed"]),
+    d=st.integers(1, 5),
+    n=st.integers(1, 120),
+    seed=st.integers(0, 2**32),
+    sizes=st.lists(st.integers(1, 40), max_size=12),
+    windows=st.booleans(),
+    short_spans=st.booleans(),
+)
+def test_the_batch_form_sends_and_learns_what_one_record_at_a_time_does(
+    tmp_path_factory, config, form, d, n, seed, sizes, windows, short_spans
+):
+    tmp_path = tmp_path_factory.mktemp("task")
+    points = _stream(seed, n, form, d)
+    if "--label-topic" in config:  # labels among the points' batches, before or after their points
+        labels = _labels(seed, n)
+        batches = []
+        for i, batch in enumerate(_cut(points, sizes)):
+            batches.append(batch)
+            if labels[i::3]:
+                batches.append(labels[i::3])
+    else:
+        batches = _cut(points, sizes)
+    with (
+        mock.patch.object(many, "NUMPY_RUN", 0 if windows else math.inf),  # either exact path of step_many
+        mock.patch.object(task_module, "SPAN_EVENTS", 0 if short_spans else task_module.SPAN_EVENTS),
+    ):
+        sent = _same_runs(tmp_path, config, batches)
+    # and each point gave one message: its prediction or its dead letter
+    answered = [json.loads(v)["source"] for t, _, v in sent if t == "predictions" or t == "points.dlq"]
+    assert sorted(a["offset"] for a in answered if a["topic"] == "points") == list(range(n))
+
+
+@pytest.mark.parametrize("numpy_run", [0, math.inf, many.NUMPY_RUN], ids=["windows", "fused", "chosen"])
+@pytest.mark.parametrize("config", CONFIGS[:7] + CONFIGS[9:], ids=lambda flags: " ".join(flags) or "plain")
+def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
+    """Thousands of events of the demo's kinds (a noisy stream, then a separable one: the model updates often,
+    then seldom, so both paths of step_many are taken), in batches of up to 1,000; with delayed labels, half the
+    points wait for theirs, a tenth of which came first (a span ends after each of those)."""
+    from perceptron_stream.streams import separable
+
+    events = [dict(e) for e, _ in zip(separable(dimensions=6, noise=0.2, seed=3), range(2500))]
+    events += [{**e, "id": f"q{e['id']}"} for e, _ in zip(separable(dimensions=6, noise=0.0, seed=4), range(2500))]
+    labels = []
+    for i, e in enumerate(events):
+        if "--label-topic" in config and i % 2:
+            y = e.pop("y")
+            if i % 10 == 1:
+                labels.append(json.dumps({"id": e["id"], "y": y}).encode())
+        if i % 3 == 0:
+            e["features"] = dict(zip([*NAMES, "f"], e.pop("x")))  # named events too, from the 3rd batch on
+    rng = random.Random(5)
+    dense = [e for e in events if "x" in e]
+    named = [e for e in events if "features" in e]
+    records = [
+        Record("points", 0, i, None, json.dumps(e).encode(), 1_700_000_000_000 + i) for i, e in enumerate(dense + named)
+    ]
+    early = [Record("labels", 0, i, None, value, 1_700_000_000_000) for i, value in enumerate(labels)]
+    sizes = [rng.choice([1, 7, 300, 1000]) for _ in range(40)]
+    with mock.patch.object(many, "NUMPY_RUN", numpy_run), mock.patch.object(task_module, "SPAN_EVENTS", 0):
+        sent = _same_runs(tmp_path, config, ([early] if early else []) + _cut(records, sizes))
+    assert sum(topic == "predictions" for topic, _, _ in sent) == len(records)
+    outcomes = sum(topic == "predictions.outcomes" for topic, _, _ in sent)
+    assert outcomes == (len(labels) if "--max-early-labels" not in config else 5)  # the others let go: dead letters
