@@ -49,13 +49,14 @@ round), each in a child process of its own, with a fresh group and output topic:
   would write instead of the service, river's Perceptron behind a Kafka library,
   each the way its library's documentation shows (bench/peers; the bench extra);
 - ``--exactly-once``: the service with the Kafka state store at-least-once, and
-  exactly-once at two commit intervals (:data:`EXACTLY_ONCE`). Throughput from
+  exactly-once at two commit intervals (:data:`EXACTLY_ONCE`), on kafka-python
+  and, with ``--client service-confluent``, on confluent-kafka. Throughput from
   the output CreateTimes as for every contender: a transaction's outputs are
   stamped as they are sent, so the span is the processing, commits included.
   Latency is measured where a consumer of exactly-once outputs sees them (they
   become visible at their transaction's commit, not at their CreateTime): on
   arrival at a read_committed reader (:class:`VisibleReader`), arrival − input
-  CreateTime, for all three at half the at-least-once one's rate.
+  CreateTime, for all at half the kafka-python at-least-once one's rate.
 
 Throughput, the same for all, from the data: N / (CreateTime of the last
 output − CreateTime of the first), read back from the output topic once every
@@ -140,6 +141,8 @@ EXACTLY_ONCE = (
         ("--state-store", "kafka", "--processing-guarantee", "exactly-once", "--commit-interval-ms", "1000"),
     ),
 )
+#: What a service contender's name says of its client.
+CLIENT_TAG = {"kafka-python": "", "confluent": " confluent"}
 #: ``--client service-labels``: its flags, and how many points ahead of its label each point is sent.
 LABEL_FLAGS = ["--challengers", "averaged,pocket"]
 LABEL_LAG = 1000
@@ -1180,9 +1183,7 @@ def main() -> int:
         clients = ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
         return [
             Contender(
-                f"service{tag}"
-                + (" confluent" if client == "confluent" else "")
-                + (" labels+challengers" if labels else ""),
+                f"service{tag}" + CLIENT_TAG[client] + (" labels+challengers" if labels else ""),
                 "service",
                 client,
                 tree,
@@ -1199,7 +1200,13 @@ def main() -> int:
             parser.error(f"--service-tree {spec}: want NAME=DIR, DIR holding service/cli.py")
         services += service_contenders(f"@{name}", Path(tree).resolve())
     contenders += services
-    eos = [Contender(name, "service", "kafka-python", ROOT, flags=f, visible=True) for name, f in EXACTLY_ONCE]
+    # on each client asked for: kafka-python's transactional producer checks the transaction's state under its
+    # locks at every send (TransactionManager.maybe_add_partition_to_transaction), librdkafka in C
+    eos = [
+        Contender(name + CLIENT_TAG[client], "service", client, ROOT, flags=f, visible=True)
+        for client in ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
+        for name, f in EXACTLY_ONCE
+    ]
     contenders += eos if args.exactly_once else []
     bare = {c.client: c for c in contenders if c.kind == "ceiling" and c.client in ("kafka-python", "confluent")}
     partitions = [int(p) for p in args.partitions.split(",")]
@@ -1288,7 +1295,7 @@ def main() -> int:
                         )
                         results["latency"].append(run)
             for p in partitions if args.exactly_once and args.latency_seconds and not args.no_throughput else ():
-                rate = service_rate(results, eos[0].name, p) / 2  # all three at the at-least-once one's half rate
+                rate = service_rate(results, eos[0].name, p) / 2  # all at kafka-python at-least-once's half rate
                 for i, c in enumerate(eos):
                     console.print(f"latency: {c.name}, {p} partition(s), {rate:,.0f} events/s, read_committed ...")
                     run = latency_run(
@@ -1307,7 +1314,7 @@ def main() -> int:
                         f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms"
                     )
                     results["latency"].append(run)
-            for i, c in enumerate(services if args.memory_events else ()):
+            for i, c in enumerate((services + (eos if args.exactly_once else [])) if args.memory_events else ()):
                 console.print(f"memory: {c.name}, {args.memory_events:,} events fed continuously ...")
                 results["memory"].append(
                     memory_run(kafka, c, events, args.memory_events, args.batch_size, f"m{i}", logs)
@@ -1407,8 +1414,9 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
             table.add_row(c.name, *cells)
         console.print(table)
         for t in results["throughput"]:
-            runs, baseline = t["runs"], EXACTLY_ONCE[0][0]
-            for name, _ in EXACTLY_ONCE[1:]:
+            runs = t["runs"]
+            for (name, _), tag in itertools.product(EXACTLY_ONCE[1:], CLIENT_TAG.values()):
+                name, baseline = name + tag, EXACTLY_ONCE[0][0] + tag
                 pairs = [
                     (r, q)
                     for r in runs

@@ -85,9 +85,9 @@ class Application:
         self.reports = ModelReports()  # GET /model, read by the HTTP thread only
         self.http: HttpEndpoints | None = None
         self.stream: Stream | None = None  # the poll loop's consumer and producer, once start-up opened it
-        self.label_gate = LabelGate(
-            self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms
-        )  # labels ahead of points
+        self.label_gate = LabelGate(  # labels ahead of points
+            self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms, s.max_early_labels
+        )
         self._stopping = False
         self._doing = "connecting to the brokers"  # what the loop is doing, for a stop that does not finish in time
         self.wire(Opened(Owner(s.group_id, s.input_topic)))  # nothing opened yet; start-up wires again
@@ -249,11 +249,21 @@ class Application:
                     return 0
                 except (Aborted, Fenced) as exc:  # exactly-once: the open transaction is over, nothing of it visible
                     raise self.checkpointer.transaction_lost(exc) from None
+            self._pace_labels(stream)
             self._doing = "checkpointing or committing"
             self.checkpointer.maybe(self.tasks.all(), stream)
             self._doing = "reading the lag"
             self.lag.refresh(stream)
         return 0
+
+    def _pace_labels(self, stream: Stream) -> None:
+        """The label partitions the gate paces paused or read again (those still assigned: a revoked one's pause
+        went with it)."""
+        pause, resume = self.label_gate.pace()
+        if pause or resume:
+            assigned = set(stream.assignment())
+            stream.pause([tp for tp in pause if tp in assigned])
+            stream.resume([tp for tp in resume if tp in assigned])
 
     def _process(self, batches) -> None:
         started = time.perf_counter()

@@ -367,6 +367,36 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     assert scored == {p["id"]: (p["_y"], published[p["id"]]) for p in points}  # each label scored its point's decision
 
 
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_label_topic_read_far_ahead_of_its_points_is_paused_and_no_label_is_evicted(
+    apache_kafka, topics, tmp_path, service_thread, client
+):
+    """3,000 labels read before any of their points, with room for 500 early labels a partition (a label topic
+    read far ahead of its points, as a backlog's short labels are): the label partition is paused once half the
+    room is taken, so none is evicted as unknown_id, and each joins its point once the points come."""
+    names = label_topics(apache_kafka, topics)
+    points = labeled_points(3000, seed=79)
+    send_labels(apache_kafka, names["label_topic"], [(p["id"], p["_y"]) for p in points])
+    args = settings_args(apache_kafka, names, tmp_path, batch_size=200, kafka_client=client, max_early_labels=500)
+    service = service_thread(args)
+    wait_until(lambda: _early_labels(http_get(service.metrics_url + "/metrics")[1]) >= 50, 60, what="early labels held")
+    time.sleep(1)  # a few more turns of the loop: unpaced, it would read on and evict
+    held = _early_labels(http_get(service.metrics_url + "/metrics")[1])
+    assert held < 500 and _label_counts(http_get(service.metrics_url + "/metrics")[1])["unknown_id"] == 0
+    send_points(apache_kafka, names["input_topic"], points)
+    outcomes = consume(apache_kafka.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
+    metrics = metrics_once(service.metrics_url, "perceptron_early_labels 0.0")
+    service.stop()
+
+    counts = _label_counts(metrics)
+    assert (counts["joined"], counts["unknown_id"]) == (len(points), 0) and counts["early"] >= 250, counts
+    assert sorted(json.loads(m.value)["id"] for m in outcomes) == sorted(p["id"] for p in points)
+
+
+def _early_labels(metrics: str) -> float:
+    return float(metrics.split("\nperceptron_early_labels ")[1].split()[0])
+
+
 # labels that come before their points (issue 28) ------------------------------------------------------------------
 def _send_lingering_points_and_labels(broker, names: dict, points: list[dict]) -> None:
     """The run of the issue: points from a producer that batches (linger_ms 3000: a point waits in its buffer
