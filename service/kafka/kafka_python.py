@@ -49,7 +49,7 @@ from perceptron_stream.kafka.errors import (
     transaction_error,
     translated,
 )
-from perceptron_stream.kafka.kp_mends import close_consumer, close_producer, mend_consumer
+from perceptron_stream.kafka.kp_mends import close_consumer, close_producer, mend_consumer, mend_transactional_producer
 from perceptron_stream.kafka.kp_options import (
     ISOLATION_LEVEL,
     LINGER_UNTIL_FLUSH_MS,
@@ -173,6 +173,7 @@ class KafkaIO:
         except BaseException:
             close_producer(producer, 1.0)
             raise
+        mend_transactional_producer(producer)
         return producer
 
     # consuming -----------------------------------------------------------

@@ -15,7 +15,9 @@ behaviour (named in its docstring).
 - :class:`AdminClient`: DescribeGroups answers with authorized-operation bits
   kafka-python cannot name;
 - :func:`mend_consumer`: the fetcher's and the group join's bugs of a
-  consumer in a group.
+  consumer in a group;
+- :func:`mend_transactional_producer`: a send in an open transaction to a
+  partition already in it takes no lock (a cost, not a bug).
 """
 
 from __future__ import annotations
@@ -358,3 +360,36 @@ def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None
         return coordinator._join_task is not None or need_rejoin()  # noqa: SLF001 — the join in flight, kept private by kafka-python
 
     coordinator.need_rejoin = rejoin_needed_while_a_join_is_held
+
+
+def mend_transactional_producer(producer: KafkaProducer) -> None:
+    """A send in the open transaction to a partition already added to it decides so without kafka-python's locks.
+
+    kafka-python 3.0.12 calls ``TransactionManager.maybe_add_partition_to_transaction`` at every send of a
+    transactional producer; it takes the manager's RLock four times over (the state checks of
+    ``_fail_if_not_ready_for_send``, ``has_error``, ``is_partition_added``) to find, for all but a transaction's
+    first record of each partition, that there is nothing to do. That was most of what exactly-once cost the
+    service an event on kafka-python (``KafkaIO.send`` 38% more samples than at-least-once in a py-spy profile of
+    bench/e2e.py --exactly-once; librdkafka does it in C). Here the answer "open, and added already" is read first,
+    as the locked path reads it, and anything else takes the locked path: an error state, no producer id or a
+    transaction not open all leave the state other than IN_TRANSACTION, so the checks that raise are the same.
+    The state may change right after the look, as it may right after the lock's release: the sender's own checks
+    see to the records then, as before. Only where the manager has these attributes. Proved by
+    tests/integration/test_exactly_once.py (fenced zombies, aborts) and measured by bench/e2e.py --exactly-once.
+    """
+    manager: Any = getattr(producer, "_transaction_manager", None)  # kafka-python's, untyped
+    if manager is None or not all(
+        hasattr(manager, a)
+        for a in ("_current_state", "_partitions_in_transaction", "maybe_add_partition_to_transaction")
+    ):
+        return
+    from kafka.producer.transaction_manager import TransactionState
+
+    open_state, locked = TransactionState.IN_TRANSACTION, manager.maybe_add_partition_to_transaction
+
+    def maybe_add_partition_to_transaction(topic_partition) -> None:
+        if manager._current_state == open_state and topic_partition in manager._partitions_in_transaction:  # noqa: SLF001 — the manager's state, read as its locked path reads it
+            return
+        locked(topic_partition)
+
+    manager.maybe_add_partition_to_transaction = maybe_add_partition_to_transaction
