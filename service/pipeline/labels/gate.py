@@ -46,9 +46,7 @@ class LabelGate:
     """The delayed-label path's part of each turn of the loop, over ``tasks`` (a TaskSet) with ``--label-topic``
     ``label_topic`` (None: no delayed labels, and every call does nothing)."""
 
-    def __init__(
-        self, tasks, label_topic: str | None, input_topic: str, fetch_max_wait_ms: int, max_early_labels: int = 1
-    ):
+    def __init__(self, tasks, label_topic: str | None, input_topic: str, fetch_max_wait_ms: int, max_early_labels: int):
         self.tasks, self.label_topic, self.input_topic = tasks, label_topic, input_topic
         self.pause_at, self.resume_at = max(1, int(max_early_labels * PAUSE_AT)), int(max_early_labels * RESUME_AT)
         self.paused: set[int] = set()  # label partitions this gate paused
@@ -129,19 +127,6 @@ class LabelGate:
         """The label partitions to pause, their early labels at PAUSE_AT or more (again each turn: a rebalance
         resumes every partition), and those this gate paused to read again, their early labels down to RESUME_AT
         (or their partition gone).
-
-        >>> class Table:
-        ...     def __init__(self, n): self.n = n
-        ...     def early_count(self): return self.n
-        >>> class Tasks:
-        ...     tables = {0: Table(60), 1: Table(3)}
-        ...     def all(self): return [type("Task", (), {"joiner": type("J", (), {"tables": self.tables})})]
-        >>> gate = LabelGate(Tasks(), "labels", "points", 500, max_early_labels=100)
-        >>> gate.pace()
-        ([('labels', 0)], [])
-        >>> Tasks.tables[0].n = 20
-        >>> gate.pace()
-        ([], [('labels', 0)])
         """
         if self.label_topic is None:
             return [], []

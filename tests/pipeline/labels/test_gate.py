@@ -9,11 +9,11 @@ from perceptron_stream.pipeline.task import Tally, TaskSet
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 
-def _gate_with_a_task(label_topic: str | None = "labels"):
+def _gate_with_a_task(label_topic: str | None = "labels", max_early_labels: int = 100):
     tasks = TaskSet("points", per_partition=False)
     task = make_task(make_joiner())
     tasks.add(task)
-    return LabelGate(tasks, label_topic, "points", fetch_max_wait_ms=500), task
+    return LabelGate(tasks, label_topic, "points", fetch_max_wait_ms=500, max_early_labels=max_early_labels), task
 
 
 def test_the_grace_clock_moves_on_only_after_two_looks_find_the_input_read_to_its_end():
@@ -64,7 +64,7 @@ def test_label_batches_go_after_point_batches_and_the_gauges_count_what_waits():
 def test_without_a_label_topic_the_gate_does_nothing():
     tasks = TaskSet("points", per_partition=False)
     tasks.add(make_task(None))
-    gate = LabelGate(tasks, None, "points", fetch_max_wait_ms=500)
+    gate = LabelGate(tasks, None, "points", fetch_max_wait_ms=500, max_early_labels=100)
     batches = [[point(0, "a", ms=900)]]
 
     def read_lag():
@@ -72,3 +72,17 @@ def test_without_a_label_topic_the_gate_does_nothing():
 
     gate.clock(read_lag)
     assert not gate.due() and gate.admit(batches, Tally()) is batches and gate.acknowledged(Tally()) is None
+
+
+def test_a_label_partition_is_paused_at_half_its_room_for_early_labels_and_read_again_at_a_quarter():
+    gate, task = _gate_with_a_task(max_early_labels=8)
+    sent, tally = Sent(), Tally()
+    task.process([label(i, f"e{i}", 1, ms=1_000 + i) for i in range(3)], sent, tally)
+    assert gate.pace() == ([], [])  # 3 early labels of room for 8
+    task.process([label(3, "e3", 1, ms=1_003)], sent, tally)
+    assert gate.pace() == ([("labels", 0)], [])  # 4: half the room
+    assert gate.pace() == ([("labels", 0)], [])  # again each turn (a rebalance resumes every partition)
+    task.process([point(0, "e0", ms=1_010), point(1, "e1", ms=1_011)], sent, tally)  # two points come: 2 wait
+    assert gate.pace() == ([], [("labels", 0)])  # a quarter of the room: read again
+    assert gate.pace() == ([], [])  # once
+    assert tally.label_outcomes.count("joined") == 2
