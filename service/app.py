@@ -86,7 +86,7 @@ class Application:
         self.http: HttpEndpoints | None = None
         self.stream: Stream | None = None  # the poll loop's consumer and producer, once start-up opened it
         self.label_gate = LabelGate(  # labels ahead of points
-            self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms, s.max_early_labels
+            self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms, s.max_early_labels, s.batch_size
         )
         self._stopping = False
         self._doing = "connecting to the brokers"  # what the loop is doing, for a stop that does not finish in time
@@ -257,13 +257,13 @@ class Application:
         return 0
 
     def _pace_labels(self, stream: Stream) -> None:
-        """The label partitions the gate paces paused or read again (those still assigned: a revoked one's pause
-        went with it)."""
+        """The label partitions the gate paces paused or read again: those still assigned (a revoked one's pause
+        went with it), and none read again that waits for its restore (it stays paused until then)."""
         pause, resume = self.label_gate.pace()
         if pause or resume:
-            assigned = set(stream.assignment())
+            assigned, waiting = self.assignments.assigned, self.assignments.waiting
             stream.pause([tp for tp in pause if tp in assigned])
-            stream.resume([tp for tp in resume if tp in assigned])
+            stream.resume([tp for tp in resume if tp in assigned and tp[1] not in waiting])
 
     def _process(self, batches) -> None:
         started = time.perf_counter()

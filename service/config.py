@@ -289,7 +289,8 @@ class ServeSettings(KafkaSettings):
         100_000,
         gt=0,
         description="Most labels waiting for their point, per partition; beyond it the oldest is dead-lettered "
-        "unknown_id at once. The label partition is paused once half of it waits, and read again at a quarter.",
+        "unknown_id at once. The label partition is paused once half of it waits (or all but a --batch-size, if "
+        "less), and read again at half of that.",
     )
     pending_topic: str = Field(
         "perceptron-stream.pending",

@@ -34,7 +34,8 @@ python3 -m ruff check --quiet .
 mypy_log=$(mktemp)
 python3 -m mypy >"$mypy_log" 2>&1 &  # what and how strictly: [tool.mypy]
 mypy_pid=$!
-trap 'kill "$mypy_pid" 2>/dev/null || true; rm -f "$mypy_log"' EXIT  # (set -e holds in the trap too: a kill of a finished mypy must not fail the run)
+# (set -e holds in the trap too: a kill that finds no mypy must not fail the run; none once it was waited for)
+trap '[ -z "$mypy_pid" ] || kill "$mypy_pid" 2>/dev/null || true; rm -f "$mypy_log"' EXIT
 NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet  # the documentation site: a broken link or a page missing from the nav fails
 
 # Two workers per core, each with its own embedded broker (Apache Kafka is one
@@ -46,7 +47,10 @@ NO_MKDOCS_2_WARNING=1 python3 -m mkdocs build --strict --quiet  # the documentat
 # do not end up on one worker. `-n 0` (or any -n) after it overrides the count.
 status=0
 python3 -m pytest -n "$((2 * $(nproc)))" --dist worksteal --durations=30 "$@" || status=$?
-if ! wait "$mypy_pid"; then
+mypy_status=0
+wait "$mypy_pid" || mypy_status=$?
+mypy_pid=""
+if [ "$mypy_status" -ne 0 ]; then
     cat "$mypy_log" >&2
     echo "mypy: the findings above fail the run" >&2
     [ "$status" -ne 0 ] || status=1

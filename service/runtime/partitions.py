@@ -106,6 +106,7 @@ class Assignments:
         self.stream: Stream | None = None  # set once it is open
         self.batch_open = False  # the loop is inside a batch whose outputs are not all acknowledged
         self.waiting: dict[int, list[tuple[str, int]]] = {}  # partition scope: assigned, paused, to restore
+        self.assigned: set[tuple[str, int]] = set()  # the consumer's whole assignment, as _ready last read it
         self._locked_warned: set[int] = set()
         # what readiness was last read for (_ready): partitions moved since, or (waiting, may process) then
         self._moved, self._ready_for = True, (False, False)
@@ -217,6 +218,7 @@ class Assignments:
         only what moved)."""
         self._moved, self._ready_for = False, (bool(self.waiting), self.may_process())
         assignment = self.stream.assignment() if self.stream is not None else []
+        self.assigned = set(assignment)
         self.metrics.set_assigned(len({p for _, p in assignment}))
         assigned = bool(assignment)
         self.health.assigned = assigned and not self.waiting and self.may_process()

@@ -26,29 +26,41 @@ No Kafka here: the input's lag is read through a callable.
 
 from __future__ import annotations
 
+import logging
 import time
 
 #: How often the gate looks whether input partitions with labels waiting for their point are read to their end,
 #: moving their grace clock on when no point comes (:meth:`LabelGate.clock`); at least twice a fetch's wait on the
 #: brokers (fetch.max.wait.ms), so the zero lag read is from a fetch made after the last look.
+log = logging.getLogger("perceptron_stream")
+
 ALL_READ_CHECK_S = 1.0
-#: A label partition is paused once its early labels reach this share of --max-early-labels, and read again once
-#: they are down to RESUME_AT (their points came, or their grace passed). A label topic read far ahead of its points
+#: A label partition is paused once its early labels reach this share of --max-early-labels (or all of it but a
+#: poll's --batch-size, when that is less: one poll may bring a batch of them before the next look), and read again
+#: once they are down to half of that (their points came, or their grace passed). A label topic read far ahead of its points
 #: (a backlog caught up: labels are short, a fetch brings several times as many as of points) would otherwise fill
 #: the early labels and evict the oldest as unknown_id, though their points are on their way. Kafka Streams lines
 #: up co-partitioned inputs by timestamp for the same reason (max.task.idle.ms); the early labels' count is the
 #: limit here, so it is what paces.
 PAUSE_AT = 0.5
-RESUME_AT = 0.25
 
 
 class LabelGate:
     """The delayed-label path's part of each turn of the loop, over ``tasks`` (a TaskSet) with ``--label-topic``
     ``label_topic`` (None: no delayed labels, and every call does nothing)."""
 
-    def __init__(self, tasks, label_topic: str | None, input_topic: str, fetch_max_wait_ms: int, max_early_labels: int):
+    def __init__(
+        self,
+        tasks,
+        label_topic: str | None,
+        input_topic: str,
+        fetch_max_wait_ms: int,
+        max_early_labels: int,
+        batch_size: int,
+    ):
         self.tasks, self.label_topic, self.input_topic = tasks, label_topic, input_topic
-        self.pause_at, self.resume_at = max(1, int(max_early_labels * PAUSE_AT)), int(max_early_labels * RESUME_AT)
+        self.pause_at = max(1, min(int(max_early_labels * PAUSE_AT), max_early_labels - batch_size))
+        self.resume_at = self.pause_at // 2
         self.paused: set[int] = set()  # label partitions this gate paused
         self.check_every = max(ALL_READ_CHECK_S, 2 * fetch_max_wait_ms / 1000)
         self.all_read_since: dict[int, int] = {}  # input partition with labels waiting → when (ms) its lag last read 0
@@ -124,14 +136,26 @@ class LabelGate:
         return sum(t.joiner.pending() for t in tasks), sum(t.joiner.early() for t in tasks)
 
     def pace(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-        """The label partitions to pause, their early labels at PAUSE_AT or more (again each turn: a rebalance
-        resumes every partition), and those this gate paused to read again, their early labels down to RESUME_AT
-        (or their partition gone).
+        """The label partitions to pause, their early labels at ``pause_at`` or more (again each turn: a rebalance
+        resumes every partition), and those this gate paused to read again, their early labels down to
+        ``resume_at`` (or their partition gone).
         """
         if self.label_topic is None:
             return [], []
         early = {p: t.early_count() for task in self.tasks.all() for p, t in task.joiner.tables.items()}
         pause = sorted(p for p, n in early.items() if n >= self.pause_at)
         resume = sorted(p for p in self.paused if early.get(p, 0) <= self.resume_at)
+        for p in pause:
+            if p not in self.paused:  # a line when it starts and ends, not every turn
+                log.info(
+                    "%s[%d]: %d labels wait for their points (room for %d early ones): paused until %d or fewer wait",
+                    self.label_topic,
+                    p,
+                    early[p],
+                    self.pause_at,
+                    self.resume_at,
+                )
+        for p in resume:
+            log.info("%s[%d]: %d labels wait for their points: read again", self.label_topic, p, early.get(p, 0))
         self.paused = (self.paused - set(resume)) | set(pause)
         return [(self.label_topic, p) for p in pause], [(self.label_topic, p) for p in resume]

@@ -3,17 +3,20 @@ input's lag is a callable)."""
 
 from __future__ import annotations
 
+import logging
+
 from perceptron_stream.pipeline.labels import LabelGate
 from perceptron_stream.pipeline.task import Tally, TaskSet
 
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 
-def _gate_with_a_task(label_topic: str | None = "labels", max_early_labels: int = 100):
+def _gate_with_a_task(label_topic: str | None = "labels", max_early_labels: int = 100, batch_size: int = 2):
     tasks = TaskSet("points", per_partition=False)
     task = make_task(make_joiner())
     tasks.add(task)
-    return LabelGate(tasks, label_topic, "points", fetch_max_wait_ms=500, max_early_labels=max_early_labels), task
+    gate = LabelGate(tasks, label_topic, "points", 500, max_early_labels=max_early_labels, batch_size=batch_size)
+    return gate, task
 
 
 def test_the_grace_clock_moves_on_only_after_two_looks_find_the_input_read_to_its_end():
@@ -64,7 +67,7 @@ def test_label_batches_go_after_point_batches_and_the_gauges_count_what_waits():
 def test_without_a_label_topic_the_gate_does_nothing():
     tasks = TaskSet("points", per_partition=False)
     tasks.add(make_task(None))
-    gate = LabelGate(tasks, None, "points", fetch_max_wait_ms=500, max_early_labels=100)
+    gate = LabelGate(tasks, None, "points", fetch_max_wait_ms=500, max_early_labels=100, batch_size=10)
     batches = [[point(0, "a", ms=900)]]
 
     def read_lag():
@@ -74,7 +77,8 @@ def test_without_a_label_topic_the_gate_does_nothing():
     assert not gate.due() and gate.admit(batches, Tally()) is batches and gate.acknowledged(Tally()) is None
 
 
-def test_a_label_partition_is_paused_at_half_its_room_for_early_labels_and_read_again_at_a_quarter():
+def test_a_label_partition_is_paused_at_half_its_room_for_early_labels_and_read_again_at_a_quarter(caplog):
+    caplog.set_level(logging.INFO, logger="perceptron_stream")
     gate, task = _gate_with_a_task(max_early_labels=8)
     sent, tally = Sent(), Tally()
     task.process([label(i, f"e{i}", 1, ms=1_000 + i) for i in range(3)], sent, tally)
@@ -86,3 +90,14 @@ def test_a_label_partition_is_paused_at_half_its_room_for_early_labels_and_read_
     assert gate.pace() == ([], [("labels", 0)])  # a quarter of the room: read again
     assert gate.pace() == ([], [])  # once
     assert tally.label_outcomes.count("joined") == 2
+    assert [r.getMessage() for r in caplog.records if r.name == "perceptron_stream"] == [
+        "labels[0]: 4 labels wait for their points (room for 4 early ones): paused until 2 or fewer wait",
+        "labels[0]: 2 labels wait for their points: read again",
+    ]  # a line when it starts and one when it ends, not one a turn
+
+
+def test_the_pause_leaves_room_for_a_whole_batch_of_early_labels():
+    gate, _ = _gate_with_a_task(max_early_labels=1000, batch_size=800)
+    assert (gate.pause_at, gate.resume_at) == (200, 100)  # 200 + a poll of 800 still fit in 1,000
+    gate, _ = _gate_with_a_task(max_early_labels=100_000, batch_size=1000)
+    assert (gate.pause_at, gate.resume_at) == (50_000, 25_000)  # the defaults: half the room
