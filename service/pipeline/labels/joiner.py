@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from typing import Any
 
 from perceptron_stream.pipeline.labels.join import Join
 from perceptron_stream.state.checkpoint import CheckpointError
@@ -249,44 +250,19 @@ class Joiner:
 
     def join_early(self, r, point: dict, label: dict, learner, send, tally, replica: dict | None, models=None) -> None:
         """A point whose label came first (``keep`` returned them), its prediction sent: joined now."""
-        key = None if label["key"] is None else base64.b64decode(label["key"])
-        self.join.joined(
-            label["id"],
-            label["y"],
-            point,
-            key,
-            self.label_topic,
-            r.partition,
-            label["offset"],
-            label["at"],
-            learner,
-            send,
-            tally,
-            replica,
-            models,
-        )
+        self.join.joined(*self._early_join(r, point, label), learner, send, tally, replica, models)
 
     def publish_early(self, r, point: dict, label: dict, counters, theirs: dict, send, tally, replica) -> None:
         """:meth:`join_early` of a join learned already (the task's batch form learned it with its point's step):
         ``counters`` the model's (updates, seen, mistakes) after it, ``theirs`` the challengers' mistakes on it,
         both counted in ``tally.flags`` already."""
+        self.join.publish(*self._early_join(r, point, label), counters, theirs, send, tally, replica, counted=True)
+
+    def _early_join(self, r, point: dict, label: dict) -> tuple[Any, int, dict, bytes | None, str, int, int, float]:
+        """What a join of point ``r`` with its early ``label`` is: (id, y, point, the label's key, topic,
+        partition, offset, time), as :class:`Join` takes them."""
         key = None if label["key"] is None else base64.b64decode(label["key"])
-        self.join.publish(
-            label["id"],
-            label["y"],
-            point,
-            key,
-            self.label_topic,
-            r.partition,
-            label["offset"],
-            label["at"],
-            counters,
-            theirs,
-            send,
-            tally,
-            replica,
-            counted=True,
-        )
+        return label["id"], label["y"], point, key, self.label_topic, r.partition, label["offset"], label["at"]
 
     def expire_early(self, send, tally) -> int:
         """Labels still alone once their partition's points' stream time passed their time by the grace period:
