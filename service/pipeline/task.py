@@ -401,7 +401,7 @@ class Task:
         if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
             y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
             their_y = {c: o.y_pred.tolist() for c, o in (others or {}).items()}
-            joined = iter(range(len(joins)))
+            joined = iter(steps.joined)  # the counters after each join, in order
             label_of = dict(joins)
         for k, (i, value) in enumerate(zip(span_at, values)):
             letters.before(i)
@@ -421,7 +421,7 @@ class Task:
                     raise RuntimeError(f"point {span_ids[k]!r}: its label was not the one that waited")  # cannot be
             send(out_topic, r.key, value)
             if early is not None:  # its label came first: its join (learned with the span) published now
-                joiner.publish_early(r, *early, steps.joined[next(joined)], {}, send, tally, replica)
+                joiner.publish_early(r, *early, next(joined), {}, send, tally, replica)
         self.positions[(topic, partition)] = offsets[-1] + 1
 
     def _tell_unknown(self, learner, x) -> None:

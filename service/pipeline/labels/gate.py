@@ -29,19 +29,19 @@ from __future__ import annotations
 import logging
 import time
 
+log = logging.getLogger("perceptron_stream")
+
 #: How often the gate looks whether input partitions with labels waiting for their point are read to their end,
 #: moving their grace clock on when no point comes (:meth:`LabelGate.clock`); at least twice a fetch's wait on the
 #: brokers (fetch.max.wait.ms), so the zero lag read is from a fetch made after the last look.
-log = logging.getLogger("perceptron_stream")
-
 ALL_READ_CHECK_S = 1.0
 #: A label partition is paused once its early labels reach this share of --max-early-labels (or all of it but a
 #: poll's --batch-size, when that is less: one poll may bring a batch of them before the next look), and read again
-#: once they are down to half of that (their points came, or their grace passed). A label topic read far ahead of its points
-#: (a backlog caught up: labels are short, a fetch brings several times as many as of points) would otherwise fill
-#: the early labels and evict the oldest as unknown_id, though their points are on their way. Kafka Streams lines
-#: up co-partitioned inputs by timestamp for the same reason (max.task.idle.ms); the early labels' count is the
-#: limit here, so it is what paces.
+#: once they are down to half of that (their points came, or their grace passed). A label topic read far ahead of
+#: its points (a backlog caught up: labels are short, a fetch brings several times as many as of points) would
+#: otherwise fill the early labels and evict the oldest as unknown_id, though their points are on their way. Kafka
+#: Streams lines up co-partitioned inputs by timestamp for the same reason (max.task.idle.ms); the early labels'
+#: count is the limit here, so it is what paces.
 PAUSE_AT = 0.5
 
 
