@@ -358,10 +358,12 @@ def test_a_backlog_of_points_and_labels_each_behind_its_point_joins_every_label(
     service = service_thread(settings_args(broker, names, tmp_path, batch_size=200, kafka_client=client))
     outcomes = consume(broker.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
     predictions = consume(broker.bootstrap_servers, names["output_topic"], len(points), timeout=120)
-    metrics = metrics_once(service.metrics_url, "perceptron_pending_labels 0.0")
+    # the counts of the last batch come just after its outcomes are acknowledged: read them once counted
+    joined = f'perceptron_labels_total{{outcome="joined"}} {float(len(points))}'
+    metrics = metrics_once(service.metrics_url, joined)
     service.stop()
 
-    assert f'perceptron_labels_total{{outcome="joined"}} {float(len(points))}' in metrics
+    assert joined in metrics and "perceptron_pending_labels 0.0" in metrics
     published = {json.loads(m.value)["id"]: json.loads(m.value)["y_pred"] for m in predictions}
     scored = {o["id"]: (o["y"], o["y_pred"]) for o in (json.loads(m.value) for m in outcomes)}
     assert scored == {p["id"]: (p["_y"], published[p["id"]]) for p in points}  # each label scored its point's decision
@@ -385,11 +387,13 @@ def test_a_label_topic_read_far_ahead_of_its_points_is_paused_and_no_label_is_ev
     assert held < 500 and _label_counts(http_get(service.metrics_url + "/metrics")[1])["unknown_id"] == 0
     send_points(apache_kafka, names["input_topic"], points)
     outcomes = consume(apache_kafka.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
-    metrics = metrics_once(service.metrics_url, "perceptron_early_labels 0.0")
+    # not "early labels 0": that holds batches before the last, whose labels join points already pending
+    metrics = metrics_once(service.metrics_url, f'perceptron_labels_total{{outcome="joined"}} {float(len(points))}')
     service.stop()
 
     counts = _label_counts(metrics)
     assert (counts["joined"], counts["unknown_id"]) == (len(points), 0) and counts["early"] >= 250, counts
+    assert _early_labels(metrics) == 0
     assert sorted(json.loads(m.value)["id"] for m in outcomes) == sorted(p["id"] for p in points)
 
 
