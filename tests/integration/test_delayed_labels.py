@@ -25,7 +25,7 @@ from tests.support.endpoints import http_get, metrics_once
 from tests.support.labels import label_topics, labeled_points, replay_labels, send_labels, send_points
 from tests.support.launch import settings_args, start_service_process
 from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
-from tests.support.topics import consume, create_topic, produce
+from tests.support.topics import consume, create_topic, produce, read_all
 from tests.support.waiting import wait_until
 
 
@@ -45,6 +45,11 @@ def _send_labels_behind(broker, names: dict, points: list[dict], behind: int, **
             )
     producer.flush()
     producer.close()
+
+
+def _label_counts_at(metrics_url: str) -> dict:
+    """``perceptron_labels_total`` by outcome, from the service's /metrics once served."""
+    return _label_counts(metrics_once(metrics_url, 'perceptron_labels_total{outcome="evicted"}'))
 
 
 def _label_counts(metrics: str) -> dict:
@@ -121,17 +126,10 @@ def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lette
     send_labels(broker, names["label_topic"], [("p-20", 1)])  # expired: unknown now
     consume(broker.bootstrap_servers, names["dlq_topic"], 4)
 
-    wait_until(
-        lambda: _label_counts(http_get(service.metrics_url + "/metrics")[1])["expired"] == 19, 30, what="19 expired"
-    )
-    assert _label_counts(http_get(service.metrics_url + "/metrics")[1]) == {
-        "joined": 1,
-        "unknown_id": 3,
-        "duplicate": 1,
-        "early": 3,
-        "expired": 19,
-        "evicted": 10,
-    }
+    counted = {"joined": 1, "unknown_id": 3, "duplicate": 1, "early": 3, "expired": 19, "evicted": 10}
+    # each count comes just after its batch's letters are acknowledged (p-20's in a later batch than p-100's)
+    lines = [f'perceptron_labels_total{{outcome="{o}"}} {float(n)}' for o, n in counted.items()]
+    assert _label_counts(metrics_once(service.metrics_url, *lines)) == counted
     service.stop()
 
 
@@ -226,22 +224,16 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
 
 def _outcomes(broker, names, distinct: bool = False, records: bool = False):
     """The outcome topic's record count (end offsets: may read short on the embedded broker), its distinct labels'
-    count, or (``records``) every outcome, read until the topic is quiet."""
+    count, or (``records``) every outcome."""
+    if records or distinct:
+        out = _read_all(broker, names["outcome_topic"])
+        return out if records else len({o["label_source"]["offset"] for o in out})
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, group_id=None)
     try:
         tp = TopicPartition(names["outcome_topic"], 0)
-        consumer.assign([tp])
-        if not distinct and not records:
-            return consumer.end_offsets([tp])[tp]
-        consumer.seek_to_beginning(tp)
-        out, quiet = [], 0
-        while quiet < 3:
-            batch = consumer.poll(timeout_ms=200)
-            quiet = 0 if batch else quiet + 1
-            out += [json.loads(m.value) for ms in batch.values() for m in ms]
-        return out if records else len({o["label_source"]["offset"] for o in out})
+        return consumer.end_offsets([tp])[tp]
     finally:
         consumer.close()
 
@@ -381,10 +373,14 @@ def test_a_label_topic_read_far_ahead_of_its_points_is_paused_and_no_label_is_ev
     send_labels(apache_kafka, names["label_topic"], [(p["id"], p["_y"]) for p in points])
     args = settings_args(apache_kafka, names, tmp_path, batch_size=200, kafka_client=client, max_early_labels=500)
     service = service_thread(args)
-    wait_until(lambda: _early_labels(http_get(service.metrics_url + "/metrics")[1]) >= 50, 60, what="early labels held")
+    wait_until(
+        lambda: _early_labels(metrics_once(service.metrics_url, "\nperceptron_early_labels ")) >= 50,
+        60,
+        what="early labels held",
+    )
     time.sleep(1)  # a few more turns of the loop: unpaced, it would read on and evict
-    held = _early_labels(http_get(service.metrics_url + "/metrics")[1])
-    assert held < 500 and _label_counts(http_get(service.metrics_url + "/metrics")[1])["unknown_id"] == 0
+    held = _early_labels(metrics_once(service.metrics_url, "\nperceptron_early_labels "))
+    assert held < 500 and _label_counts_at(service.metrics_url)["unknown_id"] == 0
     send_points(apache_kafka, names["input_topic"], points)
     outcomes = consume(apache_kafka.bootstrap_servers, names["outcome_topic"], len(points), timeout=120)
     # not "early labels 0": that holds batches before the last, whose labels join points already pending
@@ -423,24 +419,7 @@ def _send_lingering_points_and_labels(broker, names: dict, points: list[dict]) -
 
 
 def _read_all(broker, topic: str) -> list[dict]:
-    """Every record of a one-partition topic: read to its end offset, then until it is quiet (the embedded
-    broker's end offset may read short by a batch; a first fetch may come back empty)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, group_id=None)
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        end = consumer.end_offsets([tp])[tp]
-        out, quiet, deadline = [], 0, time.monotonic() + 60
-        while (quiet < 3 or consumer.position(tp) < end) and time.monotonic() < deadline:
-            batch = consumer.poll(timeout_ms=300)
-            quiet = 0 if batch else quiet + 1
-            out += [json.loads(m.value) for ms in batch.values() for m in ms]
-        return out
-    finally:
-        consumer.close()
+    return [json.loads(m.value) for m in read_all(broker.bootstrap_servers, topic)]
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
@@ -458,7 +437,7 @@ def test_points_held_in_their_producer_find_their_labels_waiting(broker, topics,
     _send_lingering_points_and_labels(broker, names, points)
     settled = ("joined", "unknown_id", "duplicate")
     wait_until(
-        lambda: sum(_label_counts(http_get(service.metrics_url + "/metrics")[1])[o] for o in settled) >= len(points),
+        lambda: sum(_label_counts_at(service.metrics_url)[o] for o in settled) >= len(points),
         120,
         what="every label joined or dead-lettered",
     )

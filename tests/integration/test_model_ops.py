@@ -11,7 +11,7 @@ from perceptron_stream.learning import make_learner
 from perceptron_stream.streams import separable
 
 from tests.support import ROOT
-from tests.support.endpoints import http_get
+from tests.support.endpoints import http_get, metrics_once
 from tests.support.launch import settings_args
 from tests.support.service import final_checkpoint
 from tests.support.topics import consume, create_topic, produce
@@ -29,7 +29,11 @@ def _events(count: int, seed: int, flip_after: int | None = None, noise: float =
 
 
 def _metric(url: str, name: str) -> float:
-    for line in http_get(url + "/metrics")[1].splitlines():
+    return _value(metrics_once(url, f"\n{name} "), name)  # once the page is served with it
+
+
+def _value(metrics: str, name: str) -> float:
+    for line in metrics.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[-1])
     raise AssertionError(f"{name} not exported")
@@ -50,20 +54,14 @@ def test_challengers_are_scored_on_the_champions_events_and_only_the_champion_pu
         assert (p["y_pred"], p["score"]) == champion.step(e["x"], e.get("y"))[:2]  # the champion's, no other
         for c in challengers.values():
             c.step(e["x"], e.get("y"))
-    wait_until(
-        lambda: (
-            _metric(service.metrics_url, 'perceptron_challenger_mistakes_total{challenger="pocket"}')
-            == challengers["pocket"].mistakes
-        ),
-        30,
-        what="the challengers counted",
-    )
-    for name, c in challengers.items():
-        assert (
-            _metric(service.metrics_url, f'perceptron_challenger_mistakes_total{{challenger="{name}"}}') == c.mistakes
-        )
-        rate = _metric(service.metrics_url, f'perceptron_challenger_mistake_rate{{challenger="{name}"}}')
-        assert 0.0 <= rate <= 1.0
+    counted = [
+        f'perceptron_challenger_mistakes_total{{challenger="{name}"}} {float(c.mistakes)}'
+        for name, c in challengers.items()
+    ]
+    metrics = metrics_once(service.metrics_url, *counted)  # the last batch is counted after its outputs
+    assert all(line in metrics for line in counted), metrics
+    for name in challengers:
+        assert 0.0 <= _value(metrics, f'perceptron_challenger_mistake_rate{{challenger="{name}"}}') <= 1.0
     report = json.loads(http_get(service.metrics_url + "/model")[1])
     [model] = report["models"]
     assert model["champion"]["weights"] == {str(k): v for k, v in champion.weights.items()}
@@ -87,18 +85,17 @@ def test_a_rule_change_after_5000_stable_events_is_one_drift_after_it_and_none_b
     produce(broker.bootstrap_servers, topics["input_topic"], events[:5000])
     service = service_thread(settings_args(broker, topics, tmp_path))
     consume(broker.bootstrap_servers, topics["output_topic"], 5000)
-    wait_until(
-        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 5000, 30, what="5000 counted"
-    )
-    assert _metric(service.metrics_url, "perceptron_drift_detected_total") == 0
-    assert _metric(service.metrics_url, "perceptron_last_drift_timestamp_seconds") == 0
+    counted = 'perceptron_events_total{kind="labeled"} 5000.0'
+    metrics = metrics_once(service.metrics_url, counted)
+    assert counted in metrics and _value(metrics, "perceptron_drift_detected_total") == 0
+    assert _value(metrics, "perceptron_last_drift_timestamp_seconds") == 0
     produce(broker.bootstrap_servers, topics["input_topic"], events[5000:])
     consume(broker.bootstrap_servers, topics["output_topic"], 8000)
-    wait_until(
-        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 8000, 30, what="8000 counted"
+    metrics = metrics_once(
+        service.metrics_url, 'perceptron_events_total{kind="labeled"} 8000.0', "perceptron_drift_detected_total 1.0"
     )
-    assert _metric(service.metrics_url, "perceptron_drift_detected_total") == 1  # one change, one drift
-    assert _metric(service.metrics_url, "perceptron_last_drift_timestamp_seconds") > 1.7e9
+    assert _value(metrics, "perceptron_drift_detected_total") == 1  # one change, one drift
+    assert _value(metrics, "perceptron_last_drift_timestamp_seconds") > 1.7e9
     service.stop()
 
 
@@ -124,8 +121,9 @@ def test_train_output_served_frozen_predicts_exactly_the_trained_weights(broker,
         assert p["score"] == pytest.approx(score, abs=1e-12) and p["y_pred"] == (1 if score > 0 else -1)
         assert p["model"]["version"] == 0 and p["mistake"] == (e["y"] * score <= 0)
     assert [p["model"]["seen"] for p in predictions] == list(range(1, 201))
-    assert _metric(service.metrics_url, "perceptron_updates_total") == 0
-    assert _metric(service.metrics_url, "perceptron_mistakes_total") == sum(p["mistake"] for p in predictions)
+    mistakes = f"perceptron_mistakes_total {float(sum(p['mistake'] for p in predictions))}"
+    metrics = metrics_once(service.metrics_url, 'perceptron_events_total{kind="labeled"} 200.0', mistakes)
+    assert mistakes in metrics and _value(metrics, "perceptron_updates_total") == 0
     service.stop()
 
 
@@ -197,9 +195,7 @@ def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broke
     args = settings_args(broker, topics, tmp_path, model_scope="partition", mix_every=0, challengers="pocket")
     service = service_thread(args)
     consume(broker.bootstrap_servers, topics["output_topic"], 600)
-    wait_until(
-        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 600, 30, what="all counted"
-    )
+    metrics_once(service.metrics_url, 'perceptron_events_total{kind="labeled"} 600.0')
     report = json.loads(http_get(service.metrics_url + "/model")[1])
     assert report["scope"] == "partition" and [m["partition"] for m in report["models"]] == [0, 1]
     for p, model in enumerate(report["models"]):
@@ -293,10 +289,8 @@ def test_a_model_of_names_served_dense_events_shows_in_the_metric_within_a_batch
     assert [(p["score"], p["y_pred"]) for p in predictions] == [(0.0, -1)] * 3 + [
         (1.0, 1)
     ]  # the bias alone, then named
-    wait_until(
-        lambda: _metric(service.metrics_url, 'perceptron_events_total{kind="labeled"}') == 4, 30, what="4 counted"
-    )
-    assert _metric(service.metrics_url, "perceptron_events_without_known_features_total") == 3
+    unknown = "perceptron_events_without_known_features_total 3.0"
+    assert unknown in metrics_once(service.metrics_url, 'perceptron_events_total{kind="labeled"} 4.0', unknown)
     told = [r.getMessage() for r in caplog.records if "shares no feature with the model" in r.getMessage()]
     assert len(told) == 1 and "train the model on dense x (train --dense for a CSV)" in told[0], told
     service.stop()

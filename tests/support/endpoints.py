@@ -17,15 +17,20 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except (urllib.error.URLError, ConnectionError):  # nothing listens (yet)
         return 0, ""
+    except TimeoutError:  # a service too busy to answer in time (a loaded machine): asked again by the caller
+        return 0, ""
 
 
-def metrics_once(metrics_url: str, line: str, timeout: float = 30.0) -> str:
-    """A service's /metrics once they show ``line``; after ``timeout``, as they are then (the caller's assertion
-    says what they hold). A batch is counted just after its outputs are acknowledged, so a test that has read
-    the outputs may be a moment ahead of the counts."""
+def metrics_once(metrics_url: str, *lines: str, timeout: float = 30.0) -> str:
+    """A service's /metrics once they show every one of ``lines``; after ``timeout``, as they are then (the
+    caller's assertion says what they hold). A batch is counted just after its outputs are acknowledged, one
+    counter after another, so a test that has read the outputs may be a moment ahead of the counts: wait for
+    each line the test asserts, not for one that may hold a batch early (a gauge already 0)."""
     try:
         return wait_until(
-            lambda: (text := http_get(metrics_url + "/metrics")[1]) and line in text and text, timeout, what=line
+            lambda: (text := http_get(metrics_url + "/metrics")[1]) and all(line in text for line in lines) and text,
+            timeout,
+            what=" and ".join(lines),
         )
     except AssertionError:
         return http_get(metrics_url + "/metrics")[1]

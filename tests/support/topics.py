@@ -65,9 +65,13 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 60.0):
         consumer.close()
 
 
-def read_all(bootstrap: str, topic: str, read_committed: bool = False, quiet_polls: int = 3) -> list:
-    """Every record of every partition of ``topic``, from its start until ``quiet_polls`` polls in a row bring
-    nothing (``read_committed``: only what committed transactions wrote, up to the last stable offset)."""
+def read_all(
+    bootstrap: str, topic: str, read_committed: bool = False, quiet_polls: int = 3, timeout: float = 60.0
+) -> list:
+    """Every record of every partition of ``topic``, from its start: read to each partition's end offset as it
+    was when reading began (its last stable offset for ``read_committed``: only what committed transactions
+    wrote), then on until ``quiet_polls`` polls in a row bring nothing (the embedded broker's end offset may read
+    short by a batch). A first fetch that comes back empty under load is not taken for the end."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
@@ -77,12 +81,18 @@ def read_all(bootstrap: str, topic: str, read_committed: bool = False, quiet_pol
         isolation_level="read_committed" if read_committed else "read_uncommitted",
     )
     try:
-        wait_until(lambda: consumer.partitions_for_topic(topic), 60, what=f"topic {topic}")
+        wait_until(lambda: consumer.partitions_for_topic(topic), timeout, what=f"topic {topic}")
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        out, quiet = [], 0
-        while quiet < quiet_polls:
+        ends = consumer.end_offsets(tps)
+        out, quiet, deadline = [], 0, time.monotonic() + timeout
+
+        def behind() -> list:
+            return [tp for tp in tps if consumer.position(tp) < ends[tp]]
+
+        while quiet < quiet_polls or behind():
+            assert time.monotonic() < deadline, f"{topic}: {behind()} not read to {ends} in {timeout:.0f} s"
             batch = consumer.poll(timeout_ms=300)
             quiet = 0 if batch else quiet + 1
             out += [m for tp in tps for m in batch.get(tp, [])]
