@@ -71,9 +71,9 @@ def test_the_streams_lag_is_exact_on_apache_kafka(apache_kafka, topics, client):
 @pytest.mark.embedded_only
 @pytest.mark.parametrize("client", CLIENTS)
 def test_the_embedded_brokers_end_offsets_read_short_its_high_watermarks_do_not(broker, topics, client):
-    """Why the embedded broker's lag reads low (docs: operations/metrics.md): Tansu answers ListOffsets LATEST with the start
-    of the partition's last batch + 1, not its end. Records written in one batch then read as a lag of at most 1;
-    the fetch responses' high watermark is exact. The allowance lives here, and only here."""
+    """Why the embedded broker's lag reads low (docs: operations/metrics.md): Tansu answers ListOffsets LATEST with
+    the start of the partition's last batch + 1, not its end. Records written in one batch then read as a lag of at
+    most 1; the fetch responses' high watermark is exact. The allowance lives here, and only here."""
     from kafka import KafkaProducer
 
     total, read = 300, 120
