@@ -63,12 +63,13 @@ EXACTLY_ONCE = {"processing_guarantee": "exactly-once", "commit_interval_ms": 10
 
 
 def _committed_checkpoint(args: list[str]):
-    """The checkpoint committed with the group's offsets, as an exactly-once restart restores it."""
+    """The checkpoint committed with the group's offsets, as an exactly-once restart restores it (the offsets read
+    stable: the last commit's are pending until its markers are written)."""
     s = load(ServeSettings, args)
     committed = {
         (topic, p): o
         for topic in filter(None, (s.input_topic, s.label_topic))
-        for p, o in committed_offsets(s, s.group_id, topic).items()
+        for p, o in committed_offsets(s, s.group_id, topic, stable=True).items()
     }
     store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
     try:
