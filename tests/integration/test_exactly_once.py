@@ -63,18 +63,73 @@ EXACTLY_ONCE = {"processing_guarantee": "exactly-once", "commit_interval_ms": 10
 
 
 def _committed_checkpoint(args: list[str]):
-    """The checkpoint committed with the group's offsets, as an exactly-once restart restores it."""
+    """The checkpoint committed with the group's offsets, as an exactly-once restart restores it (the offsets read
+    stable: the last commit's are pending until its markers are written)."""
     s = load(ServeSettings, args)
     committed = {
         (topic, p): o
         for topic in filter(None, (s.input_topic, s.label_topic))
-        for p, o in committed_offsets(s, s.group_id, topic).items()
+        for p, o in committed_offsets(s, s.group_id, topic, stable=True).items()
     }
     store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
     try:
         return store.load("model", committed=committed)
     finally:
         store.close()
+
+
+def _freeze_in_a_transaction(process, bootstrap: str, topic: str, mine, timeout: float = 120.0) -> None:
+    """SIGSTOP ``process`` at a moment when its open transaction holds a record of ``topic``'s partition 0 (one
+    that ``mine(value)`` says it wrote), SIGCONT and try again a moment later when it does not.
+
+    A test that kills or freezes an instance "with a transaction open" to prove that a read_committed reader never
+    sees what it held cannot trust a sleep for that: the watcher that paces it sees outputs just after a commit, and
+    on a loaded machine the instance may have sent nothing since. So it is asked of the broker, while the process
+    is stopped: the partition's leader names each producer's open transaction by its first offset there
+    (DescribeProducers), the coordinators the transactions' states (ListTransactions). A start offset seen before
+    and after its transaction is Ongoing is the open transaction's, not a committed one whose markers are still
+    being written (a transaction is Ongoing again only once every marker of the one before is in the logs, and a
+    stopped process opens none).
+    """
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+    tp = TopicPartition(topic, 0)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    reader.assign([tp])
+
+    def open_starts() -> dict[int, int]:  # producer id -> first offset of its open transaction on ``tp``
+        state = admin.describe_producers([tp])[tp]
+        return {p.producer_id: p.current_transaction_start_offset for p in state.active_producers}
+
+    def value_at(offset: int) -> bytes:
+        reader.seek(tp, offset)
+        records = wait_until(lambda: reader.poll(timeout_ms=200).get(tp), 30, what=f"the record at {tp} {offset}")
+        assert records[0].offset == offset, (records[0].offset, offset)
+        return records[0].value
+
+    def holds_its_own_record() -> bool:
+        before = {pid: start for pid, start in open_starts().items() if start >= 0}
+        if not before:
+            return False
+        listed = admin.list_transactions(producer_id_filters=list(before))
+        ongoing = {t.producer_id for rows in listed.values() for t in rows if t.state == "Ongoing"}
+        after = open_starts()
+        return any(before[pid] == after.get(pid) and mine(value_at(before[pid])) for pid in ongoing)
+
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            assert process.poll() is None, f"exited with {process.returncode} before it was frozen"
+            os.kill(process.pid, signal.SIGSTOP)
+            if holds_its_own_record():
+                return
+            os.kill(process.pid, signal.SIGCONT)
+            assert time.monotonic() < deadline, f"never frozen with a record of {topic} in its open transaction"
+            time.sleep(random.uniform(0.05, 0.3))  # another moment of its commit interval
+    finally:
+        reader.close()
+        admin.close()
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
@@ -154,8 +209,8 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
         for e in offline(events)[0]
     ]
     produce(apache_kafka.bootstrap_servers, topics["input_topic"], events[:1000])
-    # events keep coming (2,000/s) and A commits every 3 s: frozen a second after a commit, A has outputs in its
-    # open transaction, whichever client (confluent would have processed a whole backlog in its first interval)
+    # events keep coming (2,000/s) and A commits every 3 s: A has outputs in its open transaction most of the time,
+    # whichever client (confluent would have processed a whole backlog in its first interval); it is frozen at one
     args = settings_args(
         apache_kafka,
         topics,
@@ -179,9 +234,8 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
         wait_assigned(a, a_log, topics["input_topic"])
         flow.start()
         wait_until(lambda: watcher.distinct() > 0 or a.poll() is not None, 120, interval=0.005, what="A's first commit")
-        time.sleep(1.0)
         assert a.poll() is None, f"A exited with {a.returncode}:\n{tail(a_log)}"
-        os.kill(a.pid, signal.SIGSTOP)
+        _freeze_in_a_transaction(a, apache_kafka.bootstrap_servers, topics["output_topic"], lambda value: True)
         frozen_at = watcher.distinct()
         assert frozen_at < count, "A was done before it was frozen: the test proves nothing"
         b = start_service_process(args, b_log)
@@ -388,8 +442,12 @@ def test_three_instances_a_sigkill_a_newcomer_and_a_zombie_leave_each_input_pred
         wait_until(lambda: _shared(logs, "bcd"), 120, what="B, C and the newcomer D sharing the partitions")
         b_held = held_partitions(logs["b"].read_text())
         wait_until(lambda: _restored(logs["b"].read_text()) == b_held, 120, what="B's replicas restored")
-        time.sleep(0.5)  # B processes: its open transaction holds outputs (a commit a second)
-        os.kill(processes["b"].pid, signal.SIGSTOP)
+        _freeze_in_a_transaction(  # B processes: frozen with outputs in its open transaction (a commit a second)
+            processes["b"],
+            bootstrap,
+            topics["output_topic"],
+            lambda value: json.loads(value)["source"]["partition"] in b_held,
+        )
         wait_until(
             lambda: b_held & (held_partitions(logs["c"].read_text()) | held_partitions(logs["d"].read_text())),
             120,
@@ -470,7 +528,13 @@ def test_mixing_replicas_across_a_sigkill_publish_each_prediction_once_and_mix_o
         wait_until(lambda: _shared(logs, "ab", partitions), 120, what="A and B sharing the partitions")
         flow.start()
         wait_until(lambda: watcher.distinct() >= 600, 120, interval=0.01, what="600 events predicted")
-        time.sleep(0.5)  # A's open transaction holds predictions and mix records
+        a_held = held_partitions(logs["a"].read_text())
+        _freeze_in_a_transaction(  # killed with one of its mix records in its open transaction
+            processes["a"],
+            bootstrap,
+            f"mix-{topics['group_id']}",
+            lambda value: int(owner_of(decode_checkpoint(value)).task.split("-")[1]) in a_held,
+        )
         processes["a"].kill()
         processes["a"].wait()
         wait_until(lambda: _restored(logs["b"].read_text()) == set(range(partitions)), 120, what="B restored all")

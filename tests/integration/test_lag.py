@@ -71,9 +71,9 @@ def test_the_streams_lag_is_exact_on_apache_kafka(apache_kafka, topics, client):
 @pytest.mark.embedded_only
 @pytest.mark.parametrize("client", CLIENTS)
 def test_the_embedded_brokers_end_offsets_read_short_its_high_watermarks_do_not(broker, topics, client):
-    """Why the embedded broker's lag reads low (docs: operations/metrics.md): Tansu answers ListOffsets LATEST with the start
-    of the partition's last batch + 1, not its end. Records written in one batch then read as a lag of at most 1;
-    the fetch responses' high watermark is exact. The allowance lives here, and only here."""
+    """Why the embedded broker's lag reads low (docs: operations/metrics.md): Tansu answers ListOffsets LATEST with
+    the start of the partition's last batch + 1, not its end. Records written in one batch then read as a lag of at
+    most 1; the fetch responses' high watermark is exact. The allowance lives here, and only here."""
     from kafka import KafkaProducer
 
     total, read = 300, 120
@@ -100,7 +100,7 @@ def test_the_embedded_brokers_end_offsets_read_short_its_high_watermarks_do_not(
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(
-    apache_kafka, topics, tmp_path, client, service_thread, caplog
+    apache_kafka, topics, tmp_path, client, service_thread, caplog, monkeypatch
 ):
     """N of M processed, then stalled: the gauge says M - N, exactly.
 
@@ -108,10 +108,15 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(
     nothing while another member is in its consumer group (a crashed
     instance's session, OneInstance), and meanwhile probes the brokers for
     the lag every few seconds. Here the other member is a plain consumer of
-    the group that stays for the test's length; the service is stopped
-    before it would conclude that another instance runs (12 s).
+    the group that stays for the test's length. The service would conclude
+    that another instance runs OTHERS_LEAVE_WAIT_S (12 s) after its first
+    look, and stop: it runs in this process, so that wait is made longer
+    than the test, whose reads may take more than 12 s on a loaded machine.
     """
     from kafka import KafkaConsumer
+    from perceptron_stream.runtime import partitions
+
+    monkeypatch.setattr(partitions, "OTHERS_LEAVE_WAIT_S", 600.0)
 
     total, processed = 500, 200
     bootstrap = apache_kafka.bootstrap_servers
@@ -153,10 +158,9 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(
         poller.start()
         stalled = service_thread(args)
         log_line = f"consumer group {topics['group_id']} has 1 other member(s): processing nothing until they leave"
-        wait_until(lambda: log_line in caplog.text, 30, what="the service to wait for the other member")
-        # the lag is probed at the assignment, then every LAG_EVERY_S (5 s); 12 s after the first, the service
-        # would conclude that another instance runs, and stop
-        wait_until(lambda: lag_gauge(stalled.metrics_url, topics["input_topic"]) is not None, 10, what="the lag gauge")
+        wait_until(lambda: log_line in caplog.text, 60, what="the service to wait for the other member")
+        # the lag is probed at the assignment, then every LAG_EVERY_S (5 s)
+        wait_until(lambda: lag_gauge(stalled.metrics_url, topics["input_topic"]) is not None, 60, what="the lag gauge")
         text = http_get(stalled.metrics_url + "/metrics")[1]
         assert lag_gauge(stalled.metrics_url, topics["input_topic"]) == total - processed, text
         assert 'perceptron_events_total{kind="labeled"} 0.0' in text  # stalled indeed: nothing processed by it

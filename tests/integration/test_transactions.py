@@ -27,6 +27,7 @@ from perceptron_stream.kafka import (
     TRANSACTION_TIMEOUT_MS,
     CompactedTopic,
     Fenced,
+    KafkaUnavailable,
     PartitionedLog,
     Stream,
     TopicTail,
@@ -85,6 +86,30 @@ def _visible(bootstrap: str, topic: str, partition: int = 0) -> list[bytes]:
         consumer.close()
 
 
+def _transactions_over(bootstrap: str, topic: str, partition: int = 0, timeout: float = 60.0) -> int:
+    """Once no transaction is open on ``topic``'s ``partition`` (its last stable offset is its end): that end.
+
+    A transaction's end is acknowledged (EndTxn) before the broker has written its markers, so right after a
+    commit or an abort a read_committed reader may still stop before the transaction's records: what it sees
+    then would fail a check after a commit, and prove nothing after an abort.
+    """
+    readers = [
+        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level=level)
+        for level in ("read_committed", "read_uncommitted")
+    ]
+    tp = TopicPartition(topic, partition)
+
+    def end_if_stable() -> list[int] | None:
+        stable, end = (reader.end_offsets([tp])[tp] for reader in readers)
+        return [end] if stable == end else None
+
+    try:
+        return wait_until(end_if_stable, timeout, what=f"the markers of every transaction on {tp}")[0]
+    finally:
+        for reader in readers:
+            reader.close()
+
+
 def _last_stable_offset(bootstrap: str, topic: str) -> int:
     """Where a read_committed reader of ``topic``'s partition 0 must stop: before the first open transaction."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed")
@@ -113,8 +138,10 @@ def test_a_committed_transaction_shows_its_records_and_positions_an_aborted_one_
             stream.send(sink, r.key, b"out-" + r.value)
         assert stream.commit_transaction(_next_position(first), timeout_s=30) == []
         committed_values = [b"out-" + r.value for r in first]
+        _transactions_over(bootstrap, sink)
         assert _visible(bootstrap, sink) == committed_values
-        assert committed_offsets(settings, topics["group_id"], source) == {0: first[-1].offset + 1}
+        # stable: the offsets' commit is pending until its markers are written too (read before: the ones before)
+        assert committed_offsets(settings, topics["group_id"], source, stable=True) == {0: first[-1].offset + 1}
 
         second = _poll_some(stream, 5)
         stream.begin()
@@ -122,14 +149,16 @@ def test_a_committed_transaction_shows_its_records_and_positions_an_aborted_one_
             stream.send(sink, r.key, b"out-" + r.value)
         assert stream.flush(30) == []  # in the log, then aborted
         stream.abort()
+        _transactions_over(bootstrap, sink)  # the reader goes past the aborted records, not up to them
         assert _visible(bootstrap, sink) == committed_values
-        assert committed_offsets(settings, topics["group_id"], source) == {0: first[-1].offset + 1}
+        assert committed_offsets(settings, topics["group_id"], source, stable=True) == {0: first[-1].offset + 1}
 
         stream.begin()  # the stream goes on after an abort
         stream.send(sink, None, b"after the abort")
         assert stream.commit_transaction(_next_position(second), timeout_s=30) == []
+        _transactions_over(bootstrap, sink)
         assert _visible(bootstrap, sink) == [*committed_values, b"after the abort"]
-        assert committed_offsets(settings, topics["group_id"], source) == {0: second[-1].offset + 1}
+        assert committed_offsets(settings, topics["group_id"], source, stable=True) == {0: second[-1].offset + 1}
     finally:
         stream.close()
 
@@ -155,6 +184,7 @@ def test_send_to_writes_a_partition_of_the_transaction(client, apache_kafka, top
             stream.send_to(changelog, 1, b"k", b"no transaction")
     finally:
         stream.close()
+    _transactions_over(bootstrap, changelog, 1)
     assert _visible(bootstrap, changelog, 1) == [b"committed"]
     assert _visible(bootstrap, changelog, 0) == []
 
@@ -169,19 +199,26 @@ def test_a_transaction_left_open_is_aborted_after_its_timeout_and_fences_its_pro
     create_topic(bootstrap, sink)
     produce(bootstrap, topics["input_topic"], [b"in-0"])
     stream = _stream(bootstrap, client, topics, f"tx-{topics['group_id']}")
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed")
+    tp = TopicPartition(sink, 0)
     try:
         records = _poll_some(stream, 1)
+        began = time.monotonic()  # the coordinator's clock starts between here (the first send) and the flush
         stream.begin()
         stream.send(sink, None, b"left open")
         assert stream.flush(30) == []
-        opened = time.monotonic()
-        assert _last_stable_offset(bootstrap, sink) == 0  # readers wait at the open transaction
-        wait_until(lambda: _last_stable_offset(bootstrap, sink) > 0, 60, 0.5, "the coordinator's abort")
-        waited = time.monotonic() - opened
-        assert TRANSACTION_TIMEOUT_MS / 1000 - 1 <= waited <= TRANSACTION_TIMEOUT_MS / 1000 + 1 + 5, waited
+        flushed = time.monotonic()
+        assert reader.end_offsets([tp])[tp] == 0  # readers wait at the open transaction (its last stable offset)
+        # one reader asking every 0.1 s: the abort is seen within moments of its markers, however loaded the machine
+        wait_until(lambda: reader.end_offsets([tp])[tp] > 0, 60, 0.1, "the coordinator's abort")
+        aborted = time.monotonic()
+        timeout_s = TRANSACTION_TIMEOUT_MS / 1000
+        assert aborted - began >= timeout_s - 1, aborted - began  # not before the timeout
+        assert aborted - flushed <= timeout_s + 1 + 5, aborted - flushed  # the stream's timeout, and a look-up
         with pytest.raises(Fenced):
             stream.commit_transaction(_next_position(records), timeout_s=30)
     finally:
+        reader.close()
         stream.close()
     assert _visible(bootstrap, sink) == []
     assert (
@@ -304,12 +341,16 @@ def test_the_compacted_topics_readers_never_restore_an_aborted_record(apache_kaf
         assert list(log.read(0, timeout_s=30)) == [(b"checkpoint", b"committed")]
     finally:
         log.close()
+    end, tp = _transactions_over(bootstrap, topic), TopicPartition(topic, 0)  # both markers written: the log's end
     tail = TopicTail(settings, topic)
     try:
         seen: list = []
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the tail has no end: read what comes for a while
-            seen += tail.poll(200)
+
+        def at_the_end() -> bool:  # the tail has no end of its own: read until it stands past the aborted record
+            seen.extend(tail.poll(200))
+            return tail.consumer.position(tp) >= end
+
+        wait_until(at_the_end, 60, 0, what=f"the tail at the end of {topic} ({end})")
         assert seen == [(b"checkpoint", b"committed")]
     finally:
         tail.close()
@@ -369,13 +410,33 @@ def test_stable_committed_offsets_wait_for_the_transaction_that_commits_them(apa
         writer.begin_transaction()
         writer.send_offsets_to_transaction([Partition(topic, 0, 1)], member.consumer_group_metadata(), 30)
         stable: dict = {}
-        reading = threading.Thread(target=lambda: stable.update(committed_offsets(settings, group, topic, stable=True)))
+        failed: list[BaseException] = []
+
+        def read_stable() -> None:
+            """As the service's restore does: a read refused for longer than its own timeout (10 s) is asked again,
+            for as long as the test may take under load; anything else fails the test (from here, after join)."""
+            deadline = time.monotonic() + 120
+            try:
+                while True:
+                    try:
+                        stable.update(committed_offsets(settings, group, topic, stable=True))
+                        return
+                    except KafkaUnavailable:
+                        if time.monotonic() > deadline:
+                            raise
+            except BaseException as exc:
+                failed.append(exc)
+
+        reading = threading.Thread(target=read_stable, daemon=True)
         reading.start()
         time.sleep(2.0)
         assert committed_offsets(settings, group, topic) == {}  # what the admin call saw: the offsets before it
-        assert stable == {}  # still asking
+        assert stable == {} and not failed  # still asking
         writer.commit_transaction(30)
-        reading.join(30)
+        reading.join(150)
+        assert not reading.is_alive(), "the stable read never ended"
+        if failed:
+            raise failed[0]
         assert stable == {0: 1}
     finally:
         member.close()

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
@@ -38,6 +37,7 @@ from tests.support.service import (
     store_args,
 )
 from tests.support.topics import produce
+from tests.support.waiting import wait_until
 
 
 def _first_run(broker, topics, tmp_path, count=1000, seed=41, **extra) -> list[str]:
@@ -102,9 +102,16 @@ def test_the_same_group_on_a_new_log_refuses_then_starts_over_when_told(kafka_br
         from kafka import KafkaAdminClient
 
         admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
-        admin.delete_topics([topics["input_topic"]])
-        admin.close()
-        time.sleep(1.0)
+        try:
+            admin.delete_topics([topics["input_topic"]])
+            # gone before it is made again: while a deletion is pending, a create is refused ("already exists",
+            # which create_topic lets pass) and the producer could write to the old topic or auto-create four
+            # partitions
+            wait_until(
+                lambda: topics["input_topic"] not in admin.list_topics(), 60, what=f"{topics['input_topic']} deleted"
+            )
+        finally:
+            admin.close()
         produce(kafka_broker.bootstrap_servers, topics["input_topic"], events)
         log = _check_refused_then_start_over(kafka_broker, topics, tmp_path, events)
         assert "cluster's id" not in log, log[-3000:]
