@@ -310,7 +310,13 @@ def tail(path: Path, chars: int = 4000) -> str:
 
 
 def wait_assigned(process: subprocess.Popen, log_path: Path, topic: str, timeout: float = 120.0) -> None:
-    """Until the service has restored its state and holds its partition (it logs "assigned <topic>[0]")."""
+    """Until the service holds its partition (it logs "assigned <topic>[0]").
+
+    In ``--model-scope group`` the model is restored at start-up, before the group join, so it is restored too. In
+    ``--model-scope partition`` "assigned" is logged before the partition's replica is restored (the loop restores
+    it at its next turn): a caller that needs the restore waits for its "restored checkpoint ... of partition-N" or
+    "no checkpoint yet of partition-N" line.
+    """
     wait_until(
         lambda: process.poll() is not None or f"assigned {topic}[0]" in log_path.read_text(errors="replace"),
         timeout,
