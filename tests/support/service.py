@@ -174,9 +174,13 @@ OUTPUT_FIELDS = ("id", "source", "y_pred", "score", "y", "mistake", "model")
 class GroupHolder:
     """A member that joins a consumer group, takes its partitions, then stops polling: a rebalance it must join
     again is held for its whole ``max_poll_interval_ms`` (Apache Kafka's coordinator waits that long for every member
-    to rejoin), so a service that starts meanwhile is inside its group join for as long as the holder is there, however long
-    the start took. A kill "in the join" then lands there on a loaded machine too; a dead member's session (6 s)
-    cannot promise that. :meth:`release` leaves the group.
+    to rejoin), so a service that starts meanwhile is inside its group join for as long as the holder is there,
+    however long the start took. A kill "in the join" then lands there on a loaded machine too; a dead member's session
+    (6 s) cannot promise that. :meth:`release` leaves the group.
+
+    The hold counts from the holder's own last poll, its construction, not from the service's join: kafka-python's
+    heartbeat thread leaves the group once ``max_poll_interval_ms`` has passed since the last poll. So ``hold_ms``
+    must cover the whole start of the service it holds (the callers' waits for it), not only the join.
     """
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, hold_ms: int = 60_000):
