@@ -308,9 +308,11 @@ def test_broker_frozen_for_20_seconds_mid_stream(own_broker, tmp_path, topics):
         own_broker.pause()
         paused_at = time.monotonic()
         try:
+            # The service tells an outage once a call to the brokers gives up (the batch's flush waits 10 s): the
+            # broker stays frozen until /readyz has said so, and for 20 s at least.
             _, body = wait_until(
                 lambda: (lambda r: r if r[0] == 503 else None)(http_get(readyz)),
-                19,
+                60,
                 what="/readyz to report the outage",
             )
             assert json.loads(body)["broker_reachable"] is False, body
