@@ -110,7 +110,7 @@ def test_broker_command_serves_until_sigterm(tmp_path):
         first = process.stdout.readline()
         assert f"127.0.0.1:{port}" in first
 
-        admin = wait_until(lambda: _admin(port), 20, what="the broker to answer")
+        admin = wait_until(lambda: _admin(port), 60, what="the broker to answer")
         admin.close()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0

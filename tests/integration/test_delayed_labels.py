@@ -176,14 +176,16 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
         send_points(broker, names["input_topic"], points)
         consume(broker.bootstrap_servers, names["output_topic"], len(points))
         send_labels(broker, names["label_topic"], labels)
+        # the kill comes after a checkpoint of the label phase (one that learned from labels), not only after the
+        # start's "no checkpoint yet" line: the restart restores a model and a pending table mid-phase
         wait_until(
             lambda: (
-                "checkpoint" in (tmp_path / "serve-1.log").read_text()
-                and len(consume(broker.bootstrap_servers, names["outcome_topic"], 1))
+                len(consume(broker.bootstrap_servers, names["outcome_topic"], 1))
                 and _outcomes(broker, names) >= len(labels) // 3
+                and (lambda cp: cp is not None and cp.model["counters"]["labeled"] > 0)(final_checkpoint(args, store))
             ),
-            60,
-            what="a third of the labels joined",
+            120,
+            what="a third of the labels joined and a checkpoint of the label phase",
         )
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -488,10 +490,14 @@ def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(
     try:
         wait_assigned(process, logs[0], names["input_topic"])
         sender.start()
+        # after a checkpoint that learned from labels, not only after the start's "no checkpoint yet" line
         wait_until(
-            lambda: "checkpoint" in logs[0].read_text() and _outcomes(kafka_broker, names) >= len(points) // 3,
-            60,
-            what="a third of the labels joined",
+            lambda: (
+                _outcomes(kafka_broker, names) >= len(points) // 3
+                and (lambda cp: cp is not None and cp.model["counters"]["labeled"] > 0)(final_checkpoint(args, store))
+            ),
+            120,
+            what="a third of the labels joined and a checkpoint of the label phase",
         )
         process.send_signal(signal.SIGKILL)
         process.wait()

@@ -38,6 +38,11 @@ def _broker_address(output: str) -> str:
 
 
 def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
+    """Stopped with Ctrl-C once /metrics shows the counts: a --duration counts from when the metrics are up, before
+    the group join, so on a loaded machine a short one could end before a mistake was counted. (--duration's own
+    stop is test_duration_stops_the_demo_by_itself's.)"""
+    import signal
+
     port = free_port()
     with open(tmp_path / "demo.out", "w") as out:  # the demo writes to its own copy of the descriptor
         demo = subprocess.Popen(
@@ -47,7 +52,7 @@ def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
                 "perceptron_stream.cli",
                 "demo",
                 "--duration",
-                "20",
+                "600",  # a bound for a test that fails; SIGINT stops it
                 "--no-live",
                 "--metrics-port",
                 str(port),
@@ -63,14 +68,20 @@ def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
         def metric(name):
             return _metric(port, name) or 0.0
 
-        wait_until(lambda: metric("perceptron_mistakes_total") > 0, 30, what="the demo to count mistakes")
-        assert metric('perceptron_events_total{kind="labeled"}') > 0
+        wait_until(
+            lambda: (
+                metric("perceptron_mistakes_total") > 0 and metric('perceptron_events_total{kind="labeled"}') > 1000
+            ),
+            120,
+            what="the demo to count mistakes and over 1000 events",
+        )
         for challenger in ("plain", "pocket"):  # the champion is averaged
             assert _metric(port, f'perceptron_challenger_mistake_rate{{challenger="{challenger}"}}') is not None, (
                 challenger
             )
         broker_address = _broker_address((tmp_path / "demo.out").read_text())
         assert _processes_mentioning(f"tcp://{broker_address}"), "the demo's broker should be running"
+        demo.send_signal(signal.SIGINT)
         code = demo.wait(timeout=60)
     finally:
         if demo.poll() is None:
@@ -80,6 +91,41 @@ def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
     assert "stopped: broker, producer and service are down" in log
     last = re.findall(r"events=(\d+) .*mistakes=(\d+)", log)[-1]
     assert int(last[0]) > 1000 and int(last[1]) > 0
+    time.sleep(0.5)
+    assert _processes_mentioning(f"tcp://{broker_address}") == [], "a child process outlived the demo"
+
+
+def test_duration_stops_the_demo_by_itself(tmp_path):
+    """--duration: the demo ends on its own, exit 0, its broker and every child gone, whatever it was doing then."""
+    port = free_port()
+    started = time.monotonic()
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "demo",
+            "--duration",
+            "5",
+            "--no-live",
+            "--metrics-port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        text=True,
+    )
+    try:
+        output, _ = demo.communicate(timeout=180)  # its start, 5 s, its stop
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, output
+    assert time.monotonic() - started >= 5.0, output  # it ran its duration: not an early exit that looked clean
+    assert re.search(r"metrics on http://\S+/metrics", output), output
+    assert "stopped: broker, producer and service are down" in output, output
+    broker_address = _broker_address(output)
     time.sleep(0.5)
     assert _processes_mentioning(f"tcp://{broker_address}") == [], "a child process outlived the demo"
 
@@ -98,7 +144,7 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     try:
         wait_until(
             lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 if _listening(port) else False,
-            30,
+            90,
             what="the demo's service",
         )
         demo.send_signal(signal.SIGINT)

@@ -89,6 +89,8 @@ class OutputWatcher:
         tp = TopicPartition(topic, 0)
         self.consumer.assign([tp])
         self.consumer.seek_to_beginning(tp)
+        self.bootstrap, self.tp, self.read_committed = bootstrap, tp, read_committed
+        self.position = 0  # the watcher's read position: every record before it is filed
         self.by = by
         self.by_source: dict = {}  # input offset (``by``) -> every output value for it
         self.keys: dict = {}  # input offset (``by``) -> the Kafka key of each of those outputs
@@ -115,18 +117,45 @@ class OutputWatcher:
                         self.by_source.setdefault(offset, []).append(m.value)
                         self.keys.setdefault(offset, []).append(m.key)
                         self.records += 1
+            try:
+                self.position = self.consumer.position(self.tp, timeout_ms=1000) or self.position
+            except Exception:  # as poll: the broker may be frozen on purpose
+                pass
 
     def settle(self, quiet_s: float = 0.5, timeout: float = 60.0) -> int:
-        """Wait until nothing new arrived for ``quiet_s`` (the topic read to its end); the distinct count."""
+        """Wait until the topic is read to its end offset as it is now (its last stable offset when
+        ``read_committed``), then until nothing new arrived for ``quiet_s``; the distinct count.
+
+        The end offset, not quiet alone: a watcher behind a loaded broker or starved of CPU can go ``quiet_s``
+        without a record while records wait for it (the embedded broker's end offset may read short by a batch:
+        there the quiet covers the rest, as before)."""
+        end = self._end_offset()
         last, since = -1, time.monotonic()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.records != last:
+            if self.records != last or self.position < end:
                 last, since = self.records, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
                 return self.distinct()
             time.sleep(0.05)
-        raise AssertionError(f"the output topic kept growing for {timeout:.0f} s")
+        raise AssertionError(
+            f"the output topic was not read to its end offset {end} (at {self.position}) or kept growing for "
+            f"{timeout:.0f} s"
+        )
+
+    def _end_offset(self) -> int:
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            isolation_level="read_committed" if self.read_committed else "read_uncommitted",
+        )
+        try:
+            return consumer.end_offsets([self.tp])[self.tp]
+        finally:
+            consumer.close()
 
     def distinct(self) -> int:
         with self._lock:
@@ -145,9 +174,13 @@ OUTPUT_FIELDS = ("id", "source", "y_pred", "score", "y", "mistake", "model")
 class GroupHolder:
     """A member that joins a consumer group, takes its partitions, then stops polling: a rebalance it must join
     again is held for its whole ``max_poll_interval_ms`` (Apache Kafka's coordinator waits that long for every member
-    to rejoin), so a service that starts meanwhile is inside its group join for as long as the holder is there, however long
-    the start took. A kill "in the join" then lands there on a loaded machine too; a dead member's session (6 s)
-    cannot promise that. :meth:`release` leaves the group.
+    to rejoin), so a service that starts meanwhile is inside its group join for as long as the holder is there,
+    however long the start took. A kill "in the join" then lands there on a loaded machine too; a dead member's session
+    (6 s) cannot promise that. :meth:`release` leaves the group.
+
+    The hold counts from the holder's own last poll, its construction, not from the service's join: kafka-python's
+    heartbeat thread leaves the group once ``max_poll_interval_ms`` has passed since the last poll. So ``hold_ms``
+    must cover the whole start of the service it holds (the callers' waits for it), not only the join.
     """
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, hold_ms: int = 60_000):
@@ -281,7 +314,13 @@ def tail(path: Path, chars: int = 4000) -> str:
 
 
 def wait_assigned(process: subprocess.Popen, log_path: Path, topic: str, timeout: float = 120.0) -> None:
-    """Until the service has restored its state and holds its partition (it logs "assigned <topic>[0]")."""
+    """Until the service holds its partition (it logs "assigned <topic>[0]").
+
+    In ``--model-scope group`` the model is restored at start-up, before the group join, so it is restored too. In
+    ``--model-scope partition`` "assigned" is logged before the partition's replica is restored (the loop restores
+    it at its next turn): a caller that needs the restore waits for its "restored checkpoint ... of partition-N" or
+    "no checkpoint yet of partition-N" line.
+    """
     wait_until(
         lambda: process.poll() is not None or f"assigned {topic}[0]" in log_path.read_text(errors="replace"),
         timeout,
