@@ -46,6 +46,13 @@ ENV_PREFIX = "PERCEPTRON_STREAM_"
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
 
 
+#: The longest --commit-interval-ms: half the transactions' timeout (TRANSACTION_TIMEOUT_MS in
+#: kafka/contract.py, 10 s; kept here as a number: settings import no Kafka module), so that a transaction is
+#: committed before the brokers abort it, with room for the batch in hand and the commit itself
+#: (tests/test_config.py holds the two together).
+MAX_COMMIT_INTERVAL_MS = 5_000
+
+
 def default_state_dir() -> Path:
     """The per-user state directory of the XDG Base Directory spec: never ``./state`` of wherever the command runs.
 
@@ -404,9 +411,11 @@ class ServeSettings(KafkaSettings):
     commit_interval_ms: int = Field(
         100,
         gt=0,
+        le=MAX_COMMIT_INTERVAL_MS,
         description="exactly-once: how often the open transaction is committed with its checkpoints and positions "
         "(Kafka Streams' default under exactly-once); outputs become visible to read_committed readers then. "
-        "at-least-once checkpoints by --checkpoint-interval-events/-seconds instead.",
+        f"At most {MAX_COMMIT_INTERVAL_MS}: the brokers abort a transaction open longer than its timeout (10 s) and "
+        "fence its producer. at-least-once checkpoints by --checkpoint-interval-events/-seconds instead.",
     )
     create_topics: bool = Field(
         True, description="Create missing topics at start-up; when off, a missing topic is an error."

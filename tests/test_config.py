@@ -56,6 +56,7 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
         ),
         (["--group-protocol", "consumer"], {}, "group_protocol consumer (KIP-848) needs --kafka-client confluent"),
         (["--group-protocol", "eager"], {}, "invalid setting group_protocol"),
+        (["--commit-interval-ms", "60000"], {}, "invalid setting commit_interval_ms (--commit-interval-ms"),
         (
             ["--bootstrap-servers", "127.0.0.1"],
             {},
@@ -157,3 +158,13 @@ def test_the_command_exits_2_with_the_message():
         [sys.executable, "-m", "perceptron_stream.cli", "nonsense"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and "unknown command 'nonsense'" in result.stderr
+
+
+def test_the_longest_commit_interval_is_half_the_transaction_timeout():
+    """A transaction open past its timeout is aborted by the brokers and its producer fenced: a commit interval
+    near it would stop every instance at its first commit."""
+    from perceptron_stream.config import MAX_COMMIT_INTERVAL_MS
+    from perceptron_stream.kafka.contract import TRANSACTION_TIMEOUT_MS
+
+    assert MAX_COMMIT_INTERVAL_MS == TRANSACTION_TIMEOUT_MS // 2
+    assert load(ServeSettings, ["--commit-interval-ms", str(MAX_COMMIT_INTERVAL_MS)]).commit_interval_ms == 5000

@@ -144,7 +144,7 @@ def test_a_commit_sends_the_checkpoint_into_the_transaction_and_commits_it_with_
 
 
 def test_a_transaction_is_committed_every_commit_interval_and_only_when_something_changed():
-    checkpointer, _, task, _ = _checkpointer("--commit-interval-ms", "60000")
+    checkpointer, _, task, _ = _checkpointer("--commit-interval-ms", "5000")
     stream = TransactionalStream()
     checkpointer.maybe([task], stream)
     assert stream.commits == []  # not due yet (an hour of checkpoint interval would not matter)
@@ -251,3 +251,16 @@ def test_the_transactional_record_is_what_save_writes_and_load_takes_only_commit
     assert store.load(GROUP_TASK).seq == 2  # at-least-once: the newest
     assert store.load(GROUP_TASK, committed={("points", 0): 7}).seq == 1
     assert store.load(GROUP_TASK, committed={}) is None
+
+
+def test_an_evicted_instance_aborts_its_open_transaction_commits_nothing_more_and_stops_naming_the_fencing():
+    """The group removed the instance (its session expired) and took its partitions: what it holds may not be
+    committed (a client that learned of it itself commits with no member id, which the coordinator does not check)."""
+    checkpointer, _, task, metrics = _checkpointer()
+    stream = TransactionalStream()
+    stopped = checkpointer.evicted(stream, [("points", 0)])
+    assert isinstance(stopped, StartupError) and "fenced: a newer owner has this instance's partitions" in str(stopped)
+    assert stream.aborts == 1 and _transactions(metrics, "aborted") == 1
+    assert checkpointer.checkpoint([task], stream) is False  # the revocation as the consumer closes commits nothing
+    checkpointer.final([task], stream, batch_open=False)
+    assert stream.commits == [] and task.unsaved == 7
