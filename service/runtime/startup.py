@@ -23,6 +23,7 @@ the span; the mix topic's reader reads committed records only).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.state.local import LocalStore
 from perceptron_stream.state.store import Store
+
+log = logging.getLogger("perceptron_stream")
 
 #: Settings of the checkpoint and mix topics when the service creates them:
 #: compacted, with segments rolled hourly (compaction never touches the active
@@ -172,6 +175,8 @@ class Startup:
         """The poll loop's consumer and producer, the rebalance callbacks given (closed by the caller, after its
         final checkpoint); None when stopped meanwhile."""
         s, tx_id = self.settings, transactional_id(self.settings)
+        if tx_id is not None:  # the instance's transactions as the brokers list them (kafka-transactions.sh list)
+            log.info("exactly-once: transactions under transactional id %s", tx_id)
         return self.retry.until_it_works(
             lambda: open_stream(
                 s,
