@@ -186,7 +186,9 @@ class Application:
             self.health.restored = True
         if self._stopping:
             return False
-        self.stream = startup.open_stream(self.assignments.on_assigned, self.assignments.on_revoked)
+        self.stream = startup.open_stream(
+            self.assignments.on_assigned, self.assignments.on_revoked, self.assignments.on_lost
+        )
         if self.stream is None:
             return False
         self.assignments.stream = self.stream  # the stream calls the callbacks back: it opens after them

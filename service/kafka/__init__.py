@@ -107,6 +107,7 @@ def open_stream(
     fetch_max_wait_ms: int,
     group_protocol: str = "classic",
     transactional_id: str | None = None,
+    on_lost: Callable | None = None,
 ) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
@@ -114,7 +115,9 @@ def open_stream(
     run inside ``poll``, between batches: the partitions added and taken away.
     The classic protocol takes every partition away and hands out the new
     assignment whole; the ``consumer`` protocol (KIP-848, confluent only) only
-    the partitions that move.
+    the partitions that move. ``on_lost`` (by default ``on_revoked``) gets the
+    partitions taken away after the group removed this member (its session
+    expired while it was frozen or cut off): another member may own them now.
 
     ``transactional_id``: the stream's producer is transactional (idempotent,
     ``TRANSACTION_TIMEOUT_MS``), its transactions initialized at once (an open
@@ -129,6 +132,7 @@ def open_stream(
         auto_offset_reset=auto_offset_reset,
         on_assigned=on_assigned,
         on_revoked=on_revoked,
+        on_lost=on_lost,
         max_poll_records=max_poll_records,
         fetch_max_wait_ms=fetch_max_wait_ms,
     )

@@ -194,10 +194,11 @@ class ConfluentIO:
         client_id: str = "perceptron-stream",
         group_protocol: str = "classic",
         transactional_id: str | None = None,
+        on_lost: Callable | None = None,
     ):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
-        self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked), auto_offset_reset
+        self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked, on_lost), auto_offset_reset
         self._rejected: kerrors.KafkaError | None = None  # SASL mechanism or credentials rejected, or certificate
         common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
         self.consumer = Consumer(
@@ -243,7 +244,7 @@ class ConfluentIO:
         self._commits_waiting = 0  # asynchronous commits whose answer has not been served yet
         self._commit_result: tuple = (None, [])
         self._closing = False
-        self.consumer.subscribe(list(topics), on_assign=self._assigned, on_revoke=self._revoked)
+        self.consumer.subscribe(list(topics), on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
 
     # consuming -----------------------------------------------------------
     @_translated
@@ -340,6 +341,12 @@ class ConfluentIO:
         self._drop_stashed(partitions)
         if not self._closing:
             self.callbacks.revoked((tp.topic, tp.partition) for tp in partitions)
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # librdkafka unassigns after this returns, as after a revocation
+        self._drop_stashed(partitions)
+        if not self._closing:
+            self.callbacks.lost((tp.topic, tp.partition) for tp in partitions)
 
     def _drop_stashed(self, partitions: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in partitions}

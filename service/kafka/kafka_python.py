@@ -90,6 +90,9 @@ class _Listener(ConsumerRebalanceListener):
     def on_partitions_revoked(self, revoked):
         self.callbacks.revoked((tp.topic, tp.partition) for tp in revoked)
 
+    def on_partitions_lost(self, lost):
+        self.callbacks.lost((tp.topic, tp.partition) for tp in lost)
+
 
 #: The transactional producer's retry_backoff_ms (100 by default): kafka-python 3.0.12's sender waits up to it between
 #: the steps of a transaction (adding a partition, the offsets, the end), and a transaction every 100 ms paid that
@@ -124,6 +127,7 @@ class KafkaIO:
         fetch_max_wait_ms: int = 500,
         client_id: str = "perceptron-stream",
         transactional_id: str | None = None,
+        on_lost: Callable | None = None,
     ):
         self.settings = settings
         self.group_id = group_id
@@ -144,7 +148,7 @@ class KafkaIO:
             partition_assignment_strategy=[RangePartitionAssignor],
             **GROUP_TIMINGS,
         )
-        self.callbacks = RebalanceCallbacks(on_assigned, on_revoked)
+        self.callbacks = RebalanceCallbacks(on_assigned, on_revoked, on_lost)
         self.consumer.subscribe(topics, listener=_Listener(self.callbacks))
         mend_consumer(self.consumer)
         try:

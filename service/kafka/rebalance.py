@@ -26,12 +26,18 @@ from collections.abc import Callable, Iterable
 
 
 class RebalanceCallbacks:
-    """``on_assigned`` and ``on_revoked`` of the application, given sorted ``(topic, partition)`` lists."""
+    """``on_assigned``, ``on_revoked`` and ``on_lost`` of the application, given sorted ``(topic, partition)``
+    lists. ``on_lost``: partitions taken away after the group removed this member (its session expired): they may
+    be another member's already, so nothing of them may be committed. Without one, as a revocation (both clients'
+    own default)."""
 
     def __init__(
-        self, on_assigned: Callable[[list[tuple[str, int]]], None], on_revoked: Callable[[list[tuple[str, int]]], None]
+        self,
+        on_assigned: Callable[[list[tuple[str, int]]], None],
+        on_revoked: Callable[[list[tuple[str, int]]], None],
+        on_lost: Callable[[list[tuple[str, int]]], None] | None = None,
     ):
-        self.on_assigned, self.on_revoked = on_assigned, on_revoked
+        self.on_assigned, self.on_revoked, self.on_lost = on_assigned, on_revoked, on_lost or on_revoked
         self.failure: BaseException | None = None  # what a callback raised, until the stream raises it
 
     def assigned(self, partitions: Iterable[tuple[str, int]]) -> None:
@@ -39,6 +45,9 @@ class RebalanceCallbacks:
 
     def revoked(self, partitions: Iterable[tuple[str, int]]) -> None:
         self._call(self.on_revoked, partitions)
+
+    def lost(self, partitions: Iterable[tuple[str, int]]) -> None:
+        self._call(self.on_lost, partitions)
 
     def _call(self, callback: Callable, partitions: Iterable[tuple[str, int]]) -> None:
         if self.failure is not None:  # the service stops at the next raise_failure: nothing more to tell it

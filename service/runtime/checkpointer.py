@@ -228,6 +228,17 @@ class Checkpointer:
             "the last committed checkpoint"
         )
 
+    def evicted(self, stream, partitions: list[tuple[str, int]]) -> StartupError:
+        """Exactly-once, the group removed this instance: the open transaction aborted (not left to block
+        read_committed readers until it times out), and the StartupError that stops the service."""
+        self._abort(stream)
+        self.transaction_failed = True
+        return StartupError(
+            f"fenced: a newer owner has this instance's partitions (the group removed this instance, its session "
+            f"expired, and took {len(partitions)} partition(s) away); the open transaction is aborted, nothing of "
+            "it is visible; stopping, for the orchestrator to restart the instance"
+        )
+
     def _inject_abort(self, stream) -> None:
         """Test-only: abort the open transaction once all it holds is in the logs, as a failed commit would."""
         stream.flush(COMMIT_TIMEOUT_S)

@@ -165,6 +165,22 @@ class Assignments:
         self.health.assigned = False  # until the loop's next settle() looks at what is left (KIP-848 takes only some)
         self._moved = True
 
+    def on_lost(self, partitions: list[tuple[str, int]]) -> None:
+        """The group removed this instance (its session expired while it was frozen or cut off) and took its
+        partitions away: another member may have restored them from the last commit and published past it.
+
+        Exactly-once: nothing of the open transaction may become visible, and its offsets would be refused
+        (the group coordinator no longer knows the member: UNKNOWN_MEMBER_ID), so no commit is tried: the
+        transaction is aborted at once (not left to hold read_committed readers back until it times out) and
+        the instance stops as a fenced one does (Kafka Streams likewise closes lost tasks without a commit).
+        With nothing uncommitted, and at least once: as a revocation (a commit of the old generation is
+        refused; a replay repeats outputs)."""
+        if not self.checkpointer.exactly_once or not any(task.unsaved for task in self.tasks.all()):
+            self.on_revoked(partitions)
+            return
+        log.info("lost %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
+        raise self.checkpointer.evicted(self._stream, partitions)
+
     # the loop -------------------------------------------------------------
     def settle(self) -> None:
         """Before a record is processed: the one-instance check (group scope), restores (partition scope)."""

@@ -171,7 +171,7 @@ class Startup:
             board, mix_feed = self._open_mixing(owner)
         return Opened(owner, store, changelog, board, mix_feed)
 
-    def open_stream(self, on_assigned, on_revoked):
+    def open_stream(self, on_assigned, on_revoked, on_lost):
         """The poll loop's consumer and producer, the rebalance callbacks given (closed by the caller, after its
         final checkpoint); None when stopped meanwhile."""
         s, tx_id = self.settings, transactional_id(self.settings)
@@ -186,6 +186,7 @@ class Startup:
                 auto_offset_reset=s.auto_offset_reset,
                 on_assigned=on_assigned,
                 on_revoked=on_revoked,
+                on_lost=on_lost,
                 max_poll_records=s.batch_size,
                 fetch_max_wait_ms=s.fetch_max_wait_ms,
                 group_protocol=s.group_protocol,

@@ -18,6 +18,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
@@ -78,9 +79,11 @@ def _committed_checkpoint(args: list[str]):
         store.close()
 
 
-def _freeze_in_a_transaction(process, bootstrap: str, topic: str, mine, timeout: float = 120.0) -> None:
+def _freeze_in_a_transaction(process, log: Path, bootstrap: str, topic: str, mine, timeout: float = 120.0) -> None:
     """SIGSTOP ``process`` at a moment when its open transaction holds a record of ``topic``'s partition 0 (one
-    that ``mine(value)`` says it wrote), SIGCONT and try again a moment later when it does not.
+    that ``mine(value)`` says it wrote), SIGCONT and try again a moment later when it does not. Its transaction is
+    the one of the transactional id its ``log`` names: an instance SIGKILLed before it leaves its transaction open
+    for the transaction timeout, and may have written for the same partitions.
 
     A test that kills or freezes an instance "with a transaction open" to prove that a read_committed reader never
     sees what it held cannot trust a sleep for that: the watcher that paces it sees outputs just after a commit, and
@@ -94,6 +97,7 @@ def _freeze_in_a_transaction(process, bootstrap: str, topic: str, mine, timeout:
     from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
     tp = TopicPartition(topic, 0)
+    [own_id] = re.findall(r"transactions under transactional id (\S+)", log.read_text())
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
     reader.assign([tp])
@@ -113,7 +117,12 @@ def _freeze_in_a_transaction(process, bootstrap: str, topic: str, mine, timeout:
         if not before:
             return False
         listed = admin.list_transactions(producer_id_filters=list(before))
-        ongoing = {t.producer_id for rows in listed.values() for t in rows if t.state == "Ongoing"}
+        ongoing = {
+            t.producer_id
+            for rows in listed.values()
+            for t in rows
+            if t.state == "Ongoing" and t.transactional_id == own_id
+        }
         after = open_starts()
         return any(before[pid] == after.get(pid) and mine(value_at(before[pid])) for pid in ongoing)
 
@@ -201,7 +210,11 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
 ):
     """Partition scope: A processes, is frozen (SIGSTOP) with a transaction open, B takes its partition once A's
     session (6 s) is over and runs to the end; A thaws (SIGCONT), is fenced and exits 1. A read_committed reader
-    sees every offset predicted once, as the uninterrupted run: nothing A sent after its last commit shows."""
+    sees every offset predicted once, as the uninterrupted run: nothing A sent after its last commit shows.
+
+    A thawed zombie learns that it is one when its commit is refused (the group's generation moved on) or, first,
+    from its client (its session expired: its partitions are lost, and it aborts without trying a commit),
+    whichever comes first; both end the same way."""
     count = 20_000
     events = make_events(count, seed=32)
     expected = [
@@ -235,7 +248,7 @@ def test_a_zombie_whose_partition_moved_publishes_nothing_and_stops_naming_the_f
         flow.start()
         wait_until(lambda: watcher.distinct() > 0 or a.poll() is not None, 120, interval=0.005, what="A's first commit")
         assert a.poll() is None, f"A exited with {a.returncode}:\n{tail(a_log)}"
-        _freeze_in_a_transaction(a, apache_kafka.bootstrap_servers, topics["output_topic"], lambda value: True)
+        _freeze_in_a_transaction(a, a_log, apache_kafka.bootstrap_servers, topics["output_topic"], lambda value: True)
         frozen_at = watcher.distinct()
         assert frozen_at < count, "A was done before it was frozen: the test proves nothing"
         b = start_service_process(args, b_log)
@@ -444,6 +457,7 @@ def test_three_instances_a_sigkill_a_newcomer_and_a_zombie_leave_each_input_pred
         wait_until(lambda: _restored(logs["b"].read_text()) == b_held, 120, what="B's replicas restored")
         _freeze_in_a_transaction(  # B processes: frozen with outputs in its open transaction (a commit a second)
             processes["b"],
+            logs["b"],
             bootstrap,
             topics["output_topic"],
             lambda value: json.loads(value)["source"]["partition"] in b_held,
@@ -531,6 +545,7 @@ def test_mixing_replicas_across_a_sigkill_publish_each_prediction_once_and_mix_o
         a_held = held_partitions(logs["a"].read_text())
         _freeze_in_a_transaction(  # killed with one of its mix records in its open transaction
             processes["a"],
+            logs["a"],
             bootstrap,
             f"mix-{topics['group_id']}",
             lambda value: int(owner_of(decode_checkpoint(value)).task.split("-")[1]) in a_held,

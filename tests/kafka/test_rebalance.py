@@ -33,3 +33,16 @@ def test_a_failure_is_kept_the_callbacks_after_it_skipped_and_raised_once_as_it_
         callbacks.raise_failure()
     assert raised.value is failure
     callbacks.raise_failure()  # once
+
+
+def test_lost_partitions_go_to_on_lost_or_without_one_to_on_revoked_as_both_clients_do():
+    seen = []
+    callbacks = RebalanceCallbacks(
+        seen.append, lambda p: seen.append(("revoked", p)), lambda p: seen.append(("lost", p))
+    )
+    callbacks.lost(iter([("t", 1), ("t", 0)]))
+    callbacks.revoked([("t", 2)])
+    assert seen == [("lost", [("t", 0), ("t", 1)]), ("revoked", [("t", 2)])]
+    seen.clear()
+    RebalanceCallbacks(seen.append, lambda p: seen.append(("revoked", p))).lost([("t", 0)])
+    assert seen == [("revoked", [("t", 0)])]
