@@ -38,6 +38,7 @@ from perceptron_stream.kafka.contract import (
     END,
     GROUP_TIMINGS,
     TRANSACTION_TIMEOUT_MS,
+    Fenced,
     KafkaFatal,
     KafkaUnavailable,
     Record,
@@ -569,7 +570,11 @@ class ConfluentIO:
         owned = set(self.assignment())
         offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if (t, p) in owned]
         if offsets:
-            metadata = self.consumer.consumer_group_metadata()
+            metadata = self.consumer.consumer_group_metadata()  # opaque: the member id is asked after it, so a
+            # reset between the two shows (a new id in between would take a whole rejoin)
+            if not self.consumer.memberid():
+                self._abort_quietly()
+                raise Fenced.no_member()
             self._transactional(
                 lambda left: self.producer.send_offsets_to_transaction(offsets, metadata, left), deadline
             )

@@ -121,6 +121,14 @@ class Fenced(KafkaFatal):
             "session timeout, or shares its transactional id): restart it",
         )
 
+    @classmethod
+    def no_member(cls) -> Fenced:
+        """Raised before a transaction's offsets are sent when the consumer knows it is no member of its group
+        any more (its client reset its member id and generation: the group removed it). The group coordinator
+        checks a transactional offset commit only against the member id and generation it carries, and takes
+        one with neither unchecked (they were optional before KIP-447): sent, a zombie's outputs would commit."""
+        return cls("the group removed this instance (its client holds no member id): its offsets are not sent")
+
 
 class Aborted(KafkaUnavailable):
     """The transaction was aborted (a delivery or a transactional call failed, but the producer may go on):

@@ -36,6 +36,7 @@ from perceptron_stream.kafka.contract import (
     GROUP_TIMINGS,
     TRANSACTION_TIMEOUT_MS,
     DeliveryError,
+    Fenced,
     KafkaFatal,
     KafkaUnavailable,
     Record,
@@ -317,9 +318,12 @@ class KafkaIO:
             for (t, p), o in positions.items()
             if TopicPartition(t, p) in owned
         }
+        membership = self.consumer.group_metadata()  # one snapshot: what is checked is what is sent
+        if offsets and (membership.generation_id < 0 or not membership.member_id):
+            raise self._aborted(Fenced.no_member())
         try:
             if offsets:
-                self.producer.send_offsets_to_transaction(offsets, self.consumer.group_metadata())
+                self.producer.send_offsets_to_transaction(offsets, membership)
             self.producer.commit_transaction()
         except KafkaError as exc:
             raise self._aborted(exc) from exc

@@ -229,14 +229,12 @@ class Checkpointer:
         )
 
     def evicted(self, stream, partitions: list[tuple[str, int]]) -> StartupError:
-        """Exactly-once, the group removed this instance: the open transaction aborted (not left to block
-        read_committed readers until it times out), and the StartupError that stops the service."""
-        self._abort(stream)
-        self.transaction_failed = True
-        return StartupError(
-            f"fenced: a newer owner has this instance's partitions (the group removed this instance, its session "
-            f"expired, and took {len(partitions)} partition(s) away); the open transaction is aborted, nothing of "
-            "it is visible; stopping, for the orchestrator to restart the instance"
+        """Exactly-once, the group removed this instance: the open transaction aborted (not left to hold
+        read_committed readers back until it times out), and the StartupError that stops the service."""
+        self.transaction_failed = True  # first: nothing is committed after this, whatever the abort meets
+        self._abort(stream, count=False)  # counted once, by transaction_lost
+        return self.transaction_lost(
+            Fenced(f"the group removed this instance and took its {len(partitions)} partition(s) away")
         )
 
     def _inject_abort(self, stream) -> None:
@@ -248,9 +246,10 @@ class Checkpointer:
         )
         raise Aborted(f"transaction {self.transactions} aborted by the test's {ABORT_TRANSACTION_ENV}")
 
-    def _abort(self, stream) -> None:
+    def _abort(self, stream, count: bool = True) -> None:
         try:
             stream.abort()
         except (KafkaFatal, KafkaUnavailable) as exc:  # the transaction coordinator aborts it after its timeout
             log.warning("could not abort the open transaction (%s)", exc)
-        self.metrics.transactions.labels("aborted").inc()
+        if count:
+            self.metrics.transactions.labels("aborted").inc()

@@ -166,15 +166,19 @@ class Assignments:
         self._moved = True
 
     def on_lost(self, partitions: list[tuple[str, int]]) -> None:
-        """The group removed this instance (its session expired while it was frozen or cut off) and took its
-        partitions away: another member may have restored them from the last commit and published past it.
+        """The group removed this instance (its session expired while it was frozen or cut off, or it overran
+        max.poll.interval.ms) and took its partitions away: another member may have restored them from the last
+        commit and published past it.
 
-        Exactly-once: nothing of the open transaction may become visible, and its offsets would be refused
-        (the group coordinator no longer knows the member: UNKNOWN_MEMBER_ID), so no commit is tried: the
-        transaction is aborted at once (not left to hold read_committed readers back until it times out) and
-        the instance stops as a fenced one does (Kafka Streams likewise closes lost tasks without a commit).
-        With nothing uncommitted, and at least once: as a revocation (a commit of the old generation is
-        refused; a replay repeats outputs)."""
+        Exactly-once: nothing of the open transaction may become visible. Its offsets would be refused (an old
+        member id: UNKNOWN_MEMBER_ID), or, were the member id its client reset sent, taken unchecked
+        (Fenced.no_member), so no commit is tried: the transaction is aborted at once (not left to hold
+        read_committed readers back until it times out) and the instance stops as a fenced one does (Kafka
+        Streams likewise closes lost tasks without a commit). With nothing uncommitted, and at least once: as a
+        revocation (a commit of the old generation is refused; a replay repeats outputs). Once a transaction
+        failed, nothing (kafka-python calls this as it closes a consumer whose generation is gone)."""
+        if self.checkpointer.transaction_failed:
+            return
         if not self.checkpointer.exactly_once or not any(task.unsaved for task in self.tasks.all()):
             self.on_revoked(partitions)
             return

@@ -440,3 +440,44 @@ def test_stable_committed_offsets_wait_for_the_transaction_that_commits_them(apa
         assert stable == {0: 1}
     finally:
         member.close()
+
+
+def test_a_commit_without_a_member_id_is_never_sent_for_the_coordinator_would_take_it_unchecked(apache_kafka, topics):
+    """kafka-python resets its member id and generation when its heartbeat learns that the group removed it (a
+    frozen instance, thawed), before its next poll tells the application. The group coordinator checks a
+    transactional offset commit only against the member id and generation it carries: one with neither is taken
+    unchecked, in a group with members (shown first, with a bare producer). So the stream sends none: it aborts
+    and raises Fenced, and nothing of the transaction shows."""
+    from kafka import KafkaProducer
+    from kafka.structs import ConsumerGroupMetadata, OffsetAndMetadata
+
+    bootstrap, source, sink = apache_kafka.bootstrap_servers, topics["input_topic"], topics["output_topic"]
+    settings, group = KafkaSettings(bootstrap_servers=bootstrap), topics["group_id"]
+    create_topic(bootstrap, sink)
+    produce(bootstrap, source, [f"in-{n}".encode() for n in range(15)])
+    stream = _stream(bootstrap, "kafka-python", topics, f"tx-{group}")
+    bare = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"bare-{group}")
+    try:
+        records = _poll_some(stream, 5)  # the stream's consumer is the group's member
+        bare.init_transactions()
+        bare.begin_transaction()
+        bare.send(sink, b"a zombie's output")
+        anonymous = ConsumerGroupMetadata(group_id=group)  # generation -1, no member id: what a reset client holds
+        bare.send_offsets_to_transaction({TopicPartition(source, 0): OffsetAndMetadata(2, "", -1)}, anonymous)
+        bare.commit_transaction()  # taken: the hazard
+        _transactions_over(bootstrap, sink)
+        assert _visible(bootstrap, sink) == [b"a zombie's output"]
+        assert committed_offsets(settings, group, source, stable=True) == {0: 2}
+
+        stream.begin()
+        for r in records:
+            stream.send(sink, r.key, b"out-" + r.value)
+        stream.consumer._coordinator.reset_generation()  # noqa: SLF001 — what its heartbeat does on eviction
+        with pytest.raises(Fenced, match="the group removed this instance"):
+            stream.commit_transaction(_next_position(records), timeout_s=30)
+        _transactions_over(bootstrap, sink)
+        assert _visible(bootstrap, sink) == [b"a zombie's output"]  # none of the stream's outputs
+        assert committed_offsets(settings, group, source, stable=True) == {0: 2}  # nor its offsets
+    finally:
+        bare.close()
+        stream.close()

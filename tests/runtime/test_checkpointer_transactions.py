@@ -254,12 +254,13 @@ def test_the_transactional_record_is_what_save_writes_and_load_takes_only_commit
 
 
 def test_an_evicted_instance_aborts_its_open_transaction_commits_nothing_more_and_stops_naming_the_fencing():
-    """The group removed the instance (its session expired) and took its partitions: what it holds may not be
-    committed (a client that learned of it itself commits with no member id, which the coordinator does not check)."""
+    """The group removed the instance (its session expired) and took its partitions: nothing it holds may be
+    committed; the abort is counted once."""
     checkpointer, _, task, metrics = _checkpointer()
     stream = TransactionalStream()
     stopped = checkpointer.evicted(stream, [("points", 0)])
     assert isinstance(stopped, StartupError) and "fenced: a newer owner has this instance's partitions" in str(stopped)
+    assert "the group removed this instance and took its 1 partition(s) away" in str(stopped)
     assert stream.aborts == 1 and _transactions(metrics, "aborted") == 1
     assert checkpointer.checkpoint([task], stream) is False  # the revocation as the consumer closes commits nothing
     checkpointer.final([task], stream, batch_open=False)
