@@ -336,18 +336,18 @@ class ConfluentIO:
             consumer.pause(self._pauses)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # confluent-kafka unassigns after this returns. Not on close: the
-        # application has taken its final checkpoint already (kafka-python does
-        # call its listener at close, where the application finds nothing new).
-        self._drop_stashed(partitions)
-        if not self._closing:
-            self.callbacks.revoked((tp.topic, tp.partition) for tp in partitions)
+        self._taken_away(partitions, self.callbacks.revoked)
 
     def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # librdkafka unassigns after this returns, as after a revocation
+        self._taken_away(partitions, self.callbacks.lost)
+
+    def _taken_away(self, partitions: list[TopicPartition], tell: Callable) -> None:
+        # confluent-kafka unassigns after the callback returns (revoked or lost alike). Not told on close: the
+        # application has taken its final checkpoint already (kafka-python does call its listener at close,
+        # where the application finds nothing new).
         self._drop_stashed(partitions)
         if not self._closing:
-            self.callbacks.lost((tp.topic, tp.partition) for tp in partitions)
+            tell((tp.topic, tp.partition) for tp in partitions)
 
     def _drop_stashed(self, partitions: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in partitions}

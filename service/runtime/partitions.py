@@ -120,7 +120,7 @@ class Assignments:
 
     # callbacks ------------------------------------------------------------
     def on_assigned(self, partitions: list[tuple[str, int]]) -> None:
-        log.info("assigned %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
+        log.info("assigned %s", _named(partitions))
         if self.per_partition:
             for tp in partitions:
                 if self.tasks.for_partition(tp[1]) is None:
@@ -140,7 +140,7 @@ class Assignments:
         self._moved = True  # and again at the next settle: an incremental assignment is applied after this callback
 
     def on_revoked(self, partitions: list[tuple[str, int]]) -> None:
-        log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
+        log.info("revoked %s", _named(partitions))
         if self.per_partition:
             gone = sorted({p for _, p in partitions})
             for p in gone:
@@ -182,7 +182,7 @@ class Assignments:
         if not self.checkpointer.exactly_once or not any(task.unsaved for task in self.tasks.all()):
             self.on_revoked(partitions)
             return
-        log.info("lost %s", ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing")
+        log.info("lost %s", _named(partitions))
         raise self.checkpointer.evicted(self._stream, partitions)
 
     # the loop -------------------------------------------------------------
@@ -243,3 +243,12 @@ class Assignments:
         assigned = bool(assignment)
         self.health.assigned = assigned and not self.waiting and self.may_process()
         self.health.restored = not self.waiting
+
+
+def _named(partitions: list[tuple[str, int]]) -> str:
+    """``topic[partition]``, comma-separated, for the log.
+
+    >>> _named([("points", 0), ("labels", 0)]), _named([])
+    ('points[0], labels[0]', 'nothing')
+    """
+    return ", ".join(f"{t}[{p}]" for t, p in partitions) or "nothing"
