@@ -37,6 +37,12 @@ def _broker_address(output: str) -> str:
     return found.group(1)
 
 
+def _demo(port: int, *args: str, **popen) -> subprocess.Popen:
+    """``perceptron-stream demo --no-live --metrics-port PORT ARGS...`` started from the repository."""
+    command = [sys.executable, "-m", "perceptron_stream.cli", "demo", "--no-live", "--metrics-port", str(port)]
+    return subprocess.Popen([*command, *args], cwd=ROOT, **popen)
+
+
 def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
     """Stopped with Ctrl-C once /metrics shows the counts: a --duration counts from when the metrics are up, before
     the group join, so on a loaded machine a short one could end before a mistake was counted. (--duration's own
@@ -45,24 +51,8 @@ def test_demo_counts_events_and_mistakes_then_stops_everything(tmp_path):
 
     port = free_port()
     with open(tmp_path / "demo.out", "w") as out:  # the demo writes to its own copy of the descriptor
-        demo = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "perceptron_stream.cli",
-                "demo",
-                "--duration",
-                "600",  # a bound for a test that fails; SIGINT stops it
-                "--no-live",
-                "--metrics-port",
-                str(port),
-                "--rate",
-                "1000",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        # --duration 600: a bound for a test that fails; SIGINT stops it
+        demo = _demo(port, "--duration", "600", "--rate", "1000", stdout=out, stderr=subprocess.STDOUT)
     try:
 
         def metric(name):
@@ -99,23 +89,7 @@ def test_duration_stops_the_demo_by_itself(tmp_path):
     """--duration: the demo ends on its own, exit 0, its broker and every child gone, whatever it was doing then."""
     port = free_port()
     started = time.monotonic()
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "demo",
-            "--duration",
-            "5",
-            "--no-live",
-            "--metrics-port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        text=True,
-    )
+    demo = _demo(port, "--duration", "5", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = demo.communicate(timeout=180)  # its start, 5 s, its stop
     finally:
@@ -134,13 +108,7 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     import signal
 
     port = free_port()
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "perceptron_stream.cli", "demo", "--no-live", "--metrics-port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-        text=True,
-    )
+    demo = _demo(port, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until(
             lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 if _listening(port) else False,
@@ -172,23 +140,7 @@ def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        demo = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "perceptron_stream.cli",
-                "demo",
-                "--duration",
-                "20",
-                "--no-live",
-                "--metrics-port",
-                str(port),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=ROOT,
-            text=True,
-        )
+        demo = _demo(port, "--duration", "20", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             stdout, stderr = demo.communicate(timeout=60)
         finally:
@@ -209,24 +161,8 @@ def test_demo_with_delayed_labels_joins_them_and_scores_the_challengers(tmp_path
 
     port = free_port()
     with open(tmp_path / "demo.out", "w") as out:  # the demo writes to its own copy of the descriptor
-        demo = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "perceptron_stream.cli",
-                "demo",
-                "--delayed-labels",
-                "--duration",
-                "120",
-                "--no-live",
-                "--metrics-port",
-                str(port),
-                "--rate",
-                "1000",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
+        demo = _demo(
+            port, "--delayed-labels", "--duration", "120", "--rate", "1000", stdout=out, stderr=subprocess.STDOUT
         )
     try:
         try:
