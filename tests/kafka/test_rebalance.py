@@ -36,7 +36,7 @@ def test_a_failure_is_kept_the_callbacks_after_it_skipped_and_raised_once_as_it_
 
 
 def test_lost_partitions_go_to_on_lost_or_without_one_to_on_revoked_as_both_clients_do():
-    seen = []
+    seen: list = []
     callbacks = RebalanceCallbacks(
         seen.append, lambda p: seen.append(("revoked", p)), lambda p: seen.append(("lost", p))
     )
