@@ -25,7 +25,7 @@ from tests.support.endpoints import http_get, metrics_once
 from tests.support.labels import label_topics, labeled_points, replay_labels, send_labels, send_points
 from tests.support.launch import settings_args, start_service_process
 from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
-from tests.support.topics import consume, create_topic, produce, read_all
+from tests.support.topics import consume, create_topic, end_offset, produce, read_all
 from tests.support.waiting import wait_until
 
 
@@ -230,14 +230,7 @@ def _outcomes(broker, names, distinct: bool = False, records: bool = False):
     if records or distinct:
         out = _read_all(broker, names["outcome_topic"])
         return out if records else len({o["label_source"]["offset"] for o in out})
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, group_id=None)
-    try:
-        tp = TopicPartition(names["outcome_topic"], 0)
-        return consumer.end_offsets([tp])[tp]
-    finally:
-        consumer.close()
+    return end_offset(broker.bootstrap_servers, names["outcome_topic"])
 
 
 def _dead_letters(broker, names) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
-from perceptron_stream.kafka import CompactedTopic, committed_offsets
+from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.learning import learner_from_state, make_learner
 from perceptron_stream.learning.mixing import mix_states
 from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV
@@ -57,7 +57,7 @@ from tests.support.service import (
     tail,
     wait_assigned,
 )
-from tests.support.topics import produce, read_all
+from tests.support.topics import produce, read_all, stable_offsets
 from tests.support.waiting import wait_until
 
 EXACTLY_ONCE = {"processing_guarantee": "exactly-once", "commit_interval_ms": 100}
@@ -70,7 +70,7 @@ def _committed_checkpoint(args: list[str]):
     committed = {
         (topic, p): o
         for topic in filter(None, (s.input_topic, s.label_topic))
-        for p, o in committed_offsets(s, s.group_id, topic, stable=True).items()
+        for p, o in stable_offsets(s, s.group_id, topic).items()
     }
     store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
     try:

@@ -27,15 +27,15 @@ from perceptron_stream.kafka import (
     TRANSACTION_TIMEOUT_MS,
     CompactedTopic,
     Fenced,
-    KafkaUnavailable,
     PartitionedLog,
     Stream,
     TopicTail,
     committed_offsets,
     open_stream,
 )
+from perceptron_stream.kafka.kafka_python import KafkaIO
 
-from tests.support.topics import create_topic, produce
+from tests.support.topics import create_topic, end_offset, produce, stable_offsets
 from tests.support.waiting import wait_until
 
 CLIENTS = ["kafka-python", "confluent"]
@@ -108,16 +108,6 @@ def _transactions_over(bootstrap: str, topic: str, partition: int = 0, timeout: 
     finally:
         for reader in readers:
             reader.close()
-
-
-def _last_stable_offset(bootstrap: str, topic: str) -> int:
-    """Where a read_committed reader of ``topic``'s partition 0 must stop: before the first open transaction."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed")
-    try:
-        tp = TopicPartition(topic, 0)
-        return consumer.end_offsets([tp])[tp]
-    finally:
-        consumer.close()
 
 
 def _next_position(records: list) -> dict[tuple[str, int], int]:
@@ -373,7 +363,7 @@ def test_the_compacted_topics_readers_wait_for_a_transaction_open_when_they_bega
     live.produce(topic, b"committed after it", b"b", partition=0)
     assert live.flush(30) == 0
     live.commit_transaction(30)
-    assert _last_stable_offset(bootstrap, topic) == 0  # held back by the open transaction
+    assert end_offset(bootstrap, topic, read_committed=True) == 0  # held back by the open transaction
 
     store, log = CompactedTopic(settings, topic), PartitionedLog(settings, topic)
     changelog: list = []
@@ -415,15 +405,8 @@ def test_stable_committed_offsets_wait_for_the_transaction_that_commits_them(apa
         def read_stable() -> None:
             """As the service's restore does: a read refused for longer than its own timeout (10 s) is asked again,
             for as long as the test may take under load; anything else fails the test (from here, after join)."""
-            deadline = time.monotonic() + 120
             try:
-                while True:
-                    try:
-                        stable.update(committed_offsets(settings, group, topic, stable=True))
-                        return
-                    except KafkaUnavailable:
-                        if time.monotonic() > deadline:
-                            raise
+                stable.update(stable_offsets(settings, group, topic, timeout=120))
             except BaseException as exc:
                 failed.append(exc)
 
@@ -472,6 +455,7 @@ def test_a_commit_without_a_member_id_is_never_sent_for_the_coordinator_would_ta
         stream.begin()
         for r in records:
             stream.send(sink, r.key, b"out-" + r.value)
+        assert isinstance(stream, KafkaIO)
         stream.consumer._coordinator.reset_generation()  # noqa: SLF001 — what its heartbeat does on eviction
         with pytest.raises(Fenced, match="the group removed this instance"):
             stream.commit_transaction(_next_position(records), timeout_s=30)

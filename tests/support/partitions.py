@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 from perceptron_stream.config import ServeSettings, load
-from perceptron_stream.kafka import CompactedTopic, KafkaUnavailable, committed_offsets
+from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.learning import make_learner
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.streams import separable
 
-from tests.support.topics import create_topic, produce
+from tests.support.topics import create_topic, produce, stable_offsets
 
 #: The partition count of the scale-out tests' input topic.
 PARTITIONS = 6
@@ -71,7 +70,7 @@ def replicas(args: list[str], partitions: int = PARTITIONS, committed: bool = Fa
         return {p: local.load(f"partition-{p}") for p in range(partitions)}
     positions = None
     if committed:
-        positions = {(s.input_topic, p): o for p, o in _stable_offsets(s).items()}
+        positions = {(s.input_topic, p): o for p, o in stable_offsets(s, s.group_id, s.input_topic).items()}
     store = KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id)
     try:
         return {p: store.load(f"partition-{p}", committed=positions) for p in range(partitions)}
@@ -152,15 +151,3 @@ class DealtFlow:
         self._stop.set()
         self._thread.join(60)
         return self.events[: self.sent]
-
-
-def _stable_offsets(settings: ServeSettings) -> dict[int, int]:
-    """The group's committed offsets as a read_committed restore reads them: refused (asked again, for up to a
-    minute) while a transaction that commits them is not over, whose markers may still be on their way."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            return committed_offsets(settings, settings.group_id, settings.input_topic, stable=True)
-        except KafkaUnavailable:
-            if time.monotonic() > deadline:
-                raise

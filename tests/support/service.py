@@ -26,7 +26,7 @@ from perceptron_stream.state.local import LocalStore
 from perceptron_stream.streams import separable
 
 from tests.support.launch import start_service_process
-from tests.support.topics import create_topic
+from tests.support.topics import create_topic, end_offset
 from tests.support.waiting import wait_until
 
 DEFAULT_MAX_MODEL_FEATURES = ServeSettings.model_fields["max_model_features"].default
@@ -144,18 +144,7 @@ class OutputWatcher:
         )
 
     def _end_offset(self) -> int:
-        from kafka import KafkaConsumer
-
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            enable_auto_commit=False,
-            group_id=None,
-            isolation_level="read_committed" if self.read_committed else "read_uncommitted",
-        )
-        try:
-            return consumer.end_offsets([self.tp])[self.tp]
-        finally:
-            consumer.close()
+        return end_offset(self.bootstrap, self.tp.topic, self.tp.partition, self.read_committed)
 
     def distinct(self) -> int:
         with self._lock:

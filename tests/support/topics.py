@@ -99,3 +99,36 @@ def read_all(
         return out
     finally:
         consumer.close()
+
+
+def end_offset(bootstrap: str, topic: str, partition: int = 0, read_committed: bool = False) -> int:
+    """``topic``'s ``partition``'s end offset, as the brokers answer it now (``read_committed``: its last stable
+    offset, where readers wait for the first open transaction; the embedded broker's may read short by a batch)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        isolation_level="read_committed" if read_committed else "read_uncommitted",
+    )
+    try:
+        tp = TopicPartition(topic, partition)
+        return consumer.end_offsets([tp])[tp]
+    finally:
+        consumer.close()
+
+
+def stable_offsets(settings, group_id: str, topic: str, timeout: float = 60.0) -> dict[int, int]:
+    """Consumer group ``group_id``'s committed offsets on ``topic`` as a read_committed restore reads them: the
+    brokers refuse them while a transaction that commits them is not over (its markers may still be on their
+    way), and they are asked again, as the service's restore does, for up to ``timeout`` s."""
+    from perceptron_stream.kafka import KafkaUnavailable, committed_offsets
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return committed_offsets(settings, group_id, topic, stable=True)
+        except KafkaUnavailable:
+            if time.monotonic() > deadline:
+                raise
