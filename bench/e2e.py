@@ -212,6 +212,21 @@ def wait_for_stop() -> None:
         pass
 
 
+def _partition(message) -> int:
+    """A consumed record's partition. confluent-kafka types it ``int | None``: None only on an error event, which the
+    loops raise before they ask."""
+    partition = message.partition()
+    assert partition is not None
+    return partition
+
+
+def _offset(message) -> int:
+    """A consumed record's offset (``int | None`` to confluent-kafka, as ``_partition``)."""
+    offset = message.offset()
+    assert offset is not None
+    return offset
+
+
 def ceiling_confluent(
     bootstrap: str, input_topic: str, output_topic: str, group: str, events: int, batch: int, work: bool = False
 ) -> None:
@@ -260,22 +275,22 @@ def ceiling_confluent(
         decode_many, learner = Decoder(1024 * 1024, 10_000).decode_many, make_learner("plain", 0.0, False)
         metrics = ServiceMetrics(window=1000, version="bench", variant="plain")
         drift = DriftWatch()
-        value_of, key_of, offset_of = Message.value, Message.key, Message.offset
+        value_of, key_of = Message.value, Message.key
     done = 0
     while done < events:
         messages = consume(num_messages=batch, timeout=0.2)
         if not messages:
             continue
-        positions = {}
+        positions: dict[int, int] = {}  # partition → the last offset of this poll
         if work:  # the service's batched work (Task.process's batch form), per partition as its poll groups them
             started, flags = time.perf_counter(), []
             by_partition: dict[int, list] = {}
             for m in messages:
                 if m.error():
                     raise KafkaException(m.error())
-                by_partition.setdefault(m.partition(), []).append(m)
+                by_partition.setdefault(_partition(m), []).append(m)
             for partition, ms in by_partition.items():
-                keys, offsets = list(map(key_of, ms)), list(map(offset_of, ms))
+                keys, offsets = list(map(key_of, ms)), list(map(_offset, ms))
                 decoded = decode_many(list(map(value_of, ms)), keys)
                 if decoded.rejected:
                     raise RuntimeError(decoded.rejected[0][1].error)
@@ -305,7 +320,7 @@ def ceiling_confluent(
                 if m.error():
                     raise KafkaException(m.error())
                 produce(output_topic, m.value(), m.key())
-                positions[m.partition()] = m.offset()
+                positions[_partition(m)] = _offset(m)
         if flush(30) or failed:
             raise RuntimeError(f"not acknowledged: {failed[:3]}")
         if work:
@@ -799,7 +814,8 @@ class VisibleReader:
             self.first = self.first or now
             self.last, self.count = now, self.count + len(messages)
             for m in messages:
-                self.arrivals.setdefault(m.key(), now)
+                if (key := m.key()) is not None:  # every message the bench sends has a key
+                    self.arrivals.setdefault(key, now)
 
     def wait(self, count: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -901,6 +917,42 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))]
 
 
+def _rate_sender(
+    kafka: Kafka, topic: str
+) -> tuple[Callable[[bytes, bytes, int], object], Callable[[], object], Callable[[], None], str]:
+    """``rate_producer``'s client: ``send(key, value, partition)``, ``pump()`` between sends, ``finish()`` (all
+    acknowledged, or an error), and its name. confluent-kafka when it is installed, else kafka-python."""
+    if importlib.util.find_spec("confluent_kafka") is None:
+        plain = kafka.producer(linger_ms=1)
+
+        def close() -> None:
+            plain.flush()
+            plain.close()
+
+        return (
+            lambda key, value, partition: plain.send(topic, value=value, key=key, partition=partition),
+            lambda: None,
+            close,
+            "kafka-python",
+        )
+    from confluent_kafka import Producer
+
+    fast = Producer(
+        {"bootstrap.servers": kafka.bootstrap, "linger.ms": 1, "acks": "all", "broker.address.family": "v4"}
+    )
+
+    def flush() -> None:
+        if fast.flush(30):
+            raise RuntimeError("the rate producer's messages were not all acknowledged")
+
+    return (
+        lambda key, value, partition: fast.produce(topic, value, key, partition=partition),
+        lambda: fast.poll(0),
+        flush,
+        "confluent-kafka",
+    )
+
+
 def rate_producer(kafka: Kafka, topic: str, payloads, rate: float, seconds: float, partitions: int) -> tuple[int, str]:
     """Send at ``rate`` events/s for ``seconds`` (a schedule checked every 0.5 ms); returns how many were sent, and with what.
 
@@ -910,25 +962,7 @@ def rate_producer(kafka: Kafka, topic: str, payloads, rate: float, seconds: floa
     """
     total = int(rate * seconds)
     source = itertools.cycle(payloads)
-    try:
-        from confluent_kafka import Producer
-    except ImportError:
-        Producer = None
-    if Producer is not None:
-        producer = Producer(
-            {"bootstrap.servers": kafka.bootstrap, "linger.ms": 1, "acks": "all", "broker.address.family": "v4"}
-        )
-        client = "confluent-kafka"
-
-        def send(key, value, partition):
-            producer.produce(topic, value, key, partition=partition)
-    else:
-        producer = kafka.producer(linger_ms=1)
-        client = "kafka-python"
-
-        def send(key, value, partition):
-            producer.send(topic, value=value, key=key, partition=partition)
-
+    send, pump, finish, client = _rate_sender(kafka, topic)
     sent = 0
     began = time.perf_counter()
     while sent < total:
@@ -936,15 +970,9 @@ def rate_producer(kafka: Kafka, topic: str, payloads, rate: float, seconds: floa
         while sent < due:
             send(b"%d" % sent, next(source)[1], sent % partitions)
             sent += 1
-        if client == "confluent-kafka":
-            producer.poll(0)
+        pump()
         time.sleep(0.0005)
-    if client == "confluent-kafka":
-        if producer.flush(30):
-            raise RuntimeError("the rate producer's messages were not all acknowledged")
-    else:
-        producer.flush()
-        producer.close()
+    finish()
     return sent, client
 
 

@@ -26,10 +26,15 @@ def test_the_readme_is_a_screen_or_two_not_the_manual():
     assert len(TEXT.splitlines()) <= 150
 
 
-def test_the_test_command_is_the_one_ci_runs():
+def test_the_test_command_is_the_one_ci_runs_in_a_fresh_virtual_environment():
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "exec bash tests/run.sh -q" in ci
-    assert "bash tests/run.sh   " in TEXT or "\nbash tests/run.sh " in TEXT  # a command line of its own
+    commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    made, entered = commands.index('python3 -m venv "$venv"'), commands.index('. "$venv/bin/activate"')
+    installed = commands.index("python3 -m pip install --quiet --disable-pip-version-check .")
+    assert made < entered < installed < commands.index("bash tests/run.sh -q")  # in that order, in the venv
+    assert 'venv=$(mktemp -d "${TMPDIR:-/tmp}/' in ci  # outside the checkout
+    assert "\nbash tests/run.sh " in TEXT  # a command line of its own
+    assert "pip install . && perceptron-stream demo" in TEXT and "python3 -m venv .venv" in TEXT
     assert "`bash tests/run.sh -q`" in TEXT and ".ci/run" in TEXT  # and it says what CI runs
 
 

@@ -57,7 +57,7 @@ def run(bootstrap: str, input_topic: str, output_topic: str, group: str, events:
             for msg in messages:
                 if msg.error():
                     raise KafkaException(msg.error())
-                prediction = predict_and_learn(json.loads(msg.value()))
+                prediction = predict_and_learn(json.loads(msg.value() or b"null"))  # a tombstone: an error
                 producer.produce(output_topic, json.dumps(prediction).encode(), key=msg.key(), callback=delivery_report)
                 producer.poll(0)
             producer.flush()
