@@ -534,6 +534,11 @@ class ProduceSettings(KafkaSettings):
         description="With a CSV --file: send each row's feature columns as a dense x, in column order "
         "(as train --dense reads them), not as named features.",
     )
+    unlabeled_rows: bool = Field(
+        False,
+        description="With a CSV --file that has a y column: send a row whose y is empty as an unlabeled event "
+        "(predicted, not learned). Without it such a row stops the replay, naming its line.",
+    )
     count: int = Field(
         10_000,
         ge=0,

@@ -82,7 +82,7 @@ def messages(settings: ProduceSettings) -> Iterator[tuple[bytes | None, bytes]]:
     A file is sent whole unless ``--count`` is given (its default is for the synthetic streams).
     """
     if settings.file is not None:
-        source = read_file(settings.file, settings.dense)
+        source = read_file(settings.file, settings.dense, settings.unlabeled_rows)
         if settings.count and "count" in settings.model_fields_set:
             source = itertools.islice(source, settings.count)
         for value in source:
@@ -275,6 +275,12 @@ def _check_file(settings: ProduceSettings, console: Console) -> None:
     """A file's header before anything is sent: a CSV that is not comma-separated is refused (exit 2), one without a
     ``y`` column is said to go out unlabeled (its rows are predicted, never learned from; a label column named
     otherwise would be sent as a feature)."""
+    if settings.unlabeled_rows and (settings.file is None or not is_csv(settings.file)):
+        raise _fail(
+            "invalid setting unlabeled_rows (--unlabeled-rows): it reads the empty y cells of a CSV --file; "
+            + ("the synthetic streams have no file" if settings.file is None else f"{settings.file} is JSONL"),
+            2,
+        )
     if settings.file is None:
         if settings.dense:
             raise _fail(

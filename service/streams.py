@@ -243,14 +243,15 @@ def delayed_labels(events: Iterable[dict], missing: float = 0.0, seed: int = 42)
         yield point, ({"id": event["id"], "y": event["y"]} if kept else None)
 
 
-def read_file(path: Path, dense: bool = False) -> Iterator[bytes]:
+def read_file(path: Path, dense: bool = False, unlabeled_rows: bool = False) -> Iterator[bytes]:
     """The messages of a CSV or JSONL file, as wire-format JSON bytes.
 
     JSONL lines are passed on as they are (a bad line is the consumer's to
     reject); CSV rows become ``{"id", "features", "y"}`` events, or with
-    ``dense`` ``{"id", "x", "y"}`` events.
+    ``dense`` ``{"id", "x", "y"}`` events; a row that is not one is a ValueError
+    naming its line (see :func:`_csv_rows`).
     """
-    for _, message in _numbered_messages(path, dense):
+    for _, message in _numbered_messages(path, dense, unlabeled_rows=unlabeled_rows):
         yield message
 
 
@@ -259,7 +260,9 @@ def is_csv(path: Path) -> bool:
     return Path(path).suffix.lower() not in (".jsonl", ".ndjson", ".json")
 
 
-def _numbered_messages(path: Path, dense: bool = False, label_column: bool = False) -> Iterator[tuple[int, bytes]]:
+def _numbered_messages(
+    path: Path, dense: bool = False, label_column: bool = False, unlabeled_rows: bool = False
+) -> Iterator[tuple[int, bytes]]:
     """(line number in the file, message) for each message of :func:`read_file`."""
     path = Path(path)
     if not is_csv(path):
@@ -269,8 +272,8 @@ def _numbered_messages(path: Path, dense: bool = False, label_column: bool = Fal
                 if line:
                     yield lineno, line
         return
-    for lineno, row in _csv_rows(path, dense, label_column):
-        yield lineno, json.dumps(row).encode()
+    for lineno, row in _csv_rows(path, dense, label_column, unlabeled_rows):
+        yield lineno, json.dumps(row, allow_nan=False).encode()
 
 
 def csv_label(text: str) -> int:
@@ -309,6 +312,13 @@ def _check_header(path: Path, fieldnames: Sequence[str] | None, first_line: str)
             f"{OTHER_SEPARATORS[separator]}, and CSV files are read comma-separated: save or export it "
             "with ',' between columns (and '.' as the decimal point)"
         )
+    seen: dict[str, int] = {}
+    for number, name in enumerate(fieldnames, start=1):
+        if not name.strip():  # a trailing comma in the header is a column named "": a feature nobody meant
+            raise ValueError(f"{path}: column {number} of the header has no name; every column needs one")
+        if name in seen:  # csv.DictReader would keep the last cell of the two and drop the other silently
+            raise ValueError(f"{path}: the header names {name!r} twice (columns {seen[name]} and {number})")
+        seen[name] = number
     return list(fieldnames)
 
 
@@ -326,8 +336,11 @@ def csv_columns(path: Path) -> list[str]:
         return _check_header(path, next(csv.reader([first]), None), first)
 
 
-def _csv_rows(path: Path, dense: bool = False, label_column: bool = False) -> Iterator[tuple[int, dict]]:
-    """(line number, event) for each row of a CSV file with a header.
+def _csv_rows(
+    path: Path, dense: bool = False, label_column: bool = False, unlabeled_rows: bool = False
+) -> Iterator[tuple[int, dict]]:
+    """(line number, event) for each row of a CSV file with a header; a ValueError naming ``file:line`` for a row
+    that is not an event.
 
     utf-8-sig: a byte-order mark, which Excel writes at the start of a "CSV
     UTF-8" file, is skipped; read as utf-8 it became part of the first
@@ -335,10 +348,19 @@ def _csv_rows(path: Path, dense: bool = False, label_column: bool = False) -> It
     ``label_column``: a header without ``y`` is an error naming the columns
     found (``train`` needs labels); otherwise its rows are unlabeled events.
     ``dense``: the feature columns' values, in column order, as ``x``.
+
+    Refused, each naming the line: a row with fewer or more cells than the header, a value that is not a finite
+    number (``nan``, ``inf`` and ``1e400`` are numbers to ``float`` but not to JSON, nor to a model), a cell over
+    the csv module's field limit, and, where the header has ``y``, a row whose ``y`` is empty, unless
+    ``unlabeled_rows`` (``produce --unlabeled-rows``) sends such a row unlabeled: a label lost in an export is
+    otherwise sent on as an event that is only predicted, which nobody would notice.
     """
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
-        fields = reader.fieldnames
+        try:
+            fields = reader.fieldnames
+        except csv.Error as exc:  # a header cell over the field limit
+            raise ValueError(f"{path}:1: {exc}") from None
         columns = _check_header(
             path, fields, fields[0] if fields and len(fields) == 1 else ""
         )  # one column: the whole line
@@ -349,27 +371,61 @@ def _csv_rows(path: Path, dense: bool = False, label_column: bool = False) -> It
                 f"{path}: no label column: the header has {', '.join(map(repr, columns))}, and the label "
                 f"(-1/+1, 0/1 or false/true) is expected in a column named y{hint}"
             )
-        for row in reader:
-            lineno = reader.line_num  # the row's last line (a quoted cell may span lines)
-            event: dict = {}
-            if "id" in row:
-                event["id"] = row.pop("id")
-            label = row.pop("y", None)
-            if None in row:  # more cells than the header has columns
-                raise ValueError(
-                    f"{path}:{lineno}: {len(columns) + len(row[None])} cells, and the header has {len(columns)} columns"
-                )
+        rows, lineno = iter(reader), reader.line_num
+        while True:
             try:
-                values = {k: float(v) for k, v in row.items()}
-                if dense:
-                    event["x"] = list(values.values())
-                else:
-                    event["features"] = values
-                if label not in (None, ""):
-                    event["y"] = csv_label(label)
+                row = next(rows)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # "field larger than field limit (131072)": a row, not a traceback
+                # the row starts on the line after the last one read whole (line_num lags inside the bad row)
+                raise ValueError(f"{path}:{lineno + 1}: {exc}") from None
+            lineno = reader.line_num  # the row's last line (a quoted cell may span lines)
+            try:
+                yield lineno, _csv_event(row, columns, dense, unlabeled_rows)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
-            yield lineno, event
+
+
+def _csv_event(row: dict, columns: list[str], dense: bool, unlabeled_rows: bool) -> dict:
+    """One CSV row (as csv.DictReader gives it) as an event; a ValueError saying what is wrong with it.
+
+    >>> _csv_event({"id": "a", "age": "31", "y": "1"}, ["id", "age", "y"], False, False)
+    {'id': 'a', 'features': {'age': 31.0}, 'y': 1}
+    >>> _csv_event({"age": "nan", "y": "1"}, ["age", "y"], False, False)
+    Traceback (most recent call last):
+    ...
+    ValueError: column 'age': 'nan' is not a finite number
+    >>> _csv_event({"age": "31", "y": ""}, ["age", "y"], False, True)
+    {'features': {'age': 31.0}}
+    """
+    if None in row:  # more cells than the header has columns
+        raise ValueError(f"{len(columns) + len(row[None])} cells, and the header has {len(columns)} columns")
+    if any(value is None for value in row.values()):  # fewer: csv.DictReader fills the missing cells with None
+        cells = sum(value is not None for value in row.values())
+        raise ValueError(f"{cells} cells, and the header has {len(columns)} columns")
+    event: dict = {}
+    if "id" in row:
+        event["id"] = row.pop("id")
+    labeled = "y" in row
+    label = row.pop("y", None)
+    values = {}
+    for name, text in row.items():
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"column {name!r}: {text!r} is not a finite number")
+        values[name] = value
+    if dense:
+        event["x"] = list(values.values())
+    else:
+        event["features"] = values
+    if label is not None and label.strip():
+        event["y"] = csv_label(label)
+    elif labeled and not unlabeled_rows:
+        raise ValueError(
+            "y is empty, and the header has a y column (produce --unlabeled-rows sends such rows unlabeled)"
+        )
+    return event
 
 
 class Dataset(NamedTuple):

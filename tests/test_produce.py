@@ -391,6 +391,32 @@ def test_a_bad_csv_row_stops_the_replay_naming_the_line(fake_kafka, tmp_path, ca
     assert f"{data}:3:" in last and "1 of the 1 messages before it acknowledged" in last
 
 
+@pytest.mark.parametrize("where", ["synthetic", "jsonl"])
+def test_unlabeled_rows_without_a_csv_is_a_bad_setting(tmp_path, where):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"x": [1.0]}\n')
+    args = ["--unlabeled-rows"] + (["--file", str(data)] if where == "jsonl" else [])
+    with pytest.raises(ProduceError) as caught:
+        produce(load(ProduceSettings, args))
+    assert caught.value.status == 2
+    assert str(caught.value).startswith("invalid setting unlabeled_rows (--unlabeled-rows)"), caught.value
+
+
+def test_an_empty_label_goes_out_unlabeled_only_with_unlabeled_rows(fake_kafka, tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("id,x1,y\na,1,1\nb,2,\n")
+    fake_kafka()
+    with pytest.raises(ProduceError) as caught:
+        produce(load(ProduceSettings, ["--file", str(data), "--no-progress"]))
+    assert caught.value.status == 2 and f"{data}:3: y is empty" in str(caught.value)
+    producer = fake_kafka()
+    assert produce(load(ProduceSettings, ["--file", str(data), "--unlabeled-rows", "--no-progress"])) == 2
+    assert [json.loads(value) for _, value in producer.sent] == [
+        {"id": "a", "features": {"x1": 1.0}, "y": 1},
+        {"id": "b", "features": {"x1": 2.0}},
+    ]
+
+
 # ---------------------------------------------------------------- delayed labels: the pairs
 
 

@@ -69,3 +69,53 @@ def test_dense_reads_the_feature_columns_as_x_in_order(tmp_path):
         load_dataset(jsonl, dense=True)
     jsonl.write_text('{"x": [1, 2], "y": 1}\n')
     assert load_dataset(jsonl).form == load_dataset(jsonl, dense=True).form == "dense"
+
+
+@pytest.mark.parametrize(
+    "text, line, reason",
+    [
+        ("a,y\n1,1\nnan,1\n", 3, "column 'a': 'nan' is not a finite number"),
+        ("a,y\ninf,1\n", 2, "column 'a': 'inf' is not a finite number"),
+        ("a,y\n1,1\n1e400,-1\n", 3, "column 'a': '1e400' is not a finite number"),
+        ("a,b,y\n1,2,1\n1,2\n", 3, "2 cells, and the header has 3 columns"),
+        ("a,y\n1,1\n2,\n", 3, "y is empty, and the header has a y column"),
+        ("a,y\n1," + "9" * 200_000 + "\n", 2, "field larger than field limit"),
+    ],
+    ids=["nan", "inf", "overflow", "short-row", "empty-y", "over-long-field"],
+)
+def test_a_row_that_is_not_an_event_is_refused_naming_its_line(tmp_path, text, line, reason):
+    """Each of these was sent before: NaN/Infinity (invalid JSON), a row short of y or with an empty y unlabeled, or a
+    raw _csv.Error traceback."""
+    data = tmp_path / "d.csv"
+    data.write_text(text)
+    with pytest.raises(ValueError) as caught:
+        list(read_file(data))
+    assert str(caught.value).startswith(f"{data}:{line}: {reason}"), caught.value
+
+
+@pytest.mark.parametrize(
+    "header, reason",
+    [
+        ("a,b,\n", "column 3 of the header has no name; every column needs one"),
+        ("a,b,a,y\n", "the header names 'a' twice (columns 1 and 3)"),
+    ],
+    ids=["trailing-empty-name", "duplicate"],
+)
+def test_a_header_with_an_empty_or_a_repeated_name_is_refused(tmp_path, header, reason):
+    data = tmp_path / "d.csv"
+    data.write_text(header + "1,2,3" + (",1" if header.count(",") == 3 else "") + "\n")
+    for read in (csv_columns, load_dataset, lambda path: list(read_file(path))):
+        with pytest.raises(ValueError) as caught:
+            read(data)
+        assert str(caught.value) == f"{data}: {reason}", caught.value
+
+
+def test_an_empty_y_is_sent_unlabeled_only_when_asked(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("id,a,y\np,1,1\nq,2,\n")
+    assert [json.loads(m) for m in read_file(data, unlabeled_rows=True)] == [
+        {"id": "p", "features": {"a": 1.0}, "y": 1},
+        {"id": "q", "features": {"a": 2.0}},
+    ]
+    with pytest.raises(ValueError, match=r"d\.csv:3: y is empty"):
+        load_dataset(data)  # train needs every label, flag or not
