@@ -103,6 +103,22 @@ STATE_FORMAT = 1
 # The names state["labels"] takes: what predict_one answers in.
 _SIGNED, _BOOL = "-1/+1", "bool"
 
+#: The largest magnitude a number of a state read back (a checkpoint, a mix record, a model file) may have. A float
+#: can hold 1.8e308, and two weights of 1e308 already sum to inf: a score of null in a prediction. Bounded here, a
+#: score over at most 10**80 features of values at most 1e15 (the decoder's ``max_feature_value``) stays under
+#: 1e295, finite. Learning cannot come near it: an update adds at most 1e15 to a weight (the averaged variant's
+#: sums at most 2**63 times that), so 1e200 is ~1e166 updates away; only a forged or damaged state holds more.
+MAX_STATE_MAGNITUDE = 1e200
+
+
+def is_state_number(value: Any) -> bool:
+    """Whether ``value`` is a number a state may hold: an int or a float, finite, within MAX_STATE_MAGNITUDE.
+
+    >>> [is_state_number(v) for v in (0, -2.5, 1e200, 1e201, float("nan"), True, "1")]
+    [True, True, True, False, False, False, False]
+    """
+    return type(value) in (int, float) and math.isfinite(value) and abs(value) <= MAX_STATE_MAGNITUDE
+
 
 def _is_bool(y: Any) -> bool:
     """True for bool labels: Python's, and numpy's (river's pandas streams give those)."""
@@ -671,6 +687,9 @@ class Perceptron(ManySteps, base.Classifier):
         """
         p = cls(variant, margin, max_features)
         items = enumerate(weights) if isinstance(weights, list) else weights.items()
+        values = list(weights) if isinstance(weights, list) else list(weights.values())
+        if not all(map(is_state_number, values)) or not is_state_number(bias):
+            raise ValueError(f"weights and bias must be finite numbers of magnitude at most {MAX_STATE_MAGNITUDE:g}")
         for k, v in items:
             i = p._add_feature(k)
             p._w[i] = p._p[i] = float(v)
@@ -802,16 +821,16 @@ class _Reader:
 
     def float(self, key: str) -> float:
         v = self.get(key)
-        if type(v) not in (int, float) or not math.isfinite(v):
-            self.fail(f"{key} must be a finite number, got {v!r}")
+        if not is_state_number(v):
+            self.fail(f"{key} must be a finite number of magnitude at most {MAX_STATE_MAGNITUDE:g}, got {v!r}")
         return float(v)
 
     def floats(self, key: str, n: int) -> _Floats:
         v = self.get(key)
         if not isinstance(v, list) or len(v) != n:
             self.fail(f"{key} must be a list of {n} numbers (one per feature)")
-        if any(type(e) not in (int, float) or not math.isfinite(e) for e in v):
-            self.fail(f"{key} must hold finite numbers only")
+        if not all(map(is_state_number, v)):
+            self.fail(f"{key} must hold finite numbers of magnitude at most {MAX_STATE_MAGNITUDE:g} only")
         return [float(e) for e in v]
 
     def count(self, key: str) -> int:
