@@ -493,6 +493,12 @@ class ServeSettings(KafkaSettings):
                     "label_topic and outcome_topic must differ from each other and from the input, output and "
                     "dead-letter topics"
                 )
+            if self.max_early_labels <= self.batch_size:  # the gate's pause point would be 1 (LabelGate)
+                raise ValueError(
+                    f"max_early_labels {self.max_early_labels} is not more than batch_size {self.batch_size}: one "
+                    "poll may bring a batch of labels ahead of their points, so the label partition would be paused "
+                    "at its first early label; raise max_early_labels above batch_size (or lower batch_size)"
+                )
         if self.model_scope == "partition":
             if self.state_store == "none":
                 raise ValueError(

@@ -74,6 +74,15 @@ def test_bad_values_name_the_setting(args, env, named, monkeypatch):
     assert named in str(error.value)
 
 
+def test_early_labels_that_would_pause_a_label_partition_at_one_are_refused():
+    """--max-early-labels at or under --batch-size: the gate's pause point was 1, one early label paused the partition."""
+    with pytest.raises(ConfigError) as error:
+        load(ServeSettings, ["--label-topic", "labels", "--max-early-labels", "10", "--batch-size", "10"])
+    assert "max_early_labels 10 is not more than batch_size 10" in str(error.value)
+    assert load(ServeSettings, ["--label-topic", "labels", "--max-early-labels", "11", "--batch-size", "10"])
+    assert load(ServeSettings, ["--max-early-labels", "10", "--batch-size", "10"])  # no delayed labels: no gate
+
+
 def test_a_bad_config_file_is_named(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("batch_size = = 3")

@@ -38,7 +38,7 @@ CONFIGS = [
     ["--hash-features", "64", "--challengers", "averaged"],
     ["--max-model-features", "3"],
     ["--learning", "off", "--challengers", "averaged"],
-    ["--label-topic", "labels", "--challengers", "averaged", "--max-early-labels", "5"],
+    ["--label-topic", "labels", "--challengers", "averaged", "--max-early-labels", "5", "--batch-size", "4"],
     ["--model-scope", "partition", "--mix-every", "7", "--challengers", "pocket"],
     ["--model-scope", "partition", "--mix-every", "0", "--label-topic", "labels", "--challengers", "pocket"],
     ["--label-topic", "labels", "--standardize", "--hash-features", "32", "--challengers", "margin:0.5"],
