@@ -103,18 +103,20 @@ STATE_FORMAT = 1
 # The names state["labels"] takes: what predict_one answers in.
 _SIGNED, _BOOL = "-1/+1", "bool"
 
-#: The largest magnitude a number of a state read back (a checkpoint, a mix record, a model file) may have. A float
-#: can hold 1.8e308, and two weights of 1e308 already sum to inf: a score of null in a prediction. Bounded here, a
-#: score over at most 10**80 features of values at most 1e15 (the decoder's ``max_feature_value``) stays under
-#: 1e295, finite. Learning cannot come near it: an update adds at most 1e15 to a weight (the averaged variant's
-#: sums at most 2**63 times that), so 1e200 is ~1e166 updates away; only a forged or damaged state holds more.
-MAX_STATE_MAGNITUDE = 1e200
+#: The largest magnitude a weight, bias or sum of a perceptron's state read back (a checkpoint, a mix record, a model
+#: file) may have. A float holds 1.8e308, and two weights of 1e308 already sum to inf: a score of null in a
+#: prediction. Bounded here, a score over n features of values at most 1e100 (the largest --max-feature-value
+#: allows) stays under n·1e250, finite for any n a model can hold. Learning cannot come near it: an update adds at
+#: most 1e100 to a weight (the averaged variant's sums at most 2**63 times that), so 1e150 is ~1e31 updates away;
+#: only a forged or damaged state holds more. (The scaler's statistics are held to finite numbers only: a variance
+#: of values up to 1e100 is up to 1e200.)
+MAX_STATE_MAGNITUDE = 1e150
 
 
 def is_state_number(value: Any) -> bool:
     """Whether ``value`` is a number a state may hold: an int or a float, finite, within MAX_STATE_MAGNITUDE.
 
-    >>> [is_state_number(v) for v in (0, -2.5, 1e200, 1e201, float("nan"), True, "1")]
+    >>> [is_state_number(v) for v in (0, -2.5, 1e150, 1e151, float("nan"), True, "1")]
     [True, True, True, False, False, False, False]
     """
     return type(value) in (int, float) and math.isfinite(value) and abs(value) <= MAX_STATE_MAGNITUDE

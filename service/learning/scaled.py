@@ -31,11 +31,12 @@ True
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from perceptron_stream.learning.labels import to_label
 from perceptron_stream.learning.many import Steps, relabel_each, signed_labels, step_each
-from perceptron_stream.learning.perceptron import MAX_STATE_MAGNITUDE, Perceptron, StepResult, _Reader, is_state_number
+from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
 from river import base
 
 STATE_KIND = "scaled-perceptron"
@@ -193,13 +194,11 @@ def _pairs(sc: _Reader, key: str, kind: type) -> dict:
         and len(e) == 2
         and type(e[0]) in (str, int)
         and type(e[1]) in ((int,) if kind is int else (int, float))
-        and is_state_number(e[1])
+        and math.isfinite(e[1])
         for e in pairs
     )
     if not ok:
-        sc.fail(
-            f"{key} must be a list of [name, number] pairs, each finite, of magnitude at most {MAX_STATE_MAGNITUDE:g}"
-        )
+        sc.fail(f"{key} must be a list of [name, finite number] pairs")
     out = {k: kind(v) for k, v in pairs}
     if len(out) != len(pairs):
         sc.fail(f"{key} has duplicate names")

@@ -125,7 +125,7 @@ def test_state_round_trip_through_json(variant, standardize):
         (lambda s: s.update(features=["a", "a"]), "duplicate"),
         (lambda s: s.update(bias=None), "bias"),
         (lambda s: s.update(weights=[1e308, 1e308]), "weights must hold finite numbers of magnitude at most 1e"),
-        (lambda s: s.update(bias=-1e201), "bias must be a finite number of magnitude at most 1e"),
+        (lambda s: s.update(bias=-1e151), "bias must be a finite number of magnitude at most 1e"),
     ],
 )
 def test_from_state_rejects_corrupt_states(mutate, msg):
@@ -137,24 +137,19 @@ def test_from_state_rejects_corrupt_states(mutate, msg):
         learner_from_state(state)
 
 
-@pytest.mark.parametrize("standardize", [False, True])
-def test_a_state_at_the_magnitude_bound_scores_finite_on_the_largest_values_an_event_may_hold(standardize):
-    """The bound read back states are held to keeps every score finite: 1e308 weights summed to inf (a null score)."""
+def test_a_state_at_the_magnitude_bound_scores_finite_on_the_largest_values_an_event_may_hold():
+    """The bound read-back states are held to keeps every score finite: 1e308 weights summed to inf (a null score).
+    1e100: the largest value --max-feature-value lets through."""
     from perceptron_stream.learning.perceptron import MAX_STATE_MAGNITUDE
 
-    p = Perceptron.from_weights({f"f{i}": MAX_STATE_MAGNITUDE * (-1) ** i for i in range(1000)}, bias=1e200)
+    p = Perceptron.from_weights(
+        {f"f{i}": MAX_STATE_MAGNITUDE * (-1) ** i for i in range(1000)}, bias=MAX_STATE_MAGNITUDE
+    )
     back = learner_from_state(json.loads(json.dumps(p.to_state())))
-    score = back.step({f"f{i}": 1e15 * (-1) ** i for i in range(1000)}, None)[1]
-    assert math.isfinite(score) and score > 1e217
+    score = back.step({f"f{i}": 1e100 * (-1) ** i for i in range(1000)}, None)[1]
+    assert math.isfinite(score) and score > 1e252
     with pytest.raises(ValueError, match="magnitude at most 1e"):
         Perceptron.from_weights({"a": 1e308})
-    if standardize:  # the scaler's statistics are held to the same bound
-        m = make_learner(standardize=True)
-        m.step({"a": 1.0}, 1)
-        state = json.loads(json.dumps(m.to_state()))
-        state["scaler"]["means"] = [["a", 1e300]]
-        with pytest.raises(ValueError, match="magnitude at most 1e"):
-            learner_from_state(state)
 
 
 def test_river_protocol():
