@@ -105,7 +105,7 @@ def test_an_instance_attribute_gone_names_its_mend_too():
 
     assert kp_mends.Target("kafka.consumer.fetcher", "Fetcher", "_paused_partition_records").problem() is None
     with pytest.raises(KafkaFatal) as refused:
-        kp_mends.mend_consumer(Laidout())  # type: ignore[arg-type]
+        kp_mends.mend_consumer(Laidout())
     assert "_resumed_partitions_fetch_again (a resumed partition is fetched again) needs " in str(refused.value)
     assert "Laidout._fetcher.fetched_records, Laidout._fetcher._next_partition_records" in str(refused.value)
     assert (
@@ -121,6 +121,6 @@ def test_the_transactional_cost_mend_is_left_out_with_a_warning(caplog):
 
     producer = Laidout()
     with caplog.at_level("WARNING", logger="perceptron_stream.kafka.kp_mends"):
-        kp_mends.mend_transactional_producer(producer)  # type: ignore[arg-type]
+        kp_mends.mend_transactional_producer(producer)
     assert "mend_transactional_producer" in caplog.text
     assert "3.0.0 to 3.0.12" in caplog.text
