@@ -84,7 +84,7 @@ def exists(path: str, ignored: list[str]) -> bool:
 
 def stale_references(paths: list[Path], base: Path = ROOT) -> dict[str, list[str]]:
     """Each quoted name that names nothing → the files that quote it (relative to ``base``)."""
-    ignored, stale = ignored_dirs(), {}
+    ignored, stale = ignored_dirs(), dict[str, list[str]]()
     for path in paths:
         if not unknown(path.read_text(), ignored):  # (the whole file first: parsing every file costs seconds)
             continue
