@@ -45,6 +45,7 @@ from perceptron_stream.kafka import (
     TopicSpec,
     ensure_topics,
     partition_counts,
+    require_mends,
 )
 from perceptron_stream.kafka.errors import describe
 from perceptron_stream.kafka.ledger import Tally
@@ -320,6 +321,10 @@ def produce(
     if settings.file is not None and not settings.file.is_file():
         raise _fail(f"invalid setting file (--file): {settings.file} is not a readable file", 2)
     _check_file(settings, console or Console(stderr=True))
+    try:
+        require_mends()  # a kafka-python the mends of its bugs were not checked against: not the brokers' fault
+    except KafkaFatal as exc:
+        raise _fail(f"{exc}; {exc.hint}; nothing was written") from None
     try:
         ensure_topics(
             settings, [TopicSpec(settings.topic, settings.partitions, 1)], create=True, timeout_s=CONNECT_TIMEOUT_S

@@ -56,7 +56,7 @@ from perceptron_stream.kafka.contract import (
     first_offsets,
 )
 from perceptron_stream.kafka.kafka_python import CountingProducer, KafkaIO
-from perceptron_stream.kafka.kp_mends import close_producer
+from perceptron_stream.kafka.kp_mends import close_producer, require_mends
 from perceptron_stream.kafka.kp_options import client_options, make_producer, require_codecs
 
 __all__ = [
@@ -91,6 +91,7 @@ __all__ = [
     "open_stream",
     "partition_counts",
     "require_codecs",
+    "require_mends",
 ]
 
 

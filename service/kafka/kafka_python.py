@@ -151,8 +151,8 @@ class KafkaIO:
         )
         self.callbacks = RebalanceCallbacks(on_assigned, on_revoked, on_lost)
         self.consumer.subscribe(topics, listener=_Listener(self.callbacks))
-        mend_consumer(self.consumer)
         try:
+            mend_consumer(self.consumer)
             self.producer = self._new_producer()
         except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind
             close_consumer(self.consumer, autocommit=False)

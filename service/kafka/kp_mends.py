@@ -1,11 +1,10 @@
 """Mends of kafka-python's own bugs, each applied where the service builds or closes a kafka-python client.
 
-Written against kafka-python 3.0.12 (the installed version; ``pip show
-kafka-python``). Each mend says what the bug is, what it broke here, and the
-upstream issue or pull request where there is one; each guards itself
-(``hasattr``) so that a later kafka-python laid out otherwise is left alone.
-When an upgrade fixes one, remove it here, and keep the test that proves the
-behaviour (named in its docstring).
+Checked against kafka-python 3.0.0 to 3.0.12 (:data:`VERIFIED`): the suite runs on 3.0.12 (deploy/requirements.lock's
+pin, and the newest release in 2026-11), and 3.0.0's source has each mend's target and the same faulty code.
+pyproject.toml allows ``kafka-python>=3.0,<3.1`` (:data:`REQUIREMENT`) for that reason. Each mend says what the bug
+is, what it broke here, the source lines of 3.0.12 it mends, the upstream issue or pull request where there is one,
+and the test that proves it. When an upgrade fixes one, remove it here, and keep the test that proves the behaviour.
 
 - :func:`net_client`: a SASL rejection, or a broker certificate that did not
   verify, is final (:class:`_RejectionsAreFinal`), and a broker's last answer
@@ -18,24 +17,37 @@ behaviour (named in its docstring).
   consumer in a group;
 - :func:`mend_transactional_producer`: a send in an open transaction to a
   partition already in it takes no lock (a cost, not a bug).
+
+**A kafka-python laid out otherwise** (upstream's master moves ``kafka.net.selector`` to ``kafka.net.backend``,
+dpkp/kafka-python#3127): ``import perceptron_stream`` still works, and so does every command that builds no
+kafka-python client (``train``, ``broker``, ``--help``); a command that would build one **refuses to start**:
+:func:`require_mends` raises :class:`~perceptron_stream.kafka.contract.KafkaFatal` naming each mend whose target
+(:data:`TARGETS`: a module, a class, an attribute it patches or reads) is missing and the versions checked, and
+``serve`` stops at start-up with exit 1, the code of an error retrying cannot cure (docs/reference/cli.md).
+Refused rather than run without, because all but one of the mends keep a guarantee (a rejection that stops the
+service, labels that join, a poll that returns, a group member that gets its partitions): without them the service
+would break those silently. The one that is a cost, :func:`mend_transactional_producer`, is left out with a
+warning instead. ``tests/kafka/test_kp_mends.py`` proves both with a target made unimportable or deleted.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
+import importlib
+import importlib.metadata
+import inspect
 import logging
 import ssl
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import kafka.errors as kerrors
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError
-from kafka.net.compat import KafkaNetClient
-from kafka.net.manager import KafkaConnectionManager
-from kafka.net.selector import NetworkSelector
+from perceptron_stream.kafka.contract import KafkaFatal
 from perceptron_stream.kafka.errors import (
     AUTHENTICATION_ERRORS,
     CERTIFICATE_REFUSED_ALERTS,
@@ -43,7 +55,160 @@ from perceptron_stream.kafka.errors import (
     SslAuthenticationError,
 )
 
+try:  # kafka-python's network layer (private): where it is laid out otherwise, require_mends() refuses to start
+    from kafka.net.compat import KafkaNetClient
+    from kafka.net.manager import KafkaConnectionManager
+    from kafka.net.selector import NetworkSelector
+except ImportError:
+    KafkaNetClient = NetworkSelector = None
+    KafkaConnectionManager = object  # the base of _RejectionsAreFinal, never built then
+
 log = logging.getLogger(__name__)
+
+#: The kafka-python versions every mend here was checked against, and the range pyproject.toml allows for it.
+VERIFIED = "3.0.0 to 3.0.12"
+REQUIREMENT = "kafka-python>=3.0,<3.1"
+
+
+class Target(NamedTuple):
+    """What a mend patches or reads: a module of kafka-python, a class of it, an attribute of that class (a method,
+    or an attribute its methods set: ``self.name = ...``)."""
+
+    module: str
+    cls: str | None = None
+    name: str | None = None
+
+    def __str__(self) -> str:
+        return ".".join(p for p in self if p)
+
+    def problem(self) -> str | None:
+        """Why this kafka-python lacks the target, or None when it has it."""
+        try:
+            found: Any = importlib.import_module(self.module)
+        except ImportError as exc:
+            return f"{self} ({exc})"
+        if self.cls is not None:
+            found = getattr(found, self.cls, None)
+            if found is None:
+                return f"{self} ({self.module} has no {self.cls})"
+        if self.name is not None and not _has(found, self.name):
+            return f"{self} ({self.cls} has no {self.name})"
+        return None
+
+
+def _has(cls: type, name: str) -> bool:
+    """Whether ``cls`` has attribute ``name``, or one of its methods sets it (``self.name = ...``: an instance's)."""
+    if hasattr(cls, name):
+        return True
+    return any(
+        instruction.opname == "STORE_ATTR" and instruction.argval == name
+        for klass in inspect.getmro(cls)
+        for function in vars(klass).values()
+        if hasattr(function, "__code__")
+        for instruction in dis.get_instructions(function)
+    )
+
+
+_CONSUMER, _PRODUCER = "kafka.consumer.group", "kafka.producer.kafka"
+_FETCHER, _COORDINATOR = "kafka.consumer.fetcher", "kafka.coordinator.base"
+_MANAGER, _TRANSACTIONS = "kafka.net.manager", "kafka.producer.transaction_manager"
+
+#: Each mend → what it patches or reads of kafka-python (checked by :func:`require_mends`).
+TARGETS: dict[str, tuple[Target, ...]] = {
+    "net_client (a SASL rejection or an unverified certificate is final)": (
+        Target("kafka.net.compat", "KafkaNetClient"),
+        Target("kafka.net.selector", "NetworkSelector"),
+        Target(_MANAGER, "KafkaConnectionManager", "get_connection"),
+        Target(_MANAGER, "KafkaConnectionManager", "_build_transport"),
+        Target(_MANAGER, "KafkaConnectionManager", "maybe_raise_auth_failure"),
+        Target("kafka.net.connection", "KafkaConnection", "init_future"),
+    ),
+    "_recv_then_eof (a broker's last answer before it hangs up is read)": (
+        Target("kafka.net.transport", "KafkaTCPTransport", "_sock_recv"),
+        Target("kafka.net.transport", "KafkaSSLTransport", "_sock_recv"),
+    ),
+    "close_producer (a close that times out leaves no producer running)": (
+        Target(_PRODUCER, "KafkaProducer", "_sender"),
+        Target(_PRODUCER, "KafkaProducer", "_closed"),
+        Target("kafka.producer.sender", "Sender", "force_close"),
+    ),
+    "_CloseRaceFilter (the close race's ERROR lines quieted)": tuple(
+        Target(name) for name in ("kafka.net.transport", "kafka.net.selector")
+    ),
+    "AdminClient (authorized-operation bits kafka-python cannot name)": (
+        Target("kafka.admin.client", "KafkaAdminClient", "_process_acl_operations"),
+    ),
+    "_resumed_partitions_fetch_again (a resumed partition is fetched again)": (
+        Target(_CONSUMER, "KafkaConsumer", "_fetcher"),
+        Target(_FETCHER, "Fetcher", "fetched_records"),
+        Target(_FETCHER, "Fetcher", "_next_partition_records"),
+        Target(_FETCHER, "Fetcher", "_paused_partition_records"),
+    ),
+    "_failed_batches_are_fetched_again (a batch that failed to parse does not spin every poll)": (
+        Target(_CONSUMER, "KafkaConsumer", "_fetcher"),
+        Target(_FETCHER, "Fetcher", "fetched_records"),
+        Target(_FETCHER, "Fetcher", "_next_partition_records"),
+    ),
+    "_joins_finished_between_polls_are_completed (a join finished between polls is applied)": (
+        Target(_CONSUMER, "KafkaConsumer", "_coordinator"),
+        Target(_COORDINATOR, "BaseCoordinator", "_join_task"),
+        Target(_COORDINATOR, "BaseCoordinator", "need_rejoin"),
+    ),
+}
+
+
+def missing_targets() -> dict[str, list[str]]:
+    """Each mend whose targets this kafka-python lacks → what it lacks and why ({} when none)."""
+    missing = {mend: [p for p in map(Target.problem, targets) if p] for mend, targets in TARGETS.items()}
+    return {mend: problems for mend, problems in missing.items() if problems}
+
+
+def mend_missing(missing: dict[str, list[str]]) -> KafkaFatal:
+    """The refusal: which mends cannot be applied, what they lack, the versions they were checked against."""
+    lacks = "; ".join(f"{mend} needs {', '.join(problems)}" for mend, problems in missing.items())
+    return KafkaFatal(
+        f"kafka-python {_installed()} lacks what the service's mends of its bugs patch: {lacks}. The mends were checked "
+        f"against kafka-python {VERIFIED} only, and without them the service would break what they keep",
+        f"install a kafka-python they were checked against: pip install '{REQUIREMENT}'",
+    )
+
+
+@functools.cache
+def _missing_once() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple((mend, tuple(problems)) for mend, problems in missing_targets().items())
+
+
+def require_mends() -> None:
+    """Raise KafkaFatal (:func:`mend_missing`) when a mend's target is missing from the installed kafka-python.
+
+    Checked once a process (the installed kafka-python does not change under it), before any kafka-python client is
+    built (:func:`perceptron_stream.kafka.kp_options.kafka_python_options`), and at ``serve``'s start-up.
+    """
+    missing = _missing_once()
+    if missing:
+        raise mend_missing({mend: list(problems) for mend, problems in missing})
+
+
+def _installed() -> str:
+    try:
+        return importlib.metadata.version("kafka-python")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - imported from elsewhere than a distribution
+        return "(version unknown)"
+
+
+def _require(client: Any, part: str, mend: str, *names: str) -> Any:
+    """``client``'s ``part`` (its fetcher, its coordinator: kafka-python's, untyped); KafkaFatal (:func:`mend_missing`)
+    unless it is there with ``names``.
+
+    :func:`require_mends` found them in kafka-python's classes before the client was built; this is the same refusal
+    for a client built otherwise (bench/e2e.py's), never a mend skipped in silence.
+    """
+    found = getattr(client, part, None)
+    lacks = [part] if found is None else [f"{part}.{name}" for name in names if not hasattr(found, name)]
+    if lacks:
+        full = next((m for m in TARGETS if m.startswith(f"{mend} ")), mend)
+        raise mend_missing({full: [f"{type(client).__name__}.{what}" for what in lacks]})
+    return found
 
 
 class _RejectionsAreFinal(KafkaConnectionManager):
@@ -65,12 +230,14 @@ class _RejectionsAreFinal(KafkaConnectionManager):
     (:class:`SslAuthenticationError`): retried, it failed forever as "Unable to
     bootstrap" on Apache Kafka's SSL listener, with either client.
 
-    Against kafka-python 3.0.12. Upstream: dpkp/kafka-python#2994 (in 3.0.0)
+    Checked against kafka-python 3.0.0 to 3.0.12. Mends
+    ``KafkaConnectionManager._connect`` (3.0.12: kafka/net/manager.py:227;
+    its note at line 244 says ``conn.initialize`` does not raise, its errors
+    go to ``init_future``). Upstream: dpkp/kafka-python#2994 (in 3.0.0)
     records SaslAuthenticationFailedError/AuthorizationError only when the
-    connect itself raises; ``KafkaConnectionManager._connect`` of 3.0.12 notes
-    that ``conn.initialize`` does not raise (its errors go to ``init_future``),
-    so these rejections still escape it (upstream's master alike). No upstream
-    issue found. Proved by tests/integration/test_sasl.py and test_tls.py.
+    connect itself raises, so these rejections still escape it (upstream's
+    master alike). No upstream issue found. Proved by
+    tests/integration/test_sasl.py and test_tls.py.
     """
 
     def __init__(self, net, **configs):
@@ -133,8 +300,12 @@ def _recv_then_eof(receive: Callable) -> tuple[bytes, Exception | None]:
     enabled with error 33 and closes the connection at once: the answer was
     lost, the client saw brokers that hang up, and retried forever.
 
-    Against kafka-python 3.0.12 (``kafka/net/transport.py``); no upstream issue
-    found. Proved by tests/integration/test_sasl.py (a mechanism not enabled).
+    Checked against kafka-python 3.0.0 to 3.0.12. Mends
+    ``KafkaTCPTransport._sock_recv`` and ``KafkaSSLTransport._sock_recv``
+    (3.0.12: kafka/net/transport.py:105 and :429, the "socket disconnected"
+    error at :117 and :437, which the caller takes instead of the bytes read).
+    No upstream issue found. Proved by tests/integration/test_sasl.py (a
+    mechanism not enabled).
     """
     data, error = receive()
     if data and isinstance(error, kerrors.KafkaConnectionError) and str(error).endswith("socket disconnected"):
@@ -159,7 +330,10 @@ class _CloseRaceFilter(logging.Filter):
     and committed before the close), but an ERROR with a traceback at a clean
     stop sends an operator looking for a fault. Active only while this module
     closes its clients; what the clients log otherwise is untouched.
-    No upstream issue found (kafka-python 3.0.12, kafka/net/transport.py).
+    Checked against kafka-python 3.0.0 to 3.0.12: the ERROR is
+    ``log.exception`` "Error receiving network data closing socket" of
+    ``_sock_recv`` (3.0.12: kafka/net/transport.py:125 and :445). No upstream
+    issue found.
 
     >>> record = logging.LogRecord("kafka.net.transport", logging.ERROR, __file__, 1, "Error receiving", None, None)
     >>> _CloseRaceFilter().filter(record)
@@ -201,10 +375,12 @@ def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
     again at garbage collection): force it shut then. The messages it held
     were never acknowledged, so nothing was committed or checkpointed for them.
 
-    Against kafka-python 3.0.12: ``KafkaProducer.close`` calls ``flush(timeout)``
-    first, which raises KafkaTimeoutError before the sender's ``force_close``
-    is reached. Upstream's dpkp/kafka-python#3108 (in 3.0.10, "fix stalled
-    shutdown when brokers unreachable") did not change that order.
+    Checked against kafka-python 3.0.0 to 3.0.12: ``KafkaProducer.close``
+    (3.0.12: kafka/producer/kafka.py:668) calls ``flush(timeout)`` first
+    (:695), which raises KafkaTimeoutError before the sender's ``force_close``
+    (:714) is reached. Upstream's dpkp/kafka-python#3108 (in 3.0.10, "fix
+    stalled shutdown when brokers unreachable") did not change that order.
+    No upstream issue found.
     """
     try:
         with _closing():
@@ -232,7 +408,8 @@ class AdminClient(KafkaAdminClient):
     Tansu answers DescribeGroups with every bit set, and kafka-python 3.0
     raises ValueError turning unknown bits into its enum; nothing here needs them.
 
-    Against kafka-python 3.0.12: ``valid_acl_operations`` (kafka/admin/_acls.py)
+    Checked against kafka-python 3.0.0 to 3.0.12: ``_process_acl_operations``
+    calls ``valid_acl_operations`` (3.0.12: kafka/admin/_acls.py:31), which
     raises "15 is not a valid ACLOperation"; upstream's master alike. No
     upstream issue found. Proved by the group-member checks of
     tests/integration (Tansu, the embedded broker).
@@ -263,21 +440,26 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     Seen in 3.0.12 whenever the other partitions' records had all been
     returned: the parked records never came back and the partition was
     never fetched again (the label partition that the service holds until
-    its points come, perceptron_stream.app._points_first: no label ever joined). An
+    its points come, perceptron_stream.pipeline.labels.gate.LabelGate.pace:
+    no label ever joined). An
     empty batch in line is the same as none to the fetcher, so it is cleared
-    before each drain. Only where the fetcher has these attributes (a later
-    kafka-python may lay them out otherwise, or fix it).
+    before each drain.
 
+    Checked against kafka-python 3.0.0 to 3.0.12: ``Fetcher.fetched_records``
+    tests ``self._next_partition_records is None`` (3.0.12:
+    kafka/consumer/fetcher.py:589) before putting the parked records back.
     Upstream: the port came with dpkp/kafka-python#2981 (KAFKA-7548); its
-    master still tests ``_next_partition_records is None`` before putting the
-    parked records back. Proved by tests/integration/test_delayed_labels.py
+    master still tests it so. Proved by tests/integration/test_delayed_labels.py
     (labels held until their points come) and bench/e2e.py.
     """
-    fetcher: Any = getattr(consumer, "_fetcher", None)  # kafka-python's, untyped
-    if not all(
-        hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records", "_paused_partition_records")
-    ):
-        return
+    fetcher = _require(
+        consumer,
+        "_fetcher",
+        "_resumed_partitions_fetch_again",
+        "fetched_records",
+        "_next_partition_records",
+        "_paused_partition_records",
+    )
     drain = fetcher.fetched_records
 
     def fetched_records(*args, **kwargs):
@@ -305,16 +487,17 @@ def _failed_batches_are_fetched_again(consumer: KafkaConsumer) -> None:
     same. Here records that raised are drained: the position stays at the
     record that failed, so the next poll fetches it again and raises again
     (as the Java consumer does), and a fault that goes away (a damaged
-    response) is read past. Only where the fetcher has ``fetched_records``
-    and ``_next_partition_records``.
+    response) is read past.
 
-    Against kafka-python 3.0.12; no upstream issue found (this project's
+    Checked against kafka-python 3.0.0 to 3.0.12: the loop is
+    ``while records_remaining > 0`` of ``Fetcher.fetched_records`` (3.0.12:
+    kafka/consumer/fetcher.py:596). No upstream issue found (this project's
     issue 29). Proved by tests/integration/test_reading.py (records in a
     codec the client cannot read: every poll fails, none spins).
     """
-    fetcher: Any = getattr(consumer, "_fetcher", None)  # kafka-python's, untyped
-    if not all(hasattr(fetcher, a) for a in ("fetched_records", "_next_partition_records")):
-        return
+    fetcher = _require(
+        consumer, "_fetcher", "_failed_batches_are_fetched_again", "fetched_records", "_next_partition_records"
+    )
     drain = fetcher.fetched_records
 
     def fetched_records(*args, **kwargs):
@@ -344,16 +527,18 @@ def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None
     100); the embedded broker answers too slowly to hit it. Here a join task
     still held means a rejoin is needed: kafka-python then joins once more
     (a JoinGroup from a known member: one extra quick rebalance) and applies
-    that one. Only where the coordinator has these attributes.
+    that one.
 
-    Against kafka-python 3.0.12; upstream's master still leaves the join task
-    in flight when the poll's timer expires (kafka/coordinator/base.py). No
-    upstream issue found. Proved on Apache Kafka by the integration tests
+    Checked against kafka-python 3.0.0 to 3.0.12:
+    ``join_group_async`` awaits the join only ``while self.need_rejoin()`` (3.0.12:
+    kafka/coordinator/base.py:480), and a timer that expires leaves the join
+    task in flight (:513); upstream's master alike. No upstream issue found.
+    Proved on Apache Kafka by the integration tests
     that wait for an assignment (tests/support/service.py wait_assigned).
     """
-    coordinator: Any = getattr(consumer, "_coordinator", None)  # kafka-python's, untyped
-    if not hasattr(coordinator, "_join_task") or not callable(getattr(coordinator, "need_rejoin", None)):
-        return
+    coordinator = _require(
+        consumer, "_coordinator", "_joins_finished_between_polls_are_completed", "_join_task", "need_rejoin"
+    )
     need_rejoin = coordinator.need_rejoin
 
     def rejoin_needed_while_a_join_is_held():
@@ -374,14 +559,25 @@ def mend_transactional_producer(producer: KafkaProducer) -> None:
     as the locked path reads it, and anything else takes the locked path: an error state, no producer id or a
     transaction not open all leave the state other than IN_TRANSACTION, so the checks that raise are the same.
     The state may change right after the look, as it may right after the lock's release: the sender's own checks
-    see to the records then, as before. Only where the manager has these attributes. Proved by
-    tests/integration/test_exactly_once.py (fenced zombies, aborts) and measured by bench/e2e.py --exactly-once.
+    see to the records then, as before. Checked against kafka-python 3.0.0 to 3.0.12
+    (3.0.12: kafka/producer/transaction_manager.py:250). No upstream issue filed: a cost, not a bug, so where
+    kafka-python lays the manager out otherwise the mend is left out with a warning (sends take the locks, as
+    before), not refused. Proved by tests/integration/test_exactly_once.py (fenced zombies, aborts) and measured by
+    bench/e2e.py --exactly-once.
     """
     manager: Any = getattr(producer, "_transaction_manager", None)  # kafka-python's, untyped
-    if manager is None or not all(
-        hasattr(manager, a)
-        for a in ("_current_state", "_partitions_in_transaction", "maybe_add_partition_to_transaction")
+    names = ("_current_state", "_partitions_in_transaction", "maybe_add_partition_to_transaction")
+    if (
+        manager is None
+        or not all(hasattr(manager, a) for a in names)
+        or Target(_TRANSACTIONS, "TransactionState", "IN_TRANSACTION").problem() is not None
     ):
+        log.warning(
+            "kafka-python %s: a send in a transaction takes its locks as before (mend_transactional_producer, "
+            "checked against kafka-python %s, finds no transaction manager it knows); nothing else changes",
+            _installed(),
+            VERIFIED,
+        )
         return
     from kafka.producer.transaction_manager import TransactionState
 

@@ -14,7 +14,7 @@ from kafka import KafkaProducer
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.contract import KafkaFatal
 from perceptron_stream.kafka.errors import CODEC_PACKAGES, translated
-from perceptron_stream.kafka.kp_mends import net_client
+from perceptron_stream.kafka.kp_mends import net_client, require_mends
 
 #: The service flushes its producer at the end of every batch, so its records
 #: wait for that flush: one produce request per batch. With a short linger the
@@ -81,7 +81,12 @@ def client_options(settings: KafkaSettings) -> dict[str, Any]:
 
 
 def kafka_python_options(settings: KafkaSettings) -> dict:
-    """:func:`client_options` and the network client every kafka-python client here is built with."""
+    """:func:`client_options` and the network client every kafka-python client here is built with.
+
+    Raises KafkaFatal, before any client is built, when the installed kafka-python lacks what a mend of its bugs
+    patches (:func:`perceptron_stream.kafka.kp_mends.require_mends`).
+    """
+    require_mends()
     return {**client_options(settings), "kafka_client": net_client}
 
 

@@ -41,6 +41,7 @@ from perceptron_stream.kafka import (
     open_stream,
     partition_counts,
     require_codecs,
+    require_mends,
 )
 from perceptron_stream.pipeline.mixer import MixBoard
 from perceptron_stream.runtime.factory import model_meta, signing_key
@@ -136,6 +137,10 @@ class Startup:
         """Codecs, topics, labels' topics and changelog, cluster identity, store, mixing; None when stopped meanwhile."""
         s, until = self.settings, self.retry.until_it_works
         refuse_exactly_once_without(s)
+        try:
+            require_mends()  # before any client: a kafka-python the mends were not checked against is refused
+        except KafkaFatal as exc:
+            raise fatal(exc, "build kafka-python's clients") from None
         try:
             require_codecs()
         except KafkaFatal as exc:

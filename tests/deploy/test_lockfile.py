@@ -58,7 +58,10 @@ def test_a_lock_outside_a_range_is_caught() -> None:
     river = pins(text)["river"][0]
     broken = re.sub(r"^river==\S+", "river==0.1.0", text, flags=re.M)
     assert broken != text and river != Version("0.1.0")
-    assert outside_ranges(broken) == ["river 0.1.0 is outside >=0.26"]
+    assert outside_ranges(broken) == ["river 0.1.0 is outside <0.27,>=0.26"]
+    # and above an upper bound: kafka-python 3.1 is not the one kafka/kp_mends.py was checked against
+    newer = re.sub(r"^kafka-python==\S+", "kafka-python==3.1.0", text, flags=re.M)
+    assert outside_ranges(newer) == ["kafka-python 3.1.0 is outside <3.1,>=3.0"]
     assert outside_ranges(re.sub(r"^orjson==\S+", "", text, flags=re.M)) == ["orjson is not in the lock"]
 
 

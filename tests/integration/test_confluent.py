@@ -102,7 +102,7 @@ def test_poll_send_flush_commit_and_lag(broker, topics):
 
 
 def test_paused_partitions_give_nothing_until_resumed_and_records_put_back_come_again(broker, topics):
-    """What the service does while a crashed member is still in its group (perceptron_stream.app._check_group)."""
+    """What the service does while a crashed member is still in its group (perceptron_stream.runtime.partitions.OneInstance.check)."""
     bootstrap, topic = broker.bootstrap_servers, topics["input_topic"]
     produce(bootstrap, topic, [b"v%d" % i for i in range(50)])
     io = _io(bootstrap, topics)
