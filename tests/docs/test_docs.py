@@ -243,20 +243,14 @@ def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
     assert "no-such-page.md" in proc.stderr, proc.stderr
 
 
-def test_mkdocs_build_shows_each_generated_part_once_and_fails_on_a_stale_one(tmp_path: Path) -> None:
-    proc = _build_a_copy(tmp_path / "as-committed", lambda docs: None)
+def test_mkdocs_build_shows_each_generated_part_once(tmp_path: Path) -> None:
+    """The pages hold their generated parts and the hook inserts nothing (a stale page fails it: the hook's test
+    above)."""
+    proc = _build_a_copy(tmp_path, lambda docs: None)
     assert proc.returncode == 0, proc.stderr
-    site = tmp_path / "as-committed" / "site" / "reference"
+    site = tmp_path / "site" / "reference"
     assert (site / "configuration" / "index.html").read_text().count("PERCEPTRON_STREAM_MIX_EVERY") == 1
     assert (site / "cli" / "index.html").read_text().count("usage: perceptron-stream serve ") == 1
-
-    def stale(docs: Path) -> None:
-        page = docs / "reference" / "configuration.md"
-        page.write_text(page.read_text().replace("| Kafka consumer group. |", "| Some group. |"))
-
-    proc = _build_a_copy(tmp_path / "stale", stale)
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "reference/configuration.md" in proc.stderr and "run python docs/reference.py --write" in proc.stderr
 
 
 def test_the_hooks_own_examples() -> None:
