@@ -7,10 +7,15 @@ prediction.
 
 The exactly-once page's commands and its ``read_committed`` reader run on Apache Kafka as written, but for the
 names (made the test's own), the address and the metrics port (given in the environment), across a SIGKILL.
+
+The runbooks' snippets (operations/runbooks/index.md: a topic's newest records, a consumer group, a topic) read a
+running service's topics and group on Apache Kafka (exact end offsets), with the test's names and address.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -25,12 +30,13 @@ from tests.support import ROOT
 from tests.support.docs import DOCS, ShellExample, commands_of, python_examples, shell_examples
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args, start_service_process
-from tests.support.service import stop_process, tail, wait_assigned
-from tests.support.topics import consume, create_topic, end_offset, read_all, stable_offsets
+from tests.support.service import make_events, stop_process, tail, wait_assigned
+from tests.support.topics import consume, create_topic, end_offset, produce, read_all, stable_offsets
 from tests.support.waiting import wait_until
 
 NEED_A_BROKER = [example for example in python_examples() if example.skipped and "KafkaProducer" in example.code]
 GUARANTEES = DOCS / "concepts" / "guarantees.md"
+RUNBOOKS = DOCS / "operations" / "runbooks" / "index.md"
 
 
 def test_there_are_examples_that_need_a_broker():
@@ -141,3 +147,66 @@ def test_the_exactly_once_commands_and_reader_see_each_input_once_across_a_kill(
     assert namespace["inputs"] == {(points, 0, offset) for offset in range(count)}
     # not vacuous: the log holds copies that only read_committed leaves out
     assert len(read_all(bootstrap, predictions)) > count
+
+
+# -- the runbooks' snippets (operations/runbooks/index.md) -------------------------------------------------------
+
+
+def _run_snippet(title: str, replacements: dict[str, str]) -> str:
+    """What the runbooks' snippet under ``### <title>`` prints, with the page's names replaced (each must occur)."""
+    text = RUNBOOKS.read_text(encoding="utf-8")
+    start = text.index(f"\n### {title}\n")
+    [example] = [e for e in python_examples() if e.page == RUNBOOKS and text.index(e.code) > start][:1]
+    code = example.code
+    for old, new in replacements.items():
+        assert old in code, (example.name, old)
+        code = code.replace(old, new)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, example.name, "exec"), {})
+    return out.getvalue()
+
+
+def test_the_runbooks_snippets_read_a_running_service_s_topics_and_group(
+    apache_kafka, topics, tmp_path, service_thread
+):
+    bootstrap = apache_kafka.bootstrap_servers
+    points, dlq, group = topics["input_topic"], topics["dlq_topic"], topics["group_id"]
+    events = make_events(200, seed=3)
+    produce(
+        bootstrap,
+        points,
+        [*events, *(b"not json %d" % i for i in range(7))],
+        keys=[*(e["id"].encode() for e in events), *([None] * 7)],
+    )
+    service = service_thread(settings_args(apache_kafka, topics, tmp_path))
+    wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")  # its topics made
+    wait_until(lambda: end_offset(bootstrap, dlq) == 7, 120, what="7 dead letters")
+    address = {"127.0.0.1:9092": bootstrap}
+
+    newest = _run_snippet("The newest records of a topic", {**address, '"points.dlq"': repr(dlq)})
+    lines = newest.splitlines()
+    assert [line.split(" key ")[0] for line in lines] == [f"{dlq}[0] offset {o}" for o in range(2, 7)], newest
+    assert all(json.loads(line.split(": ", 1)[1])["reason"] == "invalid_json" for line in lines), newest
+
+    found = _run_snippet(
+        "The newest records of a topic", {**address, '"points.dlq", 5, ""': f'{points!r}, 1000, "p-17"'}
+    )
+    [line] = found.splitlines()  # p-17 alone, not p-170 to p-179
+    assert line.startswith(f"{points}[0] offset 17 key p-17: ") and json.loads(line.split(": ", 1)[1])["id"] == "p-17"
+
+    group_snippet = {**address, '"perceptron-stream"': repr(group)}
+    described = _run_snippet("A consumer group: its members, their partitions, its lag", group_snippet)
+    assert f"group {group}: Stable" in described, described
+    assert f"  perceptron-stream on /127.0.0.1 holds {points}[0]" in described, described
+    service.stop()  # a clean stop checkpoints, and commits the offsets with it
+    described = _run_snippet("A consumer group: its members, their partitions, its lag", group_snippet)
+    assert f"  {points}[0] committed 207 end 207 lag 0" in described, described
+
+    topic = _run_snippet("A topic: does it exist, its partitions, its settings", {**address, '"points"': repr(points)})
+    assert topic.splitlines()[0] == f"{points}: 1 partition(s)", topic
+    assert "  max.message.bytes = " in topic and "  cleanup.policy = delete " in topic, topic
+    missing = _run_snippet(
+        "A topic: does it exist, its partitions, its settings", {**address, '"points"': repr(f"{points}-none")}
+    )
+    assert missing.startswith(f"{points}-none: no such topic"), missing
