@@ -1,24 +1,33 @@
-"""The mkdocs hook that writes the reference pages from the code: the one home of generated documentation.
+"""The reference pages' generated parts, from the code: the one home of generated documentation.
 
-A page asks for a generated part with a marker on a line of its own, which the hook replaces when mkdocs reads
-the page (``on_page_markdown``), so the site can never disagree with the code it documents:
+A page asks for a generated part with a marker on a line of its own; ``python docs/reference.py --write`` writes
+the part after it, up to an end marker, into the page itself, so the committed Markdown reads whole on GitHub and
+in an editor, not only on the built site:
 
 - ``<!-- generated: settings serve -->``: the table of a command's settings, from its pydantic settings class in
   service/config.py (name, flag, environment variable, type, default, description);
 - ``<!-- generated: help serve -->``: the output of ``perceptron-stream serve --help``;
 - ``<!-- generated: schema prediction -->``: a JSON Schema of schemas/ as a table of its fields, and the schema.
 
-An unknown marker fails the build. Nothing here is hand-copied: change a description in service/config.py and
-the reference page changes with it.
+Each part ends at ``<!-- end generated -->``; a new marker without one gets it on the next ``--write``.
+``--check`` (and tests/docs/test_docs.py) regenerates and compares; so does the mkdocs hook (mkdocs.yml), which
+fails the build on a page that is stale or asks for an unknown part, and otherwise leaves the page as committed
+(nothing inserted twice). Nothing here is hand-copied: change a description in service/config.py, run
+``--write``, and the reference page changes with it.
+
+The parts are the same on every machine: ``--help`` is taken from a child process with a fixed terminal width, no
+colour, no ``PERCEPTRON_STREAM_*`` variables and a stand-in home, and the state directory's default is shown as
+``~/.local/state/perceptron-stream`` whatever ``$HOME`` and ``$XDG_STATE_HOME`` say where it is generated.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import argparse
+import functools
 import json
 import os
 import re
+import subprocess
 import sys
 import types
 import typing
@@ -29,18 +38,29 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # mkdocs loads this file by path; the service package is the checkout's
     sys.path.insert(0, str(ROOT))
 
-from perceptron_stream.cli import COMMANDS, main  # noqa: E402
-from perceptron_stream.config import env_var, flag  # noqa: E402
+from perceptron_stream.cli import COMMANDS  # noqa: E402
+from perceptron_stream.config import default_state_dir, env_var, flag  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 from pydantic_settings import BaseSettings  # noqa: E402
 
-MARKER = re.compile(r"^<!-- generated: (?P<kind>[a-z]+) (?P<name>[a-z-]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- generated: (?P<kind>[a-z]+) (?P<name>[a-z-]+) -->$")
+END = "<!-- end generated -->"
 SCHEMAS = ROOT / "schemas"
+DOCS = ROOT / "docs"
+WRITE = "python docs/reference.py --write"
+#: The state directory's default as the pages show it: where it is when $XDG_STATE_HOME is not set.
+STATE_DIR_SHOWN = "~/.local/state/perceptron-stream"
+#: The home directory of the child process that prints ``--help`` (shown as ``~``): the same on every machine.
+STAND_IN_HOME = "/home/you"
 
 
 class UnknownMarker(ValueError):
     """A page asks for a generated part that does not exist (a typo, or a command or schema that was removed)."""
+
+
+class StalePage(ValueError):
+    """A page's generated parts are not what the code generates now (or a part has no end marker yet)."""
 
 
 # -- settings ---------------------------------------------------------------------------------------------------
@@ -93,7 +113,10 @@ def readable_default(field: Any) -> str:
     if isinstance(value, Path):
         home = str(Path.home())
         text = str(value)
-        value = "~" + text[len(home) :] if text == home or text.startswith(home + "/") else text
+        if value == default_state_dir():  # it follows $XDG_STATE_HOME where the page is generated: not the reader's
+            value = STATE_DIR_SHOWN
+        else:
+            value = "~" + text[len(home) :] if text == home or text.startswith(home + "/") else text
     return f"`{value}`"
 
 
@@ -138,23 +161,46 @@ def settings_table_of(cls: type[BaseSettings]) -> str:
 
 def command_help(command: str) -> str:
     """What ``perceptron-stream <command> --help`` prints, as a text block."""
-    if command not in COMMANDS and command != "perceptron-stream":
+    helps = help_texts()
+    if command not in helps:
         raise UnknownMarker(f"no command {command!r}: one of {', '.join(COMMANDS)}")
-    argv = ["--help"] if command == "perceptron-stream" else [command, "--help"]
+    return "```text\n" + helps[command] + "\n```"
+
+
+_HELPS = """
+import contextlib, io, json, sys
+from perceptron_stream.cli import COMMANDS, main
+helps = {}
+for command in ["perceptron-stream", *COMMANDS]:
     out = io.StringIO()
-    columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: the page is the same on every machine
-    try:
-        with contextlib.redirect_stdout(out):
-            code = main(argv)
-    finally:
-        if columns is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = columns
+    with contextlib.redirect_stdout(out):
+        code = main(["--help"] if command == "perceptron-stream" else [command, "--help"])
     if code != 0:
-        raise RuntimeError(f"perceptron-stream {' '.join(argv)} exited {code}")
-    return "```text\n" + out.getvalue().rstrip() + "\n```"
+        sys.exit(f"perceptron-stream {command} --help exited {code}")
+    helps[command] = out.getvalue().rstrip()
+print(json.dumps(helps))
+"""
+
+
+@functools.cache
+def help_texts() -> dict[str, str]:
+    """Every command's ``--help`` (and the program's), printed by a child process whose environment is the same on
+    every machine: argparse wraps to $COLUMNS, shows the state directory's default (computed from $HOME and
+    $XDG_STATE_HOME when service/config.py is imported) and colours where $FORCE_COLOR says so (Python 3.14)."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("PERCEPTRON_STREAM_")
+        and name not in ("XDG_STATE_HOME", "FORCE_COLOR", "PYTHON_COLORS", "CLICOLOR_FORCE")
+    }
+    env.update(HOME=STAND_IN_HOME, COLUMNS="100", NO_COLOR="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run(
+        [sys.executable, "-c", _HELPS], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the --help of the commands could not be printed: {proc.stderr}")
+    helps: dict[str, str] = json.loads(proc.stdout)
+    return {command: text.replace(STAND_IN_HOME + "/", "~/") for command, text in helps.items()}
 
 
 # -- message schemas --------------------------------------------------------------------------------------------
@@ -215,22 +261,102 @@ def schema_section(name: str) -> str:
     return "\n\n".join(parts)
 
 
-# -- the hook ---------------------------------------------------------------------------------------------------
+# -- the pages ------------------------------------------------------------------------------------------------
 
 GENERATORS = {"settings": settings_table, "help": command_help, "schema": schema_section}
 
 
+def generate(kind: str, name: str) -> str:
+    generator = GENERATORS.get(kind)
+    if generator is None:
+        raise UnknownMarker(f"no generator {kind!r}: one of {', '.join(GENERATORS)}")
+    return generator(name)
+
+
 def render(markdown: str) -> str:
-    """The page with every marker replaced by what it asks for."""
+    """The page with every generated part as the code makes it now: after each marker a blank line, the part, a
+    blank line and the end marker, in place of what stood there up to the end marker (or, for a marker that has
+    none yet, inserted). Rendering a rendered page changes nothing.
 
-    def replace(match: re.Match[str]) -> str:
-        generator = GENERATORS.get(match["kind"])
-        if generator is None:
-            raise UnknownMarker(f"no generator {match['kind']!r}: one of {', '.join(GENERATORS)}")
-        return generator(match["name"])
+    >>> once = render("# Help\\n\\n<!-- generated: help broker -->\\n")
+    >>> once.endswith("```\\n\\n<!-- end generated -->\\n"), render(once) == once
+    (True, True)
+    """
+    lines = markdown.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line == END:
+            raise UnknownMarker(f"line {i + 1}: {END} without a <!-- generated: ... --> marker before it")
+        match = MARKER.match(line)
+        if line.startswith("<!-- generated:") and match is None:
+            raise UnknownMarker(f"line {i + 1}: {line!r} is no marker: <!-- generated: KIND NAME -->")
+        out.append(line)
+        i += 1
+        if match is None:
+            continue
+        part = generate(match["kind"], match["name"])
+        # what stood there: up to the end marker, unless a marker or the page's end comes first (a new marker)
+        j = i
+        while j < len(lines) and lines[j] != END and not lines[j].startswith("<!-- generated:"):
+            j += 1
+        if j < len(lines) and lines[j] == END:
+            i = j + 1
+        out += ["", part, "", END]
+    return "\n".join(out)
 
-    return MARKER.sub(replace, markdown)
+
+def pages(docs: Path = DOCS) -> list[Path]:
+    """The pages with a generated part."""
+    return sorted(page for page in docs.rglob("*.md") if "\n<!-- generated:" in page.read_text(encoding="utf-8"))
+
+
+def stale_pages(docs: Path = DOCS) -> list[Path]:
+    """The pages whose committed generated parts differ from what the code generates now."""
+    return [page for page in pages(docs) if render(text := page.read_text(encoding="utf-8")) != text]
+
+
+def write_pages(docs: Path = DOCS) -> list[Path]:
+    """Regenerate every page's parts in place; the pages that changed."""
+    changed = []
+    for page in pages(docs):
+        text = page.read_text(encoding="utf-8")
+        rendered = render(text)
+        if rendered != text:
+            page.write_text(rendered, encoding="utf-8")
+            changed.append(page)
+    return changed
+
+
+# -- the mkdocs hook --------------------------------------------------------------------------------------------
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:  # mkdocs' hook event
-    return render(markdown)
+    """The page as committed, once its generated parts are known to be what the code generates (else the build
+    fails: the site never disagrees with the code, and nothing is inserted twice)."""
+    if "<!-- generated:" in markdown and render(markdown) != markdown:
+        raise StalePage(f"{page.file.src_uri}: its generated parts differ from the code: run {WRITE}")
+    return markdown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python docs/reference.py", description="Regenerate (or check) the reference pages' generated parts."
+    )
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="write the generated parts into the pages")
+    action.add_argument("--check", action="store_true", help="exit 1 when a page's generated parts are stale")
+    args = parser.parse_args(argv)
+    if args.write:
+        for page in write_pages():
+            print("wrote", page.relative_to(ROOT))
+        return 0
+    stale = stale_pages()
+    for page in stale:
+        print(f"{page.relative_to(ROOT)}: its generated parts differ from the code: run {WRITE}", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

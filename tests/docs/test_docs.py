@@ -4,7 +4,8 @@
   says it needs a running broker runs against one in tests/integration/test_docs_examples.py;
 - every ```sh example of the docs and README runs (``train``) or is parsed with its command's settings;
 - the reference pages are generated from the code: every setting of every command with its flag, environment
-  variable, readable type and default; a settings class's description is what the table shows;
+  variable, readable type and default; a settings class's description is what the table shows; the generated
+  parts are committed in the pages, and are what the code generates now (``python docs/reference.py --write``);
 - every metric the service exports is on the metrics page;
 - ``mkdocs build --strict`` fails on a broken link (tests/run.sh runs the build before the tests).
 """
@@ -16,7 +17,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from perceptron_stream.cli import COMMANDS
@@ -49,7 +52,9 @@ def test_the_docs_have_examples_to_run_and_say_why_one_is_skipped() -> None:
     assert sum(not example.skipped for example in EXAMPLES) >= 3, [example.name for example in EXAMPLES]
     for example in EXAMPLES:
         if example.skipped:  # a skipped example must need what a unit test has not: a broker
-            assert "KafkaProducer" in example.code or "KafkaConsumer" in example.code, example.name
+            assert any(client in example.code for client in ("KafkaProducer", "KafkaConsumer", "KafkaAdminClient")), (
+                example.name
+            )
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if not e.skipped], ids=lambda e: e.name)
@@ -114,10 +119,17 @@ def test_the_table_shows_what_the_settings_class_says() -> None:
     )
 
 
-def test_defaults_under_the_home_directory_are_shown_from_home() -> None:
+def test_defaults_under_the_home_directory_are_shown_from_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The committed pages are the same wherever they are generated: the state directory's default is shown where
+    it is without $XDG_STATE_HOME, and ``--help`` is printed with a stand-in home, wrapped the same."""
+    monkeypatch.setenv("XDG_STATE_HOME", "/srv/state")
+    monkeypatch.setenv("COLUMNS", "40")
     table = reference.settings_table("serve")
     row = next(line for line in table.splitlines() if line.startswith("| `state_dir` |"))
-    assert "`~/.local/state/perceptron-stream`" in row or "XDG_STATE_HOME" in os.environ, row
+    assert "| `~/.local/state/perceptron-stream` |" in row, row
+    help_text = reference.command_help("serve")
+    assert "(default: ~/.local/state/perceptron-stream)" in help_text, help_text
+    assert str(Path.home()) + "/" not in help_text and "/srv/state" not in help_text
 
 
 def test_help_and_schemas_are_generated() -> None:
@@ -133,10 +145,55 @@ def test_an_unknown_marker_fails_the_build() -> None:
         reference.render("<!-- generated: table serve -->\n")
 
 
-def test_every_page_renders() -> None:
-    for page in DOCS.rglob("*.md"):
-        rendered = reference.render(page.read_text(encoding="utf-8"))
-        assert "<!-- generated:" not in rendered, page
+def test_the_committed_reference_is_what_the_code_generates() -> None:
+    """The generated parts live in the committed pages (they read on GitHub and in an editor): regenerated from the
+    code now, every page is unchanged."""
+    assert [page.name for page in reference.pages()] == ["cli.md", "configuration.md", "messages.md"]
+    stale = [str(page.relative_to(ROOT)) for page in reference.stale_pages()]
+    assert not stale, f"{', '.join(stale)}: the generated parts differ from the code: run {reference.WRITE}"
+    for page in reference.pages():
+        text = page.read_text(encoding="utf-8")
+        assert text.count("<!-- generated:") == text.count("<!-- end generated -->") > 0, page
+
+
+def test_a_stale_page_is_found_and_rewritten_and_a_new_marker_filled(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    shutil.copytree(DOCS / "reference", docs / "reference")
+    page = docs / "reference" / "configuration.md"
+    committed = page.read_text(encoding="utf-8")
+    stale = committed.replace("| Kafka consumer group. |", "| Some group. |")
+    new = "# New\n\nText before.\n\n<!-- generated: help broker -->\n\nText after.\n"
+    assert stale != committed
+    page.write_text(stale, encoding="utf-8")
+    (docs / "new.md").write_text(new, encoding="utf-8")
+    assert reference.stale_pages(docs) == [docs / "new.md", page]
+
+    assert reference.write_pages(docs) == [docs / "new.md", page]
+    assert page.read_text(encoding="utf-8") == committed  # nothing else of the page changed
+    written = (docs / "new.md").read_text(encoding="utf-8")
+    assert written.startswith("# New\n\nText before.\n\n<!-- generated: help broker -->\n\n```text\nusage:")
+    assert written.endswith("```\n\n<!-- end generated -->\n\nText after.\n"), written
+    assert reference.stale_pages(docs) == [] and reference.write_pages(docs) == []
+
+
+def test_the_regeneration_command_checks_and_says_what_to_run() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(DOCS / "reference.py"), "--check"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    stale = "# T\n\n<!-- generated: help broker -->\n\nstale\n\n<!-- end generated -->\n"
+    with pytest.raises(reference.StalePage, match=r"t\.md: .* run python docs/reference\.py --write"):
+        reference.on_page_markdown(stale, SimpleNamespace(file=SimpleNamespace(src_uri="t.md")), None, None)
+    page = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
+    # the hook leaves a committed page as it is: the build inserts nothing a second time
+    assert reference.on_page_markdown(page, SimpleNamespace(file=SimpleNamespace(src_uri="cli.md")), None, None) == page
+
+
+def test_an_end_marker_without_its_marker_is_refused() -> None:
+    with pytest.raises(reference.UnknownMarker, match="end generated"):
+        reference.render("text\n<!-- end generated -->\n")
+    with pytest.raises(reference.UnknownMarker, match="is no marker"):
+        reference.render("<!-- generated: settings Serve -->\n")
 
 
 # -- operations -------------------------------------------------------------------------------------------------
@@ -158,16 +215,16 @@ def test_every_service_metric_is_on_the_metrics_page() -> None:
 # -- the build is strict ----------------------------------------------------------------------------------------
 
 
-def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
-    """tests/run.sh runs ``mkdocs build --strict``: a link to a page that does not exist fails it."""
+def _build_a_copy(tmp_path: Path, change: Callable[[Path], None]) -> subprocess.CompletedProcess[str]:
+    """``mkdocs build --strict`` of a copy of the site, changed by ``change`` (given the copy's docs/)."""
     work = tmp_path / "repo"
     shutil.copytree(DOCS, work / "docs", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(MKDOCS_YML, work / "mkdocs.yml")
-    (work / "docs" / "index.md").write_text((DOCS / "index.md").read_text() + "\n[gone](no-such-page.md)\n")
+    change(work / "docs")
     # the hook and the snippets read the checkout's service/, schemas/ and bench/: the copy links to them
     for name in ("service", "schemas", "bench"):
         (work / name).symlink_to(ROOT / name)
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=work,
         capture_output=True,
@@ -175,8 +232,27 @@ def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
         timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
+
+
+def test_mkdocs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
+    """tests/run.sh runs ``mkdocs build --strict``: a link to a page that does not exist fails it."""
+
+    def broken_link(docs: Path) -> None:
+        (docs / "index.md").write_text((DOCS / "index.md").read_text() + "\n[gone](no-such-page.md)\n")
+
+    proc = _build_a_copy(tmp_path, broken_link)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "no-such-page.md" in proc.stderr, proc.stderr
+
+
+def test_mkdocs_build_shows_each_generated_part_once(tmp_path: Path) -> None:
+    """The pages hold their generated parts and the hook inserts nothing (a stale page fails it: the hook's test
+    above)."""
+    proc = _build_a_copy(tmp_path, lambda docs: None)
+    assert proc.returncode == 0, proc.stderr
+    site = tmp_path / "site" / "reference"
+    assert (site / "configuration" / "index.html").read_text().count("PERCEPTRON_STREAM_MIX_EVERY") == 1
+    assert (site / "cli" / "index.html").read_text().count("usage: perceptron-stream serve ") == 1
 
 
 def test_the_hooks_own_examples() -> None:

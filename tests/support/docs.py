@@ -1,5 +1,5 @@
 """What the tests of the documentation site share: the site's address, its pages, their Python examples, and the
-hook that generates the reference pages (docs/reference.py, loaded by path as mkdocs loads it)."""
+generator of the reference pages' parts (docs/reference.py, loaded by path as mkdocs loads it)."""
 
 from __future__ import annotations
 
