@@ -270,7 +270,7 @@ class Task:
                             y_pred,
                             score,
                             learner.updates,
-                            None if others is None else {n: o[0] for n, o in others.items()},
+                            None if others is None else {n: o[1] for n, o in others.items()},  # their scores
                         )
                 else:
                     tally.labeled += 1
@@ -400,7 +400,7 @@ class Task:
             return
         if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
             y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
-            their_y = {c: o.y_pred.tolist() for c, o in (others or {}).items()}
+            their_scores = {c: o.score.tolist() for c, o in (others or {}).items()}
             joined = iter(steps.joined)  # the counters after each join, in order
             label_of = dict(joins)
         for k, (i, value) in enumerate(zip(span_at, values)):
@@ -415,7 +415,7 @@ class Task:
                     y_pred[k],
                     score[k],
                     version[k],
-                    None if others is None else {c: their[k] for c, their in their_y.items()},
+                    None if others is None else {c: their[k] for c, their in their_scores.items()},
                 )
                 if (early is not None) != (k in label_of) or (early is not None and early[1]["y"] != label_of[k]):
                     raise RuntimeError(f"point {span_ids[k]!r}: its label was not the one that waited")  # cannot be

@@ -24,6 +24,7 @@ import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.learning import learner_from_state, make_learner
+from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.learning.mixing import mix_states
 from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV
 from perceptron_stream.state.checkpoint import decode_checkpoint, owner_of
@@ -295,8 +296,8 @@ def _replay_with_labels(points: list[dict], labels: list[tuple[str, int]], later
     x_of, outcomes = {p["id"]: p["x"] for p in points}, []
     for point_id, y in labels:
         y_pred, score = published[point_id]
-        learner.relabel(x_of[point_id], y, y_pred != y)
-        outcomes.append((point_id, y, y_pred, score, y_pred != y))
+        learner.relabel(x_of[point_id], y, is_mistake(y, score))
+        outcomes.append((point_id, y, y_pred, score, is_mistake(y, score)))
     for p in later:
         predict(p)
     return predictions, outcomes, learner.to_state()

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import many
+from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.pipeline import task as task_module
 from perceptron_stream.pipeline.mixer import MixBoard
 from perceptron_stream.pipeline.task import Tally
@@ -38,6 +39,8 @@ CONFIGS = [
     ["--hash-features", "64", "--challengers", "averaged"],
     ["--max-model-features", "3"],
     ["--learning", "off", "--challengers", "averaged"],
+    ["--learning", "off", "--standardize", "--label-topic", "labels"],
+    ["--learning", "off", "--hash-features", "16"],
     ["--label-topic", "labels", "--challengers", "averaged", "--max-early-labels", "5"],
     ["--model-scope", "partition", "--mix-every", "7", "--challengers", "pocket"],
     ["--model-scope", "partition", "--mix-every", "0", "--label-topic", "labels", "--challengers", "pocket"],
@@ -210,10 +213,15 @@ def test_the_batch_form_sends_and_learns_what_one_record_at_a_time_does(
     # and each point gave one message: its prediction or its dead letter
     answered = [json.loads(v)["source"] for t, _, v in sent if t == "predictions" or t == "points.dlq"]
     assert sorted(a["offset"] for a in answered if a["topic"] == "points") == list(range(n))
+    # and "mistake" has one meaning, inline and delayed: y·score ≤ 0 of the published score
+    decided = [json.loads(v) for t, _, v in sent if t in ("predictions", "outcomes")]
+    for message in decided:
+        y, score = message["y"], message["score"]
+        assert message["mistake"] == (None if y is None else is_mistake(y, math.nan if score is None else score))
 
 
 @pytest.mark.parametrize("numpy_run", [0, math.inf, many.NUMPY_RUN], ids=["windows", "fused", "chosen"])
-@pytest.mark.parametrize("config", CONFIGS[:7] + CONFIGS[9:], ids=lambda flags: " ".join(flags) or "plain")
+@pytest.mark.parametrize("config", CONFIGS[:7] + CONFIGS[11:], ids=lambda flags: " ".join(flags) or "plain")
 def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
     """Thousands of events of the demo's kinds (a noisy stream, then a separable one: the model updates often,
     then seldom, so both paths of step_many are taken), in batches of up to 1,000; with delayed labels, half the
