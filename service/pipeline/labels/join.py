@@ -114,7 +114,7 @@ class Join:
             for name, wrong in theirs.items():
                 tally.challenger_flags.setdefault(name, []).append(wrong)
             tally.flags.append(mistake)
-        tally.labeled += 1
+        tally.joined += 1  # a decision scored; its point was counted as an event when it came (not again here)
         tally.label_outcomes.append("joined")
         delay = max(0.0, at - point["at"])  # 0: the label came first
         tally.delays.append(delay)

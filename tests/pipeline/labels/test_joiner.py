@@ -9,6 +9,7 @@ import pytest
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.task import Tally
+from prometheus_client import generate_latest
 
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
@@ -32,7 +33,29 @@ def test_a_label_before_its_point_waits_and_is_joined_right_after_the_points_pre
         "delay_seconds"
     ] == pytest.approx(0.1)
     assert task.learner.labeled == 1 and task.learner.seen == 2 and joiner.early() == 0 and joiner.pending() == 1
-    assert tally.label_outcomes == ["early", "joined"] and tally.labeled == 1
+    assert tally.label_outcomes == ["early", "joined"] and tally.joined == 1
+    assert (tally.labeled, tally.unlabeled) == (0, 2)  # two points, each one event; the label is none
+
+
+def test_a_point_and_its_delayed_label_are_one_event_and_one_decision_scored():
+    """perceptron_events_total counts the point once (unlabeled, when it came); its label counts as a joined label
+    (perceptron_labels_total) and its decision's mistake once (perceptron_mistakes_total, the rate)."""
+    from perceptron_stream.metrics import ServiceMetrics
+
+    metrics = ServiceMetrics(window=10, version="test", variant="plain")
+    joiner = make_joiner()
+    task, sent = make_task(joiner), Sent()
+    for records in ([point(0, "a", ms=900)], [label(0, "a", 1, ms=1_000)]):
+        tally = Tally()
+        task.process(records, sent, tally)
+        metrics.observe_tally(tally, 0.001)
+    text = generate_latest(metrics.registry).decode()
+    assert 'perceptron_events_total{kind="unlabeled"} 1.0' in text
+    assert 'perceptron_events_total{kind="labeled"} 0.0' in text
+    assert 'perceptron_labels_total{outcome="joined"} 1.0' in text
+    assert "perceptron_mistakes_total 1.0" in text  # its score was 0: a mistake
+    assert "perceptron_processing_latency_seconds_count 1.0" in text  # the event's; the label is none
+    assert metrics.window.value == 1.0
 
 
 def test_duplicates_stay_duplicates_whichever_side_came_first():
