@@ -597,12 +597,13 @@ def test_mixing_replicas_across_a_sigkill_publish_each_prediction_once_and_mix_o
 def test_exactly_once_with_the_local_store_is_refused_at_start_up(apache_kafka, topics, tmp_path):
     log_path = tmp_path / "serve.log"
     args = settings_args(apache_kafka, topics, tmp_path, **EXACTLY_ONCE)
-    assert exit_code(args, log_path) == 1, tail(log_path)
+    assert exit_code(args, log_path) == 2, tail(log_path)  # a bad setting (docs/reference/cli.md)
     assert "--processing-guarantee exactly-once needs --state-store kafka (it is local)" in log_path.read_text()
 
 
 def test_exactly_once_on_the_embedded_broker_is_refused_at_start_up(broker, topics, tmp_path):
     log_path = tmp_path / "serve.log"
     args = settings_args(broker, topics, tmp_path, **EXACTLY_ONCE, **store_args("kafka", topics))
-    assert exit_code(args, log_path) == 1, tail(log_path)
+    assert exit_code(args, log_path) == 2, tail(log_path)  # a bad setting, found by the broker's cluster id
+    assert "invalid setting processing_guarantee (--processing-guarantee" in log_path.read_text()
     assert "--processing-guarantee exactly-once cannot hold on the embedded broker" in log_path.read_text()
