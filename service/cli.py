@@ -2,7 +2,10 @@
 
 Each command's flags are its settings class in :mod:`perceptron_stream.config`
 (``perceptron-stream serve --help`` lists them); a bad flag, environment
-variable or file value exits with code 2 and a message naming the setting.
+variable or file value exits with code 2 and a message naming the setting, and
+so does a setting only start-up can judge (:class:`~perceptron_stream.config.ConfigError`
+raised there: the embedded broker asked for exactly-once, a model file that changed
+since the settings were read); another refusal exits 1 (docs/reference/cli.md).
 """
 
 from __future__ import annotations
@@ -95,6 +98,10 @@ def run_serve(settings: ServeSettings) -> int:
     _logging(settings.log_level)
     try:
         return Application(settings).run()
+    except ConfigError as exc:  # a setting only start-up could judge (the brokers' kind, the model file): exit 2
+        logging.getLogger(PROG).error("%s", exc)
+        print(f"{PROG} serve: {exc}", file=sys.stderr)
+        return 2
     except (StartupError, CheckpointError, StateLockedError, MissingTopicError) as exc:
         logging.getLogger(PROG).error("%s", exc)
         print(f"{PROG} serve: {exc}", file=sys.stderr)

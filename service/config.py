@@ -66,7 +66,20 @@ def default_state_dir() -> Path:
 
 
 class ConfigError(Exception):
-    """A setting is wrong; the message names it. Commands exit with code 2."""
+    """A setting is wrong; the message names it. Commands exit with code 2.
+
+    Raised by :func:`load` for what the settings show by themselves, and at start-up (:func:`invalid_setting`) for a
+    setting only the brokers show to be wrong (exactly-once on the embedded broker): the same exit code either way.
+    """
+
+
+def invalid_setting(name: str, message: str) -> ConfigError:
+    """The ConfigError of setting ``name``, in all its spellings, as :func:`load` words one.
+
+    >>> str(invalid_setting("processing_guarantee", "exactly-once cannot hold here"))
+    'invalid setting processing_guarantee (--processing-guarantee, PERCEPTRON_STREAM_PROCESSING_GUARANTEE): exactly-once cannot hold here'
+    """
+    return ConfigError(f"invalid setting {name} ({flag(name)}, {env_var(name)}): {message}")
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -520,7 +533,34 @@ class ServeSettings(KafkaSettings):
                 "group_protocol consumer (KIP-848) needs --kafka-client confluent: kafka-python speaks only the "
                 "classic group protocol"
             )
+        if self.processing_guarantee == "exactly-once" and self.state_store != "kafka":
+            raise ValueError(
+                f"--processing-guarantee exactly-once needs --state-store kafka (it is {self.state_store}): the "
+                "checkpoint must be committed in the same Kafka transaction as the outputs and the input "
+                "positions, and a local directory (or no store) cannot join a Kafka transaction"
+            )
+        if self.initial_model is not None:
+            self._initial_model_fits()
         return self
+
+    def _initial_model_fits(self) -> None:
+        """--initial-model starts a model these settings can run (its variant, margin, scaler, hashing, features):
+        checked here, so a file of another variant is a bad setting at start-up (exit 2), not a refusal later."""
+        import orjson
+        from perceptron_stream.learning import model_file
+
+        try:
+            model_file.to_learner(
+                orjson.loads(self.initial_model.read_bytes()),  # type: ignore[union-attr]  # not None: the caller's test
+                variant=self.variant,
+                margin=self.margin,
+                standardize=self.standardize,
+                hash_features=self.hash_features,
+                max_features=self.max_model_features or None,
+                max_event_features=self.max_features,
+            )
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"initial_model {self.initial_model} (--initial-model) does not fit: {exc}") from None
 
 
 class ProduceSettings(KafkaSettings):

@@ -128,11 +128,18 @@ class ServiceMetrics:
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=registry)
         self.events = Counter(
-            "perceptron_events", "Valid events processed, by whether they had a label.", ["kind"], registry=registry
+            "perceptron_events",
+            "Valid events (points) processed, each once, by whether it came with its label "
+            '(a delayed label joined later counts in perceptron_labels_total{outcome="joined"}, not here).',
+            ["kind"],
+            registry=registry,
         )
         self.labeled, self.unlabeled = self.events.labels("labeled"), self.events.labels("unlabeled")
         self.mistakes = Counter(
-            "perceptron_mistakes", "Published predictions that were wrong (y·score ≤ 0).", registry=registry
+            "perceptron_mistakes",
+            "Published decisions that were wrong (y·score ≤ 0), scored when their label was known: labeled events "
+            "and joined delayed labels.",
+            registry=registry,
         )
         self.updates = Counter("perceptron_updates", "Weight updates made by the perceptron.", registry=registry)
         self.dropped_features = Counter(
@@ -155,11 +162,13 @@ class ServiceMetrics:
         for reason in REASONS:  # every series exists from the start, so rate() and dashboards see zeros, not gaps
             self.rejected.labels(reason)
         self.mistake_rate = Gauge(
-            "perceptron_mistake_rate", "Share of mistakes among the last N labeled events.", registry=registry
+            "perceptron_mistake_rate",
+            "Share of mistakes among the last N decisions scored (labeled events and joined delayed labels).",
+            registry=registry,
         )
         Gauge(
             "perceptron_mistake_rate_window_events",
-            "N, the labeled events in the mistake-rate window.",
+            "N, the decisions scored in the mistake-rate window (labeled events and joined delayed labels).",
             registry=registry,
         ).set(window)
         self.latency = Histogram(
@@ -214,13 +223,13 @@ class ServiceMetrics:
         )
         self.challenger_mistakes = Counter(
             "perceptron_challenger_mistakes",
-            "Mistakes a challenger variant made on the champion's labeled events (never published).",
+            "Mistakes a challenger variant made on the champion's decisions scored (never published).",
             ["challenger"],
             registry=registry,
         )
         self.challenger_rate = Gauge(
             "perceptron_challenger_mistake_rate",
-            "A challenger's share of mistakes among the last N labeled events, beside perceptron_mistake_rate.",
+            "A challenger's share of mistakes among the last N decisions scored, beside perceptron_mistake_rate.",
             ["challenger"],
             registry=registry,
         )
@@ -338,7 +347,8 @@ class ServiceMetrics:
         latency_s: float,
         dropped_features: int = 0,
     ) -> None:
-        """Count one processed batch; ``mistake_flags`` in event order, one per labeled event."""
+        """Count one processed batch: its events (points, each once: ``labeled`` came with their label), and its
+        decisions scored (``mistake_flags`` in order, one per labeled event or joined delayed label)."""
         self.labeled.inc(labeled)
         self.unlabeled.inc(unlabeled)
         self.mistakes.inc(sum(mistake_flags))
@@ -348,7 +358,7 @@ class ServiceMetrics:
         self.window.add_many(mistake_flags)
         self.mistake_rate.set(self.window.value)
         # Every event of a batch waits for the same acknowledgement, so one
-        # value stands for all of them.
+        # value stands for all of them (events: a joined label is none).
         observe_many(self.latency, latency_s, labeled + unlabeled)
 
     def track_poll_loop(self, health) -> None:

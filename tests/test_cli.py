@@ -160,3 +160,52 @@ def test_produce_without_a_broker_names_bootstrap_servers(monkeypatch, capsys, s
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("perceptron-stream produce: cannot use the brokers at 127.0.0.1:")
     assert "(--bootstrap-servers)" in last and "nothing was written" in last
+
+
+# -- serve's bad settings exit 2, whichever check finds them (docs/reference/cli.md) --------------------------------
+
+
+@pytest.mark.parametrize("store", ["local", "none"])
+def test_serve_exactly_once_without_the_kafka_store_exits_2_before_connecting(capsys, store, tmp_path):
+    from perceptron_stream.broker import free_port
+
+    # no broker listens at the bootstrap servers: the refusal comes from the settings alone
+    code = main(
+        [
+            "serve",
+            "--processing-guarantee",
+            "exactly-once",
+            "--state-store",
+            store,
+            "--state-dir",
+            str(tmp_path),
+            "--bootstrap-servers",
+            f"127.0.0.1:{free_port()}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--processing-guarantee exactly-once needs --state-store kafka (it is {store})" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ([], "the model file holds an averaged perceptron, and --variant is plain"),
+        (["--variant", "averaged", "--standardize"], "no scaler in front, and --standardize is on"),
+        (["--variant", "averaged", "--max-model-features", "1"], "more than --max-model-features 1"),
+    ],
+)
+def test_serve_with_an_initial_model_that_does_not_fit_exits_2_naming_it(capsys, tmp_path, flags, said):
+    from perceptron_stream.broker import free_port
+    from perceptron_stream.learning import Perceptron, model_file
+
+    learner = Perceptron("averaged")
+    learner.step([1.0, 2.0], 1)
+    path = tmp_path / "model.json"
+    meta = {"variant": "averaged", "margin": 0.0, "standardize": False, "hash_features": 0}
+    path.write_text(json.dumps(model_file.from_learner(learner, "a test", meta)))
+    code = main(["serve", "--initial-model", str(path), "--bootstrap-servers", f"127.0.0.1:{free_port()}", *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"initial_model {path} (--initial-model) does not fit" in err and said in err

@@ -27,7 +27,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from perceptron_stream.learning.labels import to_label
+from perceptron_stream.learning.labels import is_mistake, to_label
 
 ALGORITHMS = ("pla", "pocket")
 ORDERS = ("cyclic", "random")
@@ -55,7 +55,7 @@ def mistakes(w: Sequence[float], b: float, X: Sequence[Sequence[float]], y: Sequ
     >>> mistakes([1.0, -1.0], 1.0, [[1, 3], [2.5, 1.5], [-1.5, 1.5]], [1, 1, -1])
     1
     """
-    return sum(1 for x, yi in zip(X, y) if yi * score(w, b, x) <= 0)
+    return sum(1 for x, yi in zip(X, y) if is_mistake(yi, score(w, b, x)))
 
 
 def point_margins(w: Sequence[float], b: float, X: Sequence[Sequence[float]], y: Sequence[int]) -> list[float]:
@@ -145,7 +145,7 @@ def pla(
         clean = True
         for i in idx:
             x, yi = X[i], y[i]
-            if yi * score(w, b, x) <= 0:
+            if is_mistake(yi, score(w, b, x)):
                 w = [wi + yi * xi for wi, xi in zip(w, x)]
                 if intercept:
                     b += yi
@@ -183,7 +183,7 @@ def pocket(
     for passes, idx in enumerate(_orders(len(X), order, seed, max_passes), 1):
         for i in idx:
             x, yi = X[i], y[i]
-            if yi * score(w, b, x) <= 0:
+            if is_mistake(yi, score(w, b, x)):
                 w = [wi + yi * xi for wi, xi in zip(w, x)]
                 if intercept:
                     b += yi

@@ -112,6 +112,10 @@ class HashedPerceptron(base.Classifier):
     def predict_one(self, x: dict, **kwargs: Any) -> int | bool:
         return self.model.predict_one(self.hash(x))
 
+    def score_one(self, x: dict | list) -> float:
+        """The score :meth:`step` would publish for x; changes nothing (``--learning off`` scores by it)."""
+        return self.model.score_one(self.hash(x))
+
     def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
         self.model.learn_one(self.hash(x), y)
 

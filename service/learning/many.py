@@ -57,6 +57,7 @@ from operator import add, mul, sub
 from typing import Any
 
 import numpy as np
+from perceptron_stream.learning.labels import is_mistake
 
 #: Windows pay when the model's recent batches ran at least this many labeled events between updates.
 NUMPY_RUN = 32
@@ -148,7 +149,7 @@ def step_each(learner, xs: list, ys: list, joins: list | None = None) -> Steps:
         if results[-1][2] is not None:
             learned.append(results[-1][2])
         if i in label_of:
-            wrong = results[-1][0] != label_of[i]
+            wrong = is_mistake(label_of[i], results[-1][1])  # the published decision's score against the label
             learner.relabel(x, label_of[i], wrong)
             joined.append((learner.updates, learner.seen, learner.mistakes))
             learned.append(wrong)
@@ -178,12 +179,12 @@ def _interleave(xs: list, ys: list, joins: list) -> tuple[list, list, np.ndarray
 
 def as_joins(steps: Steps, events_at: np.ndarray, joins_at: np.ndarray, labels: np.ndarray, seen: int, mistakes: int):
     """``steps`` of events interleaved with relabels (:func:`_interleave`) counted as ``relabel`` counts: a relabel
-    is no event seen, and counts its decision's mistake (its event's prediction against the label), not its own.
+    is no event seen, and counts its decision's mistake (its event's published score against the label), not its own.
     The events' :class:`Steps`, with the joins' counters (``joined``) and the mistakes counted in order
     (``learned``); the model's seen and mistakes after them all."""
     n_all = len(steps)
     own = np.diff(steps.mistakes, prepend=mistakes)  # each row's own mistake, 0 or 1
-    wrong = steps.y_pred[joins_at - 1] != labels  # the joined decision's (its event's row is just before it)
+    wrong = is_mistake(labels, steps.score[joins_at - 1])  # the joined decision's (its event's row is just before it)
     own[joins_at] = wrong
     counted = mistakes + np.cumsum(own)
     is_event = np.zeros(n_all, dtype=bool)
@@ -356,7 +357,7 @@ class ManySteps:
             self._pb, self._run, self._best, self._p_is_w = st.ob, st.run, st.best, st.same
         if xmax > self._xmax:
             self._xmax = xmax
-        mistake = labeled & (score * np.where(labeled, labels, 1) <= 0.0)
+        mistake = labeled & is_mistake(np.where(labeled, labels, 1), score)
         if variant == 0:  # plain and margin echo y when right (y too for a NaN score, as step does)
             y_pred = np.where(labeled & ~mistake, labels, np.where(score > 0.0, 1, -1))
         else:

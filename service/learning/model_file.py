@@ -143,7 +143,7 @@ def to_learner(
     ):
         if theirs != ours:
             what = {
-                "variant": f"a {theirs} perceptron, and --variant is {ours}",
+                "variant": f"{'an' if str(theirs)[:1] in 'aeiou' else 'a'} {theirs} perceptron, and --variant is {ours}",
                 "margin": f"margin {theirs}, and --margin is {ours}",
                 "standardize": f"{'a' if theirs else 'no'} scaler in front, and --standardize is {'on' if ours else 'off'}",
                 "hash_features": f"features hashed into {theirs} buckets, and --hash-features is {ours}",

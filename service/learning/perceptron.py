@@ -2,7 +2,10 @@
 
 h(x) = sign(w·x + b), the bias b being the weight of a constant feature x0 = 1.
 Start from w = 0, b = 0; a score of exactly 0 is a mistake; on a mistake
-(y·score ≤ 0) update w ← w + y·x, b ← b + y.  Labels are -1/+1 inside.
+(y·score ≤ 0: :func:`~perceptron_stream.learning.labels.is_mistake`, the one
+definition) update w ← w + y·x, b ← b + y.  Labels are -1/+1 inside.  The
+step's hot paths write that comparison inline (a call would cost every event);
+tests/learning/test_perceptron.py checks they agree with ``is_mistake``.
 
 Why a class of our own rather than ``river.linear_model.Perceptron``: the
 service calls :meth:`Perceptron.step` once per event (predict with the
@@ -91,7 +94,7 @@ from math import hypot
 from operator import add, mul, sub
 from typing import Any
 
-from perceptron_stream.learning.labels import to_label
+from perceptron_stream.learning.labels import is_mistake, to_label
 from perceptron_stream.learning.many import ManySteps
 from perceptron_stream.learning.many import in_order_sum as _sum  # the one definition of a score's sum
 from river import base
@@ -364,7 +367,7 @@ class Perceptron(ManySteps, base.Classifier):
                 if r > self._xmax:
                     self._xmax = r
                 self.seen += 1
-                if ys <= 0.0:
+                if ys <= 0.0:  # is_mistake(y, s), inlined
                     self.mistakes += 1
                     return (1 if s > 0.0 else -1, s, True)
                 return (y, s, False)
@@ -404,7 +407,7 @@ class Perceptron(ManySteps, base.Classifier):
         if y is None:
             self._unlabeled += 1
             return (1 if s > 0.0 else -1, s, None)
-        if ys <= 0.0:  # type: ignore[operator]  # a float: y is not None here; a second test would cost every event
+        if ys <= 0.0:  # type: ignore[operator]  # is_mistake(y, s) inlined; ys a float (y is not None here; a second test would cost every event)
             self.mistakes += 1
             return (1 if s > 0.0 else -1, s, True)
         return (y, s, False)
@@ -453,7 +456,7 @@ class Perceptron(ManySteps, base.Classifier):
             if y is None:
                 self._unlabeled += 1
                 return (y_pred, score, None)
-            mistake = y * score <= 0.0
+            mistake = y * score <= 0.0  # is_mistake(y, score), inlined
             if mistake:
                 self.mistakes += 1
             if y * s <= 0.0:
@@ -501,7 +504,7 @@ class Perceptron(ManySteps, base.Classifier):
             if y is None:
                 self._unlabeled += 1
                 return (1 if score > 0.0 else -1, score, None)
-            mistake = y * score <= 0.0
+            mistake = y * score <= 0.0  # is_mistake(y, score), inlined
             if mistake:
                 self.mistakes += 1
             result = (1 if score > 0.0 else -1, score, mistake)
@@ -537,7 +540,7 @@ class Perceptron(ManySteps, base.Classifier):
         if y is None:
             self._unlabeled += 1
             return (y_pred, score, None)
-        mistake = y * score <= 0.0
+        mistake = is_mistake(y, score)
         self.mistakes += mistake
         return (y_pred, score, mistake)
 

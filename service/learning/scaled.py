@@ -66,6 +66,15 @@ class ScaledPerceptron(base.Classifier):
             self.scaler.transform_one({k: v for k, v in _as_dict(x).items() if k in counts})
         )
 
+    def score_one(self, x: dict | list) -> float:
+        """The score :meth:`step` would publish for x with the scaler as it is; changes nothing (``--learning off``
+        scores by it: :class:`~perceptron_stream.pipeline.models.Frozen`). Only the features the scaler holds, as
+        in :meth:`predict_one`."""
+        counts = self.scaler.counts
+        return self.perceptron.score_one(
+            self.scaler.transform_one({k: v for k, v in _as_dict(x).items() if k in counts})
+        )
+
     def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
         """Like the pipeline's: y as the perceptron's ``learn_one`` takes it (its kind sets
         what ``predict_one`` answers in: True/False after bools, else -1/+1)."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 from perceptron_stream.learning import VARIANTS, learner_from_state
+from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.learning.many import relabel_each, step_each
 
 
@@ -60,7 +61,7 @@ class Frozen:
         self.seen += 1
         if y is None:
             return (y_pred, score, None)
-        mistake = y * score <= 0.0
+        mistake = is_mistake(y, score)
         self.mistakes += mistake
         return (y_pred, score, mistake)
 
@@ -79,7 +80,7 @@ class Frozen:
     def relabel(self, x, y, mistake: bool) -> tuple:
         self.mistakes += bool(mistake)
         score = self.model.score_one(x)
-        return (1 if score > 0.0 else -1, score, y * score <= 0.0)
+        return (1 if score > 0.0 else -1, score, is_mistake(y, score))
 
     def __getattr__(self, name: str) -> Any:  # weights, bias, radius, to_state... of the model as it is
         return getattr(self.model, name)

@@ -104,6 +104,7 @@ class Tally:
         "drifts",
         "dropped",
         "flags",
+        "joined",
         "label_outcomes",
         "labeled",
         "mixes",
@@ -114,9 +115,13 @@ class Tally:
     )
 
     def __init__(self):
+        # Events are the input's valid records (points), each counted once, when it is predicted: labeled (it came
+        # with its y) or unlabeled. A delayed label joined later is no event: it counts in ``joined`` (and as a
+        # "joined" label outcome), and its decision's mistake flag in ``flags`` beside the labeled events'.
         self.labeled = self.unlabeled = self.updates = self.dropped = 0
+        self.joined = 0  # delayed labels joined with their point: decisions scored late
         self.unknown = 0  # valid events that shared no feature with a model holding some (scored by its bias alone)
-        self.flags: list[bool] = []  # mistake or not, one per labeled event (or joined label: the decision's), in order
+        self.flags: list[bool] = []  # mistake or not, one per decision scored (labeled event, joined label), in order
         self.rejected: list[str] = []  # reasons
         self.mixes: list[int | None] = []  # partitions that mixed
         self.label_outcomes: list[
@@ -270,7 +275,7 @@ class Task:
                             y_pred,
                             score,
                             learner.updates,
-                            None if others is None else {n: o[0] for n, o in others.items()},
+                            None if others is None else {n: o[1] for n, o in others.items()},  # their scores
                         )
                 else:
                     tally.labeled += 1
@@ -400,7 +405,7 @@ class Task:
             return
         if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
             y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
-            their_y = {c: o.y_pred.tolist() for c, o in (others or {}).items()}
+            their_scores = {c: o.score.tolist() for c, o in (others or {}).items()}
             joined = iter(steps.joined)  # the counters after each join, in order
             label_of = dict(joins)
         for k, (i, value) in enumerate(zip(span_at, values)):
@@ -415,7 +420,7 @@ class Task:
                     y_pred[k],
                     score[k],
                     version[k],
-                    None if others is None else {c: their[k] for c, their in their_y.items()},
+                    None if others is None else {c: their[k] for c, their in their_scores.items()},
                 )
                 if (early is not None) != (k in label_of) or (early is not None and early[1]["y"] != label_of[k]):
                     raise RuntimeError(f"point {span_ids[k]!r}: its label was not the one that waited")  # cannot be
@@ -478,10 +483,10 @@ class Task:
             for r, label in zip(records, joiner.read(records)):
                 if replica is not None:
                     replica["mixes"] = 0 if mixer is None else mixer.mixes
-                before = tally.labeled
+                before = tally.joined
                 joiner.label(r, label, run.learner, send, tally, replica, models)
                 positions[(r.topic, r.partition)] = r.offset + 1
-                if tally.labeled > before and mixer is not None and mixer.learned():
+                if tally.joined > before and mixer is not None and mixer.learned():
                     run.mix(send)
             run.end(records)
         run.drift()

@@ -15,13 +15,12 @@ import tempfile
 from pathlib import Path
 
 import orjson
-from perceptron_stream.config import ServeSettings
+from perceptron_stream.config import ServeSettings, invalid_setting
 from perceptron_stream.learning import make_learner, model_file
 from perceptron_stream.pipeline.labels import Joiner
 from perceptron_stream.pipeline.mixer import MixBoard, Mixer
 from perceptron_stream.pipeline.models import DriftWatch, Frozen, ModelSet
 from perceptron_stream.pipeline.task import Task, partition_task
-from perceptron_stream.runtime.retry import StartupError
 from perceptron_stream.state.changelog import Changelog
 from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
 from perceptron_stream.state.pending import PendingTable
@@ -141,8 +140,8 @@ class TaskFactory:
                 max_features=s.max_model_features or None,
                 max_event_features=s.max_features,
             )
-        except ValueError as exc:
-            raise StartupError(f"invalid setting initial_model (--initial-model): {exc}") from None
+        except ValueError as exc:  # checked with the settings (ServeSettings): only a file changed since then
+            raise invalid_setting("initial_model", str(exc)) from None
         task.learner = Frozen(learner) if s.learning == "off" else learner
         log.info(
             "%s starts from --initial-model %s (%s): %d features",

@@ -33,7 +33,9 @@ log = logging.getLogger("perceptron_stream")
 
 
 class StartupError(RuntimeError):
-    """The service cannot start, or go on, as configured; the message says why (exit 1)."""
+    """The service cannot start, or go on: a refusal by the brokers or the state that the settings alone do not
+    explain; the message says why and what to do (exit 1). A bad setting is a
+    :class:`~perceptron_stream.config.ConfigError` instead (exit 2), wherever it is found."""
 
 
 def fatal(exc: KafkaFatal, what: str) -> StartupError:

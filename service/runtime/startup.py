@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from uuid import uuid4
 
-from perceptron_stream.config import ServeSettings
+from perceptron_stream.config import ServeSettings, invalid_setting
 from perceptron_stream.kafka import (
     CompactedTopic,
     KafkaFatal,
@@ -85,26 +85,16 @@ class Opened:
 EMBEDDED_BROKER_CLUSTER_ID = "tansu_cluster"
 
 
-def refuse_exactly_once_without(s: ServeSettings) -> None:
-    """Exactly-once with settings under which it cannot hold: a StartupError naming them."""
-    if s.processing_guarantee != "exactly-once":
-        return
-    if s.state_store != "kafka":
-        raise StartupError(
-            f"--processing-guarantee exactly-once needs --state-store kafka (it is {s.state_store}): the "
-            "checkpoint must be committed in the same Kafka transaction as the outputs and the input "
-            "positions, and a local directory (or no store) cannot join a Kafka transaction"
-        )
-
-
 def refuse_exactly_once_on(s: ServeSettings, cluster_id: str | None) -> None:
-    """Exactly-once on the embedded broker (by its cluster id): a StartupError naming the setting."""
+    """Exactly-once on the embedded broker (by its cluster id): a bad setting (ConfigError, exit 2) naming it, as
+    exactly-once without the Kafka store is (ServeSettings checks that one before anything starts)."""
     if s.processing_guarantee == "exactly-once" and cluster_id == EMBEDDED_BROKER_CLUSTER_ID:
-        raise StartupError(
+        raise invalid_setting(
+            "processing_guarantee",
             f"--processing-guarantee exactly-once cannot hold on the embedded broker at "
             f"{s.bootstrap_servers} (cluster id {cluster_id!r}): its read_committed readers see aborted "
             "records and it does not fence a zombie by its group generation; use Apache Kafka, or "
-            "--processing-guarantee at-least-once"
+            "--processing-guarantee at-least-once",
         )
 
 
@@ -136,7 +126,6 @@ class Startup:
     def open(self) -> Opened | None:
         """Codecs, topics, labels' topics and changelog, cluster identity, store, mixing; None when stopped meanwhile."""
         s, until = self.settings, self.retry.until_it_works
-        refuse_exactly_once_without(s)
         try:
             require_mends()  # before any client: a kafka-python the mends were not checked against is refused
         except KafkaFatal as exc:

@@ -234,7 +234,8 @@ class Outcome(BaseModel):
     y_pred: Literal[-1, 1] = Field(description="The prediction published for the point, before the label.")
     score: float = Field(description="The score published with that prediction.")
     mistake: bool = Field(
-        description="y_pred ≠ y: the published decision was wrong (what perceptron_mistakes_total counts)."
+        description="y·score ≤ 0: the published decision was wrong (a score of exactly 0 is a mistake whatever y_pred "
+        "says); what perceptron_mistakes_total counts, as for a labeled event."
     )
     source: Source = Field(description="The point's position: the prediction's source.")
     label_source: Source = Field(description="The label's position: the key to drop repeated outcomes by.")

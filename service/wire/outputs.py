@@ -24,6 +24,7 @@ def outcome(
     y: int,
     y_pred: int,
     score: float,
+    mistake: bool,
     point_source: dict,
     topic: str,
     partition: int,
@@ -34,9 +35,10 @@ def outcome(
     mistakes: int,
     replica: dict | None = None,
 ) -> bytes:
-    """The outcome of a published decision once its label came (see :class:`~perceptron_stream.wire.messages.Outcome`).
+    """The outcome of a published decision once its label came (see :class:`~perceptron_stream.wire.messages.Outcome`);
+    ``mistake`` decided by the join (:func:`~perceptron_stream.learning.labels.is_mistake` of ``y`` and ``score``).
 
-    >>> outcome("c-1", 1, -1, -0.31, {"topic": "points", "partition": 0, "offset": 17}, "labels", 0, 5, 12.5, 42, 1000, 12)[:60]
+    >>> outcome("c-1", 1, -1, -0.31, True, {"topic": "points", "partition": 0, "offset": 17}, "labels", 0, 5, 12.5, 42, 1000, 12)[:60]
     b'{"id":"c-1","y":1,"y_pred":-1,"score":-0.31,"mistake":true,"'
     """
     model = {"version": version, "seen": seen, "mistakes": mistakes}
@@ -48,7 +50,7 @@ def outcome(
             "y": y,
             "y_pred": y_pred,
             "score": score,
-            "mistake": y_pred != y,
+            "mistake": mistake,
             "source": point_source,
             "label_source": {"topic": topic, "partition": partition, "offset": offset},
             "delay_seconds": delay_seconds,

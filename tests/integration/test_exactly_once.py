@@ -24,6 +24,7 @@ import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.learning import learner_from_state, make_learner
+from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.learning.mixing import mix_states
 from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV
 from perceptron_stream.state.checkpoint import decode_checkpoint, owner_of
@@ -295,8 +296,8 @@ def _replay_with_labels(points: list[dict], labels: list[tuple[str, int]], later
     x_of, outcomes = {p["id"]: p["x"] for p in points}, []
     for point_id, y in labels:
         y_pred, score = published[point_id]
-        learner.relabel(x_of[point_id], y, y_pred != y)
-        outcomes.append((point_id, y, y_pred, score, y_pred != y))
+        learner.relabel(x_of[point_id], y, is_mistake(y, score))
+        outcomes.append((point_id, y, y_pred, score, is_mistake(y, score)))
     for p in later:
         predict(p)
     return predictions, outcomes, learner.to_state()
@@ -596,12 +597,13 @@ def test_mixing_replicas_across_a_sigkill_publish_each_prediction_once_and_mix_o
 def test_exactly_once_with_the_local_store_is_refused_at_start_up(apache_kafka, topics, tmp_path):
     log_path = tmp_path / "serve.log"
     args = settings_args(apache_kafka, topics, tmp_path, **EXACTLY_ONCE)
-    assert exit_code(args, log_path) == 1, tail(log_path)
+    assert exit_code(args, log_path) == 2, tail(log_path)  # a bad setting (docs/reference/cli.md)
     assert "--processing-guarantee exactly-once needs --state-store kafka (it is local)" in log_path.read_text()
 
 
 def test_exactly_once_on_the_embedded_broker_is_refused_at_start_up(broker, topics, tmp_path):
     log_path = tmp_path / "serve.log"
     args = settings_args(broker, topics, tmp_path, **EXACTLY_ONCE, **store_args("kafka", topics))
-    assert exit_code(args, log_path) == 1, tail(log_path)
+    assert exit_code(args, log_path) == 2, tail(log_path)  # a bad setting, found by the broker's cluster id
+    assert "invalid setting processing_guarantee (--processing-guarantee" in log_path.read_text()
     assert "--processing-guarantee exactly-once cannot hold on the embedded broker" in log_path.read_text()

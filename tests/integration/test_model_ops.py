@@ -181,10 +181,9 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
         cwd=ROOT,
         timeout=60,
     )
-    assert (
-        refused.returncode == 1
-        and "the model file holds a averaged perceptron, and --variant is plain" in refused.stderr
-    )
+    assert refused.returncode == 2, refused.stderr  # a bad setting (docs/reference/cli.md), before connecting
+    assert "initial_model" in refused.stderr and "(--initial-model)" in refused.stderr
+    assert "the model file holds an averaged perceptron, and --variant is plain" in refused.stderr
 
 
 def test_in_partition_scope_model_lists_every_replica_with_its_challengers(broker, topics, tmp_path, service_thread):
@@ -316,10 +315,10 @@ def test_a_model_file_whose_features_cannot_meet_its_input_is_refused_at_start_u
         cwd=ROOT,
         timeout=60,
     )
-    assert refused.returncode == 1
+    assert refused.returncode == 2, refused.stderr  # a bad setting: the file it names (docs/reference/cli.md)
     assert (
-        "invalid setting initial_model (--initial-model): the model file says its features come from dense x"
-        in refused.stderr
+        f"initial_model {tmp_path / 'bad.json'} (--initial-model) does not fit: the model file says its features "
+        "come from dense x" in refused.stderr
     )
 
 

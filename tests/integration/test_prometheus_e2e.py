@@ -261,10 +261,9 @@ def test_prometheus_scrapes_the_live_service_dashboard_and_alerts_work(
             timeout=60,
         )
         # the cumulative mistake share of the dashboard is exactly the topic's
+        cumulative = {(title, ref): expr for title, ref, expr in dashboard_targets()}[("Mistake rate", "B")]
         prom.wait_for(
-            f'sum(perceptron_mistakes_total{{{JOB}}}) / sum(perceptron_events_total{{{JOB}, kind="labeled"}})',
-            lambda r: len(r) == 1 and float(r[0]["value"][1]) == pytest.approx(mistakes / labeled_sent),
-            60,
+            cumulative, lambda r: len(r) == 1 and float(r[0]["value"][1]) == pytest.approx(mistakes / labeled_sent), 60
         )
 
         # -- phase 3: events keep flowing; the dashboard and the alert rules on live data
@@ -389,6 +388,22 @@ def test_feature_panels_have_data_with_the_features_on(broker, topics, tmp_path,
         produce(bootstrap, names["input_topic"], flipped)
         prom.wait_for(f"perceptron_drift_detected_total{{{JOB}}} > 0", bool, timeout=60)
         targets = {(title, ref): expr for title, ref, expr in dashboard_targets()}
+        # a point and its delayed label are one event (the point's, unlabeled) and one joined label
+        by_kind = {"labeled": float(len(stable) + len(flipped)), "unlabeled": float(len(pending))}
+        prom.wait_for(f"perceptron_events_total{{{JOB}}}", lambda r: _by_label(r, "kind") == by_kind, timeout=60)
+        prom.wait_for(
+            f'perceptron_labels_total{{{JOB}, outcome="joined"}}',
+            lambda r: len(r) == 1 and float(r[0]["value"][1]) == len(pending),
+            timeout=60,
+        )
+        # the dashboard's cumulative share: every decision scored, the labeled events' and the joined labels'
+        [mistakes] = prom.wait_for(f"perceptron_mistakes_total{{{JOB}}}", lambda r: len(r) == 1, timeout=60)
+        decided = len(stable) + len(flipped) + len(pending)
+        prom.wait_for(
+            targets[("Mistake rate", "B")],
+            lambda r: len(r) == 1 and float(r[0]["value"][1]) == pytest.approx(float(mistakes["value"][1]) / decided),
+            timeout=60,
+        )
         queries = {f"{title} [{ref}]": targets[(title, ref)] for title, ref in FEATURE_TARGETS} | _annotation_queries()
         assert "Drift detected" in queries
         for what, expr in queries.items():

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import orjson
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from perceptron_stream.learning import VARIANTS, Perceptron, learner_from_state, make_learner
 from perceptron_stream.learning.batch import augmented_margin, mistake_bound, mistakes, pla, pocket, radius
+from perceptron_stream.learning.labels import is_mistake
+from perceptron_stream.pipeline.models import Frozen
 
 coord = st.floats(min_value=-10, max_value=10, allow_nan=False, allow_infinity=False)
 
@@ -170,3 +173,50 @@ def test_pocket_is_gallants_longest_run(events):
             if run > best:
                 pocket, best = list(w), run
     assert [p.bias, p.weights.get(0, 0.0), p.weights.get(1, 0.0)] == pocket
+
+
+# small integers and zeros: scores of exactly 0 (and -0.0) come often, where y_pred agrees with a label -1 and the
+# decision is still a mistake (y·score ≤ 0)
+zeroish = st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, 0.5])
+zero_events = st.lists(
+    st.tuples(st.lists(zeroish, min_size=2, max_size=2), st.sampled_from([-1, 1, None])), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from(VARIANTS),
+    st.sampled_from([{}, {"standardize": True}, {"hash_features": 8}]),
+    st.booleans(),
+    zero_events,
+)
+def test_every_step_says_mistake_as_is_mistake_does(variant, front, named, events):
+    """One meaning: the mistake each step returns (hot paths inlined, dicts and lists, every variant and learner),
+    its batch form's and its relabel's are ``is_mistake(y, score)`` of the score it returned."""
+    events = [({f"f{i}": v for i, v in enumerate(x)} if named else x, y) for x, y in events]
+    margin = 0.5 if variant == "margin" else 0.0
+    one, batch = make_learner(variant, margin, **front), make_learner(variant, margin, **front)
+    results = [one.step(x, y) for x, y in events]
+    for (_, y), (_, score, mistake) in zip(events, results):
+        assert mistake == (None if y is None else is_mistake(y, score)), (y, score)
+    steps = batch.step_many([x for x, _ in events], [y for _, y in events])
+    assert [steps[i] for i in range(len(events))] == results  # the batch form: the same (y_pred, score, mistake)
+    assert steps.flags() == [m for _, _, m in results if m is not None]
+    assert one.mistakes == batch.mistakes == sum(bool(m) for _, _, m in results)
+    frozen = Frozen(make_learner(variant, margin, **front))
+    for x, y in events:
+        _, score, mistake = frozen.step(x, y)
+        assert mistake == (None if y is None else is_mistake(y, score))
+
+
+def test_is_mistake_is_the_seeds_rule_on_numbers_and_arrays():
+    assert [is_mistake(y, s) for y, s in ((1, 0.0), (-1, 0.0), (-1, -0.0), (1, 1e-300), (-1, 1e-300))] == [
+        True,
+        True,
+        True,
+        False,
+        True,
+    ]
+    assert not is_mistake(1, math.nan) and not is_mistake(-1, math.nan)  # no comparison with NaN holds
+    ys, scores = np.array([1, -1, -1, 1]), np.array([0.0, 0.0, -2.0, -2.0])
+    assert is_mistake(ys, scores).tolist() == [True, True, False, True]

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import many
+from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.pipeline import task as task_module
 from perceptron_stream.pipeline.mixer import MixBoard
 from perceptron_stream.pipeline.task import Tally
@@ -38,6 +39,8 @@ CONFIGS = [
     ["--hash-features", "64", "--challengers", "averaged"],
     ["--max-model-features", "3"],
     ["--learning", "off", "--challengers", "averaged"],
+    ["--learning", "off", "--standardize", "--label-topic", "labels"],
+    ["--learning", "off", "--hash-features", "16"],
     ["--label-topic", "labels", "--challengers", "averaged", "--max-early-labels", "5", "--batch-size", "4"],
     ["--model-scope", "partition", "--mix-every", "7", "--challengers", "pocket"],
     ["--model-scope", "partition", "--mix-every", "0", "--label-topic", "labels", "--challengers", "pocket"],
@@ -158,7 +161,7 @@ def _state(task) -> dict:
 
 
 def _same_runs(tmp_path, flags, batches):
-    """Both forms over ``batches``: their sends, tallies and final states."""
+    """Both forms over ``batches``, which must send, count and end alike: what they sent, and the tallies."""
     with mock.patch("perceptron_stream.pipeline.task.time.time", return_value=1_700_000_000.0):
         results = []
         for tag, batched in (("each", False), ("many", True)):
@@ -174,7 +177,7 @@ def _same_runs(tmp_path, flags, batches):
     assert sent_many == sent_each
     assert tallies_many == tallies_each
     assert repr(state_many) == repr(state_each)  # repr: -0.0 is not 0.0 there
-    return sent_each
+    return sent_each, tallies_each
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -206,14 +209,28 @@ def test_the_batch_form_sends_and_learns_what_one_record_at_a_time_does(
         mock.patch.object(many, "NUMPY_RUN", 0 if windows else math.inf),  # either exact path of step_many
         mock.patch.object(task_module, "SPAN_EVENTS", 0 if short_spans else task_module.SPAN_EVENTS),
     ):
-        sent = _same_runs(tmp_path, config, batches)
+        sent, tallies = _same_runs(tmp_path, config, batches)
     # and each point gave one message: its prediction or its dead letter
     answered = [json.loads(v)["source"] for t, _, v in sent if t == "predictions" or t == "points.dlq"]
     assert sorted(a["offset"] for a in answered if a["topic"] == "points") == list(range(n))
+    # and "mistake" has one meaning, inline and delayed: y·score ≤ 0 of the published score
+    decided = [json.loads(v) for t, _, v in sent if t in ("predictions", "predictions.outcomes")]
+    for message in decided:
+        y, score = message["y"], message["score"]
+        assert message["mistake"] == (None if y is None else is_mistake(y, math.nan if score is None else score))
+    # and each point is one event (perceptron_events_total), its delayed label none: a joined label is a decision
+    # scored (one mistake flag), not a second event
+    predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
+    outcomes = [json.loads(v) for t, _, v in sent if t == "predictions.outcomes"]
+    assert sum(t["labeled"] + t["unlabeled"] for t in tallies) == len(predictions)
+    assert sum(t["labeled"] for t in tallies) == sum(p["y"] is not None for p in predictions)
+    assert sum(t["joined"] for t in tallies) == len(outcomes)
+    assert sum(len(t["flags"]) for t in tallies) == sum(p["y"] is not None for p in predictions) + len(outcomes)
+    assert sum(sum(t["flags"]) for t in tallies) == sum(m["mistake"] is True for m in predictions + outcomes)
 
 
 @pytest.mark.parametrize("numpy_run", [0, math.inf, many.NUMPY_RUN], ids=["windows", "fused", "chosen"])
-@pytest.mark.parametrize("config", CONFIGS[:7] + CONFIGS[9:], ids=lambda flags: " ".join(flags) or "plain")
+@pytest.mark.parametrize("config", CONFIGS[:7] + CONFIGS[11:], ids=lambda flags: " ".join(flags) or "plain")
 def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
     """Thousands of events of the demo's kinds (a noisy stream, then a separable one: the model updates often,
     then seldom, so both paths of step_many are taken), in batches of up to 1,000; with delayed labels, half the
@@ -239,7 +256,7 @@ def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
     early = [Record("labels", 0, i, None, value, 1_700_000_000_000) for i, value in enumerate(labels)]
     sizes = [rng.choice([1, 7, 300, 1000]) for _ in range(40)]
     with mock.patch.object(many, "NUMPY_RUN", numpy_run), mock.patch.object(task_module, "SPAN_EVENTS", 0):
-        sent = _same_runs(tmp_path, config, ([early] if early else []) + _cut(records, sizes))
+        sent, _ = _same_runs(tmp_path, config, ([early] if early else []) + _cut(records, sizes))
     assert sum(topic == "predictions" for topic, _, _ in sent) == len(records)
     outcomes = sum(topic == "predictions.outcomes" for topic, _, _ in sent)
     assert outcomes == (len(labels) if "--max-early-labels" not in config else 5)  # the others let go: dead letters

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.config import ConfigError, ServeSettings, load
 from perceptron_stream.kafka import Aborted, Fenced, Refused
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV, Checkpointer
@@ -17,7 +17,6 @@ from perceptron_stream.runtime.retry import Retry, StartupError
 from perceptron_stream.runtime.startup import (
     EMBEDDED_BROKER_CLUSTER_ID,
     refuse_exactly_once_on,
-    refuse_exactly_once_without,
     transactional_id,
 )
 from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
@@ -33,29 +32,31 @@ EXACTLY_ONCE = ("--processing-guarantee", "exactly-once", "--state-store", "kafk
 
 # start-up ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("store", ["local", "none"])
-def test_exactly_once_without_the_kafka_store_is_refused_naming_both_settings(store):
-    with pytest.raises(StartupError) as refused:
-        refuse_exactly_once_without(_settings("--processing-guarantee", "exactly-once", "--state-store", store))
+def test_exactly_once_without_the_kafka_store_is_a_bad_setting_naming_both(store):
+    """Refused when the settings are read (ConfigError: exit 2), before anything connects."""
+    with pytest.raises(ConfigError) as refused:
+        _settings("--processing-guarantee", "exactly-once", "--state-store", store)
     assert "--processing-guarantee exactly-once needs --state-store kafka" in str(refused.value)
     assert f"(it is {store})" in str(refused.value)
 
 
 def test_exactly_once_takes_delayed_labels_and_mixing():
-    refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--label-topic", "labels"))
-    refuse_exactly_once_without(_settings(*EXACTLY_ONCE, "--model-scope", "partition", "--mix-every", "1000"))
-    with pytest.raises(StartupError):  # still the Kafka store, whatever else is asked
-        refuse_exactly_once_without(_settings("--processing-guarantee", "exactly-once", "--label-topic", "labels"))
+    assert _settings(*EXACTLY_ONCE, "--label-topic", "labels").processing_guarantee == "exactly-once"
+    assert _settings(*EXACTLY_ONCE, "--model-scope", "partition", "--mix-every", "1000").mix_every == 1000
+    with pytest.raises(ConfigError, match="needs --state-store kafka"):  # still the Kafka store, whatever else
+        _settings("--processing-guarantee", "exactly-once", "--label-topic", "labels")
 
 
 def test_at_least_once_and_exactly_once_with_the_kafka_store_start():
-    refuse_exactly_once_without(_settings("--state-store", "local"))
-    refuse_exactly_once_without(_settings("--label-topic", "labels"))
-    refuse_exactly_once_without(_settings(*EXACTLY_ONCE))
+    assert _settings("--state-store", "local").processing_guarantee == "at-least-once"
+    assert _settings("--label-topic", "labels").state_store == "local"
+    assert _settings(*EXACTLY_ONCE).state_store == "kafka"
 
 
-def test_exactly_once_on_the_embedded_broker_is_refused_by_its_cluster_id():
-    with pytest.raises(StartupError) as refused:
+def test_exactly_once_on_the_embedded_broker_is_a_bad_setting_found_by_its_cluster_id():
+    with pytest.raises(ConfigError) as refused:
         refuse_exactly_once_on(_settings(*EXACTLY_ONCE), EMBEDDED_BROKER_CLUSTER_ID)
+    assert str(refused.value).startswith("invalid setting processing_guarantee (--processing-guarantee, ")
     assert "--processing-guarantee exactly-once cannot hold on the embedded broker" in str(refused.value)
     refuse_exactly_once_on(_settings(*EXACTLY_ONCE), "MkU3OEVBNTcwNTJENDM2Qg")  # an Apache Kafka cluster's id
     refuse_exactly_once_on(_settings("--state-store", "kafka"), EMBEDDED_BROKER_CLUSTER_ID)  # at-least-once

@@ -8,6 +8,7 @@ import json
 
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import make_learner
+from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.pipeline.labels import Joiner
 from perceptron_stream.pipeline.task import Task
 from perceptron_stream.state.checkpoint import Owner
@@ -114,14 +115,14 @@ def replay_labels(points, labels_in_order, then=(), challenger=None):
     for p in points:
         published[p["id"]] = learner.step(p["x"], None)
         if other is not None:
-            theirs[p["id"]] = other.step(p["x"], None)[0]
+            theirs[p["id"]] = other.step(p["x"], None)[1]  # its score
     outcomes = []
     for point_id, y in labels_in_order:
         y_pred, score, _ = published[point_id]
-        learner.relabel(by_id[point_id]["x"], y, y_pred != y)
+        learner.relabel(by_id[point_id]["x"], y, is_mistake(y, score))
         if other is not None:
-            other.relabel(by_id[point_id]["x"], y, theirs[point_id] != y)
-        outcomes.append((point_id, y, y_pred, score, y_pred != y))
+            other.relabel(by_id[point_id]["x"], y, is_mistake(y, theirs[point_id]))
+        outcomes.append((point_id, y, y_pred, score, is_mistake(y, score)))
     later = [learner.step(p["x"], None) for p in then]
     if other is not None:
         for p in then:

@@ -3,16 +3,39 @@
 When a label meets its point (whichever came first), the model learns (x, y)
 with its *current* weights (the update condition is the current y·score ≤ 0:
 that keeps the (R/γ)² bound), the *published* prediction's outcome is counted
-(the mistake rate is that of the decisions made, the challengers' theirs),
+(the mistake rate is that of the decisions made, the challengers' theirs: a
+mistake is the published score against the label, y·score ≤ 0, as for a
+labeled event: :func:`~perceptron_stream.learning.labels.is_mistake`),
 and an outcome message is published. A label that cannot be joined is a dead
 letter. No Kafka here: messages go to a ``send`` callable.
 """
 
 from __future__ import annotations
 
+import math
+
+from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.learning.many import relabel_many
 from perceptron_stream.wire.messages import Rejection
 from perceptron_stream.wire.outputs import dead_letter_record, outcome
+
+
+def decided_wrong(point: dict, y: int) -> bool:
+    """Whether the decision published for ``point`` (a pending row) was a mistake on its label ``y``: its published
+    score against ``y``, as a labeled event's is scored (a non-finite score, kept as JSON null, is NaN's: none)."""
+    score = point["score"]
+    return is_mistake(y, math.nan if score is None else score)
+
+
+def challenger_wrong(point: dict, name: str, y: int) -> bool:
+    """Whether challenger ``name``'s decision on ``point`` was a mistake on ``y``: its score kept with the point
+    (a row kept before scores were holds its prediction ±1, whose sign is its score's: the same verdict but at a
+    score of exactly 0); a challenger added since the point came, with nothing kept, is scored as a mistake."""
+    scores = point.get("challengers", {})
+    if name not in scores:
+        return True
+    score = scores[name]
+    return is_mistake(y, math.nan if score is None else score)
 
 
 class Join:
@@ -41,12 +64,11 @@ class Join:
 
         ``point`` is the pending row (:meth:`~perceptron_stream.pipeline.labels.joiner.Joiner.keep`); ``topic``, ``partition``,
         ``offset`` and ``at`` (seconds) are the label's."""
-        learner.relabel(point["x"], y, point["y_pred"] != y)
+        learner.relabel(point["x"], y, decided_wrong(point, y))
         theirs = {}
         if models is not None:
-            predicted = point.get("challengers", {})
             for name, challenger in models.challengers.items():
-                wrong = predicted.get(name) != y  # None: a challenger added since the point came (scored as a mistake)
+                wrong = challenger_wrong(point, name, y)
                 challenger.relabel(point["x"], y, wrong)
                 theirs[name] = wrong
         counters = (learner.updates, learner.seen, learner.mistakes)
@@ -57,11 +79,11 @@ class Join:
         one relabel at a time): per join, the champion's (updates, seen, mistakes) after it and the challengers'
         mistakes on its decision, for :meth:`publish`."""
         xs = [point["x"] for point in points]
-        updates, mistakes = relabel_many(learner, xs, ys, [point["y_pred"] != y for point, y in zip(points, ys)])
+        updates, mistakes = relabel_many(learner, xs, ys, [decided_wrong(point, y) for point, y in zip(points, ys)])
         seen = learner.seen
         wrong: dict[str, list[bool]] = {}
         for name, challenger in ({} if models is None else models.challengers).items():
-            wrong[name] = [point.get("challengers", {}).get(name) != y for point, y in zip(points, ys)]
+            wrong[name] = [challenger_wrong(point, name, y) for point, y in zip(points, ys)]
             relabel_many(challenger, xs, ys, wrong[name])
         return [
             ((updates[i], seen, mistakes[i]), {name: flags[i] for name, flags in wrong.items()}) for i in range(len(xs))
@@ -87,11 +109,12 @@ class Join:
         """A joined decision counted and its outcome sent: ``counters`` the model's (updates, seen, mistakes) after
         the join learned, ``theirs`` the challengers' mistakes on it (``counted``: their flags and the decision's
         are in the tally already)."""
+        mistake = decided_wrong(point, y)
         if not counted:
             for name, wrong in theirs.items():
                 tally.challenger_flags.setdefault(name, []).append(wrong)
-            tally.flags.append(point["y_pred"] != y)
-        tally.labeled += 1
+            tally.flags.append(mistake)
+        tally.joined += 1  # a decision scored; its point was counted as an event when it came (not again here)
         tally.label_outcomes.append("joined")
         delay = max(0.0, at - point["at"])  # 0: the label came first
         tally.delays.append(delay)
@@ -104,6 +127,7 @@ class Join:
                 y,
                 point["y_pred"],
                 point["score"],
+                mistake,
                 point["source"],
                 topic,
                 partition,

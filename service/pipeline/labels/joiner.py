@@ -85,8 +85,9 @@ class Joiner:
         self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None
     ) -> tuple[dict, dict] | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
-        predictions of it, which their own mistakes are scored by). Returns ``(point, label)`` when its label came
-        first and waited (:meth:`join_early` joins them once the prediction is sent), else None."""
+        scores of it, which their own mistakes are scored by, as the published ``score`` is the champion's: y·score
+        ≤ 0). Returns ``(point, label)`` when its label came first and waited (:meth:`join_early` joins them once
+        the prediction is sent), else None."""
         point = {
             "x": x,
             "y_pred": y_pred,

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.task import Tally
+from prometheus_client import generate_latest
 
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
@@ -31,7 +33,29 @@ def test_a_label_before_its_point_waits_and_is_joined_right_after_the_points_pre
         "delay_seconds"
     ] == pytest.approx(0.1)
     assert task.learner.labeled == 1 and task.learner.seen == 2 and joiner.early() == 0 and joiner.pending() == 1
-    assert tally.label_outcomes == ["early", "joined"] and tally.labeled == 1
+    assert tally.label_outcomes == ["early", "joined"] and tally.joined == 1
+    assert (tally.labeled, tally.unlabeled) == (0, 2)  # two points, each one event; the label is none
+
+
+def test_a_point_and_its_delayed_label_are_one_event_and_one_decision_scored():
+    """perceptron_events_total counts the point once (unlabeled, when it came); its label counts as a joined label
+    (perceptron_labels_total) and its decision's mistake once (perceptron_mistakes_total, the rate)."""
+    from perceptron_stream.metrics import ServiceMetrics
+
+    metrics = ServiceMetrics(window=10, version="test", variant="plain")
+    joiner = make_joiner()
+    task, sent = make_task(joiner), Sent()
+    for records in ([point(0, "a", ms=900)], [label(0, "a", 1, ms=1_000)]):
+        tally = Tally()
+        task.process(records, sent, tally)
+        metrics.observe_tally(tally, 0.001)
+    text = generate_latest(metrics.registry).decode()
+    assert 'perceptron_events_total{kind="unlabeled"} 1.0' in text
+    assert 'perceptron_events_total{kind="labeled"} 0.0' in text
+    assert 'perceptron_labels_total{outcome="joined"} 1.0' in text
+    assert "perceptron_mistakes_total 1.0" in text  # its score was 0: a mistake
+    assert "perceptron_processing_latency_seconds_count 1.0" in text  # the event's; the label is none
+    assert metrics.window.value == 1.0
 
 
 def test_duplicates_stay_duplicates_whichever_side_came_first():
@@ -95,3 +119,43 @@ def test_an_early_label_is_in_the_checkpoint_and_back_after_a_restore():
     assert joiner.early() == 1
     task.process([point(0, "b", ms=900)], sent, tally)  # read again: joined again, from the checkpoint's state
     assert len(sent.on("outcomes")) == 2 and task.learner.labeled == 1
+
+
+@pytest.mark.parametrize("label_first", [False, True], ids=["label after", "label first"])
+@pytest.mark.parametrize("batched", [True, False], ids=["batch", "one at a time"])
+def test_a_score_of_zero_is_a_mistake_inline_and_delayed_alike(label_first, batched):
+    """The seeds' rule, y·score ≤ 0, whichever way the label comes: a fresh model scores its first point 0 and
+    publishes y_pred -1, which a label -1 matches, and still it was a mistake (sign(0) is no label)."""
+    inline_task, inline_sent, inline_tally = make_task(None), Sent(), Tally()
+    first = Record("points", 0, 0, b"a", json.dumps({"id": "a", "x": [1.0, -2.0], "y": -1}).encode(), 900)
+    (inline_task.process if batched else inline_task.process_each)([first], inline_sent, inline_tally)
+    [inline] = inline_sent.on("predictions")
+    assert (inline["y"], inline["y_pred"], inline["score"], inline["mistake"]) == (-1, -1, 0.0, True)
+
+    joiner = make_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    process = task.process if batched else task.process_each
+    records = [point(0, "a", ms=900), label(0, "a", -1, ms=1_000)]
+    for record in reversed(records) if label_first else records:
+        process([record], sent, tally)
+    [prediction], [outcome] = sent.on("predictions"), sent.on("outcomes")
+    assert (prediction["y_pred"], prediction["score"], prediction["mistake"]) == (-1, 0.0, None)
+    assert (outcome["y"], outcome["y_pred"], outcome["score"], outcome["mistake"]) == (-1, -1, 0.0, True)
+    assert tally.flags == inline_tally.flags == [True]  # what perceptron_mistakes_total and the rate count
+    assert task.learner.mistakes == inline_task.learner.mistakes == 1 and outcome["model"]["mistakes"] == 1
+    assert task.learner.to_state()["weights"] == inline_task.learner.to_state()["weights"]  # learned alike
+
+
+def test_a_challengers_delayed_mistake_is_its_score_against_the_label():
+    """A challenger is scored as the champion is: its score kept with the point, y·score ≤ 0 (a zero score is a
+    mistake though its prediction -1 matches the label -1); a row from before scores were kept holds its
+    prediction ±1, whose sign gives the same verdict."""
+    from perceptron_stream.pipeline.labels.join import challenger_wrong, decided_wrong
+
+    row = {"score": 0.0, "y_pred": -1, "challengers": {"averaged": 0.0, "pocket": -0.5, "old": -1}}
+    assert decided_wrong(row, -1) and decided_wrong(row, 1)
+    assert challenger_wrong(row, "averaged", -1) and challenger_wrong(row, "averaged", 1)
+    assert not challenger_wrong(row, "pocket", -1) and challenger_wrong(row, "pocket", 1)
+    assert not challenger_wrong(row, "old", -1) and challenger_wrong(row, "old", 1)
+    assert challenger_wrong(row, "margin", -1)  # added since the point came: nothing kept, scored as a mistake
+    assert not decided_wrong({"score": None}, 1)  # a non-finite score (JSON null) is NaN's: no y·score ≤ 0
