@@ -365,7 +365,9 @@ class ServeSettings(KafkaSettings):
         8000, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz and /model (0 picks a free port)."
     )
     mistake_rate_window: int = Field(
-        1000, gt=0, description="Labeled events in the sliding window of perceptron_mistake_rate."
+        1000,
+        gt=0,
+        description="Decisions scored (labeled events, and delayed labels joined with their point) in the sliding window of perceptron_mistake_rate.",
     )
     healthz_timeout_seconds: float = Field(
         30.0, gt=0, description="/healthz fails when the poll loop has not turned for this long."

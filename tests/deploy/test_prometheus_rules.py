@@ -133,6 +133,20 @@ def test_every_alert_has_a_runbook_url_whose_page_exists() -> None:
         assert page.read_text(encoding="utf-8").startswith(f"# {alert}\n"), page
 
 
+def test_a_runbook_that_quotes_its_rule_quotes_it_as_it_is() -> None:
+    """A runbook's first PromQL block is its alert's expression, laid out for reading: a rule changed without its
+    page (three were, when labels stopped counting as events) fails here."""
+    quoted = 0
+    for rule in alert_rules():
+        blocks = re.findall(
+            r"```promql\n(.*?)\n```", runbook_page(rule["alert"]).read_text(encoding="utf-8"), re.DOTALL
+        )
+        if blocks and "perceptron_mistake_rate >" not in blocks[0]:
+            assert " ".join(blocks[0].split()) == " ".join(rule["expr"].split()), rule["alert"]
+            quoted += 1
+    assert quoted >= 10
+
+
 def test_every_runbook_page_is_an_alerts() -> None:
     pages = {page.stem for page in RUNBOOKS.glob("*.md")} - {"index"}
     assert pages == {rule["alert"] for rule in alert_rules()}
