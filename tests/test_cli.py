@@ -209,3 +209,27 @@ def test_serve_with_an_initial_model_that_does_not_fit_exits_2_naming_it(capsys,
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"initial_model {path} (--initial-model) does not fit" in err and said in err
+
+
+def test_an_initial_model_larger_than_its_feature_cap_allows_is_refused_before_it_is_read(capsys, tmp_path):
+    """A 10-million-feature file was parsed whole (7.8 s, 2.3 GB) before its feature count refused it: its size is
+    checked first. The file here is not even JSON past its first bytes, so a refusal for its size is one that did
+    not parse it."""
+    from perceptron_stream.broker import free_port
+    from perceptron_stream.learning.model_file import largest_file_bytes
+
+    path = tmp_path / "huge.json"
+    largest = largest_file_bytes(10)
+    assert largest is not None
+    path.write_bytes(b'{"kind": ' + b" " * largest)
+    code = main(
+        ["serve", "--initial-model", str(path), "--max-model-features", "10"]
+        + ["--bootstrap-servers", f"127.0.0.1:{free_port()}"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"does not fit: {largest + 9:,} bytes, more than a model file of --max-model-features 10 features" in err
+    path.write_bytes(b'{"kind": ')  # small: read, and refused as no model file
+    code = main(["serve", "--initial-model", str(path), "--bootstrap-servers", f"127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"initial_model {path} is not a model file" in err, err
