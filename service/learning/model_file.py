@@ -28,16 +28,16 @@ KIND, FORMAT = "perceptron-stream.model", 1
 
 #: Bytes a model file may take per feature it holds, and besides them. A feature's entry in the largest file (an
 #: averaged or pocket model with a scaler: its name four times, five numbers) with 20-30 character names is ~160
-#: bytes (bench/checkpoint_size.py measures the checkpoint alike); 1 KiB leaves room for names of some 200
-#: characters. What is larger is refused before it is read.
-BYTES_PER_FEATURE, BYTES_BESIDES = 1024, 64 * 1024
+#: bytes (bench/checkpoint_size.py measures the checkpoint alike); 2 KiB leaves room for names of some 450
+#: characters. What is larger is refused before it is read (at the default 50,000 features: over 100 MB).
+BYTES_PER_FEATURE, BYTES_BESIDES = 2048, 64 * 1024
 
 
 def largest_file_bytes(max_features: int | None) -> int | None:
     """The largest model file a model of at most ``max_features`` features may be (None: no cap, no bound).
 
     >>> largest_file_bytes(50_000), largest_file_bytes(None)
-    (51265536, None)
+    (102465536, None)
     """
     return None if max_features is None else max_features * BYTES_PER_FEATURE + BYTES_BESIDES
 
