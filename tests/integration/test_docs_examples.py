@@ -27,18 +27,19 @@ def test_there_are_examples_that_need_a_broker():
 
 @pytest.mark.parametrize("example", NEED_A_BROKER, ids=lambda e: e.name)
 def test_the_example_works_against_a_broker(example, broker, topics, tmp_path, service_thread):
+    sent_to = list(dict.fromkeys(re.findall(r'send\(\s*"([^"]+)"', example.code)))  # the points' topic, then labels'
     names = {**topics, "input_topic": f"points-{topics['group_id']}"}
     code = example.code.replace("127.0.0.1:9092", broker.bootstrap_servers).replace(
-        '"points"', repr(names["input_topic"])
+        f'"{sent_to[0]}"', repr(names["input_topic"])
     )
-    if '"labels"' in code:
+    if len(sent_to) > 1:
         names["label_topic"] = f"labels-{topics['group_id']}"
         names["outcome_topic"] = f"outcomes-{topics['group_id']}"
-        code = code.replace('"labels"', repr(names["label_topic"]))
+        code = code.replace(f'"{sent_to[1]}"', repr(names["label_topic"]))
         create_topic(broker.bootstrap_servers, names["label_topic"])
     create_topic(broker.bootstrap_servers, names["input_topic"])
-    sent = re.findall(r"send\(\s*" + re.escape(repr(names["input_topic"])) + r".*?value=b\'(\{.*?\})\'", code)
-    ids = [json.loads(value)["id"] for value in sent]
+    sent = re.findall(r"b\'(\{.*?\})\'", code)
+    ids = [json.loads(value)["id"] for value in sent if '"y": ' not in value or "label_topic" not in names]
     assert ids, code
     service = service_thread(settings_args(broker, names, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")
@@ -49,3 +50,143 @@ def test_the_example_works_against_a_broker(example, broker, topics, tmp_path, s
         [outcome] = consume(broker.bootstrap_servers, names["outcome_topic"], 1)
         assert json.loads(outcome.value)["id"] == ids[0]
     service.stop()
+
+
+# -- the pages' commands, in order, on one machine ----------------------------------------------------------------
+
+
+def _page_python(page, containing: str) -> str:
+    [example] = [e for e in python_examples() if e.page == page and containing in e.code]
+    return example.code
+
+
+def _records_since(bootstrap: str, topic: str, offset: int, until) -> list:
+    """The records of ``topic`` (one partition) from ``offset`` on, read until ``until(records)`` holds."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, offset)
+    records: list = []
+    try:
+        wait_until(
+            lambda: (records.extend(consumer.poll(timeout_ms=500).get(tp, [])), until(records))[1],
+            120,
+            what=f"records of {topic}",
+        )
+    finally:
+        consumer.close()
+    return records
+
+
+def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch):
+    """A newcomer's walk, the commands copied as written, in order, on one machine (one home, so one state
+    directory): README's tour and your own Kafka on Apache Kafka (``kafka:9092``, ``host:9092``), then the measurement
+    on the embedded broker it starts, warm start and delayed labels on that broker, still running. Each page gets
+    what it says: no page meets another's topics, groups or checkpoints."""
+    from perceptron_stream.broker import free_port
+    from perceptron_stream.config import ServeSettings, load
+
+    from tests.support.brokers import new_broker
+    from tests.support.docs import DOCS, README, Machine, block_of, commands_of, metric, shell_examples
+    from tests.support.topics import end_offset
+
+    ports = {page_port: free_port() for page_port in (8000, 8001, 8002)}
+    machine = Machine(tmp_path / "home", default_port=free_port(), ports=ports)
+    embedded = f"127.0.0.1:{machine.default_port}"
+    own_kafka = DOCS / "getting-started" / "own-kafka.md"
+    url = f"http://127.0.0.1:{ports[8000]}/metrics"
+
+    def metrics() -> str:
+        return http_get(url)[1]
+
+    def labeled(text: str) -> float:
+        return metric(text, 'perceptron_events_total{kind="labeled"}')
+
+    with new_broker("apache-kafka", tmp_path / "kafka") as kafka:
+        yours = {"kafka:9092": kafka.bootstrap_servers, "host:9092": kafka.bootstrap_servers}
+        try:
+            # README's tour: about one mistake in thirty events with the demo's settings, on the stream it sends
+            machine.run(block_of(README, "kafka:9092"), yours)
+            machine.wait_until(lambda: labeled(metrics()) >= 10_000, 300, what="10,000 events learned")
+            text = metrics()
+            rate = metric(text, "perceptron_mistakes_total") / labeled(text)
+            print(f"README's tour: {metric(text, 'perceptron_mistakes_total'):.0f} mistakes in {labeled(text):.0f}")
+            assert rate < 1 / 25, f"README's tour: a mistake on {rate:.3f} of the events, not one in thirty"
+            machine.stop()
+
+            # your own Kafka: the same model resumes; 100 unlabeled applications, then the Python snippet's event
+            blocks = shell_examples([own_kafka])
+            machine.run(blocks[0], yours)
+            machine.wait_until(lambda: "perceptron_events_total" in metrics(), 120, what="the model resumed")
+            machine.run(blocks[1], yours)
+            since = end_offset(kafka.bootstrap_servers, "predictions")
+            exec(
+                compile(
+                    _page_python(own_kafka, "KafkaProducer").replace("127.0.0.1:9092", kafka.bootstrap_servers),
+                    "own-kafka.md",
+                    "exec",
+                ),
+                {},
+            )
+            _records_since(
+                kafka.bootstrap_servers,
+                "predictions",
+                since,
+                lambda records: any(json.loads(r.value)["id"] == "c-1042" for r in records),
+            )
+            assert metric(metrics(), "perceptron_events_without_known_features_total") == 0, "the snippet's event"
+            machine.stop()
+
+            # the measurement: on the embedded broker the block starts, which then keeps running
+            [measure] = [block for block in blocks if "credit-20k" in block.code]
+            *_, printed = machine.run(measure, timeout=900)
+            machine.stop(keep=1)
+            lines = printed.splitlines()
+            assert [line for line in lines if line.startswith('perceptron_events_total{kind="labeled"}')] == [
+                'perceptron_events_total{kind="labeled"} 20000.0'
+            ] * 2, printed
+            mistakes = [
+                metric(line, "perceptron_mistakes_total")
+                for line in lines
+                if line.startswith("perceptron_mistakes_total ")
+            ]
+            print(f"own-kafka's measurement: {printed}")
+            assert [round(m / 20_000, 3) for m in mistakes] == [0.217, 0.037], printed  # the page's table
+            for block in blocks[3:]:
+                if "--variant averaged --standardize" in block.code and "credit-20k" not in block.code:
+                    machine.run(block, yours)  # "for streams whose features differ in scale": the model of above
+                    machine.wait_until(lambda: "perceptron_events_total" in metrics(), 120, what="it resumed")
+                    machine.stop(keep=1)
+
+            # warm start, on the embedded broker still running: the textbook's five points, predicted right
+            [warm] = shell_examples([DOCS / "how-to" / "warm-start.md"])
+            machine.run(warm)
+            serve = next(args for _, args in commands_of(warm) if args[1:2] == ["serve"])
+            monkeypatch.chdir(machine.home)  # where model.json is
+            output = load(ServeSettings, serve[2:]).output_topic
+            predictions = [json.loads(m.value) for m in consume(embedded, output, 5, timeout=120)]
+            assert [(p["y_pred"], p["mistake"]) for p in predictions] == [(1, False)] * 3 + [(-1, False)] * 2
+            machine.check_running()
+            machine.stop(keep=1)
+
+            # delayed labels: the service, the snippet's decision and outcome, then 2,000 synthetic ones
+            page = DOCS / "concepts" / "delayed-labels.md"
+            start, send = shell_examples([page])
+            machine.run(start)
+            machine.wait_until(lambda: http_get(url.replace("/metrics", "/readyz"))[0] == 200, 120, what="ready")
+            exec(
+                compile(
+                    _page_python(page, "KafkaProducer").replace("127.0.0.1:9092", embedded), "delayed-labels.md", "exec"
+                ),
+                {},
+            )
+            machine.run(send)
+            joined = 'perceptron_labels_total{outcome="joined"}'
+            machine.wait_until(lambda: metric(metrics(), joined) >= 2001, 240, what="2,001 labels joined")
+            text = metrics()
+            rejected = [line for line in text.splitlines() if line.startswith("perceptron_rejected_events_total{")]
+            assert metric(text, joined) == 2001 and all(line.endswith(" 0.0") for line in rejected), text
+        finally:
+            machine.stop()
