@@ -83,7 +83,8 @@ def _records_since(bootstrap: str, topic: str, offset: int, until) -> list:
 def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch):
     """A newcomer's walk, the commands copied as written, in order, on one machine (one home, so one state
     directory): README's tour and your own Kafka on Apache Kafka (``kafka:9092``, ``host:9092``), then the measurement
-    on the embedded broker it starts, warm start and delayed labels on that broker, still running. Each page gets
+    on the embedded broker it starts, then warm start, delayed labels, challengers and a signed model on that broker,
+    still running. Each page gets
     what it says: no page meets another's topics, groups or checkpoints."""
     from perceptron_stream.broker import free_port
     from perceptron_stream.config import ServeSettings, load
@@ -97,6 +98,7 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
     embedded = f"127.0.0.1:{machine.default_port}"
     own_kafka = DOCS / "getting-started" / "own-kafka.md"
     url = f"http://127.0.0.1:{ports[8000]}/metrics"
+    ready = f"http://127.0.0.1:{ports[8000]}/readyz"
 
     def metrics() -> str:
         return http_get(url)[1]
@@ -166,6 +168,7 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
             serve = next(args for _, args in commands_of(warm) if args[1:2] == ["serve"])
             monkeypatch.chdir(machine.home)  # where model.json is
             output = load(ServeSettings, serve[2:]).output_topic
+            machine.wait_until(lambda: labeled(metrics()) >= 5, 120, what="the five points")
             predictions = [json.loads(m.value) for m in consume(embedded, output, 5, timeout=120)]
             assert [(p["y_pred"], p["mistake"]) for p in predictions] == [(1, False)] * 3 + [(-1, False)] * 2
             machine.check_running()
@@ -175,7 +178,7 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
             page = DOCS / "concepts" / "delayed-labels.md"
             start, send = shell_examples([page])
             machine.run(start)
-            machine.wait_until(lambda: http_get(url.replace("/metrics", "/readyz"))[0] == 200, 120, what="ready")
+            machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what="ready")
             exec(
                 compile(
                     _page_python(page, "KafkaProducer").replace("127.0.0.1:9092", embedded), "delayed-labels.md", "exec"
@@ -188,5 +191,14 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
             text = metrics()
             rejected = [line for line in text.splitlines() if line.startswith("perceptron_rejected_events_total{")]
             assert metric(text, joined) == 2001 and all(line.endswith(" 0.0") for line in rejected), text
+
+            machine.stop(keep=1)
+
+            # challengers, and a signed model: each a model of other settings, in a group of its own
+            for page in (DOCS / "how-to" / "challengers-and-drift.md", DOCS / "how-to" / "security.md"):
+                [block] = [block for block in shell_examples([page]) if "--config-file" not in block.code]
+                machine.run(block)
+                machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what=f"{page.name}'s model ready")
+                machine.stop(keep=1)
         finally:
             machine.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -230,7 +231,7 @@ class Machine:
             "PERCEPTRON_STREAM_PORT": str(default_port),  # perceptron-stream broker's --port
             "PERCEPTRON_STREAM_METRICS_PORT": str(ports[8000]),
         }
-        self.background: list[tuple[str, object, Path]] = []
+        self.background: list[tuple[str, subprocess.Popen, Path]] = []
         self.logs = home / "logs"
         self.logs.mkdir(exist_ok=True)
 
@@ -255,7 +256,6 @@ class Machine:
     def run(self, example: ShellExample, places: dict[str, str] | None = None, timeout: float = 600) -> list[str]:
         """Run the block's lines in order; the output of each line run to its end, in order."""
         import shlex
-        import subprocess
 
         outputs = []
         for raw in example.code.splitlines():
@@ -295,7 +295,7 @@ class Machine:
     def check_running(self) -> None:
         """Fail, with its log, if a command left running has exited."""
         for line, process, log in self.background:
-            code = process.poll()  # type: ignore[attr-defined]
+            code = process.poll()
             assert code is None, f"{line!r} exited {code}:\n{log.read_text()[-4000:]}"
 
     def wait_until(self, predicate, timeout: float, what: str):
@@ -312,15 +312,14 @@ class Machine:
         """Stop what runs in the background (Ctrl-C, as a reader does), but the first ``keep`` (a broker)."""
         import os
         import signal
-        import subprocess
 
         for _line, process, _log in self.background[keep:]:
-            if process.poll() is None:  # type: ignore[attr-defined]
-                os.killpg(process.pid, signal.SIGINT)  # type: ignore[attr-defined]
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
         for _line, process, _log in self.background[keep:]:
             try:
-                process.wait(60)  # type: ignore[attr-defined]
+                process.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)  # type: ignore[attr-defined]
-                process.wait(10)  # type: ignore[attr-defined]
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
         self.background = self.background[:keep]
