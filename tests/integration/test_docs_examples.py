@@ -83,8 +83,8 @@ def _records_since(bootstrap: str, topic: str, offset: int, until) -> list:
 def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch):
     """A newcomer's walk, the commands copied as written, in order, on one machine (one home, so one state
     directory): README's tour and your own Kafka on Apache Kafka (``kafka:9092``, ``host:9092``), then the measurement
-    on the embedded broker it starts, then warm start, delayed labels, challengers and a signed model on that broker,
-    still running. Each page gets
+    on the embedded broker it starts, then warm start, delayed labels, challengers, a signed model and river's Phishing
+    set on that broker, still running. Each page gets
     what it says: no page meets another's topics, groups or checkpoints."""
     from perceptron_stream.broker import free_port
     from perceptron_stream.config import ServeSettings, load
@@ -200,5 +200,17 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
                 machine.run(block)
                 machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what=f"{page.name}'s model ready")
                 machine.stop(keep=1)
+
+            # river's Phishing set, written out as the river page does, then produced and served as it says
+            river = DOCS / "how-to" / "river.md"
+            monkeypatch.chdir(machine.home)
+            exec(compile(_page_python(river, "phishing.jsonl"), "river.md", "exec"), {"__name__": "__docs__"})
+            [phishing] = [block for block in shell_examples([river]) if "phishing" in block.code]
+            machine.run(phishing)
+            machine.wait_until(lambda: labeled(metrics()) >= 1250, 120, what="the Phishing set's 1,250 events")
+            text = metrics()
+            assert labeled(text) == 1250 and metric(text, "perceptron_events_without_known_features_total") == 0
+            assert metric(text, "perceptron_mistakes_total") == 177, text  # the page's figure: river's 85.84%
+            machine.stop(keep=1)
         finally:
             machine.stop()
