@@ -1,8 +1,12 @@
-"""The docs' Python examples that need a broker (marked ``docs-test: skip`` for the unit run), run against one.
+"""The docs' commands and Python examples that need brokers, run against them.
 
-Each sends its events with kafka-python to ``127.0.0.1:9092``, topics ``points`` (and ``labels``): here the test
+Each Python example marked ``docs-test: skip`` (for the unit run) sends its events with kafka-python to
+``127.0.0.1:9092``, on the topic of points it names (then the topic of labels, when it sends labels): here the test
 broker and topics of the test's own, with a service reading them as the page says (``serve``, with
 ``--label-topic`` where the example sends labels). Every point an example sends must come out as a prediction.
+
+Then the walk: README's and the pages' ```sh blocks, in order, on one machine (tests/support/docs.py's Machine), as a
+newcomer copies them, each page getting what it says.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def test_the_example_works_against_a_broker(example, broker, topics, tmp_path, s
         create_topic(broker.bootstrap_servers, names["label_topic"])
     create_topic(broker.bootstrap_servers, names["input_topic"])
     sent = re.findall(r"b\'(\{.*?\})\'", code)
-    ids = [json.loads(value)["id"] for value in sent if '"y": ' not in value or "label_topic" not in names]
+    points = [value for value in sent if "label_topic" not in names or '"y": ' not in value]  # labels carry y
+    ids = [json.loads(value)["id"] for value in points]
     assert ids, code
     service = service_thread(settings_args(broker, names, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")
