@@ -97,7 +97,8 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
     from perceptron_stream.config import ServeSettings, load
 
     from tests.support.brokers import new_broker
-    from tests.support.docs import DOCS, README, Machine, block_of, commands_of, metric, shell_examples
+    from tests.support.docs import DOCS, README, Machine, block_of, commands_of, shell_examples
+    from tests.support.endpoints import metric
     from tests.support.topics import end_offset
 
     ports = {page_port: free_port() for page_port in (8000, 8001, 8002)}

@@ -192,12 +192,6 @@ def block_of(page: Path, containing: str) -> ShellExample:
     return example
 
 
-def metric(text: str, line_start: str) -> float:
-    """The value of the /metrics line that starts with ``line_start`` (name and labels), 0 when there is none."""
-    found = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(line_start + " ")]
-    return float(found[0]) if found else 0.0
-
-
 class Machine:
     """A newcomer's machine, on which the pages' ```sh blocks run in order as written, by bash, line after line.
 
@@ -266,7 +260,7 @@ class Machine:
             background = words[-1] == "&"
             words = [w for w in words if w != "&"]
             if words[:2] == ["perceptron-stream", "broker"] and self.default_broker_answers():
-                continue  # the page says "with perceptron-stream broker running": it runs since an earlier page
+                continue  # a reader keeps the broker of an earlier page running (the pages: "if it does not run yet")
             forever = words[0] == "perceptron-stream" and (
                 words[1] in ("serve", "broker", "demo")
                 or (words[1] == "produce" and "--count" in words and words[words.index("--count") + 1] == "0")
@@ -310,6 +304,7 @@ class Machine:
 
     def stop(self, keep: int = 0) -> None:
         """Stop what runs in the background (Ctrl-C, as a reader does), but the first ``keep`` (a broker)."""
+        import contextlib
         import os
         import signal
 
@@ -320,6 +315,7 @@ class Machine:
             try:
                 process.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may have exited since
+                    os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
         self.background = self.background[:keep]
