@@ -222,10 +222,8 @@ def test_an_initial_model_larger_than_its_feature_cap_allows_is_refused_before_i
     largest = largest_file_bytes(10)
     assert largest is not None
     path.write_bytes(b'{"kind": ' + b" " * largest)
-    code = main(
-        ["serve", "--initial-model", str(path), "--max-model-features", "10"]
-        + ["--bootstrap-servers", f"127.0.0.1:{free_port()}"]
-    )
+    flags = ["--max-model-features", "10", "--bootstrap-servers", f"127.0.0.1:{free_port()}"]
+    code = main(["serve", "--initial-model", str(path), *flags])
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"does not fit: {largest + 9:,} bytes, more than a model file of --max-model-features 10 features" in err

@@ -23,13 +23,14 @@ from types import SimpleNamespace
 
 import pytest
 from perceptron_stream.cli import COMMANDS
-from perceptron_stream.config import CommandSettings, ConfigError, env_var, flag
+from perceptron_stream.config import CommandSettings, ConfigError, ServeSettings, env_var, flag, load
 from perceptron_stream.metrics import ServiceMetrics
 from pydantic import Field
 
 from tests.support.docs import (
     DOCS,
     MKDOCS_YML,
+    README,
     ROOT,
     Example,
     ShellExample,
@@ -319,3 +320,44 @@ def test_a_settings_file_a_page_shows_is_the_command_s_settings(tmp_path: Path, 
     settings = load(ServeSettings, ["--config-file", "serve.toml"])
     assert (settings.security_protocol, settings.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
     assert settings.sasl_password is not None and settings.sasl_password.get_secret_value() == "secret"
+
+
+WALKED = [README, *sorted((DOCS / "getting-started").glob("*.md")), *sorted((DOCS / "how-to").glob("*.md"))]
+WALKED += [DOCS / "concepts" / "delayed-labels.md", DOCS / "concepts" / "learner.md"]
+
+
+def test_the_pages_serve_commands_share_a_group_only_with_the_same_model() -> None:
+    """Copied in order on one machine, the pages' ``serve`` commands meet in a consumer group, and so in its
+    checkpoints (``<state dir>/<group>``), only where they run the same model on the same topics (a model of other
+    settings stops on another's checkpoints; one on another input learns other events from the group's positions),
+    and two models never publish on one output topic (tests/integration/test_docs_examples.py walks the pages)."""
+    models: dict[str, dict[tuple, str]] = {}
+    for example in shell_examples(WALKED):
+        for _env, command in commands_of(example):
+            if command[:2] != ["perceptron-stream", "serve"] or "--config-file" in command:
+                continue  # a settings file is for other brokers (security.md's, on a host of their own)
+            files = {
+                flag: command[i + 1]
+                for i, flag in enumerate(command)
+                if flag in ("--initial-model", "--checkpoint-key-file")
+            }
+            args = [word for word in command[2:] if word not in files and word not in files.values()]
+            s = load(ServeSettings, args)
+            model = (
+                s.input_topic,
+                s.output_topic,
+                s.variant,
+                s.standardize,
+                s.margin,
+                s.challengers,
+                s.hash_features,
+                s.label_topic,
+                s.learning,
+                tuple(sorted(files.items())),
+            )
+            models.setdefault(s.group_id, {}).setdefault(model, example.name)
+    for group, of_group in models.items():
+        assert len(of_group) == 1, f"group {group}: {of_group}"
+    assert len(models) >= 6, models  # the pages' models: README's, two measured, warm start's, ...
+    outputs = [model[1] for of_group in models.values() for model in of_group]
+    assert len(outputs) == len(set(outputs)), outputs

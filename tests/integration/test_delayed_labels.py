@@ -267,10 +267,11 @@ def test_the_docs_example_works_as_written(broker, topics, tmp_path, service_thr
     section = (ROOT / "docs" / "concepts" / "delayed-labels.md").read_text()
     snippet = section[section.index("```python\n") + 10 : section.index("```", section.index("```python\n") + 10)]
     names = {**topics, "input_topic": f"points-{topics['group_id']}", "label_topic": f"labels-{topics['group_id']}"}
+    points, labels = dict.fromkeys(re.findall(r'send\(\s*"([^"]+)"', snippet))  # the page's topics, in order
     snippet = (
         snippet.replace("127.0.0.1:9092", broker.bootstrap_servers)
-        .replace('"points"', repr(names["input_topic"]))
-        .replace('"labels"', repr(names["label_topic"]))
+        .replace(f'"{points}"', repr(names["input_topic"]))
+        .replace(f'"{labels}"', repr(names["label_topic"]))
     )
     for name in ("input_topic", "label_topic"):
         create_topic(broker.bootstrap_servers, names[name])

@@ -1,15 +1,18 @@
-"""The docs' Python examples that need a broker (marked ``docs-test: skip`` for the unit run), run against one.
+"""The docs' commands and Python examples that need brokers, run against them.
 
-Each that sends events (a ``KafkaProducer``) sends them with kafka-python to ``127.0.0.1:9092``, topics ``points``
-(and ``labels``): here the test broker and topics of the test's own, with a service reading them as the page says
-(``serve``, with ``--label-topic`` where the example sends labels). Every point an example sends must come out as a
-prediction.
+Each Python example marked ``docs-test: skip`` (for the unit run) sends its events with kafka-python to
+``127.0.0.1:9092``, on the topic of points it names (then the topic of labels, when it sends labels): here the test
+broker and topics of the test's own, with a service reading them as the page says (``serve``, with
+``--label-topic`` where the example sends labels). Every point an example sends must come out as a prediction.
 
 The exactly-once page's commands and its ``read_committed`` reader run on Apache Kafka as written, but for the
 names (made the test's own), the address and the metrics port (given in the environment), across a SIGKILL.
 
 The runbooks' snippets (operations/runbooks/index.md: a topic's newest records, a consumer group, a topic) read a
 running service's topics and group on Apache Kafka (exact end offsets), with the test's names and address.
+
+Then the walk: README's and the pages' ```sh blocks, in order, on one machine (tests/support/docs.py's Machine), as a
+newcomer copies them, each page getting what it says.
 """
 
 from __future__ import annotations
@@ -45,18 +48,20 @@ def test_there_are_examples_that_need_a_broker():
 
 @pytest.mark.parametrize("example", NEED_A_BROKER, ids=lambda e: e.name)
 def test_the_example_works_against_a_broker(example, broker, topics, tmp_path, service_thread):
+    sent_to = list(dict.fromkeys(re.findall(r'send\(\s*"([^"]+)"', example.code)))  # the points' topic, then labels'
     names = {**topics, "input_topic": f"points-{topics['group_id']}"}
     code = example.code.replace("127.0.0.1:9092", broker.bootstrap_servers).replace(
-        '"points"', repr(names["input_topic"])
+        f'"{sent_to[0]}"', repr(names["input_topic"])
     )
-    if '"labels"' in code:
+    if len(sent_to) > 1:
         names["label_topic"] = f"labels-{topics['group_id']}"
         names["outcome_topic"] = f"outcomes-{topics['group_id']}"
-        code = code.replace('"labels"', repr(names["label_topic"]))
+        code = code.replace(f'"{sent_to[1]}"', repr(names["label_topic"]))
         create_topic(broker.bootstrap_servers, names["label_topic"])
     create_topic(broker.bootstrap_servers, names["input_topic"])
-    sent = re.findall(r"send\(\s*" + re.escape(repr(names["input_topic"])) + r".*?value=b\'(\{.*?\})\'", code)
-    ids = [json.loads(value)["id"] for value in sent]
+    sent = re.findall(r"b\'(\{.*?\})\'", code)
+    points = [value for value in sent if "label_topic" not in names or '"y": ' not in value]  # labels carry y
+    ids = [json.loads(value)["id"] for value in points]
     assert ids, code
     service = service_thread(settings_args(broker, names, tmp_path))
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")
@@ -210,3 +215,169 @@ def test_the_runbooks_snippets_read_a_running_service_s_topics_and_group(
         "A topic: does it exist, its partitions, its settings", {**address, '"points"': repr(f"{points}-none")}
     )
     assert missing.startswith(f"{points}-none: no such topic"), missing
+
+
+# -- the pages' commands, in order, on one machine ----------------------------------------------------------------
+
+
+def _page_python(page, containing: str) -> str:
+    [example] = [e for e in python_examples() if e.page == page and containing in e.code]
+    return example.code
+
+
+def _records_since(bootstrap: str, topic: str, offset: int, until) -> list:
+    """The records of ``topic`` (one partition) from ``offset`` on, read until ``until(records)`` holds."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, offset)
+    records: list = []
+
+    def read_more() -> bool:
+        records.extend(consumer.poll(timeout_ms=500).get(tp, []))
+        return until(records)
+
+    try:
+        wait_until(read_more, 120, what=f"records of {topic}")
+    finally:
+        consumer.close()
+    return records
+
+
+def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch):
+    """A newcomer's walk, the commands copied as written, in order, on one machine (one home, so one state
+    directory): README's tour and your own Kafka on an Apache Kafka of the test's own (``kafka:9092``, ``host:9092``:
+    fresh, like a reader's, so the pages' default names meet nothing but each other), then the measurement on the
+    embedded broker it starts, then warm start, delayed labels, challengers, a signed model and river's Phishing set
+    on that broker, still running. Each page gets what it says: no page meets another's topics, groups or
+    checkpoints."""
+    from perceptron_stream.broker import free_port
+    from perceptron_stream.config import ServeSettings, load
+
+    from tests.support.brokers import new_broker
+    from tests.support.docs import DOCS, README, Machine, block_of, commands_of, shell_examples
+    from tests.support.endpoints import metric
+    from tests.support.topics import end_offset
+
+    ports = {page_port: free_port() for page_port in (8000, 8001, 8002)}
+    machine = Machine(tmp_path / "home", default_port=free_port(), ports=ports)
+    embedded = f"127.0.0.1:{machine.default_port}"
+    own_kafka = DOCS / "getting-started" / "own-kafka.md"
+    url = f"http://127.0.0.1:{ports[8000]}/metrics"
+    ready = f"http://127.0.0.1:{ports[8000]}/readyz"
+
+    def metrics() -> str:
+        return http_get(url)[1]
+
+    def labeled(text: str) -> float:
+        return metric(text, 'perceptron_events_total{kind="labeled"}')
+
+    with new_broker("apache-kafka", tmp_path / "kafka") as kafka:
+        yours = {"kafka:9092": kafka.bootstrap_servers, "host:9092": kafka.bootstrap_servers}
+        try:
+            # README's tour: about one mistake in thirty events with the demo's settings, on the stream it sends
+            machine.run(block_of(README, "kafka:9092"), yours)
+            machine.wait_until(lambda: labeled(metrics()) >= 10_000, 300, what="10,000 events learned")
+            text = metrics()
+            rate = metric(text, "perceptron_mistakes_total") / labeled(text)
+            print(f"README's tour: {metric(text, 'perceptron_mistakes_total'):.0f} mistakes in {labeled(text):.0f}")
+            assert rate < 1 / 25, f"README's tour: a mistake on {rate:.3f} of the events, not one in thirty"
+            machine.stop()
+
+            # your own Kafka: the same model resumes; 100 unlabeled applications, then the Python snippet's event
+            blocks = shell_examples([own_kafka])
+            machine.run(blocks[0], yours)
+            machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what="the model ready")
+            machine.run(blocks[1], yours)
+            since = end_offset(kafka.bootstrap_servers, "predictions")
+            exec(
+                compile(
+                    _page_python(own_kafka, "KafkaProducer").replace("127.0.0.1:9092", kafka.bootstrap_servers),
+                    "own-kafka.md",
+                    "exec",
+                ),
+                {},
+            )
+            _records_since(
+                kafka.bootstrap_servers,
+                "predictions",
+                since,
+                lambda records: any(json.loads(r.value)["id"] == "c-1042" for r in records),
+            )
+            assert metric(metrics(), "perceptron_events_without_known_features_total") == 0, "the snippet's event"
+            machine.stop()
+
+            # the measurement: on the embedded broker the block starts, which then keeps running
+            [measure] = [block for block in blocks if "credit-20k" in block.code]
+            *_, printed = machine.run(measure, timeout=900)
+            machine.stop(keep=1)
+            lines = printed.splitlines()
+            assert [line for line in lines if line.startswith('perceptron_events_total{kind="labeled"}')] == [
+                'perceptron_events_total{kind="labeled"} 20000.0'
+            ] * 2, printed
+            mistakes = [
+                metric(line, "perceptron_mistakes_total")
+                for line in lines
+                if line.startswith("perceptron_mistakes_total ")
+            ]
+            assert [round(m / 20_000, 3) for m in mistakes] == [0.217, 0.037], printed  # the page's table
+            for block in blocks[3:]:
+                if "--variant averaged --standardize" in block.code and "credit-20k" not in block.code:
+                    machine.run(block, yours)  # "for streams whose features differ in scale": the model of above
+                    machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what="the model ready")
+                    machine.stop(keep=1)
+
+            # warm start, on the embedded broker still running: the textbook's five points, predicted right
+            [warm] = shell_examples([DOCS / "how-to" / "warm-start.md"])
+            machine.run(warm)
+            serve = next(args for _, args in commands_of(warm) if args[1:2] == ["serve"])
+            monkeypatch.chdir(machine.home)  # where model.json is
+            output = load(ServeSettings, serve[2:]).output_topic
+            machine.wait_until(lambda: labeled(metrics()) >= 5, 120, what="the five points")
+            predictions = [json.loads(m.value) for m in consume(embedded, output, 5, timeout=120)]
+            assert [(p["y_pred"], p["mistake"]) for p in predictions] == [(1, False)] * 3 + [(-1, False)] * 2
+            machine.check_running()
+            machine.stop(keep=1)
+
+            # delayed labels: the service, the snippet's decision and outcome, then 2,000 synthetic ones
+            page = DOCS / "concepts" / "delayed-labels.md"
+            start, send = shell_examples([page])
+            machine.run(start)
+            machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what="ready")
+            exec(
+                compile(
+                    _page_python(page, "KafkaProducer").replace("127.0.0.1:9092", embedded), "delayed-labels.md", "exec"
+                ),
+                {},
+            )
+            machine.run(send)
+            joined = 'perceptron_labels_total{outcome="joined"}'
+            machine.wait_until(lambda: metric(metrics(), joined) >= 2001, 240, what="2,001 labels joined")
+            text = metrics()
+            rejected = [line for line in text.splitlines() if line.startswith("perceptron_rejected_events_total{")]
+            assert metric(text, joined) == 2001 and all(line.endswith(" 0.0") for line in rejected), text
+
+            machine.stop(keep=1)
+
+            # challengers, and a signed model: each a model of other settings, in a group of its own
+            for page in (DOCS / "how-to" / "challengers-and-drift.md", DOCS / "how-to" / "security.md"):
+                [block] = [block for block in shell_examples([page]) if "--config-file" not in block.code]
+                machine.run(block)
+                machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what=f"{page.name}'s model ready")
+                machine.stop(keep=1)
+
+            # river's Phishing set, written out as the river page does, then produced and served as it says
+            river = DOCS / "how-to" / "river.md"
+            monkeypatch.chdir(machine.home)
+            exec(compile(_page_python(river, "phishing.jsonl"), "river.md", "exec"), {"__name__": "__docs__"})
+            [phishing] = [block for block in shell_examples([river]) if "phishing" in block.code]
+            machine.run(phishing)
+            machine.wait_until(lambda: labeled(metrics()) >= 1250, 120, what="the Phishing set's 1,250 events")
+            text = metrics()
+            assert labeled(text) == 1250 and metric(text, "perceptron_events_without_known_features_total") == 0
+            assert metric(text, "perceptron_mistakes_total") == 177, text  # the page's figure: river's 85.84%
+            machine.stop(keep=1)
+        finally:
+            machine.stop()

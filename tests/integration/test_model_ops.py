@@ -251,6 +251,8 @@ def test_the_docs_warm_start_example_predicts_the_textbook_points_right(broker, 
     assert json.loads((tmp_path / "model.json").read_text())["input"] == "dense"
     assert serve[:2] == ["perceptron-stream", "serve"]
     args = [a if a != "model.json" else str(tmp_path / "model.json") for a in serve[2:]]
+    flags = {"--group-id": "group_id", "--input-topic": "input_topic", "--output-topic": "output_topic"}
+    args = [topics[flags[args[i - 1]]] if i and args[i - 1] in flags else a for i, a in enumerate(args)]  # the test's
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     service = service_thread(settings_args(broker, topics, tmp_path) + args)
     _cli(send, tmp_path, broker, topics["input_topic"])

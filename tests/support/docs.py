@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -183,3 +184,138 @@ def try_commands(example: ShellExample, cwd: Path) -> list[str]:
                 os.environ.clear()
                 os.environ.update(before)
     return done
+
+
+def block_of(page: Path, containing: str) -> ShellExample:
+    """The one ```sh block of ``page`` whose text contains ``containing``."""
+    [example] = [example for example in shell_examples([page]) if containing in example.code]
+    return example
+
+
+class Machine:
+    """A newcomer's machine, on which the pages' ```sh blocks run in order as written, by bash, line after line.
+
+    It has a home of its own (so the default state directory, ``~/.local/state/perceptron-stream``, starts empty
+    and is shared by every page run on it, as it is by a reader's pages), the project's ``perceptron-stream`` on
+    its PATH, and its defaults given in the environment: the default brokers (``127.0.0.1:9092`` on the pages) and
+    the embedded broker's port are ``default_port``, the default metrics port (8000) is ``ports[8000]``. What a
+    page writes out (``host:9092``, ``localhost:8001``, ``--metrics-port 8002``) is replaced by the test's
+    (``places``, and the ports), nothing else. A line ending in ``&``, and a command a page runs "in another
+    terminal" (``serve``, ``broker``, ``produce --count 0``: they run until stopped), runs in the background until
+    :meth:`stop`; any other line must exit 0 (its output is returned).
+    """
+
+    def __init__(self, home: Path, default_port: int, ports: dict[int, int]):
+        import os
+        import shutil
+        import sys
+
+        self.home = home
+        self.default_port = default_port
+        self.ports = ports
+        home.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PERCEPTRON_STREAM_", "XDG_"))}
+        bin_dir = str(Path(sys.executable).parent)
+        assert shutil.which("perceptron-stream", path=bin_dir), f"no perceptron-stream in {bin_dir}"
+        self.env = {
+            **env,
+            "HOME": str(home),
+            "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+            "PERCEPTRON_STREAM_BOOTSTRAP_SERVERS": f"127.0.0.1:{default_port}",
+            "PERCEPTRON_STREAM_PORT": str(default_port),  # perceptron-stream broker's --port
+            "PERCEPTRON_STREAM_METRICS_PORT": str(ports[8000]),
+        }
+        self.background: list[tuple[str, subprocess.Popen, Path]] = []
+        self.logs = home / "logs"
+        self.logs.mkdir(exist_ok=True)
+
+    def place(self, text: str, places: dict[str, str]) -> str:
+        """``text`` as it runs here: the page's addresses and ports replaced by the machine's."""
+        for page_port, port in self.ports.items():
+            for prefix in ("localhost:", "127.0.0.1:", "--metrics-port "):
+                text = text.replace(f"{prefix}{page_port}", f"{prefix}{port}")
+        for written, here in places.items():
+            text = text.replace(written, here)
+        return text.replace("127.0.0.1:9092", f"127.0.0.1:{self.default_port}")
+
+    def default_broker_answers(self) -> bool:
+        import socket
+
+        try:
+            with socket.create_connection(("127.0.0.1", self.default_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def run(self, example: ShellExample, places: dict[str, str] | None = None, timeout: float = 600) -> list[str]:
+        """Run the block's lines in order; the output of each line run to its end, in order."""
+        import shlex
+
+        outputs = []
+        for raw in example.code.splitlines():
+            line = self.place(raw.strip().removeprefix("$ "), places or {})
+            words = shlex.split(line, comments=True)
+            if not words:
+                continue
+            background = words[-1] == "&"
+            words = [w for w in words if w != "&"]
+            if words[:2] == ["perceptron-stream", "broker"] and self.default_broker_answers():
+                continue  # a reader keeps the broker of an earlier page running (the pages: "if it does not run yet")
+            forever = words[0] == "perceptron-stream" and (
+                words[1] in ("serve", "broker", "demo")
+                or (words[1] == "produce" and "--count" in words and words[words.index("--count") + 1] == "0")
+            )
+            command = line.rstrip().removesuffix("&") if background else line
+            if background or forever:
+                log = self.logs / f"{len(self.background)}-{words[1] if len(words) > 1 else words[0]}.log"
+                with open(log, "wb") as out:
+                    process = subprocess.Popen(
+                        ["bash", "-c", command],
+                        cwd=self.home,
+                        env=self.env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                self.background.append((line, process, log))
+                continue
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout
+            )
+            assert done.returncode == 0, f"{example.name}: {line!r} exited {done.returncode}: {done.stderr[-3000:]}"
+            outputs.append(done.stdout)
+        return outputs
+
+    def check_running(self) -> None:
+        """Fail, with its log, if a command left running has exited."""
+        for line, process, log in self.background:
+            code = process.poll()
+            assert code is None, f"{line!r} exited {code}:\n{log.read_text()[-4000:]}"
+
+    def wait_until(self, predicate, timeout: float, what: str):
+        """``predicate()`` once true, failing at once when a command left running has exited."""
+        from tests.support.waiting import wait_until
+
+        def check():
+            self.check_running()
+            return predicate()
+
+        return wait_until(check, timeout, interval=0.5, what=what)
+
+    def stop(self, keep: int = 0) -> None:
+        """Stop what runs in the background (Ctrl-C, as a reader does), but the first ``keep`` (a broker)."""
+        import contextlib
+        import os
+        import signal
+
+        for _line, process, _log in self.background[keep:]:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
+        for _line, process, _log in self.background[keep:]:
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):  # it may have exited since
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        self.background = self.background[:keep]

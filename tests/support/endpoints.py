@@ -34,3 +34,9 @@ def metrics_once(metrics_url: str, *lines: str, timeout: float = 30.0) -> str:
         )
     except AssertionError:
         return http_get(metrics_url + "/metrics")[1]
+
+
+def metric(text: str, line_start: str) -> float:
+    """The value of the /metrics line that starts with ``line_start`` (name and labels), 0 when there is none."""
+    found = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(line_start + " ")]
+    return float(found[0]) if found else 0.0
