@@ -96,8 +96,7 @@ def run_serve(settings: ServeSettings) -> int:
     try:
         return Application(settings).run()
     except (StartupError, CheckpointError, StateLockedError, MissingTopicError) as exc:
-        logging.getLogger(PROG).error("%s", exc)
-        print(f"{PROG} serve: {exc}", file=sys.stderr)
+        print(f"{PROG} serve: {exc}", file=sys.stderr)  # once: not logged as well (both went to stderr)
         return 1
 
 
@@ -199,7 +198,7 @@ def run_train(settings: TrainSettings) -> int:
 def run_model_export(settings: ModelExportSettings) -> int:
     """The newest usable checkpoint of a model (its owner's group and topic checked), written as a model file."""
     from perceptron_stream.learning import learner_from_state, model_file
-    from perceptron_stream.state.checkpoint import CheckpointError, Owner
+    from perceptron_stream.state.checkpoint import GROUP_TASK, CheckpointError, Owner
 
     _logging("WARNING")
     key = settings.checkpoint_key.get_secret_value().encode() if settings.checkpoint_key else None
@@ -229,8 +228,15 @@ def run_model_export(settings: ModelExportSettings) -> int:
     finally:
         store.close()
     if cp is None:
+        where = f"topic {settings.checkpoint_topic}" if settings.state_store == "kafka" else f"{settings.state_dir}"
+        other = (
+            "a model of --model-scope partition keeps one checkpoint per partition: name one with --task partition-N"
+            if settings.task == GROUP_TASK
+            else f"a model of --model-scope group is --task {GROUP_TASK}"
+        )
         print(
-            f"{PROG} model export: no checkpoint of {settings.task} of group {settings.group_id} in the {settings.state_store} store",
+            f"{PROG} model export: no checkpoint of --task {settings.task} of group {settings.group_id} in the "
+            f"{settings.state_store} store ({where}); {other}",
             file=sys.stderr,
         )
         return 1
