@@ -185,9 +185,9 @@ def test_model_export_without_a_checkpoint_names_the_task_it_looked_for_and_the_
 
 def test_a_refused_start_says_its_error_once(tmp_path):
     """serve logged a refusal and printed it too, both on stderr: the same error twice, one under the other."""
-    OFFLINE = ["--bootstrap-servers", "127.0.0.1:1", "--metrics-port", "0", "--state-dir", str(tmp_path)]
+    offline = ["--bootstrap-servers", "127.0.0.1:1", "--metrics-port", "0", "--state-dir", str(tmp_path)]
     refused = subprocess.run(
-        [sys.executable, "-m", "perceptron_stream.cli", "serve", "--processing-guarantee", "exactly-once", *OFFLINE],
+        [sys.executable, "-m", "perceptron_stream.cli", "serve", "--processing-guarantee", "exactly-once", *offline],
         capture_output=True,
         text=True,
         cwd=ROOT,
