@@ -164,6 +164,25 @@ def test_produce_without_a_broker_names_bootstrap_servers(monkeypatch, capsys, s
     assert "(--bootstrap-servers)" in last and "nothing was written" in last
 
 
+def test_produce_without_a_broker_says_so_in_one_line():
+    """kafka-python's own ERROR and WARNING lines came first, its "Unable to bootstrap" four times."""
+    from perceptron_stream.broker import free_port
+
+    one_attempt = (  # not the 15 s a starting broker gets
+        "import sys; from perceptron_stream import produce, cli; produce.CONNECT_TIMEOUT_S = 0.0; "
+        "sys.exit(cli.main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", one_attempt, "produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("perceptron-stream produce: cannot use the brokers at 127.0.0.1:")
+
+
 def test_model_export_without_a_checkpoint_names_the_task_it_looked_for_and_the_other_scope(tmp_path, capsys):
     """A partition-scope model keeps one checkpoint per partition: "no checkpoint of model" alone left the reader
     guessing that --task exists."""
