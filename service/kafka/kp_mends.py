@@ -229,9 +229,8 @@ class _ClientNoiseFilter(logging.Filter):
     @staticmethod
     def noise(record: logging.LogRecord) -> bool:
         if record.name == "kafka.cluster":
-            return record.msg == "Metadata refresh: failed %s" and isinstance(
-                (record.args or (None,))[0], kerrors.Cancelled
-            )
+            args = record.args if isinstance(record.args, tuple) else ()
+            return record.msg == "Metadata refresh: failed %s" and bool(args) and isinstance(args[0], kerrors.Cancelled)
         return (
             record.name == "kafka.net.selector"
             and str(record.msg).startswith("Task ")

@@ -220,7 +220,7 @@ def test_compose_runs_the_apache_kafka_the_tests_run(compose):
     for name in ("kafka", "topics"):
         assert compose["services"][name]["image"] == f"apache/kafka:{tested}", name
     assert int(tested.split(".")[0]) >= 4  # KIP-848's consumer group protocol, generally available from 4.0
-    assert "Apache Kafka 4.0+" in ServeSettings.model_fields["group_protocol"].description
+    assert "Apache Kafka 4.0+" in str(ServeSettings.model_fields["group_protocol"].description)
 
 
 # --------------------------------------------------------------------------- compose: Kafka

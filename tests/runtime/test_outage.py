@@ -105,6 +105,7 @@ def test_a_coordinator_not_available_yet_is_said_as_such_not_as_brokers_that_do_
     assert "CoordinatorNotAvailableError" in text and "the brokers at kafka:9092 answer" in text
     assert "do not answer" not in text and "--bootstrap-servers" not in text
     caplog.clear()
+    assert outage.since is not None
     monkeypatch.setattr(outage, "since", outage.since - COORDINATOR_PATIENCE_S - 1)  # as if it had lasted
     outage.failed("read the group's committed offsets", loading)
     outage.failed("read the group's committed offsets", loading)
