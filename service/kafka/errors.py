@@ -241,6 +241,7 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     text = text if text.startswith(exc.__class__.__name__) else f"{exc.__class__.__name__}: {text}".rstrip(": ")
     # kafka-python names a rejection's class twice ("SaslAuthenticationFailedError: SaslAuthenticationFailedError: ...")
     text = text.replace(f"{exc.__class__.__name__}: {exc.__class__.__name__}: ", f"{exc.__class__.__name__}: ", 1)
+    text = text.rstrip(":")  # kafka-python ends some with one: "FindCoordinatorResponse error for GROUP/g1:"
     if isinstance(exc, FATAL_ERRORS):
         return KafkaFatal(text, _hint(exc, settings))
     return KafkaUnavailable(

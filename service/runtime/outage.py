@@ -65,7 +65,8 @@ class Outage:
         return self.since is not None
 
     def failed(self, what: str, exc: BaseException) -> bool:
-        """A call to the brokers got no answer; True when it began an outage (and was logged as one)."""
+        """A call to the brokers got no answer, or no coordinator (``exc.coordinator``); True when it began an
+        outage (and was logged as one)."""
         self.failures += 1
         coordinator = bool(getattr(exc, "coordinator", False))
         if self.since is not None and (coordinator or not self.coordinator):

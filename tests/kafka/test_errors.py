@@ -83,6 +83,7 @@ def test_client_errors_leave_as_the_services_own():
     assert isinstance(busy, KafkaUnavailable) and not busy.timed_out and not busy.coordinator
     loading = service_error(kerrors.CoordinatorNotAvailableError("FindCoordinatorResponse error for GROUP/g1"))
     assert isinstance(loading, KafkaUnavailable) and loading.coordinator and not loading.timed_out
+    assert str(service_error(kerrors.CoordinatorNotAvailableError("error for GROUP/g1:"))).endswith("GROUP/g1")
     assert not away.coordinator
     own = DeliveryError("2 message(s) not acknowledged")
     assert service_error(own) is own and service_error(None) is None
