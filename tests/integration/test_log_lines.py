@@ -73,6 +73,8 @@ def test_a_new_clusters_first_start_a_restart_and_an_export_say_only_what_is_tru
         assert "do not answer" not in first, first  # the brokers answered: CoordinatorNotAvailableError, said as such
         assert "assigned nothing" not in first and "No partition metadata" not in first, first
         assert not _loud(first), first
+        for created in (topics["output_topic"], topics["dlq_topic"], checkpoints):  # said, not hushed with the clients
+            assert f"created topic {created} with 1 partition(s)" in first, first
 
         restart = _run(args, tmp_path / "restart.log", "restored checkpoint", bootstrap, topics, 0)
         assert "Metadata refresh" not in restart and not _loud(restart), restart  # the store's reader closed
