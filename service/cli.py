@@ -208,8 +208,11 @@ def run_model_export(settings: ModelExportSettings) -> int:
         store: LocalStore | KafkaStore = LocalStore(settings.state_dir, settings.group_id)
     else:
         from perceptron_stream.kafka import CompactedTopic, KafkaFatal, KafkaUnavailable
+        from perceptron_stream.runtime.outage import Outage
         from perceptron_stream.state.kafka_store import KafkaStore
 
+        # the command's one line says what failed: not the clients' own lines first ("Unable to bootstrap" twice)
+        Outage(settings.bootstrap_servers).hush()
         try:
             store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
         except (KafkaFatal, KafkaUnavailable) as exc:

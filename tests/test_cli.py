@@ -183,6 +183,20 @@ def test_produce_without_a_broker_says_so_in_one_line():
     assert done.stderr.startswith("perceptron-stream produce: cannot use the brokers at 127.0.0.1:")
 
 
+def test_model_export_without_a_broker_says_so_in_one_line(tmp_path):
+    from perceptron_stream.broker import free_port
+
+    done = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", "model", "export", "--output", str(tmp_path / "m.json"), "--state-store", "kafka", "--bootstrap-servers", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("perceptron-stream model export: cannot read topic perceptron-stream.checkpoints: ")
+
+
 def test_model_export_without_a_checkpoint_names_the_task_it_looked_for_and_the_other_scope(tmp_path, capsys):
     """A partition-scope model keeps one checkpoint per partition: "no checkpoint of model" alone left the reader
     guessing that --task exists."""
