@@ -187,7 +187,19 @@ def test_model_export_without_a_broker_says_so_in_one_line(tmp_path):
     from perceptron_stream.broker import free_port
 
     done = subprocess.run(
-        [sys.executable, "-m", "perceptron_stream.cli", "model", "export", "--output", str(tmp_path / "m.json"), "--state-store", "kafka", "--bootstrap-servers", f"127.0.0.1:{free_port()}"],
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "model",
+            "export",
+            "--output",
+            str(tmp_path / "m.json"),
+            "--state-store",
+            "kafka",
+            "--bootstrap-servers",
+            f"127.0.0.1:{free_port()}",
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
