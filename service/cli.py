@@ -103,8 +103,7 @@ def run_serve(settings: ServeSettings) -> int:
         print(f"{PROG} serve: {exc}", file=sys.stderr)
         return 2
     except (StartupError, CheckpointError, StateLockedError, MissingTopicError) as exc:
-        logging.getLogger(PROG).error("%s", exc)
-        print(f"{PROG} serve: {exc}", file=sys.stderr)
+        print(f"{PROG} serve: {exc}", file=sys.stderr)  # once: not logged as well (both went to stderr)
         return 1
 
 
@@ -206,7 +205,7 @@ def run_train(settings: TrainSettings) -> int:
 def run_model_export(settings: ModelExportSettings) -> int:
     """The newest usable checkpoint of a model (its owner's group and topic checked), written as a model file."""
     from perceptron_stream.learning import learner_from_state, model_file
-    from perceptron_stream.state.checkpoint import CheckpointError, Owner
+    from perceptron_stream.state.checkpoint import GROUP_TASK, CheckpointError, Owner
 
     _logging("WARNING")
     key = settings.checkpoint_key.get_secret_value().encode() if settings.checkpoint_key else None
@@ -216,8 +215,11 @@ def run_model_export(settings: ModelExportSettings) -> int:
         store: LocalStore | KafkaStore = LocalStore(settings.state_dir, settings.group_id)
     else:
         from perceptron_stream.kafka import CompactedTopic, KafkaFatal, KafkaUnavailable
+        from perceptron_stream.runtime.outage import Outage
         from perceptron_stream.state.kafka_store import KafkaStore
 
+        # the command's one line says what failed: not the clients' own lines first ("Unable to bootstrap" twice)
+        Outage(settings.bootstrap_servers).hush()
         try:
             store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
         except (KafkaFatal, KafkaUnavailable) as exc:
@@ -236,8 +238,15 @@ def run_model_export(settings: ModelExportSettings) -> int:
     finally:
         store.close()
     if cp is None:
+        where = f"topic {settings.checkpoint_topic}" if settings.state_store == "kafka" else f"{settings.state_dir}"
+        other = (
+            "a model of --model-scope partition keeps one checkpoint per partition: name one with --task partition-N"
+            if settings.task == GROUP_TASK
+            else f"a model of --model-scope group is --task {GROUP_TASK}"
+        )
         print(
-            f"{PROG} model export: no checkpoint of {settings.task} of group {settings.group_id} in the {settings.state_store} store",
+            f"{PROG} model export: no checkpoint of --task {settings.task} of group {settings.group_id} in the "
+            f"{settings.state_store} store ({where}); {other}",
             file=sys.stderr,
         )
         return 1

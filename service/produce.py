@@ -49,6 +49,7 @@ from perceptron_stream.kafka import (
 )
 from perceptron_stream.kafka.errors import describe
 from perceptron_stream.kafka.ledger import Tally
+from perceptron_stream.runtime.outage import Outage
 from perceptron_stream.streams import csv_columns, delayed_labels, is_csv, read_file, synthetic
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -321,6 +322,10 @@ def produce(
     if settings.file is not None and not settings.file.is_file():
         raise _fail(f"invalid setting file (--file): {settings.file} is not a readable file", 2)
     _check_file(settings, console or Console(stderr=True))
+    # The clients' own lines while connecting go unsaid: brokers that do not answer were some forty ERROR and
+    # WARNING lines of kafka-python's, its "Unable to bootstrap" four times, before the one line below said it.
+    connecting = Outage(settings.bootstrap_servers)
+    connecting.hush()
     try:
         require_mends()  # a kafka-python the mends of its bugs were not checked against: not the brokers' fault
     except KafkaFatal as exc:
@@ -334,6 +339,8 @@ def produce(
         producer = CountingProducer(settings)
     except (KafkaFatal, KafkaUnavailable, OSError) as exc:
         raise _fail(f"cannot use {servers}: {describe(exc)}; nothing was written") from None
+    finally:
+        connecting.restore()
     books = {POINT: Tally(), LABEL: Tally()}
     topics = {POINT: settings.topic}
     if settings.label_topic is not None:

@@ -5,11 +5,13 @@ The commands against a broker (produce, broker) are tests/integration/test_cli_c
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 from perceptron_stream.cli import main
 
-from tests.support import SEED_003
+from tests.support import ROOT, SEED_003
 
 
 def _augmented_margin(report, X, Y):
@@ -231,3 +233,81 @@ def test_an_initial_model_larger_than_its_feature_cap_allows_is_refused_before_i
     code = main(["serve", "--initial-model", str(path), "--bootstrap-servers", f"127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
     assert code == 2 and f"initial_model {path} is not a model file" in err, err
+
+
+def test_produce_without_a_broker_says_so_in_one_line():
+    """kafka-python's own ERROR and WARNING lines came first, its "Unable to bootstrap" four times."""
+    from perceptron_stream.broker import free_port
+
+    one_attempt = (  # not the 15 s a starting broker gets
+        "import sys; from perceptron_stream import produce, cli; produce.CONNECT_TIMEOUT_S = 0.0; "
+        "sys.exit(cli.main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", one_attempt, "produce", "--bootstrap-servers", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("perceptron-stream produce: cannot use the brokers at 127.0.0.1:")
+
+
+def test_model_export_without_a_broker_says_so_in_one_line(tmp_path):
+    from perceptron_stream.broker import free_port
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "model",
+            "export",
+            "--output",
+            str(tmp_path / "m.json"),
+            "--state-store",
+            "kafka",
+            "--bootstrap-servers",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("perceptron-stream model export: cannot read topic perceptron-stream.checkpoints: ")
+
+
+def test_model_export_without_a_checkpoint_names_the_task_it_looked_for_and_the_other_scope(tmp_path, capsys):
+    """A partition-scope model keeps one checkpoint per partition: "no checkpoint of model" alone left the reader
+    guessing that --task exists."""
+    export = ["model", "export", "--output", str(tmp_path / "m.json"), "--state-dir", str(tmp_path), "--group-id", "g"]
+    assert main(export) == 1
+    said = capsys.readouterr().err
+    assert said.startswith(
+        f"perceptron-stream model export: no checkpoint of --task model of group g in the local store ({tmp_path})"
+    )
+    assert (
+        "a model of --model-scope partition keeps one checkpoint per partition: name one with --task partition-N"
+        in said
+    )
+    assert main([*export, "--task", "partition-2"]) == 1
+    said = capsys.readouterr().err
+    assert "no checkpoint of --task partition-2 of group g" in said and "--model-scope group is --task model" in said
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_refused_start_says_its_error_once(tmp_path):
+    """serve logged a refusal and printed it too, both on stderr: the same error twice, one under the other."""
+    offline = ["--bootstrap-servers", "127.0.0.1:1", "--metrics-port", "0", "--state-dir", str(tmp_path)]
+    refused = subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", "serve", "--processing-guarantee", "exactly-once", *offline],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "needs --state-store kafka" in refused.stderr, refused.stderr
+    assert refused.stderr.count("needs --state-store kafka") == 1, refused.stderr

@@ -19,6 +19,9 @@ from perceptron_stream.kafka.kp_mends import AdminClient, close_consumer
 from perceptron_stream.kafka.kp_options import kafka_python_options
 
 log = logging.getLogger(__name__)
+#: What the service did, said under its own logger: the Kafka layer's (``log``) is quiet at start-up until the
+#: brokers first answer (runtime/outage.py), which swallowed "created topic" for the topics created then.
+said = logging.getLogger("perceptron_stream")
 
 
 @translated
@@ -46,7 +49,7 @@ def ensure_topics(settings: KafkaSettings, topics: Iterable[TopicSpec], create: 
                 admin.create_topics(
                     [NewTopic(topic.name, topic.partitions, topic.replication_factor, topic_configs=dict(topic.config))]
                 )
-                log.info("created topic %s with %d partition(s)", topic.name, topic.partitions)
+                said.info("created topic %s with %d partition(s)", topic.name, topic.partitions)
             except TopicAlreadyExistsError:
                 pass
     finally:

@@ -84,11 +84,14 @@ class KafkaUnavailable(Exception):
 
     ``timed_out``: the call gave up waiting (the brokers may be away), as
     opposed to an answer that said "not now" (a rebalance in progress).
+    ``coordinator``: the brokers answered that the coordinator of the group or transaction is not available (yet):
+    a new cluster's coordinator loads for a few seconds; the brokers are up.
     """
 
-    def __init__(self, message: str, timed_out: bool = False):
+    def __init__(self, message: str, timed_out: bool = False, coordinator: bool = False):
         super().__init__(message)
         self.timed_out = timed_out
+        self.coordinator = coordinator
 
 
 class KafkaFatal(Exception):

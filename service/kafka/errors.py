@@ -112,6 +112,11 @@ FENCED_ERROR_NAMES = (
     "FencedInstanceIdError",
 )
 
+#: kafka-python's classes of "the brokers answer, but the coordinator of this group (or transaction) is not ready":
+#: a new cluster creates and loads __consumer_offsets at its first group (seconds), a coordinator moves to another
+#: broker. Retried like any unavailability, and said as what it is: the brokers are up (outage.py).
+COORDINATOR_ERROR_NAMES = ("CoordinatorNotAvailableError", "CoordinatorLoadInProgressError", "NotCoordinatorError")
+
 #: The brokers rejected the SASL mechanism or the credentials: sasl_mechanism, sasl_username or sasl_password
 #: must change; or the client rejected the brokers' certificate: ssl_cafile must change.
 AUTHENTICATION_ERRORS = (*_errors(AUTHENTICATION_ERROR_NAMES), SslAuthenticationError)
@@ -119,6 +124,7 @@ AUTHENTICATION_ERRORS = (*_errors(AUTHENTICATION_ERROR_NAMES), SslAuthentication
 FATAL_ERRORS: tuple[type[BaseException], ...] = (*_errors(FATAL_ERROR_NAMES), SslAuthenticationError)
 REFUSED_ERRORS = _errors(REFUSED_ERROR_NAMES)
 FENCED_ERRORS = _errors(FENCED_ERROR_NAMES)
+COORDINATOR_ERRORS = _errors(COORDINATOR_ERROR_NAMES)
 
 #: librdkafka's own (negative) error codes that the service tells apart, by their name in confluent_kafka's
 #: KafkaError, and the kafka-python class each stands for; the brokers' (positive) codes are Kafka's, which
@@ -235,9 +241,12 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     text = text if text.startswith(exc.__class__.__name__) else f"{exc.__class__.__name__}: {text}".rstrip(": ")
     # kafka-python names a rejection's class twice ("SaslAuthenticationFailedError: SaslAuthenticationFailedError: ...")
     text = text.replace(f"{exc.__class__.__name__}: {exc.__class__.__name__}: ", f"{exc.__class__.__name__}: ", 1)
+    text = text.rstrip(":")  # kafka-python ends some with one: "FindCoordinatorResponse error for GROUP/g1:"
     if isinstance(exc, FATAL_ERRORS):
         return KafkaFatal(text, _hint(exc, settings))
-    return KafkaUnavailable(text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError))
+    return KafkaUnavailable(
+        text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError), coordinator=isinstance(exc, COORDINATOR_ERRORS)
+    )
 
 
 def transaction_error(

@@ -153,6 +153,13 @@ class KafkaIO:
         self.consumer.subscribe(topics, listener=_Listener(self.callbacks))
         try:
             mend_consumer(self.consumer)
+            # The topics' partitions known before the first poll joins the group. kafka-python 3.0.12 waits for
+            # fresh metadata before a join only for a pattern subscription (coordinator/consumer.py, KAFKA-3949's
+            # comment): a leader whose join answered before its first metadata assigned nothing ("WARNING
+            # kafka.coordinator.assignors.range: No partition metadata for topic ...", then "assigned nothing"),
+            # and a second rebalance followed, on about one first start in three. One metadata request, here.
+            for topic in topics:
+                self.consumer.partitions_for_topic(topic)
             self.producer = self._new_producer()
         except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind
             close_consumer(self.consumer, autocommit=False)

@@ -367,6 +367,55 @@ def _closing() -> Iterator[None]:
             logger.removeFilter(quiet)
 
 
+class _ClientNoiseFilter(logging.Filter):
+    """Turns two of kafka-python's lines that report nothing wrong into DEBUG lines (of this module's logger).
+
+    - ``ERROR kafka.cluster: Metadata refresh: failed Cancelled``: closing a
+      client cancels the requests still in flight on its connections, and a
+      metadata refresh is often one of them, queued behind a long-poll fetch
+      (the broker answers a connection's requests in order). It showed at every
+      restore from the Kafka store and in ``model export`` (the checkpoint
+      topic's reader closes right after its last poll). kafka-python logs the
+      fetch cancelled with it at INFO, the refresh at ERROR.
+    - ``WARNING kafka.net.selector: Task ... ran for 0.148s (>0.100s threshold).
+      It is blocking the event loop``: the client's IO thread timing itself;
+      on a busy machine (the GIL held by the poll loop) any step may pass
+      0.1 s. A diagnostic for kafka-python's developers, not the operator's.
+
+    Against kafka-python 3.0.12 (kafka/cluster.py ``_do_refresh_metadata``,
+    kafka/net/selector.py ``_poll_once``); no upstream issue found. Installed
+    on those two loggers when this module is imported; other records pass
+    untouched, and ``--log-level DEBUG`` shows these as DEBUG lines.
+
+    >>> from kafka.errors import Cancelled, KafkaConnectionError
+    >>> def refresh(error):
+    ...     return logging.LogRecord("kafka.cluster", logging.ERROR, "", 1, "Metadata refresh: failed %s", (error,), None)
+    >>> _ClientNoiseFilter().filter(refresh(Cancelled())), _ClientNoiseFilter().filter(refresh(KafkaConnectionError()))
+    (False, True)
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.noise(record):
+            return True
+        log.debug("%s logged: %s", record.name, record.getMessage())
+        return False
+
+    @staticmethod
+    def noise(record: logging.LogRecord) -> bool:
+        if record.name == "kafka.cluster":
+            args = record.args if isinstance(record.args, tuple) else ()
+            return record.msg == "Metadata refresh: failed %s" and bool(args) and isinstance(args[0], kerrors.Cancelled)
+        return (
+            record.name == "kafka.net.selector"
+            and str(record.msg).startswith("Task ")
+            and "blocking the event loop" in str(record.msg)
+        )
+
+
+for _logger in ("kafka.cluster", "kafka.net.selector"):
+    logging.getLogger(_logger).addFilter(_ClientNoiseFilter())
+
+
 def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
     """Close ``producer``, waiting at most ``timeout_s`` for its unacknowledged messages, and never raise.
 

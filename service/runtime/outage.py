@@ -13,6 +13,12 @@ are quiet until the brokers first answer (:meth:`Outage.hush`): the first attemp
 cannot cure (authentication, a certificate) are not outages: they stop the service, naming their setting.
 With ``--log-level DEBUG`` nothing is quieted: whoever asks for everything gets everything.
 
+A coordinator not available (``KafkaUnavailable.coordinator``: CoordinatorNotAvailableError and its kin) is no
+outage of the brokers: they answered. On a new cluster it is the first thing a service meets (the brokers create
+and load ``__consumer_offsets`` at the first group, for a second or so), and "the brokers do not answer, check
+--bootstrap-servers" sent people checking a setting that was right. So that wait is said as what it is, at INFO,
+and only when it lasts (:data:`COORDINATOR_PATIENCE_S`) as a WARNING naming what to check on the brokers' side.
+
 >>> import logging
 >>> outage = Outage("127.0.0.1:1")
 >>> outage.failed("check the topics", TimeoutError("Unable to bootstrap"))  # logs the one line
@@ -39,6 +45,9 @@ QUIETED = {"kafka": logging.CRITICAL, "perceptron_stream.kafka": logging.ERROR}
 
 SETTING = "bootstrap_servers (--bootstrap-servers, PERCEPTRON_STREAM_BOOTSTRAP_SERVERS)"
 
+#: How long a coordinator may take to come before the wait is a WARNING (a new cluster's takes a second or two).
+COORDINATOR_PATIENCE_S = 30.0
+
 
 class Outage:
     """Whether the brokers are away now, said once when they go and once when they come back."""
@@ -47,6 +56,8 @@ class Outage:
         self.bootstrap_servers = bootstrap_servers
         self.since: float | None = None  # monotonic time of the outage's first failure
         self.failures = 0
+        self.coordinator = False  # this outage is a wait for a coordinator: the brokers answer
+        self._warned = False  # a coordinator's wait said as a WARNING once it lasted
         self._levels: dict[str, int] = {}  # the quieted loggers' own levels, set back when the outage ends
 
     @property
@@ -54,12 +65,40 @@ class Outage:
         return self.since is not None
 
     def failed(self, what: str, exc: BaseException) -> bool:
-        """A call to the brokers got no answer; True when it began an outage (and was logged as one)."""
+        """A call to the brokers got no answer, or no coordinator (``exc.coordinator``); True when it began an
+        outage (and was logged as one)."""
         self.failures += 1
-        if self.since is not None:
-            log.debug("could not %s: %s (the brokers still do not answer)", what, exc)
+        coordinator = bool(getattr(exc, "coordinator", False))
+        if self.since is not None and (coordinator or not self.coordinator):
+            log.debug(
+                "could not %s: %s (%s)",
+                what,
+                exc,
+                "still waiting for the coordinator" if self.coordinator else "the brokers still do not answer",
+            )
+            if self.coordinator and not self._warned and time.monotonic() - self.since > COORDINATOR_PATIENCE_S:
+                self._warned = True
+                log.warning(
+                    "still waiting for the coordinator after %.0f s (could not %s: %s): the brokers answer, but "
+                    "none of them serves it; check the brokers' log (offsets.topic.replication.factor and "
+                    "transaction.state.log.replication.factor must not exceed the live brokers)",
+                    time.monotonic() - self.since,
+                    what,
+                    exc,
+                )
             return False
-        self.since = time.monotonic()
+        if coordinator:
+            self.since, self.coordinator = time.monotonic(), True
+            log.info(
+                "waiting for the coordinator (could not %s: %s): the brokers at %s answer, but have not made it "
+                "available yet (a new cluster does within seconds of its first group); /readyz is not ready meanwhile",
+                what,
+                exc,
+                self.bootstrap_servers or "the configured address",
+            )
+            self._quiet()
+            return True
+        self.since, self.coordinator = self.since or time.monotonic(), False
         log.warning(
             "the brokers at %s do not answer (could not %s: %s): waiting for them, /readyz is not ready; if they "
             "are up, check %s. The Kafka clients' own log is quiet until they answer.",
@@ -80,13 +119,20 @@ class Outage:
         self.restore()
         if self.since is None:
             return
-        log.info(
-            "the brokers at %s answer again, after %.0f s and %d failed call(s)",
-            self.bootstrap_servers or "the configured address",
-            time.monotonic() - self.since,
-            self.failures,
-        )
-        self.since, self.failures = None, 0
+        if self.coordinator:
+            log.info(
+                "the coordinator answers, after %.0f s and %d failed call(s)",
+                time.monotonic() - self.since,
+                self.failures,
+            )
+        else:
+            log.info(
+                "the brokers at %s answer again, after %.0f s and %d failed call(s)",
+                self.bootstrap_servers or "the configured address",
+                time.monotonic() - self.since,
+                self.failures,
+            )
+        self.since, self.failures, self.coordinator, self._warned = None, 0, False, False
 
     def restore(self) -> None:
         """The quieted loggers' own levels back (also when the service stops during an outage: the process, a

@@ -156,7 +156,12 @@ class Restorer:
         )
         mine = {p: o for p, o in (offsets or {}).items() if task.partition is None or p == task.partition}
         if not mine:
-            log.info("no checkpoint yet of %s: a new model, starting from zero weights", task.name)
+            # with --initial-model, the factory's next line says what it starts from (not zero weights)
+            log.info(
+                "no checkpoint yet of %s: a new model%s",
+                task.name,
+                "" if s.initial_model else ", starting from zero weights",
+            )
             return False
         at = ", ".join(f"partition {p} at {o}" for p, o in sorted(mine.items()))
         where = self.store.task_dir(task.name) if s.state_store == "local" else f"topic {s.checkpoint_topic}"

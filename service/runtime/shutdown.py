@@ -101,8 +101,7 @@ class StopDeadline:
         message = (
             f"did not stop within {self.seconds:g} s of {self.signal_name}: {undone}; exiting with code {EXIT_CODE}"
         )
-        log.error("%s", message)
-        try:
+        try:  # printed, not logged as well: the log goes to stderr too, and said it twice
             print(f"perceptron-stream serve: {message}", file=sys.stderr, flush=True)
         finally:
             os._exit(EXIT_CODE)  # the main thread is stuck: sys.exit would only end this thread

@@ -306,21 +306,28 @@ def newest_usable(
 
     ``accept`` raises CheckpointError for one this version cannot use (a model
     it cannot read, other settings): the next older one is tried. A checkpoint
-    of another owner is skipped with an error in the log. None when there are
-    no candidates at all; ForeignStateError when there are only other owners'
-    ones; CheckpointError when there are some of this owner and none is
-    usable: starting over from zero weights must be an operator's decision,
-    not an accident. A version 0.1 checkpoint (no owner) is returned for the
-    caller to vouch for (see ``Application``).
+    of another owner is skipped. None when there are no candidates at all;
+    ForeignStateError when there are only other owners' ones; CheckpointError
+    when there are some of this owner and none is usable: starting over from
+    zero weights must be an operator's decision, not an accident. A version 0.1
+    checkpoint (no owner) is returned for the caller to vouch for (see
+    ``Application``).
+
+    What was skipped, and why, is said once: in the WARNING of the one restored,
+    or in the error raised. (Said as each was skipped too, the same reason came
+    two or three times, one ERROR a checkpoint and the refusal, each "trying an
+    older one" when none was left to try.)
     """
     problems, foreign, highest = [], [], 0
+    skipped: list[str] = []
     for name, cp in candidates:
         if isinstance(cp, Checkpoint):
             highest = max(highest, cp.seq)
             differs = expected.differences(cp.owner) if expected is not None and cp.owner is not None else []
             if differs:
-                log.error("checkpoint %s in %s is not this model's: %s", name, where, "; ".join(differs))
+                log.debug("checkpoint %s in %s is not this model's: %s", name, where, "; ".join(differs))
                 foreign.append(f"{name}: {'; '.join(differs)}")
+                skipped.append(f"checkpoint {name} in {where} is not this model's: {'; '.join(differs)}")
                 continue
             if accept is not None:
                 try:
@@ -328,12 +335,17 @@ def newest_usable(
                 except CheckpointError as exc:
                     cp = exc
         if isinstance(cp, CheckpointError):
-            log.error("checkpoint %s in %s is unusable: %s; trying an older one", name, where, cp)
+            log.debug("checkpoint %s in %s is unusable: %s", name, where, cp)
             problems.append(f"{name}: {cp}")
+            skipped.append(f"checkpoint {name} in {where} is unusable: {cp}")
             continue
-        if problems or foreign:
+        if skipped:
             log.warning(
-                "restored checkpoint %s from %s, skipping %d unusable one(s)", name, where, len(problems) + len(foreign)
+                "restored checkpoint %s from %s, skipping %d unusable one(s): %s",
+                name,
+                where,
+                len(skipped),
+                " | ".join(skipped),
             )
         return cp
     if foreign and not problems:

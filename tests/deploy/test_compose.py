@@ -212,6 +212,17 @@ def test_third_party_images_are_pinned(compose):
     assert compose["services"]["grafana"]["image"].startswith("grafana/grafana:")
 
 
+def test_compose_runs_the_apache_kafka_the_tests_run(compose):
+    """The compose file pinned apache/kafka:3.9.1, where a documented setting, --group-protocol consumer (KIP-848),
+    needs 4.0 or later: it runs the version tests/apache_kafka/pom.xml pins, the one every test ran against."""
+    pom = (ROOT / "tests" / "apache_kafka" / "pom.xml").read_text()
+    [tested] = re.findall(r"<artifactId>kafka_[\d.]+</artifactId>\s*<version>([^<]+)</version>", pom)
+    for name in ("kafka", "topics"):
+        assert compose["services"][name]["image"] == f"apache/kafka:{tested}", name
+    assert int(tested.split(".")[0]) >= 4  # KIP-848's consumer group protocol, generally available from 4.0
+    assert "Apache Kafka 4.0+" in str(ServeSettings.model_fields["group_protocol"].description)
+
+
 # --------------------------------------------------------------------------- compose: Kafka
 
 

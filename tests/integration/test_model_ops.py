@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -127,7 +128,7 @@ def test_train_output_served_frozen_predicts_exactly_the_trained_weights(broker,
     service.stop()
 
 
-def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, service_thread):
+def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, service_thread, caplog):
     events = _events(500, seed=84)
     create_topic(broker.bootstrap_servers, topics["input_topic"])
     produce(broker.bootstrap_servers, topics["input_topic"], events)
@@ -161,9 +162,14 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     assert doc["state"] == final_checkpoint(args, "local").model and doc["variant"] == "averaged"
     # served elsewhere, as a new model: it starts where the export left off
     other = {**topics, "group_id": topics["group_id"] + "-b", "output_topic": topics["output_topic"] + "-b"}
+    caplog.set_level(logging.INFO, logger="perceptron_stream")
     again = service_thread(settings_args(broker, other, tmp_path / "b", variant="averaged", initial_model=str(out)))
     first = json.loads(consume(broker.bootstrap_servers, other["output_topic"], 1)[0].value)
     assert first["model"]["seen"] == 501  # the exported counters, then this event
+    # what the log says it starts from, once and true (it said "starting from zero weights" first)
+    said = [r.getMessage() for r in caplog.records if r.name == "perceptron_stream"]
+    assert "no checkpoint yet of model: a new model" in said and not [line for line in said if "zero weights" in line]
+    assert len([line for line in said if line.startswith(f"model starts from --initial-model {out}")]) == 1, said
     again.stop()
     fresh = {**other, "group_id": topics["group_id"] + "-c"}
     refused = subprocess.run(

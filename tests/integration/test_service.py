@@ -215,6 +215,9 @@ def test_missing_topics_with_creation_off_fail_with_a_clear_message(broker, topi
         f"topics {topics['input_topic']}, {topics['output_topic']}, {topics['dlq_topic']} do not exist and create_topics is off"
         in result.stderr
     )
+    # the brokers answered that: not "could not reach the brokers", and said once
+    assert "could not check the topics: topics" in result.stderr and "reach the brokers" not in result.stderr
+    assert result.stderr.count("do not exist and create_topics is off") == 1, result.stderr
 
 
 def test_topics_are_created_with_the_configured_partitions(broker, topics, tmp_path, service_thread):

@@ -171,6 +171,7 @@ def test_a_checkpoint_of_other_model_settings_is_refused(broker, topics, tmp_pat
     assert "the checkpoint was taken with other model settings (variant was 'plain', now 'averaged')" in log, log[
         -3000:
     ]
+    assert log.count("variant was 'plain', now 'averaged'") == 1, log[-3000:]  # said once (it was, each checkpoint)
     assert "Traceback" not in log
     assert final_checkpoint(args, "local") == saved  # left as it was
 

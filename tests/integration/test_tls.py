@@ -259,9 +259,7 @@ def test_a_tls_refusal_stops_serve_at_start_up_naming_the_setting(apache_kafka, 
     )
     code, output = serve_failure(args, tmp_path)
     assert code == 1, output[-3000:]
-    assert f"perceptron-stream serve: could not reach the brokers and check the topics: {verdict}" in output, output[
-        -3000:
-    ]
+    assert f"perceptron-stream serve: could not check the topics: {verdict}" in output, output[-3000:]
     assert not re.search(r'File "[^"]*/service/', output), output[
         -3000:
     ]  # no traceback through the service (kafka-python

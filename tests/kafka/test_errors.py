@@ -30,6 +30,7 @@ from perceptron_stream.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind,
             *errors.AUTHENTICATION_ERROR_NAMES,
             *errors.LIBRDKAFKA_ERRORS.values(),
             *errors.FENCED_ERROR_NAMES,
+            *errors.COORDINATOR_ERROR_NAMES,
             *errors.LIBRDKAFKA_TRANSACTION_ERRORS.values(),
         }
     ),
@@ -51,6 +52,8 @@ def test_the_lists_hold_every_class_they_name():
     assert not set(errors.FATAL_ERRORS) & set(errors.REFUSED_ERRORS)
     assert len(errors.FENCED_ERRORS) == len(errors.FENCED_ERROR_NAMES)
     assert not set(errors.FENCED_ERRORS) & {*errors.FATAL_ERRORS, *errors.REFUSED_ERRORS}
+    assert len(errors.COORDINATOR_ERRORS) == len(errors.COORDINATOR_ERROR_NAMES)
+    assert not set(errors.COORDINATOR_ERRORS) & {*errors.FATAL_ERRORS, *errors.REFUSED_ERRORS, *errors.FENCED_ERRORS}
 
 
 @pytest.mark.parametrize(
@@ -77,7 +80,11 @@ def test_client_errors_leave_as_the_services_own():
     away = service_error(kerrors.KafkaTimeoutError("no answer"))
     assert isinstance(away, KafkaUnavailable) and away.timed_out
     busy = service_error(kerrors.RebalanceInProgressError())
-    assert isinstance(busy, KafkaUnavailable) and not busy.timed_out
+    assert isinstance(busy, KafkaUnavailable) and not busy.timed_out and not busy.coordinator
+    loading = service_error(kerrors.CoordinatorNotAvailableError("FindCoordinatorResponse error for GROUP/g1"))
+    assert isinstance(loading, KafkaUnavailable) and loading.coordinator and not loading.timed_out
+    assert str(service_error(kerrors.CoordinatorNotAvailableError("error for GROUP/g1:"))).endswith("GROUP/g1")
+    assert not away.coordinator
     own = DeliveryError("2 message(s) not acknowledged")
     assert service_error(own) is own and service_error(None) is None
     assert issubclass(MissingTopicError, KafkaFatal)

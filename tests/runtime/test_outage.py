@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+from kafka.errors import CoordinatorNotAvailableError, KafkaTimeoutError
+from perceptron_stream.kafka.errors import service_error
 from perceptron_stream.runtime.health import Health
-from perceptron_stream.runtime.outage import QUIETED, Outage
+from perceptron_stream.runtime.outage import COORDINATOR_PATIENCE_S, QUIETED, Outage
 
 KAFKA_PYTHON = logging.getLogger("kafka.net.manager")  # where kafka-python logs a refused connection
 LIBRDKAFKA = logging.getLogger("perceptron_stream.kafka.confluent")  # where librdkafka's log and errors go
@@ -85,6 +87,48 @@ def test_log_level_debug_quiets_nothing(caplog):
     _clients_speak()
     assert _said(caplog, "kafka.net.manager") and _said(caplog, "perceptron_stream.kafka.confluent")
     assert any("still do not answer" in r.getMessage() for r in caplog.records)  # the later failures, at DEBUG
+
+
+def test_a_coordinator_not_available_yet_is_said_as_such_not_as_brokers_that_do_not_answer(caplog, monkeypatch):
+    """A new cluster's first group meets CoordinatorNotAvailableError for a second: the brokers answered. Saying
+    "the brokers do not answer, check --bootstrap-servers" sent people checking a setting that was right."""
+    caplog.set_level(logging.DEBUG, logger="")
+    outage = Outage("kafka:9092")
+    loading = service_error(CoordinatorNotAvailableError("FindCoordinatorResponse error for GROUP/g1"))
+    assert outage.failed("read the group's committed offsets", loading) is True
+    for _ in range(5):
+        assert outage.failed("read the group's committed offsets", loading) is False
+    said = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert [r.levelno for r in said] == [logging.INFO], [r.getMessage() for r in said]  # one line, no warning
+    text = said[0].getMessage()
+    assert text.startswith("waiting for the coordinator (could not read the group's committed offsets: ")
+    assert "CoordinatorNotAvailableError" in text and "the brokers at kafka:9092 answer" in text
+    assert "do not answer" not in text and "--bootstrap-servers" not in text
+    caplog.clear()
+    assert outage.since is not None
+    monkeypatch.setattr(outage, "since", outage.since - COORDINATOR_PATIENCE_S - 1)  # as if it had lasted
+    outage.failed("read the group's committed offsets", loading)
+    outage.failed("read the group's committed offsets", loading)
+    [lasted] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]  # once it lasts: once
+    assert lasted.startswith("still waiting for the coordinator after ") and "offsets.topic.replication" in lasted
+    caplog.clear()
+    outage.answered()
+    [back] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert back.startswith("the coordinator answers, after ") and "8 failed call(s)" in back
+    assert "the brokers" not in back and not outage.on
+
+
+def test_brokers_that_stop_answering_while_a_coordinator_is_awaited_are_an_outage(caplog):
+    caplog.set_level(logging.DEBUG, logger="")
+    outage = Outage("kafka:9092")
+    outage.failed("read the group's committed offsets", service_error(CoordinatorNotAvailableError()))
+    assert outage.failed("read the group's committed offsets", service_error(KafkaTimeoutError("no answer")))
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith("the brokers at kafka:9092 do not answer") and "--bootstrap-servers" in warning
+    caplog.clear()
+    outage.answered()
+    [back] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert back.startswith("the brokers at kafka:9092 answer again")
 
 
 def test_health_ends_the_outage_when_the_brokers_answer():

@@ -41,3 +41,4 @@ def test_a_signal_the_main_thread_never_sees_still_stops_the_process_at_the_dead
     assert process.returncode == 1, err
     assert out == "asked to stop by SIGTERM\n"
     assert "did not stop within 1 s of SIGTERM: stuck in a test; exiting with code 1" in err
+    assert err.count("did not stop within") == 1, err  # printed, not logged as well

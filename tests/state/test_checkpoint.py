@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -292,6 +293,8 @@ def test_local_falls_back_to_the_newest_good_checkpoint(tmp_path, caplog):
     middle.mkdir()  # unreadable: an OSError, not a crash
     assert _seq(store) == 1
     assert "restored checkpoint checkpoint-000000000001.json" in caplog.text
+    # each skipped one said once, in the WARNING of the one restored: no ERROR of its own before it
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_symlinks_and_fifos_are_refused_without_being_opened(tmp_path, caplog):

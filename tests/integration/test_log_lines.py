@@ -1,0 +1,111 @@
+"""What a person reads in the service's log on Apache Kafka: each line true, said once, the clients' noise at DEBUG.
+
+Read as a newcomer meets them: the first start on a new cluster (its group
+coordinator not there yet), the first start of a group, a restart restored
+from the Kafka store, ``model export``. Each was a line that misled: "the
+brokers do not answer" from brokers that had answered, an ERROR of a refresh
+the client cancelled itself, a WARNING and "assigned nothing" before the real
+assignment, "starting from zero weights" before starting from a model file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+
+from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka import KafkaIO
+
+from tests.support import ROOT
+from tests.support.brokers import new_broker
+from tests.support.launch import settings_args, start_service_process
+from tests.support.service import make_events, stop_process, tail, wait_assigned
+from tests.support.topics import consume, create_topic, produce
+from tests.support.waiting import wait_until
+
+#: A record of the service's log at WARNING or above, and which logger wrote it.
+LOUD = re.compile(r"(?m)^\S+ \S+ (WARNING|ERROR|CRITICAL) +(\S+): (.*)$")
+
+
+def _loud(log: str) -> list[str]:
+    return [m.group(0) for m in LOUD.finditer(log)]
+
+
+def test_a_first_join_assigns_the_partitions_at_once_without_a_warning(apache_kafka, topics, caplog):
+    """kafka-python joined before its first metadata on about one first start in three: the leader assigned
+    nothing ("No partition metadata for topic"), then a second rebalance the partition. Six first joins here."""
+    bootstrap = apache_kafka.bootstrap_servers
+    create_topic(bootstrap, topics["input_topic"])
+    caplog.set_level(logging.WARNING, logger="kafka")
+    for attempt in range(6):
+        assigned: list[list] = []
+        io = KafkaIO(
+            KafkaSettings(bootstrap_servers=bootstrap),
+            group_id=f"{topics['group_id']}-{attempt}",
+            topics=[topics["input_topic"]],
+            auto_offset_reset="earliest",
+            on_assigned=lambda partitions, into=assigned: into.append(sorted(partitions)),
+            on_revoked=lambda partitions: None,
+            max_poll_records=10,
+            fetch_max_wait_ms=20,
+        )
+        try:
+            wait_until(lambda io=io, into=assigned: io.poll(100, 10) is not None and bool(into), 60, what="a join")
+        finally:
+            io.close()
+        assert assigned[0] == [(topics["input_topic"], 0)], (attempt, assigned)
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("kafka")]
+
+
+def test_a_new_clusters_first_start_a_restart_and_an_export_say_only_what_is_true(tmp_path, topics):
+    """On a cluster of its own, new: its group coordinator is not there until the first group asks for it."""
+    with new_broker("apache-kafka", tmp_path / "kafka") as kafka:
+        bootstrap = kafka.bootstrap_servers
+        events = make_events(200, seed=34)
+        produce(bootstrap, topics["input_topic"], events)
+        checkpoints = f"ckpt-{topics['group_id']}"
+        args = settings_args(kafka, topics, tmp_path, state_store="kafka", checkpoint_topic=checkpoints)
+
+        first = _run(args, tmp_path / "first.log", "no checkpoint yet of model", bootstrap, topics, len(events))
+        assert "do not answer" not in first, first  # the brokers answered: CoordinatorNotAvailableError, said as such
+        assert "assigned nothing" not in first and "No partition metadata" not in first, first
+        assert not _loud(first), first
+        for created in (topics["output_topic"], topics["dlq_topic"], checkpoints):  # said, not hushed with the clients
+            assert f"created topic {created} with 1 partition(s)" in first, first
+
+        restart = _run(args, tmp_path / "restart.log", "restored checkpoint", bootstrap, topics, 0)
+        assert "Metadata refresh" not in restart and not _loud(restart), restart  # the store's reader closed
+
+        export = [
+            sys.executable,
+            "-m",
+            "perceptron_stream.cli",
+            "model",
+            "export",
+            "--output",
+            str(tmp_path / "m.json"),
+        ]
+        export += ["--state-store", "kafka", "--checkpoint-topic", checkpoints, "--bootstrap-servers", bootstrap]
+        export += ["--group-id", topics["group_id"], "--input-topic", topics["input_topic"]]
+        done = subprocess.run(export, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert re.fullmatch(r"wrote checkpoint \d+ of model to \S+\n", done.stderr), done.stderr  # that line alone
+        assert json.loads((tmp_path / "m.json").read_text())["kind"] == "perceptron-stream.model"
+
+
+def _run(args, log_path, started: str, bootstrap: str, topics: dict, outputs: int) -> str:
+    """The service's log from its start to its stop (SIGTERM, exit 0), once ``started`` is logged and
+    ``outputs`` predictions are on the output topic."""
+    process = start_service_process(args, log_path)
+    try:
+        wait_assigned(process, log_path, topics["input_topic"])
+        wait_until(lambda: started in log_path.read_text(), 60, what=started)
+        if outputs:
+            consume(bootstrap, topics["output_topic"], outputs)
+    finally:
+        code = stop_process(process, log_path)
+    assert code == 0, tail(log_path)
+    return log_path.read_text()
