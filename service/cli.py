@@ -96,8 +96,7 @@ def run_serve(settings: ServeSettings) -> int:
     try:
         return Application(settings).run()
     except (StartupError, CheckpointError, StateLockedError, MissingTopicError) as exc:
-        logging.getLogger(PROG).error("%s", exc)
-        print(f"{PROG} serve: {exc}", file=sys.stderr)
+        print(f"{PROG} serve: {exc}", file=sys.stderr)  # once: the log goes to stderr too
         return 1
 
 
