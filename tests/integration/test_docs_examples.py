@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -73,7 +74,7 @@ def test_the_scale_out_commands_run_as_written_on_one_host(broker, tmp_path):
     assert write_config_files(page, tmp_path) == [f"orders-{tag}.toml"]
     [example] = [e for e in shell_examples([page]) if "--metrics-port" in e.code]
     env = {**os.environ, "PERCEPTRON_STREAM_BOOTSTRAP_SERVERS": broker.bootstrap_servers}
-    instances: list[tuple[subprocess.Popen, object]] = []
+    instances: list[tuple[subprocess.Popen, Path]] = []
     metric_lines = []
     try:
         for line_env, command in commands_of(example):
