@@ -99,11 +99,10 @@ def run_serve(settings: ServeSettings) -> int:
     try:
         return Application(settings).run()
     except ConfigError as exc:  # a setting only start-up could judge (the brokers' kind, the model file): exit 2
-        logging.getLogger(PROG).error("%s", exc)
-        print(f"{PROG} serve: {exc}", file=sys.stderr)
+        print(f"{PROG} serve: {exc}", file=sys.stderr)  # once: the log goes to stderr too
         return 2
     except (StartupError, CheckpointError, StateLockedError, MissingTopicError) as exc:
-        print(f"{PROG} serve: {exc}", file=sys.stderr)  # once: not logged as well (both went to stderr)
+        print(f"{PROG} serve: {exc}", file=sys.stderr)  # once: the log goes to stderr too
         return 1
 
 

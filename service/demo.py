@@ -15,7 +15,6 @@ everything; the broker goes with it.
 
 from __future__ import annotations
 
-import errno
 import logging
 import signal
 import sys
@@ -253,22 +252,17 @@ class DemoView:
         return line
 
 
-def describe_failure(exc: BaseException, metrics_port: int) -> str:
-    """What went wrong with the demo's service, in a sentence that says what to do."""
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-        return f"port {metrics_port} is in use: try --metrics-port with another port (0 picks a free one)"
-    if isinstance(exc, OSError) and exc.errno == errno.EACCES:
-        return f"not allowed to listen on port {metrics_port}: try --metrics-port above 1023"
-    if isinstance(exc, (StartupError, CheckpointError)):
+def describe_failure(exc: BaseException) -> str:
+    """What went wrong with the demo's service, in a sentence that says what to do (a port in use is a StartupError
+    naming --metrics-port: service/http.py's)."""
+    if _expected(exc):
         return str(exc)
     return f"{type(exc).__name__}: {exc} (traceback above)"
 
 
 def _expected(exc: BaseException) -> bool:
     """A failure the message explains in full: no traceback needed."""
-    return isinstance(exc, (StartupError, CheckpointError)) or (
-        isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EACCES)
-    )
+    return isinstance(exc, (StartupError, CheckpointError))
 
 
 class _ServiceThread(threading.Thread):
@@ -399,7 +393,7 @@ def run_demo(settings: DemoSettings) -> int:
         if service.error is not None:
             if not _expected(service.error):
                 traceback.print_exception(service.error)
-            failure = describe_failure(service.error, settings.metrics_port)
+            failure = describe_failure(service.error)
         elif died:
             failure = "the service stopped by itself (see the log above)"
         elif service.is_alive():

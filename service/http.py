@@ -41,6 +41,7 @@ from urllib.parse import parse_qs, unquote
 import orjson
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.runtime.health import Health
+from perceptron_stream.runtime.retry import StartupError
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import CollectorRegistry, RestrictedRegistry
 
@@ -147,6 +148,32 @@ def model_page(query: str) -> tuple[int, int] | str:
     return out[0], out[1]
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The endpoints' listening socket on ``host:port`` (SO_REUSEADDR on POSIX, as ``create_server`` sets it).
+
+    A port another process holds (a second instance on one host with the default 8000), a port below 1024 without
+    the right to it, or a host that is no address of this machine is the operator's to change, not a bug: a
+    StartupError naming the setting, which the commands print as one line (exit 1, as for a state directory
+    another instance holds: the same command works once the port is free), instead of a traceback.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            problem = (
+                f"--metrics-port {port}: {host}:{port} is in use by another process (each instance on one host "
+                "needs a --metrics-port of its own; 0 picks a free one)"
+            )
+        elif exc.errno == errno.EACCES:
+            problem = f"--metrics-port {port}: not allowed to listen on {host}:{port} (try a port above 1023)"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            problem = f"--metrics-host {host}: no address of this machine (127.0.0.1, or 0.0.0.0 for every address)"
+        else:
+            raise
+        raise StartupError(f"cannot serve /metrics, /healthz, /readyz and /model: {problem}") from None
+
+
 class _Connection:
     __slots__ = ("closed", "deadline", "out", "received", "sent", "sock")
 
@@ -190,10 +217,7 @@ class HttpEndpoints:
         metrics.track_poll_loop(health)
         self.max_connections = max_connections or connection_cap(_open_files_limit())
         self.head_timeout_s, self.write_timeout_s = head_timeout_s, write_timeout_s
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server(
-            (host, port), family=family, backlog=socket.SOMAXCONN
-        )  # SO_REUSEADDR on POSIX
+        self._listener = listen(host, port)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()

@@ -311,3 +311,38 @@ def test_a_refused_start_says_its_error_once(tmp_path):
     )
     assert refused.returncode != 0 and "needs --state-store kafka" in refused.stderr, refused.stderr
     assert refused.stderr.count("needs --state-store kafka") == 1, refused.stderr
+
+
+def test_a_second_instance_on_a_taken_metrics_port_stops_with_one_line_naming_it(tmp_path):
+    """Two `serve` on one host with the default --metrics-port: the second says so in one line and exits 1.
+
+    Exit 1, not 2: the port is a valid setting that another process holds (a second instance, or the previous one
+    still stopping), as a state directory another instance holds is (exit 1); the same command works once it is
+    free. The first instance waits for brokers that do not answer, its endpoints up all the while."""
+    from tests.support.endpoints import http_get
+    from tests.support.launch import start_service_process
+    from tests.support.prometheus_server import free_port
+    from tests.support.service import stop_process, tail
+    from tests.support.waiting import wait_until
+
+    port = free_port()
+    args = ["--bootstrap-servers", f"127.0.0.1:{free_port()}", "--metrics-port", str(port)]
+    first = start_service_process([*args, "--state-dir", str(tmp_path / "a")], tmp_path / "first.log")
+    try:
+        wait_until(
+            lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] != 0 or first.poll() is not None,
+            60,
+            what="the first instance's endpoints",
+        )
+        assert first.poll() is None, tail(tmp_path / "first.log")
+        second = start_service_process([*args, "--state-dir", str(tmp_path / "b")], tmp_path / "second.log")
+        assert second.wait(60) == 1, tail(tmp_path / "second.log")
+        lines = (tmp_path / "second.log").read_text().splitlines()
+        assert lines == [
+            f"perceptron-stream serve: cannot serve /metrics, /healthz, /readyz and /model: --metrics-port {port}: "
+            f"127.0.0.1:{port} is in use by another process (each instance on one host needs a --metrics-port of its "
+            "own; 0 picks a free one)"
+        ], lines
+        assert first.poll() is None, tail(tmp_path / "first.log")  # the first one goes on
+    finally:
+        stop_process(first, tmp_path / "first.log")

@@ -261,3 +261,16 @@ def _cpu_seconds(pid: int) -> float:
 def test_the_cap_leaves_most_descriptors_to_the_rest_of_the_service():
     assert http.connection_cap(1024) == http.MAX_CONNECTIONS == 128
     assert http.connection_cap(256) == 64
+
+
+def test_an_address_the_endpoints_cannot_listen_on_is_a_startup_error_naming_the_setting():
+    """A port another socket holds names --metrics-port; a host that is no address of this machine names
+    --metrics-host (192.0.2.1: TEST-NET-1, never local)."""
+    from perceptron_stream.runtime.retry import StartupError
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(StartupError, match=rf"--metrics-port {port}: 127\.0\.0\.1:{port} is in use"):
+            HttpEndpoints(ServiceMetrics(window=10, version="t", variant="plain"), Health(30.0), "127.0.0.1", port)
+    with pytest.raises(StartupError, match=r"--metrics-host 192\.0\.2\.1: no address of this machine"):
+        http.listen("192.0.2.1", 0)

@@ -16,7 +16,7 @@ from perceptron_stream.kafka.backoff import Backoff
 from perceptron_stream.kafka.contract import MissingTopicError, TopicSpec
 from perceptron_stream.kafka.errors import FATAL_ERRORS, translated
 from perceptron_stream.kafka.kp_mends import AdminClient, close_consumer
-from perceptron_stream.kafka.kp_options import kafka_python_options
+from perceptron_stream.kafka.kp_options import READ_FETCH_MAX_WAIT_MS, kafka_python_options
 
 log = logging.getLogger(__name__)
 #: What the service did, said under its own logger: the Kafka layer's (``log``) is quiet at start-up until the
@@ -173,6 +173,7 @@ def log_ranges(settings: KafkaSettings, topic: str, timeout_s: float = 10.0) -> 
         max_poll_records=1,
         fetch_max_bytes=64 * 1024,
         max_partition_fetch_bytes=64 * 1024,
+        fetch_max_wait_ms=READ_FETCH_MAX_WAIT_MS,  # an empty log's fetch tells its end at once, not after 500 ms
         request_timeout_ms=int(timeout_s * 1000),
     )
     try:

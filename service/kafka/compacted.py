@@ -29,7 +29,12 @@ from kafka.errors import KafkaError
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.errors import service_error, translated
 from perceptron_stream.kafka.kp_mends import close_consumer, close_producer
-from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, kafka_python_options, make_producer
+from perceptron_stream.kafka.kp_options import (
+    ISOLATION_LEVEL,
+    READ_FETCH_MAX_WAIT_MS,
+    kafka_python_options,
+    make_producer,
+)
 
 
 class _ReadEnd:
@@ -80,6 +85,7 @@ class CompactedTopic:
             fetch_max_bytes=1024 * 1024,
             max_partition_fetch_bytes=1024 * 1024,
             max_poll_records=16,
+            fetch_max_wait_ms=READ_FETCH_MAX_WAIT_MS,
         )
         try:
             partitions = consumer.partitions_for_topic(self.topic) or set()
@@ -133,7 +139,7 @@ class TopicTail:
             fetch_max_bytes=1024 * 1024,
             max_partition_fetch_bytes=1024 * 1024,
             max_poll_records=64,
-            fetch_max_wait_ms=20,
+            fetch_max_wait_ms=READ_FETCH_MAX_WAIT_MS,
         )
         try:
             partitions = self.consumer.partitions_for_topic(topic) or set()
@@ -193,6 +199,7 @@ class PartitionedLog:
             isolation_level=ISOLATION_LEVEL,
             fetch_max_bytes=4 * 1024 * 1024,
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            fetch_max_wait_ms=READ_FETCH_MAX_WAIT_MS,
         )
         try:
             tp = TopicPartition(self.topic, partition)

@@ -80,6 +80,13 @@ def client_options(settings: KafkaSettings) -> dict[str, Any]:
     return options
 
 
+#: How long the brokers hold a fetch that finds nothing new (Kafka's default: 500 ms) for the readers of a
+#: topic's whole log (checkpoints, the pending changelog, the logs' ranges) and the mix topic's tail. A read of a
+#: whole log ends on such a fetch (an empty topic's first, the quiet one past the end): at 500 ms every restore
+#: waited half a second for nothing. 20 ms, the poll loop's floor (--fetch-max-wait-ms: kafka-python stalled at 5 ms).
+READ_FETCH_MAX_WAIT_MS = 20
+
+
 def kafka_python_options(settings: KafkaSettings) -> dict:
     """:func:`client_options` and the network client every kafka-python client here is built with.
 

@@ -12,7 +12,6 @@ state that learned those events is lost).
 
 from __future__ import annotations
 
-import functools
 import logging
 from functools import partial
 
@@ -33,6 +32,35 @@ class Restorer:
     def __init__(self, settings, store, retry: Retry, initial=None):
         self.settings, self.store, self.retry = settings, store, retry
         self.initial = initial  # (task) -> None: what a new model starts from (--initial-model)
+        self._read: dict | None = None  # within restore_all: what was read from the brokers, for the next task
+
+    def restore_all(self, tasks: list) -> None:
+        """Each of ``tasks`` restored as :meth:`restore` does, with one read of the store, of the group's committed
+        offsets and of each topic's log ranges for them all (partition scope: the partitions one rebalance assigned).
+
+        Each read is a client of its own (its connection, metadata and fetches), 0.3-0.7 s: one after another,
+        six partitions took 4 s. Every read is made where a single restore makes it, at its first use, so the
+        order holds: under exactly-once the group's stable offsets before the checkpoints (a checkpoint counts
+        when its positions are committed offsets). One answer serves every task: the offsets of partitions just
+        assigned were committed by their previous owners before the group handed them on, and a log grows at
+        its end (a position inside its range stays inside).
+        """
+        self._read = {}
+        try:
+            with self.store.reading([task.name for task in tasks]):
+                for task in tasks:
+                    self.restore(task)
+        finally:
+            self._read = None
+
+    def _once(self, what: tuple, read, description: str):
+        """``read()`` retried until it works (None: stopped meanwhile); within restore_all, once for every task."""
+        if self._read is not None and what in self._read:
+            return self._read[what]
+        value = self.retry.until_it_works(read, description)
+        if self._read is not None and value is not None:
+            self._read[what] = value
+        return value
 
     def restore(self, task, *, legacy: bool = False) -> bool:
         """``task`` restored from its store (:meth:`_restore`); a new model's book-keeping set up otherwise."""
@@ -80,8 +108,10 @@ class Restorer:
             s = self.settings
             committed = {}
             for topic in [s.input_topic] + ([s.label_topic] if s.label_topic else []):  # a task reads both
-                offsets = self.retry.until_it_works(  # stable: no transaction committing them still ending
-                    partial(committed_offsets, s, s.group_id, topic, stable=True), "read the group's committed offsets"
+                offsets = self._once(  # stable: no transaction committing them still ending
+                    ("stable offsets", topic),
+                    partial(committed_offsets, s, s.group_id, topic, stable=True),
+                    "read the group's committed offsets",
                 )
                 committed.update({(topic, p): o for p, o in (offsets or {}).items()})
             only_committed = {"committed": committed}
@@ -151,8 +181,10 @@ class Restorer:
         s = self.settings
         if getattr(task, "started_over", False):
             return False
-        offsets = self.retry.until_it_works(
-            lambda: committed_offsets(s, s.group_id, s.input_topic), "read the group's committed offsets"
+        offsets = self._once(
+            ("offsets", s.input_topic),
+            partial(committed_offsets, s, s.group_id, s.input_topic),
+            "read the group's committed offsets",
         )
         mine = {p: o for p, o in (offsets or {}).items() if task.partition is None or p == task.partition}
         if not mine:
@@ -213,8 +245,8 @@ class Restorer:
         """
         outside = []
         for topic in sorted({t for t, _ in cp.positions}):
-            ranges = self.retry.until_it_works(
-                functools.partial(log_ranges, self.settings, topic), f"read the logs' ranges of {topic}"
+            ranges = self._once(
+                ("ranges", topic), partial(log_ranges, self.settings, topic), f"read the logs' ranges of {topic}"
             )
             for (t, partition), position in sorted(cp.positions.items()):
                 if t != topic:

@@ -38,6 +38,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -221,6 +222,11 @@ class LocalStore:
                 yield path.name, decode_checkpoint(read_regular(path), self.key)
             except (CheckpointError, OSError) as exc:
                 yield path.name, CheckpointError(str(exc))
+
+    @contextmanager
+    def reading(self, tasks: list[str]) -> Iterator[None]:
+        """Nothing to share: each task's files are read by its own load (a few files in a directory)."""
+        yield
 
     def adopt_legacy(self, task: str) -> None:
         """Move version 0.1's checkpoints under this group's ``task`` (the caller vouched for them)."""

@@ -9,6 +9,7 @@ task's pending tables live (:meth:`Store.pending_dir`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -37,6 +38,10 @@ class Store(Protocol):
         legacy: bool = False,
     ) -> Checkpoint | None:
         """The newest usable checkpoint of ``task`` (see :func:`~perceptron_stream.state.checkpoint.newest_usable`)."""
+
+    def reading(self, tasks: list[str]) -> AbstractContextManager[None]:
+        """A context within which loads of ``tasks`` may share one read of the store (several partitions restored
+        at once)."""
 
     def adopt_legacy(self, task: str) -> None:
         """Take version 0.1's checkpoints as ``task``'s (the caller vouched for them)."""

@@ -147,7 +147,7 @@ def test_a_service_that_cannot_start_fails_the_demo_with_the_cause(tmp_path):
             if demo.poll() is None:
                 demo.kill()
     assert demo.returncode == 1, stdout + stderr
-    assert f"port {port} is in use: try --metrics-port" in stderr, stderr
+    assert f"--metrics-port {port}: 127.0.0.1:{port} is in use" in stderr, stderr
     assert "Traceback" not in stderr, stderr  # the message says it all
     assert "stopped: broker, producer and service are down" not in stdout  # no success line after a failure
     broker_address = _broker_address(stdout)

@@ -224,3 +224,40 @@ def test_mixing_replicas_publish_their_states_and_hold_the_mix_they_logged(kafka
         assert final.positions == {(topics["input_topic"], p): len(mine)}
         assert final.model == learner.to_state(), f"partition {p}: not the mix it logged, then its own events"
     assert mixed_partitions > 0, "no mix used another partition's state"
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka", "embedded"], indirect=True)
+def test_the_partitions_one_rebalance_assigns_are_restored_with_one_read_of_the_checkpoint_topic(
+    kafka_broker, topics, tmp_path, service_thread, monkeypatch
+):
+    """Each read of the checkpoint topic is a consumer of its own (0.3-0.7 s): 6 partitions restored one read each
+    took 4-5 s. Restored together, one read serves them all, and each replica still gets its own checkpoint."""
+    from perceptron_stream.kafka import CompactedTopic
+
+    per_partition = 50
+    events = dealt_events(PARTITIONS * per_partition, seed=43)
+    produce_dealt(kafka_broker.bootstrap_servers, topics["input_topic"], events)
+    args = _args(kafka_broker, topics, tmp_path, mix_every=0)
+    first = service_thread(args)
+
+    def learned(service) -> bool:
+        tasks = [service.app.tasks.for_partition(p) for p in range(PARTITIONS)]
+        return all(task is not None and task.learner.seen == per_partition for task in tasks)
+
+    wait_until(lambda: learned(first), 120, what="every partition learned")
+    first.stop()  # the final checkpoints
+
+    reads: list[set[bytes]] = []
+    read_latest = CompactedTopic.read_latest
+
+    def counted(topic, wanted, *rest, **options):
+        reads.append(set(wanted))
+        return read_latest(topic, wanted, *rest, **options)
+
+    monkeypatch.setattr(CompactedTopic, "read_latest", counted)
+    second = service_thread(args)
+    wait_until(lambda: learned(second), 120, what="every partition restored")
+    slots = {f"{topics['group_id']}/partition-{p}/{slot}".encode() for p in range(PARTITIONS) for slot in range(3)}
+    assert reads == [slots]
+    for p in range(PARTITIONS):
+        assert second.app.tasks.for_partition(p).positions == {(topics["input_topic"], p): per_partition}
