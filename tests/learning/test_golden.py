@@ -1,4 +1,4 @@
-"""The worked examples of the seeds (/work/shared/seeds), reproduced exactly."""
+"""The worked examples of the seeds (the textbook notes the learning rule comes from), reproduced exactly."""
 
 from __future__ import annotations
 
