@@ -560,17 +560,24 @@ class ServeSettings(KafkaSettings):
                 f"{'.'.join(map(str, first['loc'])) or 'the top'}"
             ) from None
         try:
-            model_file.to_learner(
-                orjson.loads(data),
-                variant=self.variant,
-                margin=self.margin,
-                standardize=self.standardize,
-                hash_features=self.hash_features,
-                max_features=self.max_model_features or None,
-                max_event_features=self.max_features,
-            )
+            self.learner_from_model_file(orjson.loads(data))
         except ValueError as exc:
             raise ValueError(f"initial_model {path} (--initial-model) does not fit: {exc}") from None
+
+    def learner_from_model_file(self, doc: dict):
+        """The learner a model file (``doc``, parsed) starts under these settings; a ValueError naming what of the
+        file does not fit them. One home for the check at start-up and the start itself (runtime/factory.py)."""
+        from perceptron_stream.learning import model_file
+
+        return model_file.to_learner(
+            doc,
+            variant=self.variant,
+            margin=self.margin,
+            standardize=self.standardize,
+            hash_features=self.hash_features,
+            max_features=self.max_model_features or None,
+            max_event_features=self.max_features,
+        )
 
 
 class ProduceSettings(KafkaSettings):

@@ -12,6 +12,7 @@ import pytest
 from perceptron_stream.cli import main
 
 from tests.support import ROOT, SEED_003
+from tests.support.launch import run_command
 
 
 def _augmented_margin(report, X, Y):
@@ -257,25 +258,10 @@ def test_produce_without_a_broker_says_so_in_one_line():
 def test_model_export_without_a_broker_says_so_in_one_line(tmp_path):
     from perceptron_stream.broker import free_port
 
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "model",
-            "export",
-            "--output",
-            str(tmp_path / "m.json"),
-            "--state-store",
-            "kafka",
-            "--bootstrap-servers",
-            f"127.0.0.1:{free_port()}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = run_command(
+        "model", "export", "--output", str(tmp_path / "m.json"), "--state-store", "kafka",
+        "--bootstrap-servers", f"127.0.0.1:{free_port()}",
+    )  # fmt: skip
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("perceptron-stream model export: cannot read topic perceptron-stream.checkpoints: ")
 

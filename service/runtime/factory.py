@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 from perceptron_stream.config import ServeSettings, invalid_setting
-from perceptron_stream.learning import make_learner, model_file
+from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.labels import Joiner
 from perceptron_stream.pipeline.mixer import MixBoard, Mixer
 from perceptron_stream.pipeline.models import DriftWatch, Frozen, ModelSet
@@ -131,15 +131,7 @@ class TaskFactory:
             return
         doc = orjson.loads(s.initial_model.read_bytes())  # checked against the ModelFile contract with the settings
         try:
-            learner = model_file.to_learner(
-                doc,
-                variant=s.variant,
-                margin=s.margin,
-                standardize=s.standardize,
-                hash_features=s.hash_features,
-                max_features=s.max_model_features or None,
-                max_event_features=s.max_features,
-            )
+            learner = s.learner_from_model_file(doc)
         except ValueError as exc:  # checked with the settings (ServeSettings): only a file changed since then
             raise invalid_setting("initial_model", str(exc)) from None
         task.learner = Frozen(learner) if s.learning == "off" else learner

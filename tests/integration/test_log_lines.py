@@ -13,15 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-import subprocess
-import sys
 
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka import KafkaIO
 
-from tests.support import ROOT
 from tests.support.brokers import new_broker
-from tests.support.launch import settings_args, start_service_process
+from tests.support.launch import run_command, settings_args, start_service_process
 from tests.support.service import make_events, stop_process, tail, wait_assigned
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
@@ -79,18 +76,11 @@ def test_a_new_clusters_first_start_a_restart_and_an_export_say_only_what_is_tru
         restart = _run(args, tmp_path / "restart.log", "restored checkpoint", bootstrap, topics, 0)
         assert "Metadata refresh" not in restart and not _loud(restart), restart  # the store's reader closed
 
-        export = [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "model",
-            "export",
-            "--output",
-            str(tmp_path / "m.json"),
-        ]
-        export += ["--state-store", "kafka", "--checkpoint-topic", checkpoints, "--bootstrap-servers", bootstrap]
-        export += ["--group-id", topics["group_id"], "--input-topic", topics["input_topic"]]
-        done = subprocess.run(export, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        done = run_command(
+            "model", "export", "--output", str(tmp_path / "m.json"), "--state-store", "kafka",
+            "--checkpoint-topic", checkpoints, "--bootstrap-servers", bootstrap,
+            "--group-id", topics["group_id"], "--input-topic", topics["input_topic"],
+        )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert re.fullmatch(r"wrote checkpoint \d+ of model to \S+\n", done.stderr), done.stderr  # that line alone
         assert json.loads((tmp_path / "m.json").read_text())["kind"] == "perceptron-stream.model"

@@ -13,7 +13,7 @@ from perceptron_stream.streams import separable
 
 from tests.support import ROOT
 from tests.support.endpoints import http_get, metrics_once
-from tests.support.launch import settings_args
+from tests.support.launch import run_command, settings_args
 from tests.support.service import final_checkpoint
 from tests.support.topics import consume, create_topic, produce
 from tests.support.waiting import wait_until
@@ -137,26 +137,10 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     consume(broker.bootstrap_servers, topics["output_topic"], 500)
     service.stop()
     out = tmp_path / "exported.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "model",
-            "export",
-            "--output",
-            str(out),
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--group-id",
-            topics["group_id"],
-            "--input-topic",
-            topics["input_topic"],
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    done = run_command(
+        "model", "export", "--output", str(out), "--state-dir", str(tmp_path / "state"),
+        "--group-id", topics["group_id"], "--input-topic", topics["input_topic"],
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     assert doc["state"] == final_checkpoint(args, "local").model and doc["variant"] == "averaged"
@@ -172,21 +156,7 @@ def test_model_export_writes_what_serve_starts_from(broker, topics, tmp_path, se
     assert len([line for line in said if line.startswith(f"model starts from --initial-model {out}")]) == 1, said
     again.stop()
     fresh = {**other, "group_id": topics["group_id"] + "-c"}
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "perceptron_stream.cli",
-            "serve",
-            *settings_args(broker, fresh, tmp_path / "c"),
-            "--initial-model",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    refused = run_command("serve", *settings_args(broker, fresh, tmp_path / "c"), "--initial-model", str(out))
     assert refused.returncode == 2, refused.stderr  # a bad setting (docs/reference/cli.md), before connecting
     assert "initial_model" in refused.stderr and "(--initial-model)" in refused.stderr
     assert "the model file holds an averaged perceptron, and --variant is plain" in refused.stderr

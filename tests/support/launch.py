@@ -54,6 +54,19 @@ def start_service_process(
         )
 
 
+def run_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``perceptron-stream ARGS...`` as a child process run to its end (what it prints, its exit status): for a
+    command whose lines on stderr are what the test reads, which a command run in the test's process would mix with
+    the test's own logging."""
+    return subprocess.run(
+        [sys.executable, "-m", "perceptron_stream.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
 class ServiceThread:
     """The Application running in a thread of the test process (the ``service_thread`` fixture starts and stops it)."""
 
