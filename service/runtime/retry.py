@@ -48,6 +48,7 @@ class Retry:
 
     def __init__(self, health: Health, stopping: Callable[[], bool]):
         self.health, self.stopping = health, stopping
+        self.refused: dict[str, int] = {}  # what the brokers said "not now" to → how many times since it last worked
 
     def until_it_works(self, action: Callable[[], Any], what: str) -> Any:
         """``action()``, retried with backoff while the brokers are unavailable; None when stopped meanwhile."""
@@ -73,15 +74,20 @@ class Retry:
         error raises StartupError. /readyz shows an outage when the call timed out, or on any failure of a ``probe``
         (a call made to learn whether the brokers answer; a commit refused during a rebalance says nothing of it)."""
         try:
-            return True, action()
+            result = action()
         except KafkaFatal as exc:
             raise fatal(exc, what) from None
         except KafkaUnavailable as exc:
             if exc.timed_out or probe:  # the brokers did not answer: an outage, said once
                 self.health.broker_failed(what, exc)
-            else:  # they answered no for now (a rebalance): not an outage
-                log.warning("could not %s (%s); trying again later", what, exc)
+            else:  # they answered no for now (a rebalance): not an outage; said once, not at every turn of the loop
+                refusals = self.refused[what] = self.refused.get(what, 0) + 1
+                (log.warning if refusals == 1 else log.debug)("could not %s (%s); trying again later", what, exc)
             return False, None
+        refusals = self.refused.pop(what, 0)
+        if refusals > 1:
+            log.info("could %s again, after %d refusals", what, refusals)
+        return True, result
 
     def sleep(self, seconds: float) -> None:
         """Wait, alive (the loop beats), and return early when the service is stopping."""
