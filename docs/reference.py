@@ -353,12 +353,13 @@ def stale_pages(docs: Path = DOCS) -> list[Path]:
 
 
 def write_pages(docs: Path = DOCS) -> list[Path]:
-    """Regenerate every page's parts in place; the pages that changed."""
+    """Regenerate the parts of every page that is not :func:`up_to_date`, in place; the pages that changed (a page
+    whose ``--help`` parts another Python printed with the same words is left as it is, not laid out anew)."""
     changed = []
     for page in pages(docs):
         text = page.read_text(encoding="utf-8")
         rendered = render(text)
-        if rendered != text:
+        if not up_to_date(text):
             page.write_text(rendered, encoding="utf-8")
             changed.append(page)
     return changed
