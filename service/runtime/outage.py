@@ -45,6 +45,10 @@ QUIETED = {"kafka": logging.CRITICAL, "perceptron_stream.kafka": logging.ERROR}
 
 SETTING = "bootstrap_servers (--bootstrap-servers, PERCEPTRON_STREAM_BOOTSTRAP_SERVERS)"
 
+#: How often an outage that lasts is said again ("still no answer ... after N s"): one line a minute, so a person
+#: reading the log of a long outage sees it is still on, not a line per attempt.
+REMIND_EVERY_S = 60.0
+
 #: How long a coordinator may take to come before the wait is a WARNING (a new cluster's takes a second or two).
 COORDINATOR_PATIENCE_S = 30.0
 
@@ -58,6 +62,7 @@ class Outage:
         self.failures = 0
         self.coordinator = False  # this outage is a wait for a coordinator: the brokers answer
         self._warned = False  # a coordinator's wait said as a WARNING once it lasted
+        self._said_at = 0.0  # monotonic time the outage was last said (its start, or a reminder)
         self._levels: dict[str, int] = {}  # the quieted loggers' own levels, set back when the outage ends
 
     @property
@@ -76,7 +81,18 @@ class Outage:
                 exc,
                 "still waiting for the coordinator" if self.coordinator else "the brokers still do not answer",
             )
-            if self.coordinator and not self._warned and time.monotonic() - self.since > COORDINATOR_PATIENCE_S:
+            now = time.monotonic()
+            if not self.coordinator and now - self._said_at >= REMIND_EVERY_S:
+                self._said_at = now
+                log.warning(
+                    "still no answer from the brokers at %s after %.0f s (could not %s: %s); if they are up, check %s",
+                    self.bootstrap_servers or "the configured address",
+                    now - self.since,
+                    what,
+                    exc,
+                    SETTING,
+                )
+            if self.coordinator and not self._warned and now - self.since > COORDINATOR_PATIENCE_S:
                 self._warned = True
                 log.warning(
                     "still waiting for the coordinator after %.0f s (could not %s: %s): the brokers answer, but "
@@ -99,6 +115,7 @@ class Outage:
             self._quiet()
             return True
         self.since, self.coordinator = self.since or time.monotonic(), False
+        self._said_at = time.monotonic()
         log.warning(
             "the brokers at %s do not answer (could not %s: %s): waiting for them, /readyz is not ready; if they "
             "are up, check %s. The Kafka clients' own log is quiet until they answer.",

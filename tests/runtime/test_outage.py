@@ -165,3 +165,25 @@ def test_a_service_stopped_during_an_outage_gives_the_loggers_their_levels_back(
     assert not thread.is_alive()
     assert logging.getLogger("kafka").level == logging.WARNING
     assert logging.getLogger("perceptron_stream.kafka").level == logging.NOTSET
+
+
+def test_a_lasting_outage_is_said_again_once_a_minute_not_at_each_attempt(caplog, monkeypatch):
+    """One line when it starts, one a minute while it lasts ("still no answer ... after N s"), one when it ends."""
+    import perceptron_stream.runtime.outage as module
+
+    now = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.DEBUG, logger="")
+    outage = Outage("kafka-1:9092")
+    outage.failed("send the outputs", TimeoutError("flush"))
+    for _ in range(150):  # an attempt every second for 150 s
+        now[0] += 1.0
+        outage.failed("send the outputs", TimeoutError("flush"))
+    outage.answered()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(said) == 4, said  # the start, after 60 s, after 120 s, the end
+    assert said[0].startswith("the brokers at kafka-1:9092 do not answer")
+    assert said[1].startswith("still no answer from the brokers at kafka-1:9092 after 60 s (could not send the outputs")
+    assert said[2].startswith("still no answer from the brokers at kafka-1:9092 after 120 s")
+    assert "--bootstrap-servers" in said[1]
+    assert said[3].startswith("the brokers at kafka-1:9092 answer again, after 150 s and 151 failed call(s)")
