@@ -281,7 +281,7 @@ class ApacheKafka:
         logs = [self.root / "stdout.log", Path(self.info.log_path)]
         return any("Address already in use" in path.read_text(errors="replace") for path in logs if path.exists())
 
-    def _launch(self) -> None:
+    def _launch(self, format_storage: bool = True) -> None:
         lib = kafka_lib()
         config = self._write_config()
         java = [
@@ -299,24 +299,25 @@ class ApacheKafka:
         # machine). The run's broker serves the whole suite: the JVM's defaults.
         quick = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
         scram = [f"SCRAM-SHA-{bits}=[name={SCRAM_USER},password={SCRAM_PASSWORD}]" for bits in (256, 512)]
-        fmt = subprocess.run(
-            [
-                *java,
-                *quick,
-                "kafka.tools.StorageTool",
-                "format",
-                "--standalone",
-                f"--cluster-id={self.cluster_id}",  # an id may start with "-"
-                "-c",
-                str(config),
-                *[arg for s in scram for arg in ("--add-scram", s)],
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if fmt.returncode != 0:
-            raise ApacheKafkaError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
+        if format_storage:  # a restart keeps the data it left
+            fmt = subprocess.run(
+                [
+                    *java,
+                    *quick,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--standalone",
+                    f"--cluster-id={self.cluster_id}",  # an id may start with "-"
+                    "-c",
+                    str(config),
+                    *[arg for s in scram for arg in ("--add-scram", s)],
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if fmt.returncode != 0:
+                raise ApacheKafkaError(f"kafka-storage format failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
         self._stdout: IO[bytes] | None = open(self.root / "stdout.log", "ab")  # noqa: SIM115 — the broker's output for its life: stop() closes it
         self.process = subprocess.Popen(
             [*java, *(quick if self.quick_start else []), "kafka.Kafka", str(config)],
@@ -337,6 +338,19 @@ class ApacheKafka:
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL: the broker is gone at once, as in a crash; :meth:`restart` brings it back on its data (outage
+        tests: every connection refused, where a frozen broker's stay open)."""
+        self._signal(signal.SIGKILL)
+        assert self.process is not None
+        self.process.wait()
+        self.stop()
+
+    def restart(self, timeout: float = 120.0) -> ApacheKafka:
+        """The broker again, on the same ports and the data it left (not formatted anew), until it serves clients."""
+        self._launch(format_storage=False)
+        return self.wait_ready(timeout)
 
     def _signal(self, sig: int) -> None:
         if self.process is None or self.process.poll() is not None:
