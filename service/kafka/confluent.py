@@ -686,10 +686,56 @@ def _columns(messages: list) -> tuple:
     )
 
 
+#: librdkafka's errors (``error_cb``) that say the brokers are away: a connection refused or lost, all brokers down.
+#: librdkafka reconnects by itself; the loop learns of an outage from its flushes, commits and lag probes and says it
+#: once (runtime/outage.py). These are DEBUG lines, as are librdkafka's log lines of the same (:class:`_BrokersAway`).
+_AWAY = {CKafkaError._TRANSPORT, CKafkaError._ALL_BROKERS_DOWN}  # noqa: SLF001 — librdkafka's own codes, public in confluent-kafka under a leading underscore
+
+
 def _client_error(err: CKafkaError) -> None:
-    # librdkafka reports connection trouble here and recovers by itself; the
-    # loop learns of an outage from its flushes, commits and lag probes.
+    if err.code() in _AWAY and not err.fatal() and authentication_error(err) is None:
+        log.debug("kafka client: %s", err.str())
+        return
     log.log(logging.ERROR if err.fatal() else logging.WARNING, "kafka client: %s", err.str())
+
+
+class _BrokersAway(logging.Filter):
+    """librdkafka's log lines of a connection refused or lost become DEBUG lines.
+
+    librdkafka logs each failed connection attempt (facility ``FAIL``, at
+    ERROR: "Connect to ipv4#127.0.0.1:9092 failed: Connection refused") and
+    reports it again to ``error_cb``: with the broker SIGKILLed for 12 s,
+    each client's threads (bootstrap, broker, coordinator) reconnecting every
+    0.1-10 s made about 980 lines, ~50 a second. Quieting the logger while an
+    outage is known (runtime/outage.py) missed most of them: librdkafka queues
+    its log for the client's next poll, and the producer's queue was served in
+    one burst of a hundred lines after the outage had ended. Whether the
+    brokers are away is the service's to say, once, naming the setting; a
+    connection librdkafka re-makes by itself is no news. Other lines pass;
+    ``--log-level DEBUG`` shows these as DEBUG lines.
+
+    >>> def line(fac, text):
+    ...     return logging.LogRecord(log.name, logging.ERROR, "", 1, "%s [%s] %s", (fac, "rdkafka#producer-1", text), None)
+    >>> _BrokersAway().filter(line("FAIL", "[thrd:b:9092/bootstrap]: Connect to ipv4#b:9092 failed: Connection refused"))
+    False
+    >>> _BrokersAway().filter(line("TERMINATE", "Handle is terminating in state UP"))
+    True
+    """
+
+    #: librdkafka's facilities (rdkafka_broker.c) of a connection that failed or timed out.
+    FACILITIES = frozenset({"FAIL", "REQTMOUT"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.levelno <= logging.DEBUG or record.msg != "%s [%s] %s" or len(args) != 3:
+            return True  # the DEBUG line it became (below) passes
+        if args[0] not in self.FACILITIES:
+            return True
+        log.debug(record.msg, *args)
+        return False
+
+
+log.addFilter(_BrokersAway())
 
 
 def authentication_error(err: CKafkaError) -> kerrors.KafkaError | None:

@@ -82,7 +82,7 @@ class TopicSpec(NamedTuple):
 class KafkaUnavailable(Exception):
     """The brokers did not answer, or not yet (away, a timeout, a rebalance): waiting and retrying can cure it.
 
-    ``timed_out``: the call gave up waiting (the brokers may be away), as
+    ``timed_out``: the call gave up waiting, or found no connection (the brokers may be away), as
     opposed to an answer that said "not now" (a rebalance in progress).
     ``coordinator``: the brokers answered that the coordinator of the group or transaction is not available (yet):
     a new cluster's coordinator loads for a few seconds; the brokers are up.

@@ -244,8 +244,10 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     text = text.rstrip(":")  # kafka-python ends some with one: "FindCoordinatorResponse error for GROUP/g1:"
     if isinstance(exc, FATAL_ERRORS):
         return KafkaFatal(text, _hint(exc, settings))
-    return KafkaUnavailable(
-        text, timed_out=isinstance(exc, kerrors.KafkaTimeoutError), coordinator=isinstance(exc, COORDINATOR_ERRORS)
+    return KafkaUnavailable(  # a connection refused or lost is no answer either: the brokers away, as a timeout says
+        text,
+        timed_out=isinstance(exc, (kerrors.KafkaTimeoutError, kerrors.KafkaConnectionError)),
+        coordinator=isinstance(exc, COORDINATOR_ERRORS),
     )
 
 

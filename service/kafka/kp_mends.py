@@ -368,7 +368,8 @@ def _closing() -> Iterator[None]:
 
 
 class _ClientNoiseFilter(logging.Filter):
-    """Turns two of kafka-python's lines that report nothing wrong into DEBUG lines (of this module's logger).
+    """Turns kafka-python's lines that report nothing wrong, or what the service says better, into DEBUG lines (of
+    this module's logger).
 
     - ``ERROR kafka.cluster: Metadata refresh: failed Cancelled``: closing a
       client cancels the requests still in flight on its connections, and a
@@ -381,17 +382,30 @@ class _ClientNoiseFilter(logging.Filter):
       It is blocking the event loop``: the client's IO thread timing itself;
       on a busy machine (the GIL held by the poll loop) any step may pass
       0.1 s. A diagnostic for kafka-python's developers, not the operator's.
+    - A connection refused, lost or timed out, and what follows from it ("No
+      node available for metadata refresh", "Marking the coordinator dead", a
+      fetch or a request that failed with KafkaConnectionError): the brokers
+      away. A 12 s outage (the broker SIGKILLed, then restarted) was 84 such
+      lines, most of them in the seconds before the service's own call gave
+      up and said the outage (runtime/outage.py: one line naming
+      --bootstrap-servers when it starts, one a minute while it lasts, one
+      when it ends). A connection kafka-python re-makes by itself is no news;
+      one it cannot is the outage the service says.
 
     Against kafka-python 3.0.12 (kafka/cluster.py ``_do_refresh_metadata``,
-    kafka/net/selector.py ``_poll_once``); no upstream issue found. Installed
-    on those two loggers when this module is imported; other records pass
-    untouched, and ``--log-level DEBUG`` shows these as DEBUG lines.
+    kafka/net/selector.py ``_poll_once``, kafka/net/manager.py,
+    connection.py, transport.py, coordinator/base.py, consumer/fetcher.py); no
+    upstream issue found. Installed on those loggers when this module is
+    imported; other records pass untouched, and ``--log-level DEBUG`` shows
+    these as DEBUG lines.
 
     >>> from kafka.errors import Cancelled, KafkaConnectionError
     >>> def refresh(error):
     ...     return logging.LogRecord("kafka.cluster", logging.ERROR, "", 1, "Metadata refresh: failed %s", (error,), None)
-    >>> _ClientNoiseFilter().filter(refresh(Cancelled())), _ClientNoiseFilter().filter(refresh(KafkaConnectionError()))
+    >>> _ClientNoiseFilter().filter(refresh(Cancelled())), _ClientNoiseFilter().filter(refresh(ValueError()))
     (False, True)
+    >>> _ClientNoiseFilter().filter(refresh(KafkaConnectionError("111 ECONNREFUSED")))  # the brokers away
+    False
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -402,6 +416,8 @@ class _ClientNoiseFilter(logging.Filter):
 
     @staticmethod
     def noise(record: logging.LogRecord) -> bool:
+        if _connection_trouble(record):
+            return True
         if record.name == "kafka.cluster":
             args = record.args if isinstance(record.args, tuple) else ()
             return record.msg == "Metadata refresh: failed %s" and bool(args) and isinstance(args[0], kerrors.Cancelled)
@@ -412,7 +428,47 @@ class _ClientNoiseFilter(logging.Filter):
         )
 
 
-for _logger in ("kafka.cluster", "kafka.net.selector"):
+#: What a connection refused, lost or timed out is, to kafka-python: the errors its lines carry, and the words of the
+#: lines that carry none (kafka/cluster.py, kafka/coordinator/base.py, kafka/net/transport.py and connection.py).
+_CONNECTION_ERRORS = (OSError, kerrors.KafkaConnectionError, kerrors.NodeNotReadyError, kerrors.RequestTimedOutError)
+_CONNECTION_WORDS = (
+    "KafkaConnectionError",
+    "No node available",
+    "socket disconnected",
+    "Request timed out",
+)
+
+
+def _connection_trouble(record: logging.LogRecord) -> bool:
+    """A line of kafka-python's that says a connection to the brokers failed (see :class:`_ClientNoiseFilter`)."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    error = record.exc_info[1] if record.exc_info else None
+    return (
+        isinstance(error, _CONNECTION_ERRORS)
+        or any(isinstance(arg, _CONNECTION_ERRORS) for arg in args)
+        or any(words in record.getMessage() for words in _CONNECTION_WORDS)
+    )
+
+
+#: kafka-python's loggers that report connections, or what failed for want of one: a logger's filters see only
+#: the records logged on it (not its children's).
+_NOISY_LOGGERS = (
+    "kafka.cluster",
+    "kafka.net.selector",
+    "kafka.net.manager",
+    "kafka.net.connection",
+    "kafka.net.transport",
+    "kafka.coordinator",
+    "kafka.coordinator.consumer",
+    "kafka.coordinator.heartbeat",
+    "kafka.consumer.fetcher",
+    "kafka.consumer.group",
+    "kafka.producer.kafka",
+    "kafka.producer.sender",
+    "kafka.producer.transaction_manager",
+    "kafka.admin.client",
+)
+for _logger in _NOISY_LOGGERS:
     logging.getLogger(_logger).addFilter(_ClientNoiseFilter())
 
 

@@ -149,6 +149,8 @@ class Checkpointer:
         to_commit = self._to_commit
         if not to_commit or stream is None:
             return
+        # a commit of partitions no longer owned (revoked in an outage) asks the brokers nothing: no sign they answer
+        asked = not set(to_commit).isdisjoint(stream.assignment())
         # e.g. RebalanceInProgress: keep polling; the next batch commits, or the redelivered events are processed again
         ok, _ = self.retry.once(
             lambda: stream.commit(to_commit, timeout_s=COMMIT_TIMEOUT_S),
@@ -160,7 +162,8 @@ class Checkpointer:
             self._to_commit is to_commit
         ):  # a revocation during the commit (confluent) may have checkpointed newer positions
             self._to_commit = None
-        self.health.broker_ok = True
+        if asked:
+            self.health.broker_ok = True
 
     # exactly-once ----------------------------------------------------------
     def transact(self, tasks, stream) -> bool:

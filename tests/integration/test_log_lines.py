@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 
+import pytest
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka import KafkaIO
 
@@ -99,3 +101,54 @@ def _run(args, log_path, started: str, bootstrap: str, topics: dict, outputs: in
         code = stop_process(process, log_path)
     assert code == 0, tail(log_path)
     return log_path.read_text()
+
+
+#: A record of the service's log at INFO or above: its level, logger and message.
+SAID = re.compile(r"(?m)^\S+ \S+ (INFO|WARNING|ERROR|CRITICAL) +(\S+): (.*)$")
+
+
+@pytest.mark.parametrize("own_broker", ["apache-kafka"], indirect=True)
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_broker_killed_for_12_seconds_is_one_line_when_it_goes_and_one_when_it_comes_back(
+    own_broker, tmp_path, topics, client
+):
+    """Before: a 12 s outage (the broker SIGKILLed, then restarted) gave about 980 lines on confluent-kafka
+    (librdkafka's FAIL and connect errors, ~50 a second) and a burst of dozens on kafka-python. Now the service says
+    once that the brokers do not answer, naming --bootstrap-servers, and once that they answer again; the clients'
+    own lines are DEBUG meanwhile (no reminder: "still no answer" comes a minute into an outage)."""
+    produce(own_broker.bootstrap_servers, topics["input_topic"], make_events(20, seed=35))
+    log_path = tmp_path / "serve.log"
+    args = settings_args(own_broker, topics, tmp_path, kafka_client=client)
+    process = start_service_process(args, log_path)
+    try:
+        wait_assigned(process, log_path, topics["input_topic"])
+        consume(own_broker.bootstrap_servers, topics["output_topic"], 20)  # the stream flows
+        before = len(log_path.read_text(errors="replace"))
+        own_broker.kill()
+        killed = time.monotonic()
+        wait_until(lambda: "do not answer" in log_path.read_text(errors="replace")[before:], 60, what="the outage said")
+        time.sleep(max(0.0, 12.0 - (time.monotonic() - killed)))
+        while_away = log_path.read_text(errors="replace")[before:]
+        own_broker.restart()
+        wait_until(
+            lambda: "answer again" in log_path.read_text(errors="replace")[before:] or process.poll() is not None,
+            120,
+            what="the end of the outage said",
+        )
+        assert process.poll() is None, tail(log_path)
+        outage = log_path.read_text(errors="replace")[before:]
+    finally:
+        assert stop_process(process, log_path) == 0, tail(log_path)
+    said = SAID.findall(outage)
+    print(f"{client}: {len(said)} lines at INFO and above from the kill to the end of the outage")
+    went = [message for _, _, message in said if "do not answer" in message]
+    back = [message for _, _, message in said if "answer again" in message]
+    assert len(went) == 1 and f"the brokers at {own_broker.bootstrap_servers} do not answer" in went[0], outage
+    assert "--bootstrap-servers" in went[0], went
+    assert len(back) == 1, outage
+    # not said while the broker was still dead (a commit of partitions revoked meanwhile asks the brokers nothing)
+    assert "answer again" not in while_away, while_away
+    assert not [line for line in said if line[1].startswith(("kafka.", "perceptron_stream.kafka"))], outage
+    # the two lines, and room for what the restart brings: a commit refused for now (the group forgot the member), its
+    # partition revoked and assigned again
+    assert len(said) <= 6, outage

@@ -36,6 +36,9 @@ class Stream:
     def commit(self, positions, timeout_s):
         self.commits.append(positions)
 
+    def assignment(self):
+        return [("points", 0)]
+
 
 def _checkpointer_and_task(tmp_path):
     s = load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(tmp_path)])
