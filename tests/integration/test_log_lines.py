@@ -113,9 +113,11 @@ def test_a_broker_killed_for_12_seconds_is_one_line_when_it_goes_and_one_when_it
     own_broker, tmp_path, topics, client
 ):
     """Before: a 12 s outage (the broker SIGKILLed, then restarted) gave about 980 lines on confluent-kafka
-    (librdkafka's FAIL and connect errors, ~50 a second) and a burst of dozens on kafka-python. Now the service says
-    once that the brokers do not answer, naming --bootstrap-servers, and once that they answer again; the clients'
-    own lines are DEBUG meanwhile (no reminder: "still no answer" comes a minute into an outage)."""
+    (librdkafka's FAIL and connect errors, ~50 a second; 826 here at 741eaf1, and "answer again" said 5 s in, with
+    the broker still dead) and a burst of dozens on kafka-python (90 here, before the service's own call gave up and
+    said the outage). Now the service says once that the brokers do not answer, naming --bootstrap-servers, and once
+    that they answer again; the clients' own lines are DEBUG (no reminder: "still no answer" comes a minute into an
+    outage, tests/runtime/test_outage.py)."""
     produce(own_broker.bootstrap_servers, topics["input_topic"], make_events(20, seed=35))
     log_path = tmp_path / "serve.log"
     args = settings_args(own_broker, topics, tmp_path, kafka_client=client)
@@ -136,11 +138,13 @@ def test_a_broker_killed_for_12_seconds_is_one_line_when_it_goes_and_one_when_it
             what="the end of the outage said",
         )
         assert process.poll() is None, tail(log_path)
-        outage = log_path.read_text(errors="replace")[before:]
     finally:
         assert stop_process(process, log_path) == 0, tail(log_path)
+    # to the exit: librdkafka queues its log for the next poll, and a queue served late (the producer's, at the
+    # stop) came out as a burst of a hundred lines after the outage
+    outage = log_path.read_text(errors="replace")[before:]
     said = SAID.findall(outage)
-    print(f"{client}: {len(said)} lines at INFO and above from the kill to the end of the outage")
+    print(f"{client}: {len(said)} lines at INFO and above from the kill to the exit")
     went = [message for _, _, message in said if "do not answer" in message]
     back = [message for _, _, message in said if "answer again" in message]
     assert len(went) == 1 and f"the brokers at {own_broker.bootstrap_servers} do not answer" in went[0], outage
@@ -149,6 +153,6 @@ def test_a_broker_killed_for_12_seconds_is_one_line_when_it_goes_and_one_when_it
     # not said while the broker was still dead (a commit of partitions revoked meanwhile asks the brokers nothing)
     assert "answer again" not in while_away, while_away
     assert not [line for line in said if line[1].startswith(("kafka.", "perceptron_stream.kafka"))], outage
-    # the two lines, and room for what the restart brings: a commit refused for now (the group forgot the member), its
-    # partition revoked and assigned again
-    assert len(said) <= 6, outage
+    # the two lines, room for what the restart brings (a commit refused for now: the group forgot the member; its
+    # partition revoked and assigned again), and the stop's (stopping, revoked)
+    assert len(said) <= 8, outage
