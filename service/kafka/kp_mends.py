@@ -409,7 +409,7 @@ class _ClientNoiseFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.noise(record):
+        if record.levelno < logging.WARNING or not self.noise(record):  # a DEBUG or INFO line is quiet already
             return True
         log.debug("%s logged: %s", record.name, record.getMessage())
         return False
