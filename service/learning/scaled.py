@@ -56,24 +56,20 @@ class ScaledPerceptron(base.Classifier):
 
         self.scaler = StandardScaler()
 
-    def predict_one(self, x: dict, **kwargs: Any) -> int | bool:
-        # Only the features the scaler has seen: river's transform_one adds a
-        # zero mean and variance for any other (its dicts are defaultdicts), so
-        # a mere prediction would change the checkpointed state. Such a feature
-        # scales to 0 either way, so the prediction is the same.
+    def _scaled(self, x: dict | list) -> dict:
+        """x scaled as it is now, changing nothing: only the features the scaler has seen. river's transform_one
+        adds a zero mean and variance for any other (its dicts are defaultdicts), so a mere prediction would change
+        the checkpointed state; such a feature scales to 0 either way, so the prediction is the same."""
         counts = self.scaler.counts
-        return self.perceptron.predict_one(
-            self.scaler.transform_one({k: v for k, v in _as_dict(x).items() if k in counts})
-        )
+        return self.scaler.transform_one({k: v for k, v in _as_dict(x).items() if k in counts})
+
+    def predict_one(self, x: dict, **kwargs: Any) -> int | bool:
+        return self.perceptron.predict_one(self._scaled(x))
 
     def score_one(self, x: dict | list) -> float:
         """The score :meth:`step` would publish for x with the scaler as it is; changes nothing (``--learning off``
-        scores by it: :class:`~perceptron_stream.pipeline.models.Frozen`). Only the features the scaler holds, as
-        in :meth:`predict_one`."""
-        counts = self.scaler.counts
-        return self.perceptron.score_one(
-            self.scaler.transform_one({k: v for k, v in _as_dict(x).items() if k in counts})
-        )
+        scores by it: :class:`~perceptron_stream.pipeline.models.Frozen`)."""
+        return self.perceptron.score_one(self._scaled(x))
 
     def learn_one(self, x: dict, y: Any, **kwargs: Any) -> None:
         """Like the pipeline's: y as the perceptron's ``learn_one`` takes it (its kind sets

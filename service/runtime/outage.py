@@ -98,7 +98,7 @@ class Outage:
                     "still waiting for the coordinator after %.0f s (could not %s: %s): the brokers answer, but "
                     "none of them serves it; check the brokers' log (offsets.topic.replication.factor and "
                     "transaction.state.log.replication.factor must not exceed the live brokers)",
-                    time.monotonic() - self.since,
+                    now - self.since,
                     what,
                     exc,
                 )

@@ -20,11 +20,15 @@ from perceptron_stream.wire.messages import Rejection
 from perceptron_stream.wire.outputs import dead_letter_record, outcome
 
 
-def decided_wrong(point: dict, y: int) -> bool:
-    """Whether the decision published for ``point`` (a pending row) was a mistake on its label ``y``: its published
-    score against ``y``, as a labeled event's is scored (a non-finite score, kept as JSON null, is NaN's: none)."""
-    score = point["score"]
+def _kept_wrong(score: float | None, y: int) -> bool:
+    """A score kept with a pending point against its label ``y``, as a labeled event's is scored (a non-finite
+    score, kept as JSON null, is NaN's: no mistake)."""
     return is_mistake(y, math.nan if score is None else score)
+
+
+def decided_wrong(point: dict, y: int) -> bool:
+    """Whether the decision published for ``point`` (a pending row) was a mistake on its label ``y``."""
+    return _kept_wrong(point["score"], y)
 
 
 def challenger_wrong(point: dict, name: str, y: int) -> bool:
@@ -32,10 +36,7 @@ def challenger_wrong(point: dict, name: str, y: int) -> bool:
     (a row kept before scores were holds its prediction ±1, whose sign is its score's: the same verdict but at a
     score of exactly 0); a challenger added since the point came, with nothing kept, is scored as a mistake."""
     scores = point.get("challengers", {})
-    if name not in scores:
-        return True
-    score = scores[name]
-    return is_mistake(y, math.nan if score is None else score)
+    return name not in scores or _kept_wrong(scores[name], y)
 
 
 class Join:
