@@ -118,6 +118,11 @@ def observe_all(histogram: Histogram, values: list[float]) -> None:
         buckets[index].inc(count)
 
 
+#: What state read back can be (perceptron_rejected_state_total's ``kind``) and why it can be refused (``reason``).
+STATE_KINDS = ("checkpoint", "mix", "changelog", "model_file")
+STATE_REASONS = ("damaged", "foreign", "settings", "key", "non_finite", "too_large", "implausible", "replayed", "stale")
+
+
 class ServiceMetrics:
     """The service's metrics, named by Prometheus conventions (``perceptron_`` prefix, base units)."""
 
@@ -268,6 +273,17 @@ class ServiceMetrics:
             "refused",
         ):  # zeros from the start, as for rejected events
             self.mix_rejected.labels(reason)
+        self.rejected_state = Counter(
+            "perceptron_rejected_state",
+            "State read back and refused before it reached the model, by what it was (checkpoint, mix, changelog, "
+            "model_file) and why (damaged, foreign, settings, key, non_finite, too_large, implausible, replayed, "
+            "stale): a record that does not check out is never learned from.",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        for kind in STATE_KINDS:  # zeros from the start, as for rejected events
+            for reason in STATE_REASONS:
+                self.rejected_state.labels(kind, reason)
         self.last_checkpoint = Gauge(
             "perceptron_last_checkpoint_timestamp_seconds",
             "Unix time of the last checkpoint written or restored.",
@@ -308,6 +324,12 @@ class ServiceMetrics:
             {"version": version, "variant": variant}
         )
         self.window = SlidingRate(window)
+
+    def reject_state(self, kind: str, reason: str) -> None:
+        """State of ``kind`` read back and refused for ``reason``; a mix record counts in its own metric too."""
+        self.rejected_state.labels(kind, reason).inc()
+        if kind == "mix":
+            self.mix_rejected.labels(reason).inc()
 
     def observe_tally(self, tally, latency_s: float) -> None:
         """Count what one batch did (a :class:`~perceptron_stream.pipeline.task.Tally`)."""

@@ -70,6 +70,7 @@ ISSUE_METRICS = {
     "perceptron_dropped_features": "counter",
     "perceptron_events_without_known_features": "counter",
     "perceptron_rejected_events": "counter",  # reason
+    "perceptron_rejected_state": "counter",  # kind, reason
     "perceptron_mistake_rate": "gauge",
     "perceptron_mistake_rate_window_events": "gauge",
     "perceptron_processing_latency_seconds": "histogram",

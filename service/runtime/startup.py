@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from uuid import uuid4
 
 from perceptron_stream.config import ServeSettings, invalid_setting
@@ -261,7 +262,7 @@ class Startup:
             model_meta(s),
             counts[s.input_topic],
             signing_key(s),
-            on_reject=lambda reason: self.metrics.mix_rejected.labels(reason).inc(),
+            on_reject=partial(self.metrics.reject_state, "mix"),
         )
         tail = self.retry.until_it_works(lambda: TopicTail(s, s.mix_topic), "read the mix topic")
         if tail is None:

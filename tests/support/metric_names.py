@@ -24,6 +24,7 @@ SERVICE_METRICS = {
     "perceptron_label_delay_seconds_count",
     "perceptron_mix_records_rejected_total",
     "perceptron_rejected_events_total",
+    "perceptron_rejected_state_total",
     "perceptron_mistake_rate",
     "perceptron_mistake_rate_window_events",
     "perceptron_processing_latency_seconds_bucket",
