@@ -30,12 +30,14 @@ from collections.abc import Callable
 
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.admin import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     cluster_identity,
     committed_offsets,
     ensure_topics,
     group_members,
     log_ranges,
     partition_counts,
+    topic_configs,
 )
 from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
 from perceptron_stream.kafka.contract import (
@@ -61,6 +63,7 @@ from perceptron_stream.kafka.kp_options import client_options, make_producer, re
 
 __all__ = [
     "BEGINNING",
+    "DEFAULT_MAX_MESSAGE_BYTES",
     "END",
     "GROUP_TIMINGS",
     "TRANSACTION_TIMEOUT_MS",
@@ -92,6 +95,7 @@ __all__ = [
     "partition_counts",
     "require_codecs",
     "require_mends",
+    "topic_configs",
 ]
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.backoff import Backoff
@@ -146,6 +146,36 @@ def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, s
         admin.close()
     topic_id = described[0].get("topic_id") if described else None
     return cluster_id, None if topic_id in _NO_TOPIC_ID else str(topic_id)
+
+
+#: What a broker holds a record batch to when a topic says nothing of its own (Kafka's message.max.bytes default):
+#: the embedded broker reports no configs, so a topic of its has this bound.
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+@translated
+def topic_configs(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, dict[str, str]]:
+    """Topic → {config name: value} of the configs the topic sets itself (DescribeConfigs).
+
+    What the topic leaves to the brokers' defaults is not in it, and the
+    embedded broker keeps no configs (``{}``): callers fall back to Kafka's
+    defaults, e.g. :data:`DEFAULT_MAX_MESSAGE_BYTES`.
+    """
+    topics = list(topics)
+    admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
+    try:
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics])
+    finally:
+        admin.close()
+    by_topic = described.get("topic", {}) if isinstance(described, dict) else {}
+    return {
+        t: {
+            name: str(entry.get("value"))
+            for name, entry in (by_topic.get(t) or {}).items()
+            if entry.get("value") is not None
+        }
+        for t in topics
+    }
 
 
 @translated
