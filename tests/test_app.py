@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from perceptron_stream.app import Application, StartupError
-from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.config import ConfigError, ServeSettings, load
 from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
 from perceptron_stream.kafka.errors import service_error
 from perceptron_stream.runtime.retry import Retry
@@ -157,7 +157,7 @@ def test_a_checkpoint_of_other_bounds_is_refused(tmp_path, then, said):
     first = _app_on(tmp_path, "--max-model-features", "3")
     first.learner.step({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, 1)
     _save(first)
-    with pytest.raises(StartupError, match=f"other model settings \\({said}\\)"):
+    with pytest.raises(ConfigError, match=f"other model settings \\({said}\\)"):  # one policy per group: exit 2
         _restore(_app_on(tmp_path, *then))
 
 

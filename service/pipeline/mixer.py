@@ -13,6 +13,17 @@ settings must be this model's, and whose model must rebuild; anything else is
 rejected, counted and logged, never mixed in. Each record names the records
 its mix used (``task.mix.inputs``: partition, mix number, μ), so a replica's
 weights can be recomputed from the topic (tests do).
+
+A signature proves who wrote a record, not that it is the latest: each record
+also carries its writer's *epoch* (``task.mix.epoch``), and the board keeps
+every partition's newest (epoch, mix number) read from the topic. A record at or before it is
+refused as ``replayed`` (an old record sent again), unless it is the very
+record read before (a producer's retry). A replica's
+epoch is fixed at its first mix: above the one its checkpoint saved, above the
+partition's newest on the board, and at least the wall clock in milliseconds,
+so a replica restarted from an older checkpoint (at-least-once after a crash)
+publishes mix numbers it published before under a newer epoch, which every
+board takes. Records written before epochs existed have epoch 0.
 """
 
 from __future__ import annotations
@@ -33,6 +44,21 @@ class Published(NamedTuple):
     seq: int  # its mix number
     mistakes: int  # its mistakes since its previous mix: its weight in the next mixes
     state: dict  # its learner's state before it mixed
+    epoch: int = 0  # its writer's epoch (0: written before epochs existed)
+
+
+def replayed(newest: Published | None, candidate: Published) -> bool:
+    """Whether ``candidate`` is at or before ``newest`` (by epoch, then mix number) and is not the same state.
+
+    >>> a = Published(seq=12, mistakes=3, state={"w": 1}, epoch=5)
+    >>> replayed(a, Published(1, 1, {"w": 0}, 5)), replayed(a, Published(12, 3, {"w": 1}, 5))
+    (True, False)
+    >>> replayed(a, Published(1, 0, {"w": 2}, 6)), replayed(None, Published(1, 0, {}, 0))
+    (False, False)
+    """
+    if newest is None or (candidate.epoch, candidate.seq) > (newest.epoch, newest.seq):
+        return False
+    return candidate != newest
 
 
 def mix_key(group_id: str, partition: int) -> bytes:
@@ -46,7 +72,16 @@ class MixBoard:
         self.owner, self.meta, self.partitions, self.key = owner, meta, partitions, key
         self.on_reject = on_reject or (lambda reason: None)
         self.latest: dict[int, Published] = {}
+        #: the newest record of each partition read from the topic (``latest`` may be newer: this instance's own
+        #: replicas put theirs there as they publish, before the topic gives it back)
+        self.read: dict[int, Published] = {}
         self._prefix = f"{owner.group_id}/".encode()
+
+    def epoch_for(self, partition: int, saved: int, now: float) -> int:
+        """A new epoch for ``partition``'s replica: above ``saved`` (its checkpoint's) and the board's newest, and at
+        least the wall clock ``now`` in milliseconds (above a crashed writer's the board has not read yet)."""
+        newest = self.latest.get(partition)
+        return max(saved + 1, (newest.epoch + 1) if newest is not None else 0, int(now * 1000))
 
     def offer(self, key: bytes | None, value: bytes | None) -> None:
         """A record read from the mix topic: kept as its partition's latest when it checks out."""
@@ -85,12 +120,28 @@ class MixBoard:
         mix = cp.task.get("mix")
         if not isinstance(mix, dict) or type(mix.get("mistakes")) is not int or mix["mistakes"] < 0:
             return self._reject("damaged", f"partition {partition}'s mix record has no mistake count")
+        epoch = mix.get("epoch", 0)
+        if type(epoch) is not int or not 0 <= epoch < 1 << 63:
+            return self._reject("damaged", f"partition {partition}'s mix record has a malformed epoch")
+        published = Published(cp.seq, mix["mistakes"], cp.model, epoch)
+        newest = self.read.get(partition)
+        if newest is not None and (epoch, cp.seq) <= (newest.epoch, newest.seq):
+            if not replayed(newest, published):
+                return None  # the same record read again (a producer's retry)
+            return self._reject(
+                "replayed",
+                f"partition {partition}'s mix record (epoch {epoch}, mix {cp.seq}) is not newer than the newest "
+                f"read (epoch {newest.epoch}, mix {newest.seq}): an old record sent again",
+            )
         try:
             learner_from_state(cp.model)
             mix_states(cp.model, [cp.model], [1.0])  # a state of a variant with a mix
         except (ValueError, KeyError, TypeError) as exc:
             return self._reject("damaged", f"partition {partition}'s mix record holds no usable model: {exc}")
-        self.latest[partition] = Published(cp.seq, mix["mistakes"], cp.model)
+        self.read[partition] = published
+        held = self.latest.get(partition)
+        if held is None or (epoch, cp.seq) > (held.epoch, held.seq):  # else: this instance's own, read back late
+            self.latest[partition] = published
 
     def _reject(self, reason: str, message: str) -> None:
         log.warning("mix record rejected: %s", message)
@@ -105,6 +156,8 @@ class Mixer:
         self.mixes = 0  # mixes made: the number of the last one
         self.since = 0  # labeled events learned since the last mix
         self.updates_at_mix = 0  # the learning weights' mistakes (updates) when it last mixed
+        self.saved_epoch = 0  # the epoch its checkpoint recorded (0: none, or one from before epochs)
+        self.epoch: int | None = None  # its epoch, fixed at its first mix (MixBoard.epoch_for)
 
     def learned(self) -> bool:
         """One more labeled event learned; True when a mix is due."""
@@ -117,6 +170,8 @@ class Mixer:
         state = learner.to_state()
         mistakes = learner.updates - self.updates_at_mix
         seq = self.mixes + 1
+        if self.epoch is None:
+            self.epoch = self.board.epoch_for(task.partition, self.saved_epoch, now)
         others = [(p, published) for p, published in sorted(self.board.latest.items()) if p != task.partition]
         mu = mixing_weights([mistakes] + [published.mistakes for _, published in others])
         inputs = [[task.partition, seq, mu[0]]] + [[p, published.seq, m] for (p, published), m in zip(others, mu[1:])]
@@ -128,24 +183,31 @@ class Mixer:
             meta=task.meta,
             created=now,
             owner=task.owner,
-            task={"mix": {"mistakes": mistakes, "learned": self.since, "inputs": inputs}},
+            task={"mix": {"mistakes": mistakes, "learned": self.since, "inputs": inputs, "epoch": self.epoch}},
         )
         send(self.topic, mix_key(task.owner.group_id, task.partition), encode_checkpoint(record, self.key))
-        self.board.latest[task.partition] = Published(seq, mistakes, state)  # replicas of this instance see it now
+        self.board.latest[task.partition] = Published(seq, mistakes, state, self.epoch)  # this instance's see it now
         mixed = learner_from_state(mix_states(state, [state] + [published.state for _, published in others], mu))
         self.mixes, self.since, self.updates_at_mix = seq, 0, mixed.updates
         log.debug("partition %d mix %d: μ %s", task.partition, seq, inputs)
         return mixed
 
     def to_state(self) -> dict:
-        return {"mixer": {"mixes": self.mixes, "learned": self.since, "updates_at_mix": self.updates_at_mix}}
+        epoch = self.saved_epoch if self.epoch is None else self.epoch
+        return {
+            "mixer": {"mixes": self.mixes, "learned": self.since, "updates_at_mix": self.updates_at_mix, "epoch": epoch}
+        }
 
     def restore(self, task_state: dict) -> None:
+        """The book-keeping a checkpoint saved; one from before epochs restores with epoch 0 (the next is above)."""
         saved = task_state.get("mixer") if isinstance(task_state, dict) else None
+        self.epoch = None
         if not isinstance(saved, dict):
-            self.mixes = self.since = self.updates_at_mix = 0
+            self.mixes = self.since = self.updates_at_mix = self.saved_epoch = 0
             return
         values: list[Any] = [saved.get(k) for k in ("mixes", "learned", "updates_at_mix")]  # JSON: checked below
-        if not all(type(v) is int and v >= 0 for v in values):
+        epoch: Any = saved.get("epoch", 0)
+        if not all(type(v) is int and 0 <= v < 1 << 63 for v in [*values, epoch]):
             raise CheckpointError("the checkpoint's mixer book-keeping is malformed")
         self.mixes, self.since, self.updates_at_mix = values
+        self.saved_epoch = epoch

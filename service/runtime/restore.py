@@ -7,7 +7,13 @@ inside the partitions' logs. Another model's state is never used silently:
 the service stops naming what differs (:class:`StartupError`), or with
 ``--start-over`` starts a new model whose checkpoints supersede the old ones.
 The same holds for committed offsets with no checkpoint behind them (the
-state that learned those events is lost).
+state that learned those events is lost), and for a checkpoint behind them
+(:meth:`Restorer._refuse_stale`: an older checkpoint put back where a newer one
+was). One policy per group: a checkpoint taken with other model settings, or
+a store whose checkpoints are signed when this instance has no
+``--checkpoint-key`` (or unsigned, or signed with another key, when it has
+one), is a bad setting (ConfigError, exit 2) naming it, found before the
+instance writes anything.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 
+from perceptron_stream.config import invalid_setting
 from perceptron_stream.kafka import committed_offsets, log_ranges
 from perceptron_stream.learning import learner_from_state
 from perceptron_stream.runtime.retry import Retry, StartupError
@@ -23,15 +30,18 @@ from perceptron_stream.state.checkpoint import (
     Checkpoint,
     CheckpointError,
     ForeignStateError,
+    KeyPolicyError,
+    behind,
 )
 
 log = logging.getLogger("perceptron_stream")
 
 
 class Restorer:
-    def __init__(self, settings, store, retry: Retry, initial=None):
+    def __init__(self, settings, store, retry: Retry, initial=None, on_reject=None):
         self.settings, self.store, self.retry = settings, store, retry
         self.initial = initial  # (task) -> None: what a new model starts from (--initial-model)
+        self.on_reject = on_reject or (lambda reason: None)  # (reason): a checkpoint refused (rejected-state metric)
         self._read: dict | None = None  # within restore_all: what was read from the brokers, for the next task
 
     def restore_all(self, tasks: list) -> None:
@@ -119,16 +129,32 @@ class Restorer:
             cp = self.store.load(task.name, task.owner, accept, legacy=legacy, **only_committed)
         except ForeignStateError as exc:
             return self._foreign(task, str(exc), exc.highest_seq)
+        except KeyPolicyError as exc:
+            return self._other_key(task, exc)
         except CheckpointError:
             if other_settings:
-                raise StartupError(
-                    f"the checkpoint was taken with other model settings ({other_settings[0]}); "
-                    "use the same settings, or another state store to start a new model"
+                self.on_reject("settings")
+                name = other_settings[0].split(" ", 1)[0]
+                raise invalid_setting(
+                    name,
+                    f"the checkpoint was taken with other model settings ({other_settings[0]}): consumer group "
+                    f"{self.settings.group_id}'s model runs with those; use the same settings, or another "
+                    "--group-id and state store to start a new model. This instance wrote nothing",
                 ) from None
             raise
         if cp is None:
             return self._no_checkpoint(task)
+        if self.store.key is None and cp.signed:
+            self.on_reject("key")
+            raise invalid_setting(
+                "checkpoint_key",
+                f"checkpoint {cp.seq} of {task.name} is signed: consumer group {self.settings.group_id} runs with a "
+                "--checkpoint-key, and this instance has none (it would restore the group's state unchecked and "
+                "overwrite it unsigned); set the group's key. This instance wrote nothing",
+            )
         if cp.owner is None and not self._vouch_for_legacy(task, cp):
+            return False
+        if self.settings.processing_guarantee != "exactly-once" and not self._refuse_stale(task, cp):
             return False
         if not self._positions_in_logs(task, cp):
             return False
@@ -155,6 +181,69 @@ class Restorer:
             cp.positions,
         )
         return True
+
+    def _other_key(self, task, exc: KeyPolicyError) -> bool:
+        """No checkpoint of ``task`` passes this instance's --checkpoint-key: the group runs unsigned (or with another
+        key). A bad setting (exit 2), unless told to start a new model (--start-over), whose checkpoints are signed
+        and supersede the others."""
+        s = self.settings
+        self.on_reject("key")
+        policy = "without --checkpoint-key (its checkpoints are unsigned)" if exc.unsigned else "with another key"
+        if s.start_over:
+            log.warning(
+                "--start-over: %s; starting a new, signed model from --auto-offset-reset %s", exc, s.auto_offset_reset
+            )
+            task.seq = max(task.seq, exc.highest_seq)
+            task.started_over = True
+            return False
+        raise invalid_setting(
+            "checkpoint_key",
+            f"consumer group {s.group_id} runs {policy}: {exc}. Run with the group's key (or none, as it does), or "
+            "--start-over to start a new model signed with this key. This instance wrote nothing",
+        )
+
+    def _refuse_stale(self, task, cp: Checkpoint) -> bool:
+        """True when ``cp``'s positions are not behind the group's committed offsets (at-least-once; exactly-once's
+        store keeps only a checkpoint at them); else refuse it, or with --start-over start a new model.
+
+        Restoring it would learn and publish again every event between its
+        positions and the committed offsets; seeking to the committed offsets
+        instead would leave them unlearned (each event is learned exactly
+        once: docs/concepts/guarantees.md). Neither is done silently: the
+        operator restores the newer checkpoint, or resets the group's offsets
+        to its positions to resume from it deliberately.
+        """
+        s = self.settings
+        committed = {}
+        for topic in sorted({t for t, _ in cp.positions}):
+            offsets = self._once(
+                ("offsets", topic),
+                partial(committed_offsets, s, s.group_id, topic),
+                "read the group's committed offsets",
+            )
+            committed.update({(topic, p): o for p, o in (offsets or {}).items()})
+        stale = behind(cp.positions, committed)
+        if not stale:
+            return True
+        self.on_reject("stale")
+        resets = " ".join(f"--topic {t}:{p} --to-offset {o}" for (t, p), o in sorted(cp.positions.items()))
+        problem = (
+            f"checkpoint {cp.seq} of {task.name}, the newest usable one, is behind the offsets consumer group "
+            f"{s.group_id} committed ({'; '.join(stale)}): a newer checkpoint was replaced by an older one (a "
+            "replayed record, a store restored from a backup) or is damaged. Restoring it would learn and publish "
+            "those events again, and skipping to the committed offsets would leave them unlearned"
+        )
+        if s.start_over:
+            log.warning("--start-over: %s; starting a new model", problem)
+            task.seq = max(task.seq, cp.seq)
+            task.started_over = True
+            return False
+        raise StartupError(
+            f"{problem}. Nothing was restored and nothing learned. Put the newer checkpoint back; or, to resume from "
+            f"this one deliberately, stop every instance and reset the group's offsets to its positions "
+            f"(kafka-consumer-groups --group {s.group_id} --reset-offsets {resets} --execute); or start a new model "
+            "with --start-over"
+        )
 
     def _foreign(self, task, problem: str, highest_seq: int) -> bool:
         """Stop naming ``problem``, or with --start-over, start a new model whose checkpoints supersede the store's."""

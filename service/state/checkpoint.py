@@ -29,7 +29,7 @@ True
 >>> decode_checkpoint(encode_checkpoint(cp), key=b"k" * 32)
 Traceback (most recent call last):
 ...
-perceptron_stream.state.checkpoint.CheckpointError: the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged
+perceptron_stream.state.checkpoint.SignatureError: the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged
 """
 
 from __future__ import annotations
@@ -64,6 +64,26 @@ _PARTITION_LIMIT = 1 << 31
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: corrupt, truncated, unsigned, or of an incompatible setup."""
+
+
+class SignatureError(CheckpointError):
+    """A checkpoint whose checksum holds but whose signature does not: unsigned (``unsigned``) or signed with
+    another key, or forged. ``seq`` is the number it claims (not vouched for): a new model's checkpoints
+    supersede it (``--start-over``)."""
+
+    def __init__(self, message: str, seq: int = 0, unsigned: bool = False):
+        super().__init__(message)
+        self.seq, self.unsigned = seq, unsigned
+
+
+class KeyPolicyError(CheckpointError):
+    """Every checkpoint of this model in the store fails the signature check (:class:`SignatureError`) and none is
+    usable: the group runs with another ``--checkpoint-key`` policy (unsigned, or another key) than this instance.
+    A bad setting, not damage: see :class:`~perceptron_stream.runtime.restore.Restorer`."""
+
+    def __init__(self, message: str, highest_seq: int = 0, unsigned: bool = False):
+        super().__init__(message)
+        self.highest_seq, self.unsigned = highest_seq, unsigned
 
 
 class ForeignStateError(RuntimeError):
@@ -132,6 +152,8 @@ class Checkpoint:
     created: float = 0.0
     owner: Owner | None = None  # None: a version 0.1 checkpoint, which did not record it
     task: dict = field(default_factory=dict)  # the task's own book-keeping beside the model (mixing, ...)
+    #: read back with a signature (HMAC) present: written with --checkpoint-key (checked when the reader has one)
+    signed: bool = field(default=False, compare=False)
 
 
 def owner_of(cp: Checkpoint) -> Owner:
@@ -207,15 +229,18 @@ def _decode(data: bytes, key: bytes | None) -> Checkpoint:
     if type(digest) is not str or not hmac.compare_digest(digest, hashlib.sha256(canonical).hexdigest()):
         raise CheckpointError("the checkpoint's checksum does not match its content (corrupt)")
     if key is not None:
+        claimed = body.get("seq") if type(body.get("seq")) is int else 0
         if signature is None:
-            raise CheckpointError(
-                "the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged"
+            raise SignatureError(
+                "the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged",
+                claimed,
+                unsigned=True,
             )
         if type(signature) is not str or not hmac.compare_digest(
             signature, hmac.new(key, canonical, hashlib.sha256).hexdigest()
         ):
-            raise CheckpointError(
-                "the checkpoint's signature does not match: written with another --checkpoint-key, or forged"
+            raise SignatureError(
+                "the checkpoint's signature does not match: written with another --checkpoint-key, or forged", claimed
             )
     return Checkpoint(
         seq=_int(body, "seq", 0, _INT64),
@@ -226,6 +251,7 @@ def _decode(data: bytes, key: bytes | None) -> Checkpoint:
         created=_finite(body, "created"),
         owner=_owner(body.get("owner")) if fmt == FORMAT else None,
         task=_dict(body, "task") if "task" in body else {},
+        signed=signature is not None,
     )
 
 
@@ -295,6 +321,26 @@ def _owner(value) -> Owner:
     return Owner(**texts)
 
 
+def behind(positions: dict[tuple[str, int], int], committed: dict[tuple[str, int], int]) -> list[str]:
+    """Where ``positions`` (a checkpoint's) lie before the offsets the group ``committed``, as phrases.
+
+    The service commits only checkpointed positions, after the checkpoint is
+    saved: the newest checkpoint is at or ahead of the committed offsets (ahead
+    when a crash came between the save and the commit). One behind them is an
+    older checkpoint put back where a newer one was (a replayed record, a store
+    restored from a backup), or the fallback from a damaged newest one.
+    A partition the group committed nothing on, or the checkpoint never read, is not compared.
+
+    >>> behind({("points", 0): 40, ("points", 1): 9}, {("points", 0): 200, ("points", 1): 9})
+    ['points partition 0 at offset 40, the group committed 200']
+    """
+    return [
+        f"{t} partition {p} at offset {o}, the group committed {committed[(t, p)]}"
+        for (t, p), o in sorted(positions.items())
+        if (t, p) in committed and o < committed[(t, p)]
+    ]
+
+
 def newest_usable(
     candidates: Iterable[tuple[str, Checkpoint | CheckpointError]],
     accept: Callable[[Checkpoint], object] | None,
@@ -307,7 +353,9 @@ def newest_usable(
     ``accept`` raises CheckpointError for one this version cannot use (a model
     it cannot read, other settings): the next older one is tried. A checkpoint
     of another owner is skipped. None when there are no candidates at all;
-    ForeignStateError when there are only other owners' ones; CheckpointError
+    ForeignStateError when there are only other owners' ones; KeyPolicyError
+    when every unusable one failed the signature check (the group runs with
+    another --checkpoint-key policy); CheckpointError
     when there are some of this owner and none is usable: starting over from
     zero weights must be an operator's decision, not an accident. A version 0.1
     checkpoint (no owner) is returned for the caller to vouch for (see
@@ -320,6 +368,7 @@ def newest_usable(
     """
     problems, foreign, highest = [], [], 0
     skipped: list[str] = []
+    signature_errors: list[SignatureError] = []
     for name, cp in candidates:
         if isinstance(cp, Checkpoint):
             highest = max(highest, cp.seq)
@@ -336,6 +385,8 @@ def newest_usable(
                     cp = exc
         if isinstance(cp, CheckpointError):
             log.debug("checkpoint %s in %s is unusable: %s", name, where, cp)
+            if isinstance(cp, SignatureError):
+                signature_errors.append(cp)
             problems.append(f"{name}: {cp}")
             skipped.append(f"checkpoint {name} in {where} is unusable: {cp}")
             continue
@@ -350,6 +401,12 @@ def newest_usable(
         return cp
     if foreign and not problems:
         raise ForeignStateError(f"the checkpoints in {where} are not this model's: " + " | ".join(foreign), highest)
+    if problems and len(signature_errors) == len(problems):
+        raise KeyPolicyError(
+            f"no checkpoint in {where} passes the --checkpoint-key check: " + "; ".join(problems),
+            max([highest] + [e.seq for e in signature_errors]),
+            unsigned=all(e.unsigned for e in signature_errors),
+        )
     if problems:
         raise CheckpointError(f"no usable checkpoint in {where}: " + "; ".join(problems + foreign))
     return None

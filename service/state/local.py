@@ -47,6 +47,7 @@ from perceptron_stream.state.checkpoint import (
     MAX_CHECKPOINT_BYTES,
     Checkpoint,
     CheckpointError,
+    KeyPolicyError,
     Owner,
     decode_checkpoint,
     encode_checkpoint,
@@ -213,6 +214,8 @@ class LocalStore:
             files, where = self.legacy_files(), self.root
         try:
             return newest_usable(self._decoded(files), accept, str(where), expected)
+        except KeyPolicyError:  # a setting to fix, not files to move away
+            raise
         except CheckpointError as exc:
             raise CheckpointError(f"{exc} (move them away to start from zero weights)") from None
 
@@ -220,7 +223,9 @@ class LocalStore:
         for path in files:
             try:
                 yield path.name, decode_checkpoint(read_regular(path), self.key)
-            except (CheckpointError, OSError) as exc:
+            except CheckpointError as exc:  # as it is: a signature's failure (SignatureError) is told apart
+                yield path.name, exc
+            except OSError as exc:
                 yield path.name, CheckpointError(str(exc))
 
     @contextmanager

@@ -23,7 +23,10 @@ from perceptron_stream.state.checkpoint import (
     Checkpoint,
     CheckpointError,
     ForeignStateError,
+    KeyPolicyError,
     Owner,
+    SignatureError,
+    behind,
     decode_checkpoint,
     encode_checkpoint,
 )
@@ -234,6 +237,43 @@ def test_with_a_key_only_checkpoints_signed_with_it_are_read():
     forged["model"]["weights"] = [-1000.0] * len(forged["model"]["weights"])
     with pytest.raises(CheckpointError, match="signature does not match"):  # resealed with a checksum, not the key
         decode_checkpoint(resealed(forged, b"the forger's own key, guessed"), KEY)
+
+
+def test_a_signature_that_fails_says_whether_it_is_missing_and_the_seq_it_claims():
+    cp = _checkpoint(seq=9)
+    assert decode_checkpoint(encode_checkpoint(cp, KEY)).signed  # a reader without the key still sees it is signed
+    assert not decode_checkpoint(encode_checkpoint(cp)).signed
+    with pytest.raises(SignatureError) as unsigned:
+        decode_checkpoint(encode_checkpoint(cp), KEY)
+    assert (unsigned.value.unsigned, unsigned.value.seq) == (True, 9)
+    with pytest.raises(SignatureError) as other:
+        decode_checkpoint(encode_checkpoint(cp, b"another key, also long enough"), KEY)
+    assert (other.value.unsigned, other.value.seq) == (False, 9)
+
+
+@pytest.mark.parametrize("store_kind", ["local", "kafka"])
+def test_a_store_whose_checkpoints_all_fail_the_key_is_a_key_policy_not_damage(tmp_path, store_kind):
+    """Every checkpoint unsigned (the group runs without a key): KeyPolicyError with the highest seq claimed, for a
+    new model to supersede; one signed checkpoint among them is restored; damage among them is damage."""
+    store = LocalStore(tmp_path, "g") if store_kind == "local" else KafkaStore(MemoryTopic(), "g")
+    for seq in (4, 5, 6):
+        store.save(_checkpoint(seq))
+    store.key = KEY
+    with pytest.raises(KeyPolicyError, match="passes the --checkpoint-key check") as info:
+        store.load("model", OWNER)
+    assert (info.value.highest_seq, info.value.unsigned) == (6, True)
+    store.save(_checkpoint(7))  # signed with KEY: the newest signed one is restored, the unsigned ones skipped
+    assert _seq(store) == 7
+
+
+def test_behind_names_each_position_before_the_committed_offset():
+    positions = {("points", 0): 40, ("points", 1): 7, ("labels", 0): 3}
+    assert behind(positions, {("points", 0): 40, ("points", 1): 7}) == []  # at them: the normal case
+    assert behind(positions, {("points", 0): 39, ("points", 2): 500}) == []  # ahead, or a partition it never read
+    assert behind(positions, {("points", 0): 200, ("labels", 0): 4}) == [
+        "labels partition 0 at offset 3, the group committed 4",
+        "points partition 0 at offset 40, the group committed 200",
+    ]
 
 
 @pytest.mark.parametrize(
