@@ -17,7 +17,8 @@ import textwrap
 import pytest
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import CompactedTopic
-from perceptron_stream.state.checkpoint import encode_checkpoint
+from perceptron_stream.pipeline.mixer import mix_key
+from perceptron_stream.state.checkpoint import decode_checkpoint, encode_checkpoint
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.state.local import LocalStore
 
@@ -25,6 +26,7 @@ from tests.support import ROOT
 from tests.support.brokers import new_broker
 from tests.support.checkpoints import resealed
 from tests.support.launch import settings_args
+from tests.support.partitions import dealt_events, produce_dealt
 from tests.support.service import (
     OutputWatcher,
     check_outputs,
@@ -36,7 +38,7 @@ from tests.support.service import (
     run_to_the_end,
     store_args,
 )
-from tests.support.topics import produce
+from tests.support.topics import produce, read_all
 from tests.support.waiting import wait_until
 
 
@@ -294,3 +296,137 @@ def test_version_0_1s_flat_state_dir_is_adopted_by_its_group_and_refused_by_anot
         after.positions == {(topics["input_topic"], 0): 600}
         and after.model["counters"]["seen"] == newest.model["counters"]["seen"] + 100
     )
+
+
+# replay, and one policy per group (issue 35) -------------------------------------------------------------------
+KEY_ENV, KEY = "PERCEPTRON_STREAM_CHECKPOINT_KEY", "0123456789abcdef0123456789abcdef"
+
+
+def _slots(args) -> dict[bytes, bytes | None]:
+    """The checkpoint topic's slot records of the group's model, as they are."""
+    settings = load(ServeSettings, args)
+    store = KafkaStore(CompactedTopic(settings, settings.checkpoint_topic), settings.group_id)
+    try:
+        return store.topic.read_latest(set(store.slot_keys("model")))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)
+def test_an_old_signed_checkpoint_put_back_under_every_slot_is_refused_as_stale(
+    kafka_broker, topics, tmp_path, monkeypatch
+):
+    """Measured on f27e9e1: an old signed checkpoint (position 40) re-written under every slot was restored although
+    the group had committed 200, and the events between were learned and published again. Now: exit 1 naming the
+    checkpoint, the committed offset and the way out; nothing written."""
+    monkeypatch.setenv(KEY_ENV, KEY)  # the child processes inherit it
+    args = _first_run(kafka_broker, topics, tmp_path, count=600, seed=48, **store_args("kafka", topics))
+    slots = _slots(args)
+    signed = {k: decode_checkpoint(v or b"", KEY.encode()) for k, v in slots.items()}
+    oldest = min(signed, key=lambda k: signed[k].seq)
+    position = signed[oldest].positions[(topics["input_topic"], 0)]
+    assert position < 600, signed  # an older checkpoint than the one the group committed
+    settings = load(ServeSettings, args)
+    topic = CompactedTopic(settings, settings.checkpoint_topic)
+    try:
+        for key in slots:  # the attacker's replay: the old record's bytes, signature and all, under every slot
+            topic.put(key, slots[oldest])
+    finally:
+        topic.close()
+    replayed = _slots(args)
+    log = _refused(args, tmp_path / "serve-2.log")
+    assert (
+        f"checkpoint {signed[oldest].seq} of model, the newest usable one, is behind the offsets consumer group "
+        f"{topics['group_id']} committed ({topics['input_topic']} partition 0 at offset {position}, the group "
+        "committed 600)"
+    ) in log, log[-3000:]
+    assert f"--reset-offsets --topic {topics['input_topic']}:0 --to-offset {position}" in log, log[-3000:]
+    assert _slots(args) == replayed  # nothing written
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)
+def test_an_instance_without_the_key_refuses_a_keyed_group_which_then_restarts_with_its_state(
+    kafka_broker, topics, tmp_path, monkeypatch
+):
+    """Measured on f27e9e1: an instance without --checkpoint-key restored the group's signed checkpoints without a
+    word and overwrote every slot unsigned; the keyed instances then could not restart, even with --start-over.
+    Now it exits 2 naming the setting before writing anything, and the keyed instance goes on from its state."""
+    events = make_events(900, seed=49)
+    produce(kafka_broker.bootstrap_servers, topics["input_topic"], events[:600])
+    args = settings_args(
+        kafka_broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=200, **store_args("kafka", topics)
+    )
+    watcher = OutputWatcher(kafka_broker.bootstrap_servers, topics["output_topic"]).start()
+    try:
+        monkeypatch.setenv(KEY_ENV, KEY)
+        run_to_the_end(args, watcher, 600, tmp_path / "serve-1.log")
+        before = _slots(args)
+
+        monkeypatch.delenv(KEY_ENV)
+        code = exit_code(args, tmp_path / "serve-unkeyed.log")
+        log = (tmp_path / "serve-unkeyed.log").read_text()
+        assert code == 2, log[-3000:]
+        assert "invalid setting checkpoint_key (--checkpoint-key" in log and "is signed" in log, log[-3000:]
+        assert not has_traceback(log), log[-3000:]
+        assert _slots(args) == before  # nothing written
+
+        monkeypatch.setenv(KEY_ENV, KEY)
+        produce(kafka_broker.bootstrap_servers, topics["input_topic"], events[600:])
+        run_to_the_end(args, watcher, len(events), tmp_path / "serve-2.log")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    expected, model = offline(events)
+    check_outputs(by_source, expected)
+    assert final_checkpoint(args, "kafka").model == model  # each event learned once, by the keyed model
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)
+def test_an_old_signed_mix_record_sent_again_is_refused_as_replayed(
+    kafka_broker, topics, tmp_path, service_thread, monkeypatch
+):
+    """Measured on f27e9e1: partition 0's signed mix record number 1, sent again after number 12, was mixed as if
+    new. Now the board refuses it (``replayed``) and keeps the newest."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    events = dealt_events(1200, seed=50, partitions=2)
+    produce_dealt(kafka_broker.bootstrap_servers, topics["input_topic"], events, partitions=2)
+    args = settings_args(
+        kafka_broker,
+        topics,
+        tmp_path,
+        model_scope="partition",
+        mix_every=50,
+        batch_size=100,
+        mix_topic=f"mix-{topics['group_id']}",
+        **store_args("kafka", topics),
+    )
+    service = service_thread(args)
+
+    def mixed(seq: int) -> bool:
+        board = service.app.factory.board  # once start-up opened it
+        newest = None if board is None else board.latest.get(0)
+        return newest is not None and newest.seq >= seq
+
+    # the replayed record comes after the genuine ones in the topic: the board has read those when it reads it
+    wait_until(lambda: mixed(3), 120, what="partition 0's third mix")
+    board = service.app.factory.board
+    assert board is not None
+    settings = load(ServeSettings, args)
+    key = mix_key(topics["group_id"], 0)
+    [first] = [
+        m.value
+        for m in read_all(kafka_broker.bootstrap_servers, settings.mix_topic)
+        if m.key == key and decode_checkpoint(m.value).seq == 1
+    ]
+    topic = CompactedTopic(settings, settings.mix_topic)
+    try:
+        topic.put(key, first)
+    finally:
+        topic.close()
+    registry = service.app.metrics.registry
+
+    def refused() -> float | None:
+        return registry.get_sample_value("perceptron_rejected_state_total", {"kind": "mix", "reason": "replayed"})
+
+    wait_until(lambda: refused() == 1, 60, what="the replayed mix record refused")
+    assert board.latest[0].seq >= 3
