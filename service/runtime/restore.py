@@ -204,14 +204,22 @@ class Restorer:
 
     def _refuse_stale(self, task, cp: Checkpoint) -> bool:
         """True when ``cp``'s positions are not behind the group's committed offsets (at-least-once; exactly-once's
-        store keeps only a checkpoint at them); else refuse it, or with --start-over start a new model.
+        store keeps only a checkpoint at them), or when it is the fallback from unusable newer ones; else refuse it,
+        or with --start-over start a new model.
 
-        Restoring it would learn and publish again every event between its
-        positions and the committed offsets; seeking to the committed offsets
-        instead would leave them unlearned (each event is learned exactly
-        once: docs/concepts/guarantees.md). Neither is done silently: the
-        operator restores the newer checkpoint, or resets the group's offsets
-        to its positions to resume from it deliberately.
+        The newest checkpoint is at or ahead of the committed offsets (saved,
+        then committed). One behind them with nothing unusable skipped is an
+        older one put back in place of the newer (a replayed record, a store
+        restored from a backup): refused, never restored silently. Restoring it
+        would learn and publish again every event between its positions and
+        the committed offsets; seeking to the committed offsets instead would
+        leave them unlearned (each event is learned exactly once:
+        docs/concepts/guarantees.md). The operator restores the newer
+        checkpoint, or resets the group's offsets to its positions to resume
+        from it deliberately. The fallback from a damaged newest checkpoint
+        (documented, and what the older ones are kept for) is restored, with a
+        WARNING saying the events since it are learned and published again: the
+        model learns each of them once, from its state, as after a crash.
         """
         s = self.settings
         committed = {}
@@ -224,6 +232,16 @@ class Restorer:
             committed.update({(topic, p): o for p, o in (offsets or {}).items()})
         stale = behind(cp.positions, committed)
         if not stale:
+            return True
+        if cp.fell_back_from:  # a newer one may be among the unusable ones skipped: the documented fallback, said
+            log.warning(
+                "checkpoint %d of %s is behind the offsets consumer group %s committed (%s) because the newer "
+                "one(s) are unusable (said above): the events since its positions are learned and published again",
+                cp.seq,
+                task.name,
+                s.group_id,
+                "; ".join(stale),
+            )
             return True
         self.on_reject("stale")
         resets = " ".join(f"--topic {t}:{p} --to-offset {o}" for (t, p), o in sorted(cp.positions.items()))

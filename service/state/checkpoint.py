@@ -40,7 +40,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -154,6 +154,9 @@ class Checkpoint:
     task: dict = field(default_factory=dict)  # the task's own book-keeping beside the model (mixing, ...)
     #: read back with a signature (HMAC) present: written with --checkpoint-key (checked when the reader has one)
     signed: bool = field(default=False, compare=False)
+    #: read back after skipping these unusable ones (damaged, unsigned, another model's...), said in the restore's
+    #: WARNING: a newer checkpoint may have been among them (see the restorer's stale check)
+    fell_back_from: tuple[str, ...] = field(default=(), compare=False)
 
 
 def owner_of(cp: Checkpoint) -> Owner:
@@ -398,6 +401,7 @@ def newest_usable(
                 len(skipped),
                 " | ".join(skipped),
             )
+            return replace(cp, fell_back_from=tuple(skipped))
         return cp
     if foreign and not problems:
         raise ForeignStateError(f"the checkpoints in {where} are not this model's: " + " | ".join(foreign), highest)

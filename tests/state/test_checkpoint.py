@@ -264,6 +264,20 @@ def test_a_store_whose_checkpoints_all_fail_the_key_is_a_key_policy_not_damage(t
     assert (info.value.highest_seq, info.value.unsigned) == (6, True)
     store.save(_checkpoint(7))  # signed with KEY: the newest signed one is restored, the unsigned ones skipped
     assert _seq(store) == 7
+    newest = store.load("model", OWNER)
+    # local: the unsigned files are older, nothing skipped; kafka: slots hold unsigned 5 and 6, read first (a damaged
+    # record's seq is unknown: any may have been the newest)
+    assert newest is not None and len(newest.fell_back_from) == (0 if store_kind == "local" else 2)
+    store.key = None
+    store.save(_checkpoint(8))  # unsigned: skipped, and the one restored says it is a fallback (restorer's stale check)
+    store.key = KEY
+    fallback = store.load("model", OWNER)
+    assert (
+        fallback is not None
+        and fallback.seq == 7
+        and len(fallback.fell_back_from) == (1 if store_kind == "local" else 2)
+    )
+    assert "not signed" in fallback.fell_back_from[0]
 
 
 def test_behind_names_each_position_before_the_committed_offset():
