@@ -232,7 +232,8 @@ def _decode(data: bytes, key: bytes | None) -> Checkpoint:
     if type(digest) is not str or not hmac.compare_digest(digest, hashlib.sha256(canonical).hexdigest()):
         raise CheckpointError("the checkpoint's checksum does not match its content (corrupt)")
     if key is not None:
-        claimed = body.get("seq") if type(body.get("seq")) is int else 0
+        seq: Any = body.get("seq")  # JSON: only for the message and a new model's numbering
+        claimed = seq if type(seq) is int else 0
         if signature is None:
             raise SignatureError(
                 "the checkpoint is not signed, and --checkpoint-key is set: written without the key, or forged",
