@@ -123,6 +123,7 @@ def _app_on(store_dir, *args):
     s = app.settings
     app.wire(Opened(Owner(s.group_id, s.input_topic), store=LocalStore(store_dir, s.group_id)))
     app.restorer._positions_in_logs = lambda task, cp: True  # type: ignore[method-assign]  # noqa: SLF001 — no broker to read the logs' ranges from; nothing public stands in
+    app.restorer._refuse_stale = lambda task, cp: True  # type: ignore[method-assign]  # noqa: SLF001 — nor the group's committed offsets
     return app
 
 
@@ -186,5 +187,5 @@ def test_a_checkpoint_from_before_the_bounds_gets_todays_cap(tmp_path):
     assert (app.learner.max_features, sorted(app.learner.weights)) == (2, ["a", "b", "c"])
     app.learner.step({"a": 1.0, "z": 1.0}, -1)  # over its cap: it keeps its features and adds none
     assert (sorted(app.learner.weights), app.learner.dropped_features) == (["a", "b", "c"], 1)
-    with pytest.raises(StartupError, match="hash_features was 0, now 2"):
+    with pytest.raises(ConfigError, match="hash_features was 0, now 2"):  # a bad setting: exit 2
         _restore(_app_on(tmp_path, "--max-model-features", "2", "--hash-features", "2"))
