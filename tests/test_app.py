@@ -189,3 +189,26 @@ def test_a_checkpoint_from_before_the_bounds_gets_todays_cap(tmp_path):
     assert (sorted(app.learner.weights), app.learner.dropped_features) == (["a", "b", "c"], 1)
     with pytest.raises(ConfigError, match="hash_features was 0, now 2"):  # a bad setting: exit 2
         _restore(_app_on(tmp_path, "--max-model-features", "2", "--hash-features", "2"))
+
+
+def test_one_key_policy_per_group_is_a_setting_and_start_over_signs_a_new_model(tmp_path, monkeypatch):
+    """A signed group's checkpoint read without a key, and a store none of whose checkpoints passes this instance's
+    key: a bad setting naming checkpoint_key (exit 2), nothing restored; with --start-over, a new model whose
+    checkpoints supersede the unsigned ones."""
+    key = "0123456789abcdef0123456789abcdef"
+    signed = _app_on(tmp_path / "signed")
+    signed.store.key = key.encode()
+    _save(signed, seq=4)
+    with pytest.raises(ConfigError, match=r"invalid setting checkpoint_key .*checkpoint 4 of model is signed"):
+        _restore(_app_on(tmp_path / "signed"))  # no key
+
+    _save(_app_on(tmp_path / "unsigned"), seq=7)
+    monkeypatch.setenv("PERCEPTRON_STREAM_CHECKPOINT_KEY", key)
+    keyed = _app_on(tmp_path / "unsigned")
+    keyed.store.key = key.encode()
+    with pytest.raises(ConfigError, match=r"invalid setting checkpoint_key .*runs without --checkpoint-key"):
+        _restore(keyed)
+    over = _app_on(tmp_path / "unsigned", "--start-over")
+    over.store.key = key.encode()
+    assert not _restore(over)  # a new model...
+    assert over.tasks.group.seq == 7 and over.tasks.group.started_over  # ...whose next checkpoint is number 8
