@@ -91,6 +91,7 @@ class TaskFactory:
                 label_topic=s.label_topic,
                 grace_seconds=s.label_grace_seconds,
                 max_early=s.max_early_labels,
+                max_clock_skew=s.max_clock_skew_seconds,
             )
         models = None
         if self.challenger_specs:

@@ -113,8 +113,17 @@ def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lette
 ):
     names = label_topics(broker, topics)
     points = labeled_points(30, seed=73)
-    # a label finding no point waits for it 1 s of the points' stream time (the input read to its end moves it)
-    args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=10, label_grace_seconds=1)
+    # a label finding no point waits for it 1 s of the points' stream time (the input read to its end moves it);
+    # timestamps believed no more than 0.5 s ahead of the wall clock (less than the grace)
+    args = settings_args(
+        broker,
+        names,
+        tmp_path,
+        max_pending=20,
+        label_ttl_seconds=10,
+        label_grace_seconds=1,
+        max_clock_skew_seconds=0.5,
+    )
     service = service_thread(args)
     send_points(broker, names["input_topic"], points)  # the first 10 are evicted: 20 pending at most
     consume(broker.bootstrap_servers, names["output_topic"], len(points))

@@ -5,6 +5,7 @@ and their labels sent to topics of a test's own, and the offline replay a run mu
 from __future__ import annotations
 
 import json
+import math
 
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import make_learner
@@ -22,10 +23,14 @@ from tests.support.topics import create_topic, produce
 GRACE = 300.0
 
 
-def make_joiner(max_early: int = 100) -> Joiner:
+def make_joiner(
+    max_early: int = 100, *, ttl_seconds: float = 1e9, max_clock_skew: float = math.inf, wall=None
+) -> Joiner:
+    """A joiner on in-memory tables; with ``max_clock_skew``, timestamps bounded against ``wall`` (a clock in
+    seconds; None: the real one)."""
     return Joiner(
-        lambda p: PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000),
-        ttl_seconds=1e9,
+        lambda p: PendingTable(":memory:", ttl_seconds=ttl_seconds, max_pending=1000),
+        ttl_seconds=ttl_seconds,
         max_pending=1000,
         outcome_topic="outcomes",
         dlq_topic="dlq",
@@ -33,6 +38,8 @@ def make_joiner(max_early: int = 100) -> Joiner:
         label_topic="labels",
         grace_seconds=GRACE,
         max_early=max_early,
+        max_clock_skew=max_clock_skew,
+        wall=wall,
     )
 
 
