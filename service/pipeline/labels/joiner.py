@@ -203,10 +203,11 @@ class Joiner:
         self.table(partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
 
-    def _label_at(self, r) -> float:
-        """When label ``r`` is taken to have come (s), for its labeled mark and its delay: as stamped, within the
-        skew of the TTL's clock and of the wall clock (:meth:`believed`)."""
-        return self.believed(r.timestamp, self.ttl_time(r.partition)) / 1000
+    def _label_at(self, r) -> tuple[float, float]:
+        """When label ``r`` is taken to have come (s): for its delay, as stamped but no later than the wall clock
+        allows; for its labeled mark, also no earlier than the skew behind the TTL's clock (:meth:`believed`: a
+        mark back-dated past the TTL would be gone at once, and a second copy of the label ``unknown_id``)."""
+        return self.believed(r.timestamp) / 1000, self.believed(r.timestamp, self.ttl_time(r.partition)) / 1000
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
@@ -214,8 +215,8 @@ class Joiner:
         if isinstance(label, Rejection):
             return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, label, send, tally)
         table = self.table(r.partition)
-        at = self._label_at(r)
-        got = table.take(label.id, now=at)
+        at, mark = self._label_at(r)
+        got = table.take(label.id, now=mark)
         if got is None:  # its point has not come (or is gone): the label waits for it, up to the grace period
             for old, why in self._wait(table, r, label):
                 self._let_go(old, why, send, tally, r.partition)
@@ -254,8 +255,8 @@ class Joiner:
                 actions.append(("letter", r, label))
                 continue
             table = self.table(r.partition)
-            at = self._label_at(r)
-            got = table.take(label.id, now=at)
+            at, mark = self._label_at(r)
+            got = table.take(label.id, now=mark)
             if got is None:
                 actions.extend(("let go", old, why, r.partition) for old, why in self._wait(table, r, label))
                 actions.append(("count", "early"))
@@ -305,18 +306,17 @@ class Joiner:
                 "in this partition: the oldest goes"
             )
             evicted = [(old, why) for old in table.pop_early(most=table.early_count() - self.max_early + 1)]
-        at = self.believed(r.timestamp, self.stream_time(r.partition)) / 1000  # its grace from the grace clock's time
         table.hold(
             label.id,
             {
                 "id": label.id,
                 "y": label.y,
                 "offset": r.offset,
-                "at": at,
+                "at": self.believed(r.timestamp) / 1000,  # its time, for its delay
                 "key": None if r.key is None else base64.b64encode(r.key).decode(),
                 "value": r.value.decode(),
             },
-            at=at,
+            at=self.believed(r.timestamp, self.stream_time(r.partition)) / 1000,  # its grace from the grace clock's
         )
         return evicted
 
