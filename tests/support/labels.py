@@ -86,18 +86,25 @@ def labeled_points(count: int, seed: int, start: int = 0) -> list[dict]:
     ]
 
 
-def send_points(broker, topic: str, points: list[dict]) -> None:
+def send_points(broker, topic: str, points: list[dict], at_ms: int | None = None) -> None:
+    """The points without their label, keyed by id (stamped ``at_ms``: None, the producer's clock)."""
     produce(
         broker.bootstrap_servers,
         topic,
         [{"id": p["id"], "x": p["x"]} for p in points],
         keys=[p["id"].encode() for p in points],
+        timestamp_ms=at_ms,
     )
 
 
-def send_labels(broker, topic: str, labels: list[tuple[str, int]]) -> None:
+def send_labels(broker, topic: str, labels: list[tuple[str, int]], at_ms: int | None = None) -> None:
+    """Labels (id, y), keyed by id (stamped ``at_ms``: None, the producer's clock)."""
     produce(
-        broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels]
+        broker.bootstrap_servers,
+        topic,
+        [{"id": i, "y": y} for i, y in labels],
+        keys=[i.encode() for i, _ in labels],
+        timestamp_ms=at_ms,
     )
 
 
