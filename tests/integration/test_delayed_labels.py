@@ -609,9 +609,10 @@ def test_a_backfill_of_month_old_history_joins_its_labels(apache_kafka, topics, 
     names = label_topics(apache_kafka, topics)
     points = labeled_points(1000, seed=85)
     then_ms = _now_ms() - 30 * 86_400_000
-    send_points(apache_kafka, names["input_topic"], points, at_ms=then_ms)
-    send_labels(apache_kafka, names["label_topic"], [(p["id"], p["_y"]) for p in points], at_ms=then_ms + 60_000)
     service = service_thread(settings_args(apache_kafka, names, tmp_path, batch_size=100))
+    send_points(apache_kafka, names["input_topic"], points, at_ms=then_ms)
+    consume(apache_kafka.bootstrap_servers, names["output_topic"], len(points))  # predicted, kept: then the labels
+    send_labels(apache_kafka, names["label_topic"], [(p["id"], p["_y"]) for p in points], at_ms=then_ms + 60_000)
     wait_until(lambda: _settled(service.metrics_url, len(points)), 120, what="every label joined or dead-lettered")
     metrics = metrics_once(service.metrics_url, "\nperceptron_pending_labels 0.0")
     service.stop()
