@@ -263,6 +263,7 @@ class Startup:
             counts[s.input_topic],
             signing_key(s),
             on_reject=partial(self.metrics.reject_state, "mix"),
+            every=s.mix_every,
         )
         tail = self.retry.until_it_works(lambda: TopicTail(s, s.mix_topic), "read the mix topic")
         if tail is None:
