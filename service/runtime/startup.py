@@ -205,6 +205,7 @@ class Startup:
         if store is not None:
             self.resources.callback(store.close)
             store.key = signing_key(s)
+            store.on_reject = partial(self.metrics.reject_state, "checkpoint")
         return store
 
     def _open_labels(self, label_topic: str) -> tuple[bool, PartitionedLog | None]:
