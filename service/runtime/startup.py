@@ -248,6 +248,7 @@ class Startup:
             changelog = until(lambda: PartitionedLog(s, s.pending_topic), "open the pending changelog")
             if changelog is not None:
                 self.resources.callback(changelog.close)
+                changelog.on_reject = partial(self.metrics.reject_state, "changelog")  # what its restores refuse
         return True, changelog
 
     def _open_mixing(self, owner: Owner) -> tuple[MixBoard | None, MixFeed | None]:

@@ -77,13 +77,15 @@ class Changelog:
 
     ``io`` does the Kafka work: ``send(partition, key, value)``, ``flush()``
     and ``read(partition) -> [(key, value)]`` (from the beginning, to the end),
-    and names its ``topic``. ``in_transactions`` (exactly-once): every write
+    and names its ``topic``; ``on_reject(reason)``, when given, is told each
+    record read back and refused (perceptron_rejected_state_total{kind="changelog"}). ``in_transactions`` (exactly-once): every write
     goes into a transaction (:meth:`write`'s ``into``), and the repairs of a
     restore wait for the next one.
     """
 
-    def __init__(self, io, group_id: str, in_transactions: bool = False):
+    def __init__(self, io, group_id: str, in_transactions: bool = False, on_reject=None):
         self.io, self.prefix, self.in_transactions = io, f"{group_id}/", in_transactions
+        self.on_reject = on_reject or (lambda reason: None)
         self.repairs: dict[int, list[tuple[bytes, bytes]]] = {}  # partition → repairs for its next transaction
 
     def _key(self, partition: int, key: str) -> bytes:
@@ -121,8 +123,9 @@ class Changelog:
             name = key[len(prefix) :].decode(errors="replace")
             try:
                 epoch, run, row = decode_change(value)
-            except ValueError:
+            except ValueError:  # (orjson's errors among them: not JSON)
                 rejected += 1
+                self.on_reject("damaged")
                 continue
             # a repair restates the value at checkpoint ``epoch``: true in every lineage through it
             ok = epoch <= seq and (run == REPAIR or _valid(lineage, epoch, run))

@@ -27,7 +27,8 @@ class MemoryLog:
 
 def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_later_changes():
     log = MemoryLog()
-    changelog = Changelog(log, "g")
+    refused: list[str] = []
+    changelog = Changelog(log, "g", on_reject=refused.append)
     table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
     table.add("a", {"v": 1}, now=1.0)
     table.add("b", {"v": 2}, now=2.0)
@@ -46,6 +47,7 @@ def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_la
         and restored.take("a", now=5.0) == {"v": 1}
         and restored.take("c", now=5.0) is None
     )
+    assert refused == ["damaged"]  # the garbage, counted (perceptron_rejected_state_total{kind="changelog"})
     # the stale changes were written again with their valid values: the newest record of every key is this lineage's
     again = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
     changelog.restore(0, again, 5, [[1, "run-1"], [2, "run-2"]])  # even read as of a later checkpoint of run-2
