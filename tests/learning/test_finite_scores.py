@@ -11,7 +11,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from perceptron_stream.learning import VARIANTS, learner_from_state, make_learner
+from perceptron_stream.learning import VARIANTS, ScaledPerceptron, learner_from_state, make_learner
 from perceptron_stream.learning.perceptron import MAX_STATE_MAGNITUDE, StateError
 from perceptron_stream.learning.scaled import MAX_MEAN, MAX_SCALED, MAX_VARIANCE
 from perceptron_stream.pipeline.models import Frozen
@@ -146,5 +146,6 @@ def test_a_pooled_mean_on_a_feature_never_seen_leaves_no_negative_variance():
     state = learner.to_state()
     state["scaler"]["counts"][1][1], state["scaler"]["means"][1][1] = 0, 1e17
     back = learner_from_state(state)
+    assert isinstance(back, ScaledPerceptron)
     assert math.isfinite(back.step({"a": 1.0, "b": 1.0}, 1)[1])
     assert all(v >= 0.0 for v in back.scaler.vars.values())

@@ -85,7 +85,7 @@ def test_a_record_of_more_features_than_the_cap_is_refused_before_its_model_is_b
     """Measured before: a record of 500,000 features filled a replica to its 50,000 cap (here: 101 over 100)."""
     board, reasons = _board()
     value = _record(_state(features=CAP + 1))
-    assert len(value) < board.max_bytes
+    assert board.max_bytes is not None and len(value) < board.max_bytes
     _offer(board, value)
     assert reasons == ["too_large"] and board.latest == {}
 

@@ -561,7 +561,7 @@ def test_each_checkpoint_skipped_is_told_with_its_reason():
     foreign = _checkpoint(4)
     foreign = Checkpoint(**{**foreign.__dict__, "owner": Owner("other", "points")})
     reasons: list[str] = []
-    candidates = [
+    candidates: list[tuple[str, Checkpoint | CheckpointError]] = [
         ("5", too_long),
         ("4", foreign),
         ("3", _checkpoint(3)),
