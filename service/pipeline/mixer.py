@@ -141,6 +141,11 @@ class MixBoard:
             return self._reject(state_reason(exc), f"partition {partition}'s mix record holds no usable model: {exc}")
         self.latest[partition] = Published(cp.seq, mix["mistakes"], cp.model)
 
+    def refuse(self, partition: int, reason: str, message: str) -> None:
+        """``partition``'s latest record, kept, refused now (a mix with it found it beyond the bounds)."""
+        self.latest.pop(partition, None)
+        self._reject(reason, message)
+
     def _reject(self, reason: str, message: str) -> None:
         log.warning("mix record rejected: %s", message)
         self.on_reject(reason)
@@ -177,7 +182,7 @@ class Mixer:
         mistakes = min(learner.updates - self.updates_at_mix, self.since)
         seq = self.mixes + 1
         others = [(p, published) for p, published in sorted(self.board.latest.items()) if p != task.partition]
-        mu = mixing_weights([mistakes] + [published.mistakes for _, published in others])
+        mixed, others, mu = self._mixed(state, mistakes, others)
         inputs = [[task.partition, seq, mu[0]]] + [[p, published.seq, m] for (p, published), m in zip(others, mu[1:])]
         record = Checkpoint(
             seq=seq,
@@ -191,10 +196,44 @@ class Mixer:
         )
         send(self.topic, mix_key(task.owner.group_id, task.partition), encode_checkpoint(record, self.key))
         self.board.latest[task.partition] = Published(seq, mistakes, state)  # replicas of this instance see it now
-        mixed = learner_from_state(mix_states(state, [state] + [published.state for _, published in others], mu))
         self.mixes, self.since, self.updates_at_mix = seq, 0, mixed.updates
         log.debug("partition %d mix %d: μ %s", task.partition, seq, inputs)
         return mixed
+
+    def _mixed(self, state: dict, mistakes: int, others: list) -> tuple[Any, list, list[float]]:
+        """The learner of ``state`` mixed with ``others`` (partition, Published), the others it mixed and the μ.
+
+        A record that checked out alone can still take a mix beyond the read-back bounds: the averaged variant keeps
+        its own c and takes u = c·(w − a), so a record whose w − a is 1e150 (u of 1e150 over a c of 1) makes a
+        replica of c = 1000 hold sums of 1e153, and its learner could not be built (the loop's error, at every
+        restart while the record stays). Such a record is refused (``non_finite``) and left out of this mix and
+        the next ones; one that mixes within the bounds with this replica alone is kept.
+        """
+
+        def mixed_with(chosen: list):
+            mu = mixing_weights([mistakes] + [published.mistakes for _, published in chosen])
+            return learner_from_state(mix_states(state, [state] + [pub.state for _, pub in chosen], mu)), mu
+
+        try:
+            mixed, mu = mixed_with(others)
+            return mixed, others, mu
+        except (ValueError, ArithmeticError):
+            pass
+        kept = []
+        for partition, published in others:
+            try:
+                mixed_with([(partition, published)])
+                kept.append((partition, published))
+            except (ValueError, ArithmeticError) as exc:
+                self.board.refuse(
+                    partition, "non_finite", f"partition {partition}'s mix record mixes beyond the bounds: {exc}"
+                )
+        try:
+            mixed, mu = mixed_with(kept)
+        except (ValueError, ArithmeticError):  # each within the bounds, all of them together not: this mix is its own
+            kept = []
+            mixed, mu = mixed_with(kept)
+        return mixed, kept, mu
 
     def to_state(self) -> dict:
         return {"mixer": {"mixes": self.mixes, "learned": self.since, "updates_at_mix": self.updates_at_mix}}

@@ -133,3 +133,42 @@ def test_a_replica_publishes_no_more_mistakes_than_events_it_learned_since_its_m
     other, reasons = _board()
     _offer(other, sent[0], partition=0)
     assert reasons == [] and other.latest[0].mistakes == EVERY
+
+
+def test_a_record_that_mixes_beyond_the_bounds_is_refused_and_left_out_of_the_mix():
+    """An averaged record within the bounds alone (u of 1e150 over a c of 1) made a replica of c = 1000 hold sums of
+    1e153 when mixed: its learner could not be built, and the mix raised (the loop's error, at every restart)."""
+    settings = load(ServeSettings, ["--model-scope", "partition", "--mix-every", str(EVERY), "--variant", "averaged"])
+    reasons: list[str] = []
+    board = MixBoard(OWNER, model_meta(settings), 3, on_reject=reasons.append, every=EVERY)
+    own = make_learner("averaged", max_features=settings.max_model_features)
+    for i in range(1000):
+        own.step([1.0, (-1) ** i * 0.5], 1 if i % 3 else -1)
+    forged = make_learner("averaged", max_features=settings.max_model_features)
+    forged.step([1.0, 0.5], 1)
+    state = forged.to_state()
+    state["averaged"].update(sum=[1e150, 1e150], c=1)
+    honest = make_learner("averaged", max_features=settings.max_model_features)
+    honest.step([1.0, -0.5], 1)
+    for partition, model in ((1, state), (2, honest.to_state())):
+        owner = Owner(OWNER.group_id, OWNER.input_topic, partition_task(partition), OWNER.cluster_id, OWNER.topic_id)
+        board.accept(
+            partition,
+            Checkpoint(1, {}, model, None, model_meta(settings), 0.0, owner, {"mix": {"mistakes": 1, "learned": 1}}),
+        )
+    assert sorted(board.latest) == [1, 2] and reasons == []
+    mixer = Mixer(EVERY, board, settings.mix_topic)
+    mixer.since = EVERY
+    sent: list[bytes] = []
+    task = SimpleNamespace(
+        learner=own,
+        positions={},
+        decoder=SimpleNamespace(dimension=2),
+        meta=model_meta(settings),
+        owner=Owner(OWNER.group_id, OWNER.input_topic, partition_task(0), OWNER.cluster_id, OWNER.topic_id),
+        partition=0,
+    )
+    mixed = mixer.mix(task, lambda topic, key, value: sent.append(value), 0.0)
+    assert reasons == ["non_finite"] and 1 not in board.latest
+    assert [p for p, _, _ in decode_checkpoint(sent[0]).task["mix"]["inputs"]] == [0, 2]  # the honest one mixed
+    assert all(abs(v) < 1e6 for v in mixed.weights.values())
