@@ -31,7 +31,8 @@ Bounds, checked before a record can weigh in a mix (:meth:`MixBoard.offer`,
   ``--checkpoint-key``'s job: without it a forger can still send plausible
   records.)
 - ``non_finite``: a number of the model beyond the bounds that keep a score
-  finite (:data:`~perceptron_stream.learning.perceptron.MAX_STATE_MAGNITUDE`).
+  finite (:data:`~perceptron_stream.learning.perceptron.MAX_STATE_MAGNITUDE`),
+  or a mix with the record that would leave them (:meth:`Mixer._mixed`).
 """
 
 from __future__ import annotations
