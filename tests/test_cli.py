@@ -332,3 +332,28 @@ def test_a_second_instance_on_a_taken_metrics_port_stops_with_one_line_naming_it
         assert first.poll() is None, tail(tmp_path / "first.log")  # the first one goes on
     finally:
         stop_process(first, tmp_path / "first.log")
+
+
+@pytest.mark.parametrize("where", ["weights", "state's scaler"])
+def test_an_initial_model_beyond_the_read_back_bounds_exits_2_naming_it(capsys, tmp_path, where):
+    """Measured on f27e9e1: a model file of 1e308 weights started, and 20 of 20 scores were null. A scaler's mean
+    of 1e200 in a file's state is refused alike (a mix pooling it overflowed)."""
+    from perceptron_stream.broker import free_port
+    from perceptron_stream.learning import make_learner, model_file
+
+    flags = []
+    if where == "weights":
+        doc = model_file.from_weights({"a": 1e308, "b": 1e308}, bias=0.0, source="a forger")
+    else:
+        learner = make_learner(standardize=True)
+        learner.step({"a": 1.0}, 1)
+        meta = {"variant": "plain", "margin": 0.0, "standardize": True, "hash_features": 0}
+        doc = model_file.from_learner(learner, "a forger", meta)
+        doc["state"]["scaler"]["means"][0][1] = 1e200
+        flags = ["--standardize"]
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(doc))
+    code = main(["serve", "--initial-model", str(path), "--bootstrap-servers", f"127.0.0.1:{free_port()}", *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"initial_model {path} (--initial-model) does not fit" in err and "magnitude at most" in err, err

@@ -17,12 +17,14 @@ from functools import partial
 
 from perceptron_stream.kafka import committed_offsets, log_ranges
 from perceptron_stream.learning import learner_from_state
+from perceptron_stream.learning.perceptron import state_reason
 from perceptron_stream.runtime.retry import Retry, StartupError
 from perceptron_stream.state.checkpoint import (
     GROUP_TASK,
     Checkpoint,
     CheckpointError,
     ForeignStateError,
+    refused,
 )
 
 log = logging.getLogger("perceptron_stream")
@@ -97,11 +99,11 @@ class Restorer:
             if different:  # the operator's settings changed, or this one is not the service's: an older one may fit
                 what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
                 other_settings.append(what)
-                raise CheckpointError(f"it was taken with other model settings ({what})")
+                raise refused(f"it was taken with other model settings ({what})", "settings")
             try:
                 models[cp.seq] = learner_from_state(cp.model)
-            except ValueError as exc:
-                raise CheckpointError(f"it holds a model this version cannot read: {exc}") from None
+            except ValueError as exc:  # its reason: non_finite (numbers beyond the bounds), implausible, damaged
+                raise refused(f"it holds a model this version cannot read: {exc}", state_reason(exc)) from None
 
         only_committed = {}
         if self.settings.processing_guarantee == "exactly-once":  # only checkpoints committed with their positions
