@@ -357,3 +357,32 @@ def test_an_initial_model_beyond_the_read_back_bounds_exits_2_naming_it(capsys, 
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"initial_model {path} (--initial-model) does not fit" in err and "magnitude at most" in err, err
+
+
+def test_model_export_skips_a_newest_checkpoint_it_cannot_rebuild_for_the_older_one(tmp_path, capsys):
+    """A forged newest checkpoint (1e200 weights, checksummed) made ``model export`` exit 1 with a ValueError, where a
+    restore tries the next older one: the export takes the older, as the service would."""
+    from perceptron_stream.config import ServeSettings, load
+    from perceptron_stream.learning import make_learner
+    from perceptron_stream.runtime.factory import model_meta
+    from perceptron_stream.state.checkpoint import GROUP_TASK, Checkpoint, Owner, encode_checkpoint
+    from perceptron_stream.state.local import LocalStore
+
+    from tests.support.checkpoints import resealed
+
+    s = load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(tmp_path), "--group-id", "g"])
+    owner = Owner(s.group_id, s.input_topic, GROUP_TASK)
+    learner = make_learner(max_features=s.max_model_features)
+    learner.step([1.0, 2.0], 1)
+    store = LocalStore(s.state_dir, s.group_id)
+    store.save(Checkpoint(1, {(s.input_topic, 0): 1}, learner.to_state(), 1, model_meta(s), 0.0, owner))
+    forged = json.loads(
+        encode_checkpoint(Checkpoint(2, {(s.input_topic, 0): 2}, learner.to_state(), 2, model_meta(s), 0.0, owner))
+    )
+    forged["model"].update(weights=[1e200, 1.0])
+    (store.task_dir(GROUP_TASK) / "checkpoint-000000000002.json").write_bytes(resealed(forged))
+    store.close()
+    out = tmp_path / "m.json"
+    assert main(["model", "export", "--output", str(out), "--state-dir", str(tmp_path), "--group-id", "g"]) == 0
+    assert "wrote checkpoint 1 of model" in capsys.readouterr().err
+    assert json.loads(out.read_text())["state"] == learner.to_state()

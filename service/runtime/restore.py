@@ -30,6 +30,17 @@ from perceptron_stream.state.checkpoint import (
 log = logging.getLogger("perceptron_stream")
 
 
+def learner_of(cp: Checkpoint):
+    """``cp``'s learner, or the CheckpointError that has an older checkpoint tried (restore and ``model export``).
+
+    Its reason, for perceptron_rejected_state_total: non_finite (numbers beyond the bounds), implausible, damaged.
+    """
+    try:
+        return learner_from_state(cp.model)
+    except ValueError as exc:
+        raise refused(f"it holds a model this version cannot read: {exc}", state_reason(exc)) from None
+
+
 class Restorer:
     def __init__(self, settings, store, retry: Retry, initial=None):
         self.settings, self.store, self.retry = settings, store, retry
@@ -100,10 +111,7 @@ class Restorer:
                 what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
                 other_settings.append(what)
                 raise refused(f"it was taken with other model settings ({what})", "settings")
-            try:
-                models[cp.seq] = learner_from_state(cp.model)
-            except ValueError as exc:  # its reason: non_finite (numbers beyond the bounds), implausible, damaged
-                raise refused(f"it holds a model this version cannot read: {exc}", state_reason(exc)) from None
+            models[cp.seq] = learner_of(cp)
 
         only_committed = {}
         if self.settings.processing_guarantee == "exactly-once":  # only checkpoints committed with their positions
