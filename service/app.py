@@ -98,13 +98,7 @@ class Application:
         start-up, with nothing opened (the group's model is then a placeholder, as /model reports it)."""
         s, self.store, self.mix_feed = self.settings, opened.store, opened.mix_feed
         self.factory = TaskFactory(s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board)
-        self.restorer = Restorer(
-            s,
-            self.store,
-            self.retry,
-            initial=self.factory.initial,
-            on_reject=lambda reason: self.metrics.reject_state("checkpoint", reason),
-        )
+        self.restorer = Restorer(s, self.store, self.retry, initial=self.factory.initial)
         self.checkpointer = Checkpointer(s, self.store, self.metrics, self.health, self.retry)
         self.assignments = Assignments(
             s,

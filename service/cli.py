@@ -203,7 +203,8 @@ def run_train(settings: TrainSettings) -> int:
 
 def run_model_export(settings: ModelExportSettings) -> int:
     """The newest usable checkpoint of a model (its owner's group and topic checked), written as a model file."""
-    from perceptron_stream.learning import learner_from_state, model_file
+    from perceptron_stream.learning import model_file
+    from perceptron_stream.runtime.restore import learner_of
     from perceptron_stream.state.checkpoint import GROUP_TASK, CheckpointError, Owner
 
     _logging("WARNING")
@@ -229,7 +230,7 @@ def run_model_export(settings: ModelExportSettings) -> int:
         cp = store.load(
             settings.task,
             Owner(settings.group_id, settings.input_topic, settings.task),
-            lambda cp: learner_from_state(cp.model),
+            learner_of,  # a checkpoint it cannot rebuild has the next older one tried, as a restore does
         )
     except (CheckpointError, Exception) as exc:  # whatever a store refuses: one line, exit 1
         print(f"{PROG} model export: {exc}", file=sys.stderr)
@@ -250,7 +251,7 @@ def run_model_export(settings: ModelExportSettings) -> int:
         )
         return 1
     doc = model_file.from_learner(
-        learner_from_state(cp.model),
+        learner_of(cp),
         f"model export of checkpoint {cp.seq} of {settings.task} "
         f"(group {settings.group_id}, input {settings.input_topic})",
         cp.meta,

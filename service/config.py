@@ -288,7 +288,10 @@ class ServeSettings(KafkaSettings):
         "predictions.outcomes", min_length=1, description="Topic of the outcomes of joined delayed labels."
     )
     label_ttl_seconds: float = Field(
-        604_800.0, gt=0, description="How long a point waits for its label before it expires."
+        604_800.0,
+        gt=0,
+        description="How long a point waits for its label before it expires, in stream time (the latest point's or "
+        "label's timestamp in its partition): a backfill of old history keeps its points as it did when live.",
     )
     max_pending: int = Field(
         1_000_000, gt=0, description="Most points waiting for a label, per partition; the oldest are evicted beyond it."
@@ -304,6 +307,17 @@ class ServeSettings(KafkaSettings):
         "timestamps, or the input read to its end). Then it is dead-lettered unknown_id. Default: the longest delivery "
         "timeout of the producers' defaults (librdkafka's message.timeout.ms, 300 s): a point sent before its label is "
         "on the brokers by then, or never.",
+    )
+    # 60 s: far beyond the agreement of clocks kept by NTP (milliseconds), well within the grace's 300 s default.
+    max_clock_skew_seconds: float = Field(
+        60.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How far a record's timestamp is believed ahead of this instance's wall clock (a point's or a "
+        "label's), and a label's behind the points' stream time, by the clocks of the delayed-label join (the grace "
+        "and the TTL, both stream time). A timestamp beyond it is clamped to it: the record counts, its claim of time "
+        "moves no clock further. Less than --label-grace-seconds: one point stamped that far ahead would otherwise "
+        "let every waiting label go.",
     )
     max_early_labels: int = Field(
         100_000,
@@ -489,6 +503,13 @@ class ServeSettings(KafkaSettings):
                 raise ValueError(
                     "label_topic and outcome_topic must differ from each other and from the input, output and "
                     "dead-letter topics"
+                )
+            if 0 < self.label_grace_seconds <= self.max_clock_skew_seconds:
+                raise ValueError(
+                    f"max_clock_skew_seconds {self.max_clock_skew_seconds:g} is not less than label_grace_seconds "
+                    f"{self.label_grace_seconds:g}: one point stamped that far ahead of the wall clock would move the "
+                    "grace clock past every waiting label's grace; lower max_clock_skew_seconds (or raise "
+                    "label_grace_seconds)"
                 )
             if self.max_early_labels <= self.batch_size:  # the gate's pause point would be 1 (LabelGate)
                 raise ValueError(

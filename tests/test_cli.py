@@ -332,3 +332,57 @@ def test_a_second_instance_on_a_taken_metrics_port_stops_with_one_line_naming_it
         assert first.poll() is None, tail(tmp_path / "first.log")  # the first one goes on
     finally:
         stop_process(first, tmp_path / "first.log")
+
+
+@pytest.mark.parametrize("where", ["weights", "state's scaler"])
+def test_an_initial_model_beyond_the_read_back_bounds_exits_2_naming_it(capsys, tmp_path, where):
+    """Measured on f27e9e1: a model file of 1e308 weights started, and 20 of 20 scores were null. A scaler's mean
+    of 1e200 in a file's state is refused alike (a mix pooling it overflowed)."""
+    from perceptron_stream.broker import free_port
+    from perceptron_stream.learning import make_learner, model_file
+
+    flags = []
+    if where == "weights":
+        doc = model_file.from_weights({"a": 1e308, "b": 1e308}, bias=0.0, source="a forger")
+    else:
+        learner = make_learner(standardize=True)
+        learner.step({"a": 1.0}, 1)
+        meta = {"variant": "plain", "margin": 0.0, "standardize": True, "hash_features": 0}
+        doc = model_file.from_learner(learner, "a forger", meta)
+        doc["state"]["scaler"]["means"][0][1] = 1e200
+        flags = ["--standardize"]
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(doc))
+    code = main(["serve", "--initial-model", str(path), "--bootstrap-servers", f"127.0.0.1:{free_port()}", *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"initial_model {path} (--initial-model) does not fit" in err and "magnitude at most" in err, err
+
+
+def test_model_export_skips_a_newest_checkpoint_it_cannot_rebuild_for_the_older_one(tmp_path, capsys):
+    """A forged newest checkpoint (1e200 weights, checksummed) made ``model export`` exit 1 with a ValueError, where a
+    restore tries the next older one: the export takes the older, as the service would."""
+    from perceptron_stream.config import ServeSettings, load
+    from perceptron_stream.learning import make_learner
+    from perceptron_stream.runtime.factory import model_meta
+    from perceptron_stream.state.checkpoint import GROUP_TASK, Checkpoint, Owner, encode_checkpoint
+    from perceptron_stream.state.local import LocalStore
+
+    from tests.support.checkpoints import resealed
+
+    s = load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(tmp_path), "--group-id", "g"])
+    owner = Owner(s.group_id, s.input_topic, GROUP_TASK)
+    learner = make_learner(max_features=s.max_model_features)
+    learner.step([1.0, 2.0], 1)
+    store = LocalStore(s.state_dir, s.group_id)
+    store.save(Checkpoint(1, {(s.input_topic, 0): 1}, learner.to_state(), 1, model_meta(s), 0.0, owner))
+    forged = json.loads(
+        encode_checkpoint(Checkpoint(2, {(s.input_topic, 0): 2}, learner.to_state(), 2, model_meta(s), 0.0, owner))
+    )
+    forged["model"].update(weights=[1e200, 1.0])
+    (store.task_dir(GROUP_TASK) / "checkpoint-000000000002.json").write_bytes(resealed(forged))
+    store.close()
+    out = tmp_path / "m.json"
+    assert main(["model", "export", "--output", str(out), "--state-dir", str(tmp_path), "--group-id", "g"]) == 0
+    assert "wrote checkpoint 1 of model" in capsys.readouterr().err
+    assert json.loads(out.read_text())["state"] == learner.to_state()

@@ -83,6 +83,22 @@ def test_early_labels_that_would_pause_a_label_partition_at_one_are_refused():
     assert load(ServeSettings, ["--max-early-labels", "10", "--batch-size", "10"])  # no delayed labels: no gate
 
 
+def test_a_clock_skew_not_less_than_the_grace_is_refused():
+    """One point stamped --max-clock-skew-seconds ahead moves the grace clock that far: at or past the grace, every
+    label waiting would go as it came."""
+    with pytest.raises(ConfigError) as error:
+        load(ServeSettings, ["--label-topic", "labels", "--label-grace-seconds", "30"])  # the skew's default is 60
+    assert "max_clock_skew_seconds 60 is not less than label_grace_seconds 30" in str(error.value)
+    for bad in ("-1", "inf", "nan"):
+        with pytest.raises(ConfigError, match="max_clock_skew_seconds"):
+            load(ServeSettings, ["--max-clock-skew-seconds", bad])
+    settings = load(
+        ServeSettings, ["--label-topic", "labels", "--label-grace-seconds", "30", "--max-clock-skew-seconds", "5"]
+    )
+    assert settings.max_clock_skew_seconds == 5
+    assert load(ServeSettings, ["--label-topic", "labels", "--label-grace-seconds", "0"])  # no wait: nothing to bound
+
+
 def test_a_bad_config_file_is_named(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("batch_size = = 3")

@@ -167,7 +167,7 @@ class HashedPerceptron(base.Classifier):
         >>> HashedPerceptron.from_state(state)
         Traceback (most recent call last):
         ...
-        ValueError: invalid hashed-perceptron state: the feature hasher puts the probe names into other buckets than the one that wrote this state (river's hash changed?): its weights would be read under other features
+        perceptron_stream.learning.perceptron.StateError: invalid hashed-perceptron state: the feature hasher puts the probe names into other buckets than the one that wrote this state (river's hash changed?): its weights would be read under other features
         """
         st = _Reader("hashed-perceptron state", state)
         st.header(STATE_KIND, STATE_FORMAT)

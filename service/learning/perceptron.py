@@ -116,13 +116,33 @@ _SIGNED, _BOOL = "-1/+1", "bool"
 MAX_STATE_MAGNITUDE = 1e150
 
 
+class StateError(ValueError):
+    """A state read back that is refused, and why (``reason``, as ``perceptron_rejected_state_total`` counts it):
+    ``non_finite`` for a number that is not finite or beyond its bound (:data:`MAX_STATE_MAGNITUDE`: it would make a
+    score infinite), ``implausible`` for counts that contradict each other, ``damaged`` for anything else."""
+
+    def __init__(self, message: str, reason: str = "damaged") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def state_reason(exc: BaseException) -> str:
+    """Why ``exc`` refused a state: a :class:`StateError`'s reason (or any error's that carries one), else damaged.
+
+    >>> state_reason(StateError("x", "non_finite")), state_reason(ValueError("x"))
+    ('non_finite', 'damaged')
+    """
+    return getattr(exc, "reason", "damaged")
+
+
 def is_state_number(value: Any) -> bool:
     """Whether ``value`` is a number a state may hold: an int or a float, finite, within MAX_STATE_MAGNITUDE.
 
-    >>> [is_state_number(v) for v in (0, -2.5, 1e150, 1e151, float("nan"), True, "1")]
-    [True, True, True, False, False, False, False]
+    >>> [is_state_number(v) for v in (0, -2.5, 1e150, 1e151, float("nan"), True, "1", 10**400)]
+    [True, True, True, False, False, False, False, False]
     """
-    return type(value) in (int, float) and math.isfinite(value) and abs(value) <= MAX_STATE_MAGNITUDE
+    # the magnitude first: math.isfinite of an int too large for a float is an OverflowError, not False
+    return type(value) in (int, float) and abs(value) <= MAX_STATE_MAGNITUDE and math.isfinite(value)
 
 
 def _is_bool(y: Any) -> bool:
@@ -694,7 +714,9 @@ class Perceptron(ManySteps, base.Classifier):
         items = enumerate(weights) if isinstance(weights, list) else weights.items()
         values = list(weights) if isinstance(weights, list) else list(weights.values())
         if not all(map(is_state_number, values)) or not is_state_number(bias):
-            raise ValueError(f"weights and bias must be finite numbers of magnitude at most {MAX_STATE_MAGNITUDE:g}")
+            raise StateError(
+                f"weights and bias must be finite numbers of magnitude at most {MAX_STATE_MAGNITUDE:g}", "non_finite"
+            )
         for k, v in items:
             i = p._add_feature(k)
             p._w[i] = p._p[i] = float(v)
@@ -751,7 +773,7 @@ class Perceptron(ManySteps, base.Classifier):
         >>> Perceptron.from_state({"kind": "perceptron", "format": 99})
         Traceback (most recent call last):
         ...
-        ValueError: invalid perceptron state: format 99 is not supported (this version reads format 1)
+        perceptron_stream.learning.perceptron.StateError: invalid perceptron state: format 99 is not supported (this version reads format 1)
         """
         st = _Reader("perceptron state", state)
         st.header(STATE_KIND, STATE_FORMAT)
@@ -772,7 +794,7 @@ class Perceptron(ManySteps, base.Classifier):
         counters = _Reader("perceptron state counters", st.get("counters"))
         p.seen, labeled, p.mistakes, p.updates = (counters.count(c) for c in ("seen", "labeled", "mistakes", "updates"))
         if labeled > p.seen or p.mistakes > labeled:
-            counters.fail("need mistakes <= labeled <= seen")
+            counters.fail("need mistakes <= labeled <= seen", "implausible")
         p._unlabeled = p.seen - labeled
         if "dropped_features" in counters.state:  # absent from the states written before it existed
             p.dropped_features = counters.count("dropped_features")
@@ -810,8 +832,8 @@ class _Reader:
             self.fail(f"expected a JSON object, got {type(state).__name__}")
         self.state = state
 
-    def fail(self, msg: str) -> None:
-        raise ValueError(f"invalid {self.what}: {msg}")
+    def fail(self, msg: str, reason: str = "damaged") -> None:
+        raise StateError(f"invalid {self.what}: {msg}", reason)
 
     def header(self, kind: str, fmt: int) -> None:
         if self.state.get("kind") != kind:
@@ -827,7 +849,10 @@ class _Reader:
     def float(self, key: str) -> float:
         v = self.get(key)
         if not is_state_number(v):
-            self.fail(f"{key} must be a finite number of magnitude at most {MAX_STATE_MAGNITUDE:g}, got {v!r}")
+            self.fail(
+                f"{key} must be a finite number of magnitude at most {MAX_STATE_MAGNITUDE:g}, got {v!r}",
+                "non_finite" if type(v) in (int, float) else "damaged",
+            )
         return float(v)
 
     def floats(self, key: str, n: int) -> _Floats:
@@ -835,7 +860,11 @@ class _Reader:
         if not isinstance(v, list) or len(v) != n:
             self.fail(f"{key} must be a list of {n} numbers (one per feature)")
         if not all(map(is_state_number, v)):
-            self.fail(f"{key} must hold finite numbers of magnitude at most {MAX_STATE_MAGNITUDE:g} only")
+            numbers = all(type(e) in (int, float) for e in v)  # numbers out of bounds, or not numbers at all
+            self.fail(
+                f"{key} must hold finite numbers of magnitude at most {MAX_STATE_MAGNITUDE:g} only",
+                "non_finite" if numbers else "damaged",
+            )
         return [float(e) for e in v]
 
     def count(self, key: str) -> int:

@@ -14,6 +14,26 @@ rejected, counted and logged, never mixed in. Each record names the records
 its mix used (``task.mix.inputs``: partition, mix number, μ), so a replica's
 weights can be recomputed from the topic (tests do).
 
+Bounds, checked before a record can weigh in a mix (:meth:`MixBoard.offer`,
+:meth:`MixBoard.accept`), each refusal counted under its reason:
+
+- ``too_large``: a record longer than a model file of ``--max-model-features``
+  features may be (:func:`~perceptron_stream.learning.model_file.largest_file_bytes`:
+  a mix record holds less per feature than a model file), refused before it is
+  parsed; one whose model holds more features than the cap, before the model is
+  built (a forged record of 500,000 features filled a replica to its cap);
+- ``implausible``: mistakes since the previous mix beyond what its replica could
+  have made: one per event learned, and a replica mixes once it learned
+  ``--mix-every`` events, so at most ``min(learned, --mix-every)``. A record
+  claiming 2**63-1 mistakes took μ ≈ 1 and its weights replaced everyone's;
+  held to the bound, a record weighs at most as much as a replica that erred on
+  every event of its round. (Who may write the topic at all is
+  ``--checkpoint-key``'s job: without it a forger can still send plausible
+  records.)
+- ``non_finite``: a number of the model beyond the bounds that keep a score
+  finite (:data:`~perceptron_stream.learning.perceptron.MAX_STATE_MAGNITUDE`),
+  or a mix with the record that would leave them (:meth:`Mixer._mixed`).
+
 A signature proves who wrote a record, not that it is the latest: each record
 also carries its writer's *epoch* (``task.mix.epoch``), and the board keeps
 every partition's newest (epoch, mix number) read from the topic. A record at or before it is
@@ -33,6 +53,8 @@ from typing import Any, NamedTuple
 
 from perceptron_stream.learning import learner_from_state
 from perceptron_stream.learning.mixing import mix_states, mixing_weights
+from perceptron_stream.learning.model_file import largest_file_bytes
+from perceptron_stream.learning.perceptron import state_reason
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner, decode_checkpoint, encode_checkpoint
 
 log = logging.getLogger("perceptron_stream")
@@ -68,9 +90,14 @@ def mix_key(group_id: str, partition: int) -> bytes:
 class MixBoard:
     """The latest checked mixing state of every partition of this model (one per instance)."""
 
-    def __init__(self, owner: Owner, meta: dict, partitions: int, key: bytes | None = None, on_reject=None):
+    def __init__(
+        self, owner: Owner, meta: dict, partitions: int, key: bytes | None = None, on_reject=None, every: int = 0
+    ):
         self.owner, self.meta, self.partitions, self.key = owner, meta, partitions, key
         self.on_reject = on_reject or (lambda reason: None)
+        self.every = every  # --mix-every: the most events a replica learns between its mixes (0: no bound)
+        self.max_features = meta.get("max_model_features") or None  # --max-model-features (None: no cap)
+        self.max_bytes = largest_file_bytes(self.max_features)  # the longest record read (None: no bound)
         self.latest: dict[int, Published] = {}
         #: the newest record of each partition read from the topic (``latest`` may be newer: this instance's own
         #: replicas put theirs there as they publish, before the topic gives it back)
@@ -94,6 +121,12 @@ class MixBoard:
         if value is None:
             self.latest.pop(partition, None)  # a tombstone: that partition's state was removed
             return
+        if self.max_bytes is not None and len(value) > self.max_bytes:
+            return self._reject(
+                "too_large",
+                f"partition {partition}'s mix record is {len(value):,} bytes, more than the {self.max_bytes:,} a model "
+                f"of --max-model-features {self.max_features:,} may take",
+            )
         try:
             cp = decode_checkpoint(value, self.key)
         except CheckpointError as exc:
@@ -120,6 +153,23 @@ class MixBoard:
         mix = cp.task.get("mix")
         if not isinstance(mix, dict) or type(mix.get("mistakes")) is not int or mix["mistakes"] < 0:
             return self._reject("damaged", f"partition {partition}'s mix record has no mistake count")
+        learned = mix.get("learned", mix["mistakes"])  # (absent from records written before it was)
+        if type(learned) is not int or learned < 0:
+            return self._reject("damaged", f"partition {partition}'s mix record has no count of events learned")
+        most = min(learned, self.every) if self.every else learned
+        if mix["mistakes"] > most:
+            return self._reject(
+                "implausible",
+                f"partition {partition}'s mix record claims {mix['mistakes']:,} mistakes since its previous mix, "
+                f"more than the {most:,} events it learned (at most --mix-every {self.every:,})",
+            )
+        features = _features(cp.model)
+        if self.max_features is not None and (features is None or len(features) > self.max_features):
+            return self._reject(
+                "too_large" if features is not None else "damaged",
+                f"partition {partition}'s mix record holds {'no' if features is None else f'{len(features):,}'} "
+                f"features, and --max-model-features is {self.max_features:,}",
+            )
         epoch = mix.get("epoch", 0)
         if type(epoch) is not int or not 0 <= epoch < 1 << 63:
             return self._reject("damaged", f"partition {partition}'s mix record has a malformed epoch")
@@ -136,16 +186,29 @@ class MixBoard:
         try:
             learner_from_state(cp.model)
             mix_states(cp.model, [cp.model], [1.0])  # a state of a variant with a mix
-        except (ValueError, KeyError, TypeError) as exc:
-            return self._reject("damaged", f"partition {partition}'s mix record holds no usable model: {exc}")
+        except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
+            return self._reject(state_reason(exc), f"partition {partition}'s mix record holds no usable model: {exc}")
         self.read[partition] = published
         held = self.latest.get(partition)
         if held is None or (epoch, cp.seq) > (held.epoch, held.seq):  # else: this instance's own, read back late
             self.latest[partition] = published
 
+    def refuse(self, partition: int, reason: str, message: str) -> None:
+        """``partition``'s latest record, kept, refused now (a mix with it found it beyond the bounds)."""
+        self.latest.pop(partition, None)
+        self._reject(reason, message)
+
     def _reject(self, reason: str, message: str) -> None:
         log.warning("mix record rejected: %s", message)
         self.on_reject(reason)
+
+
+def _features(state) -> list | None:
+    """The features a learner's state holds (a hashed or scaled one's perceptron's), None when it names none."""
+    while isinstance(state, dict) and state.get("kind") in ("hashed-perceptron", "scaled-perceptron"):
+        state = state.get("model") if state["kind"] == "hashed-perceptron" else state.get("perceptron")
+    features = state.get("features") if isinstance(state, dict) else None
+    return features if isinstance(features, list) else None
 
 
 class Mixer:
@@ -168,12 +231,14 @@ class Mixer:
         """Publish ``task``'s state, then the mixed learner that replaces its model."""
         learner = task.learner
         state = learner.to_state()
-        mistakes = learner.updates - self.updates_at_mix
+        # at most one update an event learned: more means the book-keeping started after the updates it counts (a
+        # checkpoint without a mixer's, --initial-model's state), and the readers would refuse it as implausible
+        mistakes = min(learner.updates - self.updates_at_mix, self.since)
         seq = self.mixes + 1
         if self.epoch is None:
             self.epoch = self.board.epoch_for(task.partition, self.saved_epoch, now)
         others = [(p, published) for p, published in sorted(self.board.latest.items()) if p != task.partition]
-        mu = mixing_weights([mistakes] + [published.mistakes for _, published in others])
+        mixed, others, mu = self._mixed(state, mistakes, others)
         inputs = [[task.partition, seq, mu[0]]] + [[p, published.seq, m] for (p, published), m in zip(others, mu[1:])]
         record = Checkpoint(
             seq=seq,
@@ -187,10 +252,44 @@ class Mixer:
         )
         send(self.topic, mix_key(task.owner.group_id, task.partition), encode_checkpoint(record, self.key))
         self.board.latest[task.partition] = Published(seq, mistakes, state, self.epoch)  # this instance's see it now
-        mixed = learner_from_state(mix_states(state, [state] + [published.state for _, published in others], mu))
         self.mixes, self.since, self.updates_at_mix = seq, 0, mixed.updates
         log.debug("partition %d mix %d: μ %s", task.partition, seq, inputs)
         return mixed
+
+    def _mixed(self, state: dict, mistakes: int, others: list) -> tuple[Any, list, list[float]]:
+        """The learner of ``state`` mixed with ``others`` (partition, Published), the others it mixed and the μ.
+
+        A record that checked out alone can still take a mix beyond the read-back bounds: the averaged variant keeps
+        its own c and takes u = c·(w − a), so a record whose w − a is 1e150 (u of 1e150 over a c of 1) makes a
+        replica of c = 1000 hold sums of 1e153, and its learner could not be built (the loop's error, at every
+        restart while the record stays). Such a record is refused (``non_finite``) and left out of this mix and
+        the next ones; one that mixes within the bounds with this replica alone is kept.
+        """
+
+        def mixed_with(chosen: list):
+            mu = mixing_weights([mistakes] + [published.mistakes for _, published in chosen])
+            return learner_from_state(mix_states(state, [state] + [pub.state for _, pub in chosen], mu)), mu
+
+        try:
+            mixed, mu = mixed_with(others)
+            return mixed, others, mu
+        except (ValueError, ArithmeticError):
+            pass
+        kept = []
+        for partition, published in others:
+            try:
+                mixed_with([(partition, published)])
+                kept.append((partition, published))
+            except (ValueError, ArithmeticError) as exc:
+                self.board.refuse(
+                    partition, "non_finite", f"partition {partition}'s mix record mixes beyond the bounds: {exc}"
+                )
+        try:
+            mixed, mu = mixed_with(kept)
+        except (ValueError, ArithmeticError):  # each within the bounds, all of them together not: this mix is its own
+            kept = []
+            mixed, mu = mixed_with(kept)
+        return mixed, kept, mu
 
     def to_state(self) -> dict:
         epoch = self.saved_epoch if self.epoch is None else self.epoch

@@ -468,7 +468,7 @@ class Task:
             run = _Learning(self, tally)
             if run.replica is not None:
                 run.replica["mixes"] = 0  # (no mixer)
-            joiner.label_many(records, joiner.read(records), run.learner, send, tally, run.replica, self.models)
+            joiner.label_many(records, joiner.read(records, tally), run.learner, send, tally, run.replica, self.models)
             for r in records:
                 positions[(r.topic, r.partition)] = r.offset + 1
             run.end(records)
@@ -480,7 +480,7 @@ class Task:
         with self.lock:
             run = _Learning(self, tally)
             replica = run.replica
-            for r, label in zip(records, joiner.read(records)):
+            for r, label in zip(records, joiner.read(records, tally)):
                 if replica is not None:
                     replica["mixes"] = 0 if mixer is None else mixer.mixes
                 before = tally.joined

@@ -87,10 +87,16 @@ class TaskFactory:
                 max_message_bytes=s.max_message_bytes,
                 changelog=None
                 if self.changelog is None
-                else Changelog(self.changelog, s.group_id, in_transactions=s.processing_guarantee == "exactly-once"),
+                else Changelog(
+                    self.changelog,
+                    s.group_id,
+                    in_transactions=s.processing_guarantee == "exactly-once",
+                    on_reject=getattr(self.changelog, "on_reject", None),  # set at start-up: the rejected-state metric
+                ),
                 label_topic=s.label_topic,
                 grace_seconds=s.label_grace_seconds,
                 max_early=s.max_early_labels,
+                max_clock_skew=s.max_clock_skew_seconds,
             )
         models = None
         if self.challenger_specs:

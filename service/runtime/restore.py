@@ -24,6 +24,7 @@ from functools import partial
 from perceptron_stream.config import invalid_setting
 from perceptron_stream.kafka import committed_offsets, log_ranges
 from perceptron_stream.learning import learner_from_state
+from perceptron_stream.learning.perceptron import state_reason
 from perceptron_stream.runtime.retry import Retry, StartupError
 from perceptron_stream.state.checkpoint import (
     GROUP_TASK,
@@ -32,16 +33,27 @@ from perceptron_stream.state.checkpoint import (
     ForeignStateError,
     KeyPolicyError,
     behind,
+    refused,
 )
 
 log = logging.getLogger("perceptron_stream")
 
 
+def learner_of(cp: Checkpoint):
+    """``cp``'s learner, or the CheckpointError that has an older checkpoint tried (restore and ``model export``).
+
+    Its reason, for perceptron_rejected_state_total: non_finite (numbers beyond the bounds), implausible, damaged.
+    """
+    try:
+        return learner_from_state(cp.model)
+    except ValueError as exc:
+        raise refused(f"it holds a model this version cannot read: {exc}", state_reason(exc)) from None
+
+
 class Restorer:
-    def __init__(self, settings, store, retry: Retry, initial=None, on_reject=None):
+    def __init__(self, settings, store, retry: Retry, initial=None):
         self.settings, self.store, self.retry = settings, store, retry
         self.initial = initial  # (task) -> None: what a new model starts from (--initial-model)
-        self.on_reject = on_reject or (lambda reason: None)  # (reason): a checkpoint refused (rejected-state metric)
         self._read: dict | None = None  # within restore_all: what was read from the brokers, for the next task
 
     def restore_all(self, tasks: list) -> None:
@@ -107,11 +119,8 @@ class Restorer:
             if different:  # the operator's settings changed, or this one is not the service's: an older one may fit
                 what = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in different.items())
                 other_settings.append(what)
-                raise CheckpointError(f"it was taken with other model settings ({what})")
-            try:
-                models[cp.seq] = learner_from_state(cp.model)
-            except ValueError as exc:
-                raise CheckpointError(f"it holds a model this version cannot read: {exc}") from None
+                raise refused(f"it was taken with other model settings ({what})", "settings")
+            models[cp.seq] = learner_of(cp)
 
         only_committed = {}
         if self.settings.processing_guarantee == "exactly-once":  # only checkpoints committed with their positions
@@ -132,8 +141,7 @@ class Restorer:
         except KeyPolicyError as exc:
             return self._other_key(task, exc)
         except CheckpointError:
-            if other_settings:
-                self.on_reject("settings")
+            if other_settings:  # each one skipped was counted by the store (settings)
                 name = other_settings[0].split(" ", 1)[0]
                 raise invalid_setting(
                     name,
@@ -145,7 +153,7 @@ class Restorer:
         if cp is None:
             return self._no_checkpoint(task)
         if self.store.key is None and cp.signed:
-            self.on_reject("key")
+            self._reject("key")
             raise invalid_setting(
                 "checkpoint_key",
                 f"checkpoint {cp.seq} of {task.name} is signed: consumer group {self.settings.group_id} runs with a "
@@ -182,12 +190,17 @@ class Restorer:
         )
         return True
 
+    def _reject(self, reason: str) -> None:
+        """A checkpoint the store read back and returned, refused here (key, stale): counted as the store counts its
+        own refusals (perceptron_rejected_state_total{kind="checkpoint"})."""
+        if self.store.on_reject is not None:
+            self.store.on_reject(reason)
+
     def _other_key(self, task, exc: KeyPolicyError) -> bool:
         """No checkpoint of ``task`` passes this instance's --checkpoint-key: the group runs unsigned (or with another
         key). A bad setting (exit 2), unless told to start a new model (--start-over), whose checkpoints are signed
         and supersede the others."""
-        s = self.settings
-        self.on_reject("key")
+        s = self.settings  # each checkpoint that failed the key was counted by the store (key)
         policy = "without --checkpoint-key (its checkpoints are unsigned)" if exc.unsigned else "with another key"
         if s.start_over:
             log.warning(
@@ -243,7 +256,7 @@ class Restorer:
                 "; ".join(stale),
             )
             return True
-        self.on_reject("stale")
+        self._reject("stale")
         resets = " ".join(f"--topic {t}:{p} --to-offset {o}" for (t, p), o in sorted(cp.positions.items()))
         problem = (
             f"checkpoint {cp.seq} of {task.name}, the newest usable one, is behind the offsets consumer group "

@@ -205,6 +205,7 @@ class Startup:
         if store is not None:
             self.resources.callback(store.close)
             store.key = signing_key(s)
+            store.on_reject = partial(self.metrics.reject_state, "checkpoint")
         return store
 
     def _open_labels(self, label_topic: str) -> tuple[bool, PartitionedLog | None]:
@@ -247,6 +248,7 @@ class Startup:
             changelog = until(lambda: PartitionedLog(s, s.pending_topic), "open the pending changelog")
             if changelog is not None:
                 self.resources.callback(changelog.close)
+                changelog.on_reject = partial(self.metrics.reject_state, "changelog")  # what its restores refuse
         return True, changelog
 
     def _open_mixing(self, owner: Owner) -> tuple[MixBoard | None, MixFeed | None]:
@@ -263,6 +265,7 @@ class Startup:
             counts[s.input_topic],
             signing_key(s),
             on_reject=partial(self.metrics.reject_state, "mix"),
+            every=s.mix_every,
         )
         tail = self.retry.until_it_works(lambda: TopicTail(s, s.mix_topic), "read the mix topic")
         if tail is None:

@@ -72,18 +72,57 @@ def decode_change(value: bytes | None) -> tuple[int, str, list | None]:
     return doc["epoch"], doc["run"], row
 
 
+#: The largest magnitude of a value in a stored point read back: the largest --max-feature-value (service/config.py),
+#: so a point the decoder let in always passes, and a model that learns it keeps every score finite (the bound
+#: perceptron.MAX_STATE_MAGNITUDE's reasoning assumes of an event's values).
+MAX_POINT_VALUE = 1e100
+
+
+def refused_point(row: list) -> str | None:
+    """Why the point a pending row holds cannot be learned from (``non_finite``, ``damaged``), None when it can.
+
+    A point comes back from the changelog (a topic others can write) and its ``x`` is learned when its label comes,
+    without the decoder's checks in between: a forged x of 1e300 would make a weight of 1e300 and every later
+    score infinite.
+
+    >>> refused_point(["pending", 1.0, '{"x": [1.0, -2.5], "score": 0.5}']), refused_point(["labeled", 1.0, None])
+    (None, None)
+    >>> refused_point(["pending", 1.0, '{"x": {"a": 1e300}, "score": 0.5}']), refused_point(["pending", 1.0, '{"x": "a"}'])
+    ('non_finite', 'damaged')
+    """
+    if row[0] != "pending":
+        return None
+    try:
+        point = orjson.loads(row[2])
+    except (orjson.JSONDecodeError, TypeError):
+        return "damaged"
+    x = point.get("x") if type(point) is dict else None
+    values = x if type(x) is list else list(x.values()) if type(x) is dict else None
+    challengers = point.get("challengers", {}) if type(point) is dict else None
+    if values is None or type(challengers) is not dict:
+        return "damaged"
+    scores = [point.get("score"), *challengers.values()]
+    if not all(type(v) in (int, float) for v in values + scores):
+        return "damaged"
+    if not all(abs(v) <= MAX_POINT_VALUE for v in values) or not all(map(math.isfinite, scores)):
+        return "non_finite"
+    return None
+
+
 class Changelog:
     """The Kafka store's changelog of pending tables: one compacted topic partitioned like the input.
 
     ``io`` does the Kafka work: ``send(partition, key, value)``, ``flush()``
     and ``read(partition) -> [(key, value)]`` (from the beginning, to the end),
-    and names its ``topic``. ``in_transactions`` (exactly-once): every write
+    and names its ``topic``; ``on_reject(reason)``, when given, is told each
+    record read back and refused (perceptron_rejected_state_total{kind="changelog"}). ``in_transactions`` (exactly-once): every write
     goes into a transaction (:meth:`write`'s ``into``), and the repairs of a
     restore wait for the next one.
     """
 
-    def __init__(self, io, group_id: str, in_transactions: bool = False):
+    def __init__(self, io, group_id: str, in_transactions: bool = False, on_reject=None):
         self.io, self.prefix, self.in_transactions = io, f"{group_id}/", in_transactions
+        self.on_reject = on_reject or (lambda reason: None)
         self.repairs: dict[int, list[tuple[bytes, bytes]]] = {}  # partition → repairs for its next transaction
 
     def _key(self, partition: int, key: str) -> bytes:
@@ -121,8 +160,14 @@ class Changelog:
             name = key[len(prefix) :].decode(errors="replace")
             try:
                 epoch, run, row = decode_change(value)
-            except ValueError:
+            except ValueError:  # (orjson's errors among them: not JSON)
                 rejected += 1
+                self.on_reject("damaged")
+                continue
+            refusal = None if row is None else refused_point(row)
+            if refusal is not None:  # its point never reaches the model
+                rejected += 1
+                self.on_reject(refusal)
                 continue
             # a repair restates the value at checkpoint ``epoch``: true in every lineage through it
             ok = epoch <= seq and (run == REPAIR or _valid(lineage, epoch, run))

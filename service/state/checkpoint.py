@@ -71,6 +71,8 @@ class SignatureError(CheckpointError):
     another key, or forged. ``seq`` is the number it claims (not vouched for): a new model's checkpoints
     supersede it (``--start-over``)."""
 
+    reason = "key"  # perceptron_rejected_state_total's (reason_of)
+
     def __init__(self, message: str, seq: int = 0, unsigned: bool = False):
         super().__init__(message)
         self.seq, self.unsigned = seq, unsigned
@@ -213,8 +215,9 @@ def decode_checkpoint(data: bytes, key: bytes | None = None) -> Checkpoint:
 
 def _decode(data: bytes, key: bytes | None) -> Checkpoint:
     if len(data) > MAX_CHECKPOINT_BYTES:
-        raise CheckpointError(
-            f"the checkpoint is {len(data)} bytes, more than the {MAX_CHECKPOINT_BYTES} a checkpoint may have"
+        raise refused(
+            f"the checkpoint is {len(data)} bytes, more than the {MAX_CHECKPOINT_BYTES} a checkpoint may have",
+            "too_large",
         )
     try:
         body = orjson.loads(data)
@@ -262,6 +265,23 @@ def _decode(data: bytes, key: bytes | None) -> Checkpoint:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def refused(message: str, reason: str) -> CheckpointError:
+    """A CheckpointError that says why it refused (``reason``, as perceptron_rejected_state_total counts it: too_large,
+    settings, non_finite...); any other CheckpointError is damage (:func:`reason_of`)."""
+    error = CheckpointError(message)
+    error.reason = reason  # type: ignore[attr-defined]  # read by reason_of, with its default
+    return error
+
+
+def reason_of(error: BaseException) -> str:
+    """Why ``error`` refused a checkpoint: the reason :func:`refused` gave it, else damaged.
+
+    >>> reason_of(refused("too long", "too_large")), reason_of(CheckpointError("corrupt"))
+    ('too_large', 'damaged')
+    """
+    return getattr(error, "reason", "damaged")
 
 
 def _malformed(name: str, value, wanted: str) -> CheckpointError:
@@ -350,6 +370,7 @@ def newest_usable(
     accept: Callable[[Checkpoint], object] | None,
     where: str,
     expected: Owner | None = None,
+    on_reject: Callable[[str], object] | None = None,
 ) -> Checkpoint | None:
     """The first checkpoint of ``candidates`` (newest first, each decoded or the error it gave) that is
     ``expected``'s and that ``accept`` takes.
@@ -368,8 +389,10 @@ def newest_usable(
     What was skipped, and why, is said once: in the WARNING of the one restored,
     or in the error raised. (Said as each was skipped too, the same reason came
     two or three times, one ERROR a checkpoint and the refusal, each "trying an
-    older one" when none was left to try.)
+    older one" when none was left to try.) ``on_reject`` is told the reason of
+    each one skipped (perceptron_rejected_state_total: foreign, or :func:`reason_of`).
     """
+    reject = on_reject or (lambda reason: None)
     problems, foreign, highest = [], [], 0
     skipped: list[str] = []
     signature_errors: list[SignatureError] = []
@@ -380,6 +403,7 @@ def newest_usable(
             if differs:
                 log.debug("checkpoint %s in %s is not this model's: %s", name, where, "; ".join(differs))
                 foreign.append(f"{name}: {'; '.join(differs)}")
+                reject("foreign")
                 skipped.append(f"checkpoint {name} in {where} is not this model's: {'; '.join(differs)}")
                 continue
             if accept is not None:
@@ -393,6 +417,7 @@ def newest_usable(
                 signature_errors.append(cp)
             problems.append(f"{name}: {cp}")
             skipped.append(f"checkpoint {name} in {where} is unusable: {cp}")
+            reject(reason_of(cp))
             continue
         if skipped:
             log.warning(

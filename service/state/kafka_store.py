@@ -41,6 +41,7 @@ class KafkaStore:
     def __init__(self, topic, group_id: str, keep: int = KEEP_CHECKPOINTS):
         self.topic, self.group_id, self.keep = topic, group_id, keep
         self.key: bytes | None = None  # --checkpoint-key: sign what is written, refuse what is not signed with it
+        self.on_reject: Callable[[str], object] | None = None  # (reason): a checkpoint read back and refused
         self._batch: set[bytes] | None = None  # within reading(): the slot keys of its tasks
         self._batch_latest: dict[bytes, bytes | None] | None = None  # and what the one read of them found
 
@@ -103,7 +104,7 @@ class KafkaStore:
                 decoded.append((key.decode(), cp))
         # the damaged ones first (reported: any may have been the newest), then newest first
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
-        return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected)
+        return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected, self.on_reject)
 
     @contextmanager
     def reading(self, tasks: list[str]) -> Iterator[None]:

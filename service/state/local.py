@@ -125,6 +125,7 @@ class LocalStore:
         self.directory = self.root / group_dirname(group_id)
         self.keep = keep
         self.key: bytes | None = None  # --checkpoint-key: sign what is written, refuse what is not signed with it
+        self.on_reject: Callable[[str], object] | None = None  # (reason): a checkpoint read back and refused
         self._locks: dict[str, int] = {}
 
     def task_dir(self, task: str) -> Path:
@@ -213,7 +214,7 @@ class LocalStore:
         if not files and legacy and self.legacy_files():
             files, where = self.legacy_files(), self.root
         try:
-            return newest_usable(self._decoded(files), accept, str(where), expected)
+            return newest_usable(self._decoded(files), accept, str(where), expected, self.on_reject)
         except KeyPolicyError:  # a setting to fix, not files to move away
             raise
         except CheckpointError as exc:

@@ -20,6 +20,8 @@ from perceptron_stream.state.checkpoint import Checkpoint, Owner
 class Store(Protocol):
     #: --checkpoint-key: sign what is written, refuse what is not signed with it
     key: bytes | None
+    #: told the reason of each checkpoint read back and refused (perceptron_rejected_state_total{kind="checkpoint"})
+    on_reject: Callable[[str], object] | None
 
     def lock(self, task: str) -> None:
         """Take ``task``'s state for this process, or fail (StateLockedError) naming the holder."""

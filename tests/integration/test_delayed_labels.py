@@ -113,8 +113,17 @@ def test_unknown_duplicate_expired_and_evicted_labels_are_counted_and_dead_lette
 ):
     names = label_topics(broker, topics)
     points = labeled_points(30, seed=73)
-    # a label finding no point waits for it 1 s of the points' stream time (the input read to its end moves it)
-    args = settings_args(broker, names, tmp_path, max_pending=20, label_ttl_seconds=10, label_grace_seconds=1)
+    # a label finding no point waits for it 1 s of the points' stream time (the input read to its end moves it);
+    # timestamps believed no more than 0.5 s ahead of the wall clock (less than the grace)
+    args = settings_args(
+        broker,
+        names,
+        tmp_path,
+        max_pending=20,
+        label_ttl_seconds=10,
+        label_grace_seconds=1,
+        max_clock_skew_seconds=0.5,
+    )
     service = service_thread(args)
     send_points(broker, names["input_topic"], points)  # the first 10 are evicted: 20 pending at most
     consume(broker.bootstrap_servers, names["output_topic"], len(points))
@@ -528,3 +537,90 @@ def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(
     assert checkpoint.task["labels"]["pending"] == {"0": 0} and checkpoint.task["labels"]["early"] == {"0": 0}
     letters = _dead_letters(kafka_broker, names)
     assert "unknown_id" not in letters and "duplicate" not in letters
+
+
+# timestamps the join does not believe (issue 35) -------------------------------------------------------------------
+#: Ahead of the wall clock as far as Apache Kafka takes a timestamp by default (log.message.timestamp.after.max.ms,
+#: an hour), with room for the clocks' drift.
+AHEAD_MS = 55 * 60_000
+
+
+def _settled(metrics_url: str, count: int) -> bool:
+    """Whether ``count`` labels were joined or dead-lettered (``unknown_id``, ``duplicate``)."""
+    counts = _label_counts_at(metrics_url)
+    return counts["joined"] + counts["unknown_id"] + counts["duplicate"] >= count
+
+
+def test_one_point_stamped_far_ahead_does_not_let_the_waiting_labels_go(apache_kafka, topics, tmp_path, service_thread):
+    """Labels before their points, and one point stamped 55 minutes ahead, read alone: it moved the grace clock past
+    every waiting label's grace, and they were dead-lettered unknown_id (3,900 of 5,000 on f27e9e1) though their
+    points came next. Bounded by the wall clock and --max-clock-skew-seconds, every one joins its point."""
+    names = label_topics(apache_kafka, topics)
+    points = labeled_points(1000, seed=81)
+    send_labels(apache_kafka, names["label_topic"], [(p["id"], p["_y"]) for p in points])
+    service = service_thread(settings_args(apache_kafka, names, tmp_path))
+    metrics_once(service.metrics_url, f"\nperceptron_early_labels {float(len(points))}")  # each waits for its point
+    send_points(apache_kafka, names["input_topic"], labeled_points(1, seed=82, start=5000), at_ms=_now_ms() + AHEAD_MS)
+    consume(apache_kafka.bootstrap_servers, names["output_topic"], 1)  # read alone: the last of its batch
+    send_points(apache_kafka, names["input_topic"], points)
+    wait_until(lambda: _settled(service.metrics_url, len(points)), 120, what="every label joined or dead-lettered")
+    metrics = metrics_once(service.metrics_url, "\nperceptron_pending_labels 1.0")  # the point from ahead
+    service.stop()
+    counts = _label_counts(metrics)
+    assert (counts["joined"], counts["unknown_id"]) == (len(points), 0), counts
+
+
+def test_labels_stamped_ahead_whose_points_never_come_do_not_stop_the_others(
+    apache_kafka, topics, tmp_path, service_thread
+):
+    """Room for 20 early labels and polls of 10: ten labels stamped 55 minutes ahead, whose points never come,
+    paused the label partition until then, and 500 genuine labels behind them waited (0 joined in 60 s on
+    f27e9e1). Believed no later than the wall clock and the skew, they are let go after their grace."""
+    names = label_topics(apache_kafka, topics)
+    points = labeled_points(500, seed=83)
+    send_points(apache_kafka, names["input_topic"], points)
+    send_labels(apache_kafka, names["label_topic"], [(f"never-{i}", 1) for i in range(10)], at_ms=_now_ms() + AHEAD_MS)
+    send_labels(apache_kafka, names["label_topic"], [(p["id"], p["_y"]) for p in points])
+    args = settings_args(
+        apache_kafka,
+        names,
+        tmp_path,
+        max_early_labels=20,
+        batch_size=10,
+        label_grace_seconds=3,
+        max_clock_skew_seconds=1,
+    )
+    service = service_thread(args)
+    wait_until(lambda: _settled(service.metrics_url, 10 + len(points)), 120, what="every label joined or let go")
+    metrics = metrics_once(service.metrics_url, "\nperceptron_early_labels 0.0")
+    service.stop()
+    counts = _label_counts(metrics)
+    assert (counts["joined"], counts["unknown_id"]) == (len(points), 10), counts
+    letters = _read_all(apache_kafka, names["dlq_topic"])
+    assert sorted(json.loads(d["raw"])["id"] for d in letters) == sorted(f"never-{i}" for i in range(10))
+    assert {d["reason"] for d in letters} == {"unknown_id"}
+
+
+def test_a_backfill_of_month_old_history_joins_its_labels(apache_kafka, topics, tmp_path, service_thread):
+    """Points and their labels stamped 30 days ago (the default TTL is 7): measured on the wall clock, every point
+    expired as it came and every label was dead-lettered (2,000 of 2,000 on f27e9e1). In stream time, all join."""
+    for topic in (topics["input_topic"], topics["input_topic"] + "-labels"):  # kept: older than the retention's 7 days
+        create_topic(apache_kafka.bootstrap_servers, topic, 1, **{"retention.ms": "-1"})
+    names = label_topics(apache_kafka, topics)
+    points = labeled_points(1000, seed=85)
+    then_ms = _now_ms() - 30 * 86_400_000
+    service = service_thread(settings_args(apache_kafka, names, tmp_path, batch_size=100))
+    send_points(apache_kafka, names["input_topic"], points, at_ms=then_ms)
+    consume(apache_kafka.bootstrap_servers, names["output_topic"], len(points))  # predicted, kept: then the labels
+    send_labels(apache_kafka, names["label_topic"], [(p["id"], p["_y"]) for p in points], at_ms=then_ms + 60_000)
+    wait_until(lambda: _settled(service.metrics_url, len(points)), 120, what="every label joined or dead-lettered")
+    metrics = metrics_once(service.metrics_url, "\nperceptron_pending_labels 0.0")
+    service.stop()
+    counts = _label_counts(metrics)
+    assert (counts["joined"], counts["unknown_id"], counts["expired"]) == (len(points), 0, 0), counts
+    delays = [o["delay_seconds"] for o in _read_all(apache_kafka, names["outcome_topic"])]
+    assert len(delays) == len(points) and all(d == 60 for d in delays)  # the backfill's own times
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -298,6 +298,99 @@ def test_version_0_1s_flat_state_dir_is_adopted_by_its_group_and_refused_by_anot
     )
 
 
+def test_forged_mix_records_are_refused_counted_and_change_no_prediction(
+    apache_kafka, topics, tmp_path, service_thread
+):
+    """Partition scope with mixing, no --checkpoint-key, on Apache Kafka. Measured on f27e9e1: a mix record claiming
+    2**63-1 mistakes took the mix (μ ≈ 1, its weights replaced the replica's); one of 500,000 features filled a
+    replica to its cap; one of 1e308 weights made scores null. Forged records of each kind wait on the mix topic
+    under partition 1's key (a replica that learns nothing here: every event is on partition 0) before any event
+    comes; the service refuses and counts each, and partition 0's replica, mixing with itself alone, publishes what
+    an offline replay of its events publishes, and ends with its model."""
+    from perceptron_stream.app import CHECKPOINT_TOPIC_CONFIG
+    from perceptron_stream.kafka import TopicSpec, cluster_identity, ensure_topics
+    from perceptron_stream.learning import Perceptron
+    from perceptron_stream.pipeline.mixer import mix_key
+    from perceptron_stream.runtime.factory import model_meta
+    from perceptron_stream.state.checkpoint import Checkpoint, Owner
+
+    from tests.support.endpoints import metric, metrics_once
+    from tests.support.topics import create_topic
+
+    bootstrap = apache_kafka.bootstrap_servers
+    cap, every = 100, 50
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        model_scope="partition",
+        mix_topic=f"mix-{topics['group_id']}",
+        mix_every=every,
+        max_model_features=cap,
+        batch_size=50,
+    )
+    settings = load(ServeSettings, args)
+    create_topic(bootstrap, settings.input_topic, partitions=2)
+    ensure_topics(settings, [TopicSpec(settings.mix_topic, 1, 1, CHECKPOINT_TOPIC_CONFIG)], True)
+    cluster_id, topic_id = cluster_identity(settings, settings.input_topic)
+
+    def forged(weights, mistakes: int = 5) -> bytes:
+        state = Perceptron.from_weights([0.0]).to_state()  # a plain perceptron's state, then written over
+        names = list(weights) if isinstance(weights, dict) else list(range(len(weights)))
+        state.update(features=names, weights=list(weights.values()) if isinstance(weights, dict) else weights)
+        owner = Owner(settings.group_id, settings.input_topic, "partition-1", cluster_id, topic_id)
+        record = Checkpoint(
+            seq=1,
+            positions={(settings.input_topic, 1): 0},
+            model=state,
+            meta=model_meta(settings),
+            owner=owner,
+            task={"mix": {"mistakes": mistakes, "learned": every, "inputs": []}},
+        )
+        return resealed(json.loads(encode_checkpoint(record)))
+
+    records = {
+        "too_large": [
+            forged({f"junk-{i:06d}": 1.0 for i in range(20_000)}),  # ~400 KB: longer than 100 features may take
+            forged({f"junk-{i}": 1.0 for i in range(cap + 1)}),  # short, but more features than the cap
+        ],
+        "implausible": [forged([-100.0] * 10, mistakes=2**63 - 1)],  # would take the mix
+        "non_finite": [forged([1e308] * 10)],
+    }
+    values = [v for vs in records.values() for v in vs]
+    produce(bootstrap, settings.mix_topic, values, keys=[mix_key(settings.group_id, 1)] * len(values))
+
+    service = service_thread(args)
+    lines = [f'perceptron_rejected_state_total{{kind="mix",reason="{r}"}} {float(len(v))}' for r, v in records.items()]
+    text = metrics_once(service.metrics_url, *lines, timeout=60)
+    for reason, forgeries in records.items():
+        assert metric(text, f'perceptron_rejected_state_total{{kind="mix",reason="{reason}"}}') == len(forgeries), text
+
+    events = make_events(300, seed=48)
+    watcher = OutputWatcher(bootstrap, settings.output_topic).start()
+    try:
+        produce(bootstrap, settings.input_topic, events, partition=0)
+        wait_until(lambda: watcher.distinct() >= len(events), 90, what="every event predicted")
+        watcher.settle()
+    finally:
+        by_source = watcher.stop()
+    expected, model = offline(events)
+    assert sorted(by_source) == list(range(len(events)))
+    for offset, want in enumerate(expected):  # every score as without the forged records: none reached a mix
+        got = json.loads(by_source[offset][0])
+        assert json.dumps([got[k] for k in ("id", "y_pred", "score", "y", "mistake")]) == json.dumps(
+            [want[k] for k in ("id", "y_pred", "score", "y", "mistake")]
+        ), (offset, got, want)
+        mixes = offset // every  # it mixed (with itself alone) after each --mix-every events
+        assert got["model"] == {"scope": "partition", "partition": 0, "mixes": mixes, **want["model"]}, (offset, got)
+    assert service.stop() == 0
+    final = LocalStore(settings.state_dir, settings.group_id).load("partition-0")
+    assert final is not None and (final.model["features"], final.model["weights"]) == (
+        model["features"],
+        model["weights"],
+    )
+
+
 # replay, and one policy per group (issue 35) -------------------------------------------------------------------
 KEY_ENV, KEY = "PERCEPTRON_STREAM_CHECKPOINT_KEY", "0123456789abcdef0123456789abcdef"
 

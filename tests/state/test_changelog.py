@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 from perceptron_stream.state.changelog import Changelog
 from perceptron_stream.state.pending import PendingTable
 
@@ -27,14 +28,15 @@ class MemoryLog:
 
 def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_later_changes():
     log = MemoryLog()
-    changelog = Changelog(log, "g")
+    refused: list[str] = []
+    changelog = Changelog(log, "g", on_reject=refused.append)
     table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
-    table.add("a", {"v": 1}, now=1.0)
-    table.add("b", {"v": 2}, now=2.0)
+    table.add("a", {"x": [1.0], "score": 0.5}, now=1.0)
+    table.add("b", {"x": [2.0], "score": 0.5}, now=2.0)
     changelog.write(0, table.changed(), 1, "run-1")  # checkpoint 1 by run-1
     table.checkpoint(1)
-    assert table.take("a", now=3.0) == {"v": 1}
-    table.add("c", {"v": 3}, now=4.0)
+    assert table.take("a", now=3.0) == {"x": [1.0], "score": 0.5}
+    table.add("c", {"x": [3.0], "score": 0.5}, now=4.0)
     changelog.write(0, table.changed(), 2, "run-1")  # written, then run-1 died before checkpoint 2 was saved
     log.send(0, b"g/0/s:x", b"not json")  # and someone wrote garbage
     log.send(1, b"g/1/s:z", b'{"epoch": 1, "run": "run-1", "row": ["pending", 1.0, "{}"]}')  # another partition
@@ -43,9 +45,10 @@ def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_la
     changelog.restore(0, restored, 1, [[1, "run-1"], [2, "run-2"]])  # run-2 restores checkpoint 1
     assert (
         restored.pending_count() == 2
-        and restored.take("a", now=5.0) == {"v": 1}
+        and restored.take("a", now=5.0) == {"x": [1.0], "score": 0.5}
         and restored.take("c", now=5.0) is None
     )
+    assert refused == ["damaged"]  # the garbage, counted (perceptron_rejected_state_total{kind="changelog"})
     # the stale changes were written again with their valid values: the newest record of every key is this lineage's
     again = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
     changelog.restore(0, again, 5, [[1, "run-1"], [2, "run-2"]])  # even read as of a later checkpoint of run-2
@@ -65,10 +68,10 @@ class Transaction:
 def test_in_transactions_the_epochs_changes_and_a_restores_repairs_go_into_the_next_transaction_only():
     log = MemoryLog()
     table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
-    table.add("a", {"v": 1}, now=1.0)
+    table.add("a", {"x": [1.0], "score": 0.5}, now=1.0)
     Changelog(log, "g").write(0, table.changed(), 1, "run-1")  # at-least-once: run-1's checkpoint 1...
     table.checkpoint(1)
-    table.add("b", {"v": 2}, now=2.0)
+    table.add("b", {"x": [2.0], "score": 0.5}, now=2.0)
     Changelog(log, "g").write(0, table.changed(), 2, "run-1")  # ...and its change after it, then it died
     written = len(log.records[0])
 
@@ -76,7 +79,7 @@ def test_in_transactions_the_epochs_changes_and_a_restores_repairs_go_into_the_n
     restored = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
     changelog.restore(0, restored, 1, [[1, "run-1"], [2, "run-2"]])
     assert restored.pending_count() == 1 and len(log.records[0]) == written  # nothing written around a transaction
-    restored.add("c", {"v": 3}, now=3.0)
+    restored.add("c", {"x": [3.0], "score": 0.5}, now=3.0)
     into = Transaction()
     changelog.write(0, restored.changed(), 2, "run-2", into=into)
     assert [(t, p, k) for t, p, k, _ in into.sent] == [("pending", 0, b"g/0/s:b"), ("pending", 0, b"g/0/s:c")]
@@ -84,3 +87,24 @@ def test_in_transactions_the_epochs_changes_and_a_restores_repairs_go_into_the_n
     assert len(log.records[0]) == written and log.flushes == 0  # nothing by the changelog's own producer
     changelog.write(0, [], 3, "run-2", into=(later := Transaction()))
     assert later.sent == []  # a repair goes once
+
+
+def test_a_stored_point_beyond_the_bounds_is_refused_counted_and_never_learned():
+    """A point read back from the changelog is learned when its label comes, without the decoder's checks between:
+    a forged x of 1e300 would have made a weight of 1e300 and every later score infinite (a null score)."""
+    log = MemoryLog()
+    refused: list[str] = []
+    changelog = Changelog(log, "g", on_reject=refused.append)
+    good = '{"x": [1.0, 2.0], "y_pred": 1, "score": 0.5, "version": 0}'
+    for key, point in [
+        ("s:a", good),
+        ("s:b", '{"x": [1e300, 2.0], "y_pred": 1, "score": 0.5, "version": 0}'),
+        ("s:c", '{"x": {"f": 1.0}, "y_pred": 1, "score": 1e400, "version": 0}'.replace("1e400", '"inf"')),
+        ("s:d", '{"x": "not features", "score": 0.5}'),
+    ]:
+        log.send(0, f"g/0/{key}".encode(), orjson.dumps({"epoch": 1, "run": "run-1", "row": ["pending", 1.0, point]}))
+    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
+    changelog.restore(0, table, 1, [[1, "run-1"]])
+    assert table.pending_count() == 1 and table.take("a", now=2.0) == orjson.loads(good)
+    assert table.take("b", now=2.0) is None
+    assert refused == ["non_finite", "damaged", "damaged"]

@@ -595,3 +595,47 @@ def test_checkpoints_are_plain_json_data(tmp_path):
         return value is None or isinstance(value, (bool, int, float, str))
 
     assert plain(body) and body["kind"] == "perceptron-stream.checkpoint"
+
+
+def test_each_checkpoint_skipped_is_told_with_its_reason():
+    """perceptron_rejected_state_total{kind="checkpoint"} counts each one skipped at a restore, by reason: too long
+    (refused before it is parsed), another model's, a model beyond the bounds (the Restorer's accept says
+    non_finite), damaged; the one restored and those older than it are not counted."""
+    from perceptron_stream.state.checkpoint import MAX_CHECKPOINT_BYTES, newest_usable, reason_of, refused
+
+    def accept(cp: Checkpoint) -> None:
+        if cp.seq == 3:
+            raise refused("it holds a model this version cannot read: weights beyond 1e150", "non_finite")
+
+    too_long = CheckpointError("unreached")
+    try:
+        decode_checkpoint(b" " * (MAX_CHECKPOINT_BYTES + 1))
+    except CheckpointError as exc:
+        too_long = exc
+    foreign = _checkpoint(4)
+    foreign = Checkpoint(**{**foreign.__dict__, "owner": Owner("other", "points")})
+    reasons: list[str] = []
+    candidates: list[tuple[str, Checkpoint | CheckpointError]] = [
+        ("5", too_long),
+        ("4", foreign),
+        ("3", _checkpoint(3)),
+        ("2x", CheckpointError("the checkpoint is not valid JSON")),
+        ("1", _checkpoint(1)),
+        ("0", CheckpointError("older than the one restored: never looked at")),
+    ]
+    restored = newest_usable(candidates, accept, "here", OWNER, reasons.append)
+    assert restored is not None and restored.seq == 1
+    assert reasons == ["too_large", "foreign", "non_finite", "damaged"], reasons
+    assert reason_of(too_long) == "too_large"
+
+
+def test_a_store_tells_its_refusals(tmp_path):
+    """The stores pass their ``on_reject`` (set at start-up to the metric) to every load."""
+    store = LocalStore(tmp_path, "g")
+    reasons: list[str] = []
+    store.on_reject = reasons.append
+    for seq in (1, 2):
+        store.save(_checkpoint(seq))
+    newest = store.files("model")[0]
+    newest.write_bytes(newest.read_bytes()[:100])
+    assert _seq(store) == 1 and reasons == ["damaged"]

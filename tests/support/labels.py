@@ -5,6 +5,7 @@ and their labels sent to topics of a test's own, and the offline replay a run mu
 from __future__ import annotations
 
 import json
+import math
 
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import make_learner
@@ -22,10 +23,14 @@ from tests.support.topics import create_topic, produce
 GRACE = 300.0
 
 
-def make_joiner(max_early: int = 100) -> Joiner:
+def make_joiner(
+    max_early: int = 100, *, ttl_seconds: float = 1e9, max_clock_skew: float = math.inf, wall=None
+) -> Joiner:
+    """A joiner on in-memory tables; with ``max_clock_skew``, timestamps bounded against ``wall`` (a clock in
+    seconds; None: the real one)."""
     return Joiner(
-        lambda p: PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000),
-        ttl_seconds=1e9,
+        lambda p: PendingTable(":memory:", ttl_seconds=ttl_seconds, max_pending=1000),
+        ttl_seconds=ttl_seconds,
         max_pending=1000,
         outcome_topic="outcomes",
         dlq_topic="dlq",
@@ -33,6 +38,8 @@ def make_joiner(max_early: int = 100) -> Joiner:
         label_topic="labels",
         grace_seconds=GRACE,
         max_early=max_early,
+        max_clock_skew=max_clock_skew,
+        wall=wall,
     )
 
 
@@ -79,18 +86,25 @@ def labeled_points(count: int, seed: int, start: int = 0) -> list[dict]:
     ]
 
 
-def send_points(broker, topic: str, points: list[dict]) -> None:
+def send_points(broker, topic: str, points: list[dict], at_ms: int | None = None) -> None:
+    """The points without their label, keyed by id (stamped ``at_ms``: None, the producer's clock)."""
     produce(
         broker.bootstrap_servers,
         topic,
         [{"id": p["id"], "x": p["x"]} for p in points],
         keys=[p["id"].encode() for p in points],
+        timestamp_ms=at_ms,
     )
 
 
-def send_labels(broker, topic: str, labels: list[tuple[str, int]]) -> None:
+def send_labels(broker, topic: str, labels: list[tuple[str, int]], at_ms: int | None = None) -> None:
+    """Labels (id, y), keyed by id (stamped ``at_ms``: None, the producer's clock)."""
     produce(
-        broker.bootstrap_servers, topic, [{"id": i, "y": y} for i, y in labels], keys=[i.encode() for i, _ in labels]
+        broker.bootstrap_servers,
+        topic,
+        [{"id": i, "y": y} for i, y in labels],
+        keys=[i.encode() for i, _ in labels],
+        timestamp_ms=at_ms,
     )
 
 

@@ -9,23 +9,24 @@ import time
 from tests.support.waiting import wait_until
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
-    """``name`` with ``partitions`` partitions (replication 1); nothing when it exists."""
+def create_topic(bootstrap: str, name: str, partitions: int = 1, **config: str) -> None:
+    """``name`` with ``partitions`` partitions (replication 1) and topic ``config``; nothing when it exists."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics([NewTopic(name, partitions, 1)])
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config)])
     except TopicAlreadyExistsError:
         pass
     finally:
         admin.close()
 
 
-def produce(bootstrap: str, topic: str, values, keys=None, partition=None) -> None:
-    """Write raw values (bytes, or dicts turned into JSON) and wait for the acks.
+def produce(bootstrap: str, topic: str, values, keys=None, partition=None, timestamp_ms: int | None = None) -> None:
+    """Write raw values (bytes, or dicts turned into JSON) and wait for the acks; stamped ``timestamp_ms`` (the
+    records' CreateTime; None: the producer's clock).
 
     The topic is created with one partition when missing: the broker would
     auto-create it with four.
@@ -38,7 +39,7 @@ def produce(bootstrap: str, topic: str, values, keys=None, partition=None) -> No
         keys = keys or itertools.repeat(None)
         for value, key in zip(values, keys):
             raw = value if isinstance(value, (bytes, type(None))) else json.dumps(value).encode()
-            producer.send(topic, value=raw, key=key, partition=partition)
+            producer.send(topic, value=raw, key=key, partition=partition, timestamp_ms=timestamp_ms)
         producer.flush()
     finally:
         producer.close()

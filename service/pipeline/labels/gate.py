@@ -11,7 +11,7 @@ face:
   never comes would wait for good, as at the end of a stream);
 - :meth:`LabelGate.due`: whether a label's grace has passed (a batch of no
   records then lets it go);
-- :meth:`LabelGate.admit`, before a batch: points past their TTL expired, and
+- :meth:`LabelGate.admit`, before a batch: points past their TTL (of stream time) expired, and
   label batches ordered after point batches (a point of the same poll is kept
   first);
 - :meth:`LabelGate.release`, after it: the labels still alone after the grace
@@ -111,10 +111,9 @@ class LabelGate:
         process them, a label's after the points of its partition (a point of this poll is kept first)."""
         if self.label_topic is None:
             return batches
-        now = time.time()
         for task in self.tasks.all():
             if task.joiner is not None:
-                task.joiner.expire(now, tally)
+                task.joiner.expire(tally)
         return sorted(batches, key=lambda records: records[0].topic == self.label_topic)
 
     def release(self, send, tally) -> None:

@@ -8,11 +8,39 @@ an *early* row until the partition's points' stream time (the grace clock,
 letter. The tables are checkpointed and restored with the task
 (:meth:`Joiner.before_save`, :meth:`Joiner.restore`; with the Kafka store
 through :mod:`perceptron_stream.state.changelog`).
+
+**What time is believed.** Both clocks are stream time, made of the records'
+timestamps (the producers' CreateTime): the grace clock is the points'
+(:meth:`Joiner.stream_time`), the TTL's is the points' and the labels' alike
+(:meth:`Joiner.ttl_time`), so a backfill of old history is joined as it was
+when live, its points expiring once the stream has gone the TTL past them,
+not at once against today's date. A timestamp is a claim of its producer,
+so each is bounded before a clock believes it (``max_clock_skew``,
+``--max-clock-skew-seconds``; :meth:`Joiner.believed`):
+
+- *ahead*: no record is believed later than the wall clock plus the skew
+  when it is read. One point stamped in 2100 would move the grace clock past
+  every waiting label's grace (all dead-lettered ``unknown_id`` though their
+  points came a moment later), and a label stamped in 2100 would wait, and
+  hold its partition's room, for good;
+- *behind*, for a label: no earlier than the skew behind the clock it is
+  measured on (the wall clock before any point was read). A label stamped
+  in 1970 would otherwise be past its grace as it comes, and its labeled
+  mark past the TTL, so a second copy would be ``unknown_id``, not a
+  ``duplicate``. A point's time behind is believed: it is history, and it
+  only lets its own row expire sooner.
+
+Clamped, not dead-lettered: the record is a valid point or label, and only
+the moment it claims is doubtful; the bound removes that claim's power over
+the clocks, and the event still counts (a point is predicted, a label
+joined).
 """
 
 from __future__ import annotations
 
 import base64
+import math
+import time
 import uuid
 from typing import Any
 
@@ -46,6 +74,8 @@ class Joiner:
         label_topic: str = "labels",
         grace_seconds: float = 300.0,
         max_early: int = 100_000,
+        max_clock_skew: float = math.inf,
+        wall=None,
     ):
         self.open_table, self.ttl_seconds, self.max_pending = open_table, ttl_seconds, max_pending
         self.label_topic = label_topic  # the label_source of a label joined when its point came
@@ -56,7 +86,10 @@ class Joiner:
         self.tables: dict[int, PendingTable] = {}
         self.run = uuid.uuid4().hex[:16]  # this run's tag on the changes it writes
         self.lineage: list[list] = [[1, self.run]]  # [first epoch, run]: whose changes count, epoch by epoch
+        self.max_clock_skew = max_clock_skew  # the bound on timestamps (s)
+        self.wall = wall  # the wall clock it is from (s; None: time.time, looked up at each use)
         self.point_time: dict[int, int] = {}  # partition → the latest point timestamp processed (ms)
+        self.label_time: dict[int, int] = {}  # partition → the latest label timestamp processed (ms), believed
         self.all_read_at: dict[int, int] = {}  # partition → a time (ms) by which every point written was read
         self.epoch = 1  # the next checkpoint's seq: the epoch of the changes made now
 
@@ -94,11 +127,11 @@ class Joiner:
             "score": score,
             "version": version,
             "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset},
-            "at": r.timestamp / 1000,
+            "at": self.believed(r.timestamp) / 1000,
         }
         if challengers:
             point["challengers"] = challengers
-        label = self.table(r.partition).add(event_id, point, now=r.timestamp / 1000)
+        label = self.table(r.partition).add(event_id, point, now=point["at"])
         return None if label is None else (point, label)
 
     def labels_waiting(self, partition: int, ids: list, ys: list) -> list[tuple[int, int]]:
@@ -118,8 +151,24 @@ class Joiner:
         return out
 
     def saw_point(self, partition: int, timestamp: int) -> None:
+        """A batch of points of ``partition`` processed, its last stamped ``timestamp`` (ms): the clocks move there,
+        no further than the wall clock allows (:meth:`believed`)."""
+        timestamp = self.believed(timestamp)
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
+
+    def believed(self, timestamp: int, clock: int | None = None) -> int:
+        """The time (ms) a record stamped ``timestamp`` is taken to have: no later than the wall clock plus
+        ``max_clock_skew``, and, given the ``clock`` (ms) it is measured on (negative: none yet, the wall clock's
+        then), no earlier than that less the skew (see the module's docstring)."""
+        skew_ms = self.max_clock_skew * 1000
+        if skew_ms == math.inf:
+            return timestamp
+        now_ms = (time.time() if self.wall is None else self.wall()) * 1000
+        timestamp = min(timestamp, int(now_ms + skew_ms))
+        if clock is not None:
+            timestamp = max(timestamp, int((clock if clock >= 0 else now_ms) - skew_ms))
+        return timestamp
 
     def read_to(self, partition: int, moment_ms: int) -> None:
         """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
@@ -133,12 +182,32 @@ class Joiner:
         grace clock: a point sent before a label is read once this passes the label's time by the grace period."""
         return max(self.point_time.get(partition, -1), self.all_read_at.get(partition, -1))
 
-    def read(self, records) -> list[Label | Rejection]:
-        """A batch of label records (one partition's) decoded, the pending rows of their ids read at once
+    def ttl_time(self, partition: int) -> int:
+        """The TTL's clock of ``partition`` (ms; negative: no record read yet): the latest point or label read,
+        each as believed. Stream time, as the grace clock is, so a backfill of old history keeps its points as a
+        live stream did; not moved by the input read to its end (wall time: that would expire a backfill's
+        points before their labels, read next, could join them)."""
+        return max(self.point_time.get(partition, -1), self.label_time.get(partition, -1))
+
+    def read(self, records, tally=None) -> list[Label | Rejection]:
+        """A batch of label records (one partition's) decoded, the TTL's clock moved to the newest of them and the
+        points past it expired (counted in ``tally``), then the pending rows of their ids read at once
         (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing."""
+        partition = records[0].partition
+        newest = max(self.believed(r.timestamp) for r in records)
+        if newest > self.label_time.get(partition, -1):
+            self.label_time[partition] = newest
+        if tally is not None:
+            self._expire(partition, self.table(partition), tally)
         labels = decode_labels([r.value for r in records], [r.key for r in records], self.max_message_bytes)
-        self.table(records[0].partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
+        self.table(partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
+
+    def _label_at(self, r) -> tuple[float, float]:
+        """When label ``r`` is taken to have come (s): for its delay, as stamped but no later than the wall clock
+        allows; for its labeled mark, also no earlier than the skew behind the TTL's clock (:meth:`believed`: a
+        mark back-dated past the TTL would be gone at once, and a second copy of the label ``unknown_id``)."""
+        return self.believed(r.timestamp) / 1000, self.believed(r.timestamp, self.ttl_time(r.partition)) / 1000
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
@@ -146,7 +215,8 @@ class Joiner:
         if isinstance(label, Rejection):
             return self.join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, label, send, tally)
         table = self.table(r.partition)
-        got = table.take(label.id, now=r.timestamp / 1000)
+        at, mark = self._label_at(r)
+        got = table.take(label.id, now=mark)
         if got is None:  # its point has not come (or is gone): the label waits for it, up to the grace period
             for old, why in self._wait(table, r, label):
                 self._let_go(old, why, send, tally, r.partition)
@@ -163,7 +233,7 @@ class Joiner:
             r.topic,
             r.partition,
             r.offset,
-            r.timestamp / 1000,
+            at,
             learner,
             send,
             tally,
@@ -185,7 +255,8 @@ class Joiner:
                 actions.append(("letter", r, label))
                 continue
             table = self.table(r.partition)
-            got = table.take(label.id, now=r.timestamp / 1000)
+            at, mark = self._label_at(r)
+            got = table.take(label.id, now=mark)
             if got is None:
                 actions.extend(("let go", old, why, r.partition) for old, why in self._wait(table, r, label))
                 actions.append(("count", "early"))
@@ -193,7 +264,7 @@ class Joiner:
                 actions.append(("count", "duplicate"))
                 actions.append(("letter", r, _duplicate(label)))
             else:
-                actions.append(("join", r, label, got))
+                actions.append(("join", r, label, got, at))
                 joins.append((got, label.y))
         learned = iter(self.join.learn_many([p for p, _ in joins], [y for _, y in joins], learner, models))
         join = self.join
@@ -207,7 +278,7 @@ class Joiner:
                 old, why, partition = what
                 self._let_go(old, why, send, tally, partition)
             else:
-                r, label, point = what
+                r, label, point, at = what
                 counters, theirs = next(learned)
                 join.publish(
                     label.id,
@@ -217,7 +288,7 @@ class Joiner:
                     r.topic,
                     r.partition,
                     r.offset,
-                    r.timestamp / 1000,
+                    at,
                     counters,
                     theirs,
                     send,
@@ -241,11 +312,11 @@ class Joiner:
                 "id": label.id,
                 "y": label.y,
                 "offset": r.offset,
-                "at": r.timestamp / 1000,
+                "at": self.believed(r.timestamp) / 1000,  # its time, for its delay
                 "key": None if r.key is None else base64.b64encode(r.key).decode(),
                 "value": r.value.decode(),
             },
-            at=r.timestamp / 1000,
+            at=self.believed(r.timestamp, self.stream_time(r.partition)) / 1000,  # its grace from the grace clock's
         )
         return evicted
 
@@ -297,8 +368,8 @@ class Joiner:
         """An early label that will not be joined: dead-lettered ``unknown_id``, as a label whose point is unknown."""
         error = (
             f"no pending point has id {label['id']!r} in partition {partition} ({why}; or its point expired after "
-            f"{self.ttl_seconds:g} s, or was evicted beyond {self.max_pending:,} pending): send the label with its "
-            "point's key"
+            f"{self.ttl_seconds:g} s of stream time, or was evicted beyond {self.max_pending:,} pending): send the "
+            "label with its point's key"
         )
         tally.label_outcomes.append("unknown_id")
         key = None if label["key"] is None else base64.b64decode(label["key"])
@@ -313,11 +384,19 @@ class Joiner:
             tally,
         )
 
-    def expire(self, now: float, tally) -> None:
-        for table in self.tables.values():
-            expired = table.expire(now)
-            if expired:
-                tally.label_outcomes.extend(["expired"] * expired)
+    def expire(self, tally) -> None:
+        """Points (and labeled marks) the TTL's clock of their partition (:meth:`ttl_time`) passed by the TTL: gone,
+        the pending ones counted ``expired``."""
+        for partition, table in self.tables.items():
+            self._expire(partition, table, tally)
+
+    def _expire(self, partition: int, table: PendingTable, tally) -> None:
+        clock = self.ttl_time(partition)
+        if clock < 0:  # no record read since the start or the restore: no time to measure by
+            return
+        expired = table.expire(clock / 1000)
+        if expired:
+            tally.label_outcomes.extend(["expired"] * expired)
 
     def commit(self, tally) -> None:
         """The batch's changes durable (still undone by a restore of an older checkpoint); evictions counted."""
@@ -368,6 +447,7 @@ class Joiner:
         for partition in partitions:
             # read again from the checkpoint's positions: what was read counts no more
             self.point_time.pop(partition, None)
+            self.label_time.pop(partition, None)
             self.all_read_at.pop(partition, None)
             table = self.table(partition, restoring=True)
             if self.changelog is not None:

@@ -4,6 +4,7 @@ input's lag is a callable)."""
 from __future__ import annotations
 
 import logging
+import time
 
 from perceptron_stream.pipeline.labels import LabelGate
 from perceptron_stream.pipeline.task import Tally, TaskSet
@@ -11,9 +12,11 @@ from perceptron_stream.pipeline.task import Tally, TaskSet
 from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
 
 
-def _gate_with_a_task(label_topic: str | None = "labels", max_early_labels: int = 100, batch_size: int = 2):
+def _gate_with_a_task(
+    label_topic: str | None = "labels", max_early_labels: int = 100, batch_size: int = 2, joiner=None
+):
     tasks = TaskSet("points", per_partition=False)
-    task = make_task(make_joiner())
+    task = make_task(make_joiner() if joiner is None else joiner)
     tasks.add(task)
     gate = LabelGate(tasks, label_topic, "points", 500, max_early_labels=max_early_labels, batch_size=batch_size)
     return gate, task
@@ -101,3 +104,57 @@ def test_the_pause_leaves_room_for_a_whole_batch_of_early_labels():
     assert (gate.pause_at, gate.resume_at) == (200, 100)  # 200 + a poll of 800 still fit in 1,000
     gate, _ = _gate_with_a_task(max_early_labels=100_000, batch_size=1000)
     assert (gate.pause_at, gate.resume_at) == (50_000, 25_000)  # the defaults: half the room
+
+
+def test_labels_stamped_far_ahead_whose_points_never_come_do_not_pause_their_partition_for_good():
+    """Room for 20 early labels, polls of 10: ten labels stamped an hour ahead (the most Apache Kafka takes by
+    default) paused the label partition until that hour and their grace had passed, and the genuine labels behind
+    them waited as long. Believed no later than the wall clock and the skew, they go once the wall clock passes
+    that and their grace (the gate moves the grace clock to it when the input is read to its end)."""
+    skew, now_ms = 60.0, int(time.time() * 1000)
+    joiner = make_joiner(max_early=20, max_clock_skew=skew)
+    gate, task = _gate_with_a_task(max_early_labels=20, batch_size=10, joiner=joiner)
+    sent, tally = Sent(), Tally()
+    task.process([label(i, f"never-{i}", 1, ms=now_ms + 55 * 60_000) for i in range(10)], sent, tally)
+    assert gate.pace() == ([("labels", 0)], [])
+    joiner.read_to(0, now_ms + int((skew + GRACE) * 1000) + 1_000)  # how far the gate moves it, once that is now
+    assert gate.due()
+    gate.release(sent, tally)
+    assert [d["reason"] for d in sent.on("dlq")] == ["unknown_id"] * 10
+    assert gate.pace() == ([], [("labels", 0)])  # read again: the genuine labels behind them come
+
+
+def test_a_backfill_of_month_old_history_joins_its_labels():
+    """The TTL was measured on the wall clock against the records' time: a backfill of 30-day-old points expired
+    on arrival (TTL 7 days) and every label was dead-lettered. In stream time, they join as they did live."""
+    then_ms = int(time.time() * 1000) - 30 * 86_400_000
+    joiner = make_joiner(ttl_seconds=7 * 86_400, max_clock_skew=60.0)
+    gate, task = _gate_with_a_task(joiner=joiner)
+    sent, tally = Sent(), Tally()
+    points = [point(i, f"p{i}", ms=then_ms + i) for i in range(20)]
+    labels = [label(i, f"p{i}", 1, ms=then_ms + 60_000 + i) for i in range(20)]
+    for batches in ([points[:10]], [points[10:], labels[:10]], [labels[10:]]):
+        for records in gate.admit(batches, tally):
+            task.process(records, sent, tally)
+        gate.release(sent, tally)
+    assert len(sent.on("outcomes")) == 20 and sent.on("dlq") == []
+    assert "expired" not in tally.label_outcomes and joiner.pending() == joiner.early() == 0
+
+
+def test_a_second_copy_of_a_back_dated_label_is_a_duplicate():
+    """A label stamped 8 days back (TTL 7 days) left a labeled mark that expired at once: its second copy was
+    unknown_id. The mark is kept from no earlier than the skew behind the stream's time."""
+    now_ms = int(time.time() * 1000)
+    joiner = make_joiner(ttl_seconds=7 * 86_400, max_clock_skew=60.0)
+    gate, task = _gate_with_a_task(joiner=joiner)
+    sent, tally = Sent(), Tally()
+    for batches in (
+        [[point(0, "a", ms=now_ms)]],
+        [[label(0, "a", 1, ms=now_ms - 8 * 86_400_000)]],
+        [[point(1, "b", ms=now_ms + 1_000)]],
+        [[label(1, "a", 1, ms=now_ms - 8 * 86_400_000)]],
+    ):
+        for records in gate.admit(batches, tally):
+            task.process(records, sent, tally)
+        gate.release(sent, tally)
+    assert len(sent.on("outcomes")) == 1 and [d["reason"] for d in sent.on("dlq")] == ["duplicate"]

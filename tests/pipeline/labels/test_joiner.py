@@ -159,3 +159,80 @@ def test_a_challengers_delayed_mistake_is_its_score_against_the_label():
     assert not challenger_wrong(row, "old", -1) and challenger_wrong(row, "old", 1)
     assert challenger_wrong(row, "margin", -1)  # added since the point came: nothing kept, scored as a mistake
     assert not decided_wrong({"score": None}, 1)  # a non-finite score (JSON null) is NaN's: no y·score ≤ 0
+
+
+#: The wall clock of the tests of timestamps (s; January 2027), its milliseconds, and the bound on timestamps.
+WALL = 1_800_000_000.0
+WALL_MS = int(WALL * 1000)
+SKEW = 60.0
+YEAR_2100_MS = 4_102_444_800_000
+
+
+def _bounded_joiner(**options):
+    return make_joiner(max_clock_skew=SKEW, wall=lambda: WALL, **options)
+
+
+def test_one_point_stamped_far_ahead_moves_the_grace_clock_no_further_than_the_wall_clock_allows():
+    """Labels before their points, and one point stamped in 2100 among the points: it moved the grace clock past
+    every waiting label's grace, and they were all dead-lettered unknown_id though their points came next."""
+    joiner = _bounded_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    task.process([label(i, f"p{i}", 1, ms=WALL_MS) for i in range(3)], sent, tally)
+    task.process([point(0, "ahead", ms=YEAR_2100_MS)], sent, tally)
+    assert joiner.stream_time(0) == WALL_MS + SKEW * 1000  # clamped: the wall clock and the skew
+    assert not joiner.early_due()
+    joiner.expire_early(sent, tally)
+    task.process([point(1 + i, f"p{i}", ms=WALL_MS + 1_000) for i in range(3)], sent, tally)
+    assert [o["id"] for o in sent.on("outcomes")] == ["p0", "p1", "p2"] and sent.on("dlq") == []
+    assert joiner.early() == 0 and joiner.pending() == 1  # the point from 2100 waits for its label
+
+
+@pytest.mark.parametrize("points_before", [True, False], ids=["clock known", "no point read yet"])
+def test_a_label_stamped_long_ago_waits_a_grace_from_the_clock_it_is_measured_on(points_before):
+    """Labels stamped 1970 before their points were past their grace as they came: dead-lettered unknown_id as
+    soon as any point moved the grace clock. Believed no earlier than the skew behind that clock (the wall
+    clock's before any point was read), a label waits its grace less the skew at least, and no longer."""
+    joiner = _bounded_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    if points_before:
+        task.process([point(0, "before", ms=WALL_MS)], sent, tally)
+    task.process([label(0, "a", 1, ms=0), label(1, "never", -1, ms=0)], sent, tally)
+    task.process([point(1, "b", ms=WALL_MS + 1_000)], sent, tally)
+    joiner.expire_early(sent, tally)
+    assert sent.on("dlq") == [] and joiner.early() == 2
+    task.process([point(2, "a", ms=WALL_MS + 2_000)], sent, tally)
+    assert [o["id"] for o in sent.on("outcomes")] == ["a"] and sent.on("outcomes")[0]["delay_seconds"] == 0
+    joiner.read_to(0, WALL_MS + int((GRACE - SKEW) * 1000))  # its grace, from the skew behind the clock, is over
+    joiner.expire_early(sent, tally)
+    [letter] = sent.on("dlq")
+    assert letter["reason"] == "unknown_id" and json.loads(letter["raw"])["id"] == "never"
+
+
+def test_a_label_stamped_far_ahead_whose_point_never_comes_is_let_go_once_the_wall_clock_passes_its_grace():
+    """A label stamped in 2100 waited (and held its room among the early labels) until 2100: for good."""
+    joiner = _bounded_joiner()
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    task.process([label(0, "ahead", 1, ms=YEAR_2100_MS)], sent, tally)
+    joiner.read_to(0, WALL_MS + int((SKEW + GRACE) * 1000) - 1)  # the input read to its end, the wall clock moving
+    assert not joiner.early_due()
+    joiner.read_to(0, WALL_MS + int((SKEW + GRACE) * 1000))
+    assert joiner.early_due()
+    joiner.expire_early(sent, tally)
+    [letter] = sent.on("dlq")
+    assert letter["reason"] == "unknown_id" and joiner.early() == 0
+
+
+def test_the_ttl_is_stream_time_of_points_and_labels_alike():
+    """A backfill's points, a month old, are kept as they were when live; a label a day later joins, and one
+    eight days later finds its point expired, as on a live stream (the TTL is 7 days)."""
+    day_ms = 86_400_000
+    joiner = _bounded_joiner(ttl_seconds=7 * 86_400)
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    then = WALL_MS - 30 * day_ms
+    task.process([point(0, "a", ms=then), point(1, "b", ms=then)], sent, tally)
+    joiner.expire(tally)
+    assert joiner.pending() == 2 and "expired" not in tally.label_outcomes
+    task.process([label(0, "a", 1, ms=then + day_ms)], sent, tally)
+    task.process([label(1, "b", 1, ms=then + 8 * day_ms)], sent, tally)  # b expired before this label came
+    assert [o["id"] for o in sent.on("outcomes")] == ["a"]
+    assert tally.label_outcomes == ["joined", "expired", "early"] and joiner.pending() == 0
