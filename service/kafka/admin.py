@@ -148,6 +148,27 @@ def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, s
     return cluster_id, None if topic_id in _NO_TOPIC_ID else str(topic_id)
 
 
+@translated
+def topic_ids(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, str | None]:
+    """Topic → its id as the brokers report it now (None: the topic does not exist, or the brokers report no id).
+
+    One Metadata request that never creates a topic (kafka-python's admin asks with auto-creation off): the
+    state topics' watch (runtime/state_topics.py) asks it every few seconds, and a deleted topic must stay deleted.
+    """
+    topics = list(topics)
+    admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
+    try:
+        described = {t.get("name"): t for t in admin.describe_topics(topics)}
+    finally:
+        admin.close()
+    ids: dict[str, str | None] = {}
+    for name in topics:
+        topic = described.get(name) or {}
+        topic_id = topic.get("topic_id") if not topic.get("error_code") else None
+        ids[name] = None if topic_id in _NO_TOPIC_ID else str(topic_id)
+    return ids
+
+
 #: What a broker holds a record batch to when a topic says nothing of its own (Kafka's message.max.bytes default):
 #: the embedded broker reports no configs, so a topic of its has this bound.
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588

@@ -7,8 +7,9 @@ is, what it broke here, the source lines of 3.0.12 it mends, the upstream issue 
 and the test that proves it. When an upgrade fixes one, remove it here, and keep the test that proves the behaviour.
 
 - :func:`net_client`: a SASL rejection, or a broker certificate that did not
-  verify, is final (:class:`_RejectionsAreFinal`), and a broker's last answer
-  before it hangs up is read (:func:`_recv_then_eof`);
+  verify, is final (:class:`_RejectionsAreFinal`), a broker's last answer
+  before it hangs up is read (:func:`_recv_then_eof`), and a client's
+  ``allow_auto_create_topics`` reaches its metadata requests;
 - :func:`close_producer`, :func:`close_consumer`: a close that times out does
   not leave a producer running, and the close race's ERROR lines are quieted;
 - :class:`AdminClient`: DescribeGroups answers with authorized-operation bits
@@ -122,6 +123,11 @@ TARGETS: dict[str, tuple[Target, ...]] = {
         Target(_MANAGER, "KafkaConnectionManager", "_build_transport"),
         Target(_MANAGER, "KafkaConnectionManager", "maybe_raise_auth_failure"),
         Target("kafka.net.connection", "KafkaConnection", "init_future"),
+    ),
+    "net_client (a client's allow_auto_create_topics reaches its metadata requests)": (
+        Target(_MANAGER, "KafkaConnectionManager", "cluster"),
+        Target("kafka.cluster", "ClusterMetadata", "config"),
+        Target("kafka.cluster", "ClusterMetadata", "metadata_request"),
     ),
     "_recv_then_eof (a broker's last answer before it hangs up is read)": (
         Target("kafka.net.transport", "KafkaTCPTransport", "_sock_recv"),
@@ -242,6 +248,12 @@ class _RejectionsAreFinal(KafkaConnectionManager):
 
     def __init__(self, net, **configs):
         super().__init__(net, **configs)
+        # kafka-python 3.0.12 builds the manager's ClusterMetadata without the client's allow_auto_create_topics
+        # (kafka/net/manager.py:81), so every producer and consumer asks for metadata with auto-creation on, whatever
+        # it was given: a state topic deleted under the service came back at its next write, with the brokers'
+        # defaults (cleanup.policy=delete). Here the client's setting reaches ``metadata_request``. No upstream
+        # issue found. Proved by tests/integration/test_state_topics.py (the deleted topic stays deleted).
+        self.cluster.config["allow_auto_create_topics"] = configs.get("allow_auto_create_topics", True)
         self._rejected: dict = {}  # node id → the AUTHENTICATION_ERRORS error of its last connection
         self._watched: weakref.WeakSet = weakref.WeakSet()
 
