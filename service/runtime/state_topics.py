@@ -10,7 +10,8 @@ instead of keeping each key's newest record. So each state topic the settings us
   report configs, must be ``compact`` alone; a topic the service did not create but that is compacted is fine,
   one with ``delete`` in its policy is refused naming ``cleanup.policy`` and the topic. Its id is recorded;
 - while running (:meth:`StateTopics.maybe`, from the checkpointer's turn: the place that decides when to write
-  state), every :data:`CHECK_EVERY_S` at most, with one Metadata request (and, on Apache Kafka, one
+  state), as often as checkpoints are due (``--checkpoint-interval-seconds``) but every :data:`MIN_CHECK_S` at
+  most and :data:`CHECK_EVERY_S` at least, with one Metadata request (and, on Apache Kafka, one
   DescribeConfigs): a topic gone, or with another id (deleted and created again), or whose policy is no longer
   ``compact``, stops the service (:class:`StateTopicError`, exit 1) naming the topic, its setting and what to do,
   before it writes state anywhere again.
@@ -30,9 +31,11 @@ from perceptron_stream.runtime.retry import Retry, StartupError
 
 log = logging.getLogger("perceptron_stream")
 
-#: How often, at most, the running service asks the brokers about its state topics (one or two admin requests):
-#: cheap beside a checkpoint, and a deleted topic is noticed within it.
+#: How long, at most, between two checks of the state topics while running: a deleted topic is noticed within it.
 CHECK_EVERY_S = 10.0
+#: How long, at least, between two checks (one or two admin requests, ~10-50 ms the pair on a local broker): with
+#: checkpoints every second, a check every 2 s at most (under exactly-once, a commit every 100 ms: the same).
+MIN_CHECK_S = 2.0
 #: What a topic that sets no ``cleanup.policy`` of its own gets on Apache Kafka (``log.cleanup.policy``'s default).
 BROKERS_DEFAULT_POLICY = "delete"
 #: The runbook an operator is sent to.
@@ -112,7 +115,7 @@ def id_problem(topic: StateTopic, was: str | None, now: str | None) -> str | Non
 
 
 class StateTopics:
-    """The state topics' ids as start-up found them, checked again every :data:`CHECK_EVERY_S` while running."""
+    """The state topics' ids as start-up found them, checked again every ``every_s`` while running."""
 
     def __init__(self, settings: ServeSettings, retry: Retry):
         self.settings, self.retry = settings, retry
@@ -120,6 +123,7 @@ class StateTopics:
         self.ids: dict[str, str | None] = {}
         self.keeps_configs = True  # the brokers report topic configs (Apache Kafka; not the embedded broker)
         self._next_check = 0.0
+        self.every_s = min(CHECK_EVERY_S, max(MIN_CHECK_S, settings.checkpoint_interval_seconds))
 
     def start(self, embedded: bool) -> bool:
         """At start-up, once the topics exist: each one's policy checked and its id recorded; False when stopped
@@ -133,15 +137,15 @@ class StateTopics:
         ids, configs = facts
         self._refuse(ids, configs, was=ids)
         self.ids = ids
-        self._next_check = time.monotonic() + CHECK_EVERY_S
+        self._next_check = time.monotonic() + self.every_s
         return True
 
     def maybe(self) -> None:
-        """While running: when :data:`CHECK_EVERY_S` passed since the last check, check again; StateTopicError when a
+        """While running: when ``every_s`` passed since the last check, check again; StateTopicError when a
         topic is gone, another one or not compacted. Brokers that do not answer now are asked again next time."""
         if not self.topics or time.monotonic() < self._next_check:
             return
-        self._next_check = time.monotonic() + CHECK_EVERY_S
+        self._next_check = time.monotonic() + self.every_s
         ok, facts = self.retry.once(self._read, "check the state topics")
         if not ok:
             return

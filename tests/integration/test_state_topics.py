@@ -1,0 +1,114 @@
+"""The state topics checked while running and at a restart, on real service processes and brokers.
+
+The trust issue's finding: the checkpoint topic deleted under a running service went unnoticed (the embedded
+broker), or came back at the service's next write as an ordinary topic of the brokers' defaults,
+``cleanup.policy=delete`` (Apache Kafka), and a restart after it died with a raw KafkaUnavailable traceback
+after 30 s (the embedded broker). Now the service stops naming the topic, writes nothing there after, and a
+restart says what to do in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import committed_offsets
+
+from tests.support.launch import settings_args, start_service_process
+from tests.support.service import exit_code, has_traceback, make_events, stop_process, store_args, tail, wait_assigned
+from tests.support.topics import produce
+from tests.support.waiting import wait_until
+
+#: The service's own line when it refuses or stops (cli.run_serve), after which it exits 1.
+REFUSAL = "perceptron-stream serve: "
+
+
+def _serving(broker, topics, tmp_path, log_path):
+    """A service with the Kafka store that checkpointed and committed 300 events; (its args, its process)."""
+    produce(broker.bootstrap_servers, topics["input_topic"], make_events(300, seed=57))
+    args = settings_args(
+        broker, topics, tmp_path, batch_size=100, checkpoint_interval_events=100, **store_args("kafka", topics)
+    )
+    process = start_service_process(args, log_path)
+    settings = load(ServeSettings, args)
+    wait_assigned(process, log_path, settings.input_topic)
+    wait_until(  # committed: a checkpoint is in the topic (only checkpointed positions are committed)
+        lambda: (
+            committed_offsets(settings, settings.group_id, settings.input_topic).get(0) == 300
+            or process.poll() is not None
+        ),
+        60,
+        what="300 events checkpointed and committed",
+    )
+    assert process.poll() is None, tail(log_path)
+    return args, process
+
+
+def _stopped(process, log_path) -> str:
+    """Wait for the service to stop by itself: exit 1, its refusal the log's last line, no traceback."""
+    try:
+        wait_until(lambda: process.poll() is not None, 60, what="the service to stop by itself")
+    finally:
+        stop_process(process, log_path)
+    log = log_path.read_text(errors="replace")
+    assert process.returncode == 1, log[-3000:]
+    assert not has_traceback(log), log[-3000:]
+    return log.strip().splitlines()[-1]
+
+
+def _restart_refused(args, log_path) -> str:
+    """A restart that refuses: exit 1, one line that says why, no traceback; that line."""
+    code = exit_code(args, log_path, timeout=60)
+    log = log_path.read_text(errors="replace")
+    assert code == 1, log[-3000:]
+    assert not has_traceback(log), log[-3000:]
+    refusals = [line for line in log.splitlines() if line.startswith(REFUSAL)]
+    assert len(refusals) == 1, log[-3000:]
+    return refusals[0]
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka", "embedded"], indirect=True)
+def test_the_checkpoint_topic_deleted_while_running_stops_the_service_naming_it(kafka_broker, topics, tmp_path):
+    """Deleted under the running service: it stops naming the topic (exit 1), without creating it again; the
+    restart (which creates it, compacted) refuses in one line: the group's offsets have no checkpoint behind them."""
+    args, process = _serving(kafka_broker, topics, tmp_path, tmp_path / "serve-1.log")
+    checkpoint_topic = load(ServeSettings, args).checkpoint_topic
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    try:
+        admin.delete_topics([checkpoint_topic])
+        produce(kafka_broker.bootstrap_servers, topics["input_topic"], make_events(200, seed=58))  # more to save
+        line = _stopped(process, tmp_path / "serve-1.log")
+        assert f"the checkpoint topic {checkpoint_topic} (--checkpoint-topic) was deleted while the service ran" in line
+        assert "--start-over" in line and "state-topic-lost.md" in line, line
+        # the service's own writes did not bring it back (kafka-python's metadata requests ask no auto-creation)
+        assert checkpoint_topic not in admin.list_topics()
+    finally:
+        admin.close()
+    line = _restart_refused(args, tmp_path / "serve-2.log")
+    assert f"state store (kafka, topic {checkpoint_topic}) has no checkpoint" in line, line
+    assert "--start-over" in line, line
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)
+def test_a_checkpoint_topic_that_deletes_its_records_is_refused_naming_cleanup_policy(kafka_broker, topics, tmp_path):
+    """Its cleanup.policy set to delete while running: the service stops naming cleanup.policy and the topic; the
+    topic created again as the brokers auto-create one (cleanup.policy=delete): the restart refuses it alike."""
+    args, process = _serving(kafka_broker, topics, tmp_path, tmp_path / "serve-1.log")
+    checkpoint_topic = load(ServeSettings, args).checkpoint_topic
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, checkpoint_topic, {"cleanup.policy": "delete"})])
+        line = _stopped(process, tmp_path / "serve-1.log")
+        assert f"the checkpoint topic {checkpoint_topic} (--checkpoint-topic) has cleanup.policy=delete" in line, line
+        admin.delete_topics([checkpoint_topic])
+        wait_until(lambda: checkpoint_topic not in admin.list_topics(), 30, what="the topic deleted")
+        admin.create_topics([NewTopic(checkpoint_topic, 1, 1)])  # what auto-creation makes: the brokers' defaults
+    finally:
+        admin.close()
+    line = _restart_refused(args, tmp_path / "serve-2.log")
+    assert (
+        f"the checkpoint topic {checkpoint_topic} (--checkpoint-topic) has cleanup.policy=delete (the brokers' default)"
+        in line
+    ), line
+    assert "cleanup.policy=compact" in line, line
