@@ -10,7 +10,7 @@ restart says what to do in one line.
 from __future__ import annotations
 
 import pytest
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import committed_offsets
@@ -112,3 +112,31 @@ def test_a_checkpoint_topic_that_deletes_its_records_is_refused_naming_cleanup_p
         in line
     ), line
     assert "cleanup.policy=compact" in line, line
+
+
+@pytest.mark.parametrize("kafka_broker", ["embedded"], indirect=True)
+def test_a_restart_after_the_checkpoint_topic_was_deleted_says_what_to_do(kafka_broker, topics, tmp_path):
+    """Killed (SIGKILL), its checkpoint topic deleted and written to after (as the service's checkpoint producer did
+    before this change: it knew the topic, and asked for auto-creation): the restart refuses in one line, at once.
+    The embedded broker takes that write without creating the topic, then answers ListOffsets of the topic the
+    restart creates again with that write's end, which no fetch reaches: the checkpoints' read ran into its 30 s
+    timeout and the KafkaUnavailable escaped as a traceback. (Apache Kafka refuses such a write, and its restart
+    is the first test's.)"""
+    args, process = _serving(kafka_broker, topics, tmp_path, tmp_path / "serve-1.log")
+    process.kill()
+    process.wait()
+    settings = load(ServeSettings, args)
+    key = f"{settings.group_id}/0".encode()
+    # a writer that knew the topic before it was deleted, as the service's checkpoint producer did
+    late = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap_servers)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    try:
+        late.send(settings.checkpoint_topic, key=key, value=b"{}").get(30)
+        admin.delete_topics([settings.checkpoint_topic])
+        wait_until(lambda: settings.checkpoint_topic not in admin.list_topics(), 30, what="the topic deleted")
+        late.send(settings.checkpoint_topic, key=key, value=b"{}").get(30)
+    finally:
+        late.close()
+        admin.close()
+    line = _restart_refused(args, tmp_path / "serve-2.log")
+    assert "--start-over" in line, line
