@@ -39,7 +39,7 @@ MIN_CHECK_S = 2.0
 #: What a topic that sets no ``cleanup.policy`` of its own gets on Apache Kafka (``log.cleanup.policy``'s default).
 BROKERS_DEFAULT_POLICY = "delete"
 #: The runbook an operator is sent to.
-RUNBOOK = "docs/operations/runbooks/state-topic-lost.md"
+RUNBOOK = "docs/operations/runbooks/PerceptronTargetDown.md"
 
 
 class StateTopicError(StartupError):

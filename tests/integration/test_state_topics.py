@@ -80,7 +80,7 @@ def test_the_checkpoint_topic_deleted_while_running_stops_the_service_naming_it(
         produce(kafka_broker.bootstrap_servers, topics["input_topic"], make_events(200, seed=58))  # more to save
         line = _stopped(process, tmp_path / "serve-1.log")
         assert f"the checkpoint topic {checkpoint_topic} (--checkpoint-topic) was deleted while the service ran" in line
-        assert "--start-over" in line and "state-topic-lost.md" in line, line
+        assert "--start-over" in line and "PerceptronTargetDown.md" in line, line
         # the service's own writes did not bring it back (kafka-python's metadata requests ask no auto-creation)
         assert checkpoint_topic not in admin.list_topics()
     finally:
