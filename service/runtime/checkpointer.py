@@ -188,6 +188,18 @@ class Checkpointer:
                 self._abort(stream)
             raise
 
+    def _state_topic_lost(self) -> StartupError | None:
+        """The StateTopicError of a state topic lost, checked now (None: each is still there and compacted, or the
+        brokers did not answer)."""
+        if self.state_topics is None or self.state_lost:
+            return None
+        try:
+            self.state_topics.check()
+        except StartupError as lost:
+            self.state_lost = True
+            return lost
+        return None
+
     # exactly-once ----------------------------------------------------------
     def transact(self, tasks, stream) -> bool:
         """Exactly-once: the checkpoint record of each task with unsaved events sent into the open transaction,
@@ -232,7 +244,16 @@ class Checkpointer:
 
     def transaction_lost(self, exc: Exception) -> StartupError:
         """The StartupError that stops the service when a transaction failed (counted as aborted): nothing of it is
-        visible, and the restart restores the last committed checkpoint, where the committed outputs end."""
+        visible, and the restart restores the last committed checkpoint, where the committed outputs end.
+
+        A state topic deleted or created again fails the transaction that writes to it (its checkpoint record is
+        not acknowledged) before the next check would see it: the state topics are checked now, and that is what
+        the service stops with when one is lost."""
+        lost = self._state_topic_lost()
+        if lost is not None:
+            self.transaction_failed = True
+            self.metrics.transactions.labels("aborted").inc()
+            return lost
         if not isinstance(exc, (Fenced, Aborted, KafkaFatal)):
             log.error("a transaction's commit ended without an answer (%s): it is committed or aborted", exc)
         self.transaction_failed = True

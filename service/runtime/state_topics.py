@@ -143,7 +143,12 @@ class StateTopics:
     def maybe(self) -> None:
         """While running: when ``every_s`` passed since the last check, check again; StateTopicError when a
         topic is gone, another one or not compacted. Brokers that do not answer now are asked again next time."""
-        if not self.topics or time.monotonic() < self._next_check:
+        if self.topics and time.monotonic() >= self._next_check:
+            self.check()
+
+    def check(self) -> None:
+        """Check now (as :meth:`maybe` does when due): also when a write of state failed, to say why."""
+        if not self.topics:
             return
         self._next_check = time.monotonic() + self.every_s
         ok, facts = self.retry.once(self._read, "check the state topics")
