@@ -16,7 +16,8 @@ instead of keeping each key's newest record. So each state topic the settings us
   ``compact``, stops the service (:class:`StateTopicError`, exit 1) naming the topic, its setting and what to do,
   before it writes state anywhere again.
 
-The embedded broker keeps no topic configs (``topic_configs`` answers ``{}``): there only the topic id is checked.
+The embedded broker keeps no topic configs (``topic_configs`` answers ``{}``): there only the topic id is checked,
+as where the service's principal may not describe the topics' configs (DescribeConfigs: said once, at start-up).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from perceptron_stream.config import ServeSettings, flag
-from perceptron_stream.kafka import topic_configs, topic_ids
+from perceptron_stream.kafka import KafkaFatal, topic_configs, topic_ids
 from perceptron_stream.runtime.retry import Retry, StartupError
 
 log = logging.getLogger("perceptron_stream")
@@ -173,5 +174,16 @@ class StateTopics:
         names = [t.name for t in self.topics]
         ids = topic_ids(self.settings, names)
         present = [name for name in names if ids.get(name) is not None]
-        configs = topic_configs(self.settings, present) if self.keeps_configs and present else None
-        return ids, configs
+        if not (self.keeps_configs and present):
+            return ids, None
+        try:
+            return ids, topic_configs(self.settings, present)
+        except KafkaFatal as exc:  # no DescribeConfigs on them (ACLs): their ids are still checked
+            log.warning(
+                "cannot read the configs of %s (%s): their cleanup.policy is not checked; allow the service's "
+                "principal DescribeConfigs on them to have it checked",
+                ", ".join(present),
+                exc,
+            )
+            self.keeps_configs = False
+            return ids, None
