@@ -5,9 +5,10 @@ In this order: the codecs the clients need; the topics (created with
 outcome topics partitioned like the input, and with the Kafka store the
 pending changelog; the cluster's and input topic's ids (a checkpoint's
 owner); the state topics' policy and ids (runtime/state_topics.py: refused
-when not compacted, watched while running); the store; with mixing, the board and the mix topic's tail. Each
-resource is registered with the caller's :class:`~contextlib.ExitStack` as it
-opens, so whatever opened is closed, in reverse order, however start-up ends.
+when not compacted, watched while running); the store; with mixing, the
+board and the mix topic's tail. Each resource is registered with the
+caller's :class:`~contextlib.ExitStack` as it opens, so whatever opened is
+closed, in reverse order, however start-up ends.
 The stream (the poll loop's consumer and producer) opens last, once the
 rebalance callbacks exist (:meth:`Startup.open_stream`). Every wait on the
 brokers is retried until it works or the service is stopped: a stop
