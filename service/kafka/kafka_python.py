@@ -51,7 +51,7 @@ from perceptron_stream.kafka.errors import (
     translated,
 )
 from perceptron_stream.kafka.kp_mends import (
-    abort_transaction,
+    bound_abort,
     close_consumer,
     close_producer,
     mend_consumer,
@@ -67,7 +67,7 @@ from perceptron_stream.kafka.ledger import Ledger, Tally
 from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
-#: How long an abort of the open transaction may wait for the brokers (kp_mends.abort_transaction).
+#: How long an abort of the open transaction may wait for the brokers (kp_mends.bound_abort).
 ABORT_TIMEOUT_S = 5.0
 
 
@@ -194,6 +194,7 @@ class KafkaIO:
             close_producer(producer, 1.0)
             raise
         mend_transactional_producer(producer)
+        bound_abort(producer, ABORT_TIMEOUT_S)
         return producer
 
     # consuming -----------------------------------------------------------
@@ -353,7 +354,7 @@ class KafkaIO:
         self._pending, self._refused, self.in_transaction = [], False, False
         self.ledger.forget()
         try:
-            abort_transaction(self.producer, ABORT_TIMEOUT_S)
+            self.producer.abort_transaction()
         except KafkaTimeoutError as exc:  # the producer is stuck in its abort: of no further use
             raise transaction_error(exc, self.settings, producer_broken=True) from exc
         except KafkaError as exc:

@@ -16,7 +16,7 @@ and the test that proves it. When an upgrade fixes one, remove it here, and keep
   kafka-python cannot name;
 - :func:`mend_consumer`: the fetcher's and the group join's bugs of a
   consumer in a group;
-- :func:`abort_transaction`: a transaction's abort waits a bounded time;
+- :func:`bound_abort`: a transaction's abort waits a bounded time;
 - :func:`mend_transactional_producer`: a send in an open transaction to a
   partition already in it takes no lock (a cost, not a bug).
 
@@ -156,7 +156,7 @@ TARGETS: dict[str, tuple[Target, ...]] = {
         Target(_FETCHER, "Fetcher", "fetched_records"),
         Target(_FETCHER, "Fetcher", "_next_partition_records"),
     ),
-    "abort_transaction (a transaction's abort waits a bounded time)": (
+    "bound_abort (a transaction's abort waits a bounded time)": (
         Target(_PRODUCER, "KafkaProducer", "_transaction_manager"),
         Target(_PRODUCER, "KafkaProducer", "_sender"),
         Target(_TRANSACTIONS, "TransactionManager", "begin_abort"),
@@ -672,8 +672,8 @@ def _joins_finished_between_polls_are_completed(consumer: KafkaConsumer) -> None
     coordinator.need_rejoin = rejoin_needed_while_a_join_is_held
 
 
-def abort_transaction(producer: KafkaProducer, timeout_s: float) -> None:
-    """``producer.abort_transaction()``, waiting ``timeout_s`` at most: KafkaTimeoutError after it.
+def bound_abort(producer: KafkaProducer, timeout_s: float) -> None:
+    """``producer.abort_transaction()`` waits ``timeout_s`` at most: KafkaTimeoutError after it.
 
     kafka-python 3.0.12's ``abort_transaction`` waits for its EndTxn without a timeout (kafka/producer/kafka.py:862,
     ``result.wait()``), and the EndTxn waits for the transaction's batches: one for a topic deleted under the
@@ -682,10 +682,16 @@ def abort_transaction(producer: KafkaProducer, timeout_s: float) -> None:
     calls, with the wait bounded; a producer whose abort did not finish is of no further use (the caller stops).
     Checked against kafka-python 3.0.0 to 3.0.12. No upstream issue found.
     """
-    result = producer._transaction_manager.begin_abort()  # noqa: SLF001 — what abort_transaction does, bounded
-    producer._sender.wakeup()  # noqa: SLF001
-    if not result.wait(timeout_ms=int(timeout_s * 1000)):
-        raise kerrors.KafkaTimeoutError(f"the transaction's abort did not finish within {timeout_s:g} s")
+    manager = producer._transaction_manager  # noqa: SLF001 — what abort_transaction does, bounded
+    sender = producer._sender  # noqa: SLF001
+
+    def abort_transaction() -> None:
+        result = manager.begin_abort()
+        sender.wakeup()
+        if not result.wait(timeout_ms=int(timeout_s * 1000)):
+            raise kerrors.KafkaTimeoutError(f"the transaction's abort did not finish within {timeout_s:g} s")
+
+    producer.abort_transaction = abort_transaction  # type: ignore[method-assign]
 
 
 def mend_transactional_producer(producer: KafkaProducer) -> None:
