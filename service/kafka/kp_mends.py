@@ -691,7 +691,7 @@ def bound_abort(producer: KafkaProducer, timeout_s: float) -> None:
         if not result.wait(timeout_ms=int(timeout_s * 1000)):
             raise kerrors.KafkaTimeoutError(f"the transaction's abort did not finish within {timeout_s:g} s")
 
-    producer.abort_transaction = abort_transaction  # type: ignore[method-assign]
+    producer.abort_transaction = abort_transaction
 
 
 def mend_transactional_producer(producer: KafkaProducer) -> None:
