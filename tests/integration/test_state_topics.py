@@ -12,8 +12,12 @@ from __future__ import annotations
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import KafkaTimeoutError
 from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka import committed_offsets
+from perceptron_stream.kafka.compacted import NO_AUTO_CREATE
+from perceptron_stream.kafka.kp_mends import close_producer
+from perceptron_stream.kafka.kp_options import make_producer
 
 from tests.support.launch import settings_args, start_service_process
 from tests.support.service import exit_code, has_traceback, make_events, stop_process, store_args, tail, wait_assigned
@@ -170,3 +174,30 @@ def test_a_restart_after_the_checkpoint_topic_was_deleted_says_what_to_do(kafka_
         admin.close()
     line = _restart_refused(args, tmp_path / "serve-2.log")
     assert "--start-over" in line, line
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)
+def test_the_state_topics_clients_do_not_create_a_deleted_topic_again(kafka_broker, topics):
+    """A producer built as the state topics' are (compacted.NO_AUTO_CREATE) leaves a deleted topic deleted, where the brokers create topics on first use: kafka-python 3.0.12 asked every metadata request with
+    auto-creation on, whatever it was given (kp_mends.net_client mends it); its producer's own default created it."""
+    settings = load(ServeSettings, ["--bootstrap-servers", kafka_broker.bootstrap_servers])
+    topic = f"gone-{topics['group_id']}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    producer = make_producer(settings, max_block_ms=2000, **NO_AUTO_CREATE)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+        producer.send(topic, key=b"k", value=b"before").get(30)
+        admin.delete_topics([topic])
+        wait_until(lambda: topic not in admin.list_topics(), 30, what="the topic deleted")
+        with pytest.raises(KafkaTimeoutError):  # its metadata asked again and again for 5 s: no leader, not created
+            producer.send(topic, key=b"k", value=b"after").get(5)
+        assert topic not in admin.list_topics()
+        with_defaults = make_producer(settings, max_block_ms=10_000)  # the clients' default: created on first use
+        try:
+            with_defaults.send(topic, key=b"k", value=b"after").get(30)
+        finally:
+            close_producer(with_defaults, 5.0)
+        assert topic in admin.list_topics()
+    finally:
+        close_producer(producer, 1.0)
+        admin.close()
