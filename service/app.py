@@ -99,7 +99,7 @@ class Application:
         s, self.store, self.mix_feed = self.settings, opened.store, opened.mix_feed
         self.factory = TaskFactory(s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board)
         self.restorer = Restorer(s, self.store, self.retry, initial=self.factory.initial)
-        self.checkpointer = Checkpointer(s, self.store, self.metrics, self.health, self.retry)
+        self.checkpointer = Checkpointer(s, self.store, self.metrics, self.health, self.retry, opened.state_topics)
         self.assignments = Assignments(
             s,
             self.tasks,

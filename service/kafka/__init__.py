@@ -38,6 +38,7 @@ from perceptron_stream.kafka.admin import (
     log_ranges,
     partition_counts,
     topic_configs,
+    topic_ids,
 )
 from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
 from perceptron_stream.kafka.contract import (
@@ -96,6 +97,7 @@ __all__ = [
     "require_codecs",
     "require_mends",
     "topic_configs",
+    "topic_ids",
 ]
 
 

@@ -141,11 +141,34 @@ def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, s
     admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
     try:
         cluster_id = admin.describe_cluster().get("cluster_id") or None
-        described = [t for t in admin.describe_topics([topic]) if t.get("name") == topic]
+        return cluster_id, _topic_ids(admin, [topic])[topic]
     finally:
         admin.close()
-    topic_id = described[0].get("topic_id") if described else None
-    return cluster_id, None if topic_id in _NO_TOPIC_ID else str(topic_id)
+
+
+@translated
+def topic_ids(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, str | None]:
+    """Topic → its id as the brokers report it now (None: the topic does not exist, or the brokers report no id).
+
+    One Metadata request that never creates a topic (kafka-python's admin asks with auto-creation off): the
+    state topics' watch (runtime/state_topics.py) asks it every few seconds, and a deleted topic must stay deleted.
+    """
+    admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
+    try:
+        return _topic_ids(admin, list(topics))
+    finally:
+        admin.close()
+
+
+def _topic_ids(admin: AdminClient, topics: list[str]) -> dict[str, str | None]:
+    """Topic → its id, None where it does not exist or the brokers report none (one Metadata request)."""
+    described = {t.get("name"): t for t in admin.describe_topics(topics)}
+    ids: dict[str, str | None] = {}
+    for name in topics:
+        topic = described.get(name) or {}
+        topic_id = topic.get("topic_id") if not topic.get("error_code") else None
+        ids[name] = None if topic_id in _NO_TOPIC_ID else str(topic_id)
+    return ids
 
 
 #: What a broker holds a record batch to when a topic says nothing of its own (Kafka's message.max.bytes default):

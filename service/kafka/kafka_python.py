@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.admin import group_members
@@ -50,7 +50,13 @@ from perceptron_stream.kafka.errors import (
     transaction_error,
     translated,
 )
-from perceptron_stream.kafka.kp_mends import close_consumer, close_producer, mend_consumer, mend_transactional_producer
+from perceptron_stream.kafka.kp_mends import (
+    bound_abort,
+    close_consumer,
+    close_producer,
+    mend_consumer,
+    mend_transactional_producer,
+)
 from perceptron_stream.kafka.kp_options import (
     ISOLATION_LEVEL,
     LINGER_UNTIL_FLUSH_MS,
@@ -61,6 +67,8 @@ from perceptron_stream.kafka.ledger import Ledger, Tally
 from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
+#: How long an abort of the open transaction may wait for the brokers (kp_mends.bound_abort).
+ABORT_TIMEOUT_S = 5.0
 
 
 class _NotSent:
@@ -186,6 +194,7 @@ class KafkaIO:
             close_producer(producer, 1.0)
             raise
         mend_transactional_producer(producer)
+        bound_abort(producer, ABORT_TIMEOUT_S)
         return producer
 
     # consuming -----------------------------------------------------------
@@ -346,6 +355,8 @@ class KafkaIO:
         self.ledger.forget()
         try:
             self.producer.abort_transaction()
+        except KafkaTimeoutError as exc:  # the producer is stuck in its abort: of no further use
+            raise transaction_error(exc, self.settings, producer_broken=True) from exc
         except KafkaError as exc:
             raise transaction_error(exc, self.settings) from exc
 

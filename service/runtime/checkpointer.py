@@ -10,6 +10,11 @@ shutdown; a failed one is logged and retried later (the model goes on in
 memory: a crash before the next good one replays more events, it never
 learns one twice). Without a store, what was acknowledged is committed.
 
+The state topics are checked from here too, every few seconds at most
+(:class:`~perceptron_stream.runtime.state_topics.StateTopics`): one deleted,
+created again or no longer compacted stops the service before it writes
+state again (no checkpoint, no commit, no final checkpoint after it).
+
 Under ``--processing-guarantee exactly-once`` the loop's stream holds an open
 Kafka transaction with every output since the last commit; every
 ``--commit-interval-ms`` (and on revocation, and at a clean stop) the
@@ -50,8 +55,10 @@ ABORT_TRANSACTION_ENV = "PERCEPTRON_TEST_ABORT_TRANSACTION"
 
 
 class Checkpointer:
-    def __init__(self, settings, store, metrics, health, retry):
+    def __init__(self, settings, store, metrics, health, retry, state_topics=None):
         self.settings, self.store, self.metrics, self.health, self.retry = settings, store, metrics, health, retry
+        self.state_topics = state_topics  # StateTopics: checked at each turn, asked every few seconds at most
+        self.state_lost = False  # a state topic was deleted or replaced: nothing more is written or committed
         self._last_at = time.monotonic()
         self._retry_at = 0.0
         self._backoff = Backoff(first=1.0, most=min(settings.checkpoint_interval_seconds, 5.0))
@@ -73,6 +80,7 @@ class Checkpointer:
     def maybe(self, tasks, stream, final: bool = False) -> None:
         """Checkpoint when due (or ``final``), then commit what the checkpoints hold (exactly-once: commit the
         transaction when due, or ``final``)."""
+        self._watch(stream)
         if self.exactly_once:
             if final or time.monotonic() - self._last_at >= self.settings.commit_interval_ms / 1000:
                 self.transact(tasks, stream)
@@ -83,8 +91,8 @@ class Checkpointer:
 
     def final(self, tasks, stream, batch_open: bool) -> None:
         """At shutdown: the final checkpoint and commit, unless stopped inside a batch whose outputs were not all
-        acknowledged (``batch_open``); nothing after a failed transaction (exactly-once)."""
-        if self.transaction_failed:
+        acknowledged (``batch_open``); nothing after a failed transaction (exactly-once) or a lost state topic."""
+        if self.transaction_failed or self.state_lost:
             return
         if batch_open:
             # stopped (or failed) inside a batch: the models and positions in
@@ -111,6 +119,8 @@ class Checkpointer:
     def checkpoint(self, tasks, stream=None) -> bool:
         """Save every task with unsaved events; their positions are committed next. False when a save failed.
         Exactly-once (on revocation): the transaction committed with them, in ``stream``."""
+        if self.state_lost:
+            return False
         if self.exactly_once:
             return self.transact(tasks, stream)
         if self.store is None:
@@ -147,7 +157,7 @@ class Checkpointer:
 
     def commit(self, stream) -> None:
         to_commit = self._to_commit
-        if not to_commit or stream is None:
+        if not to_commit or stream is None or self.state_lost:
             return
         # a commit of partitions no longer owned (revoked in an outage) asks the brokers nothing: no sign they answer
         asked = not set(to_commit).isdisjoint(stream.assignment())
@@ -165,11 +175,36 @@ class Checkpointer:
         if asked:
             self.health.broker_ok = True
 
+    def _watch(self, stream) -> None:
+        """The state topics checked when due; one lost stops the service (StateTopicError), with nothing written
+        after it: under exactly-once the open transaction is aborted (nothing of it visible)."""
+        if self.state_topics is None or self.state_lost:
+            return
+        try:
+            self.state_topics.maybe()
+        except StartupError:
+            self.state_lost = True
+            if self.exactly_once and stream is not None:
+                self._abort(stream)
+            raise
+
+    def _state_topic_lost(self) -> StartupError | None:
+        """The StateTopicError of a state topic lost, checked now (None: each is still there and compacted, or the
+        brokers did not answer)."""
+        if self.state_topics is None or self.state_lost:
+            return None
+        try:
+            self.state_topics.check()
+        except StartupError as lost:
+            self.state_lost = True
+            return lost
+        return None
+
     # exactly-once ----------------------------------------------------------
     def transact(self, tasks, stream) -> bool:
         """Exactly-once: the checkpoint record of each task with unsaved events sent into the open transaction,
         which is then committed with their positions; the tasks saved. A failure stops the service."""
-        if self.transaction_failed:  # stopping; kafka-python's close calls on_revoked, and the producer is closed
+        if self.transaction_failed or self.state_lost:  # stopping; kafka-python's close calls on_revoked
             return False
         changed = [task for task in tasks if task.unsaved]
         self._last_at = time.monotonic()
@@ -209,7 +244,16 @@ class Checkpointer:
 
     def transaction_lost(self, exc: Exception) -> StartupError:
         """The StartupError that stops the service when a transaction failed (counted as aborted): nothing of it is
-        visible, and the restart restores the last committed checkpoint, where the committed outputs end."""
+        visible, and the restart restores the last committed checkpoint, where the committed outputs end.
+
+        A state topic deleted or created again fails the transaction that writes to it (its checkpoint record is
+        not acknowledged) before the next check would see it: the state topics are checked now, and that is what
+        the service stops with when one is lost."""
+        lost = self._state_topic_lost()
+        if lost is not None:
+            self.transaction_failed = True
+            self.metrics.transactions.labels("aborted").inc()
+            return lost
         if not isinstance(exc, (Fenced, Aborted, KafkaFatal)):
             log.error("a transaction's commit ended without an answer (%s): it is committed or aborted", exc)
         self.transaction_failed = True

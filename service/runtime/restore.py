@@ -134,8 +134,11 @@ class Restorer:
                 )
                 committed.update({(topic, p): o for p, o in (offsets or {}).items()})
             only_committed = {"committed": committed}
-        try:
-            cp = self.store.load(task.name, task.owner, accept, legacy=legacy, **only_committed)
+        try:  # retried while the brokers do not answer (the Kafka store): a restart never ends in their raw error
+            found = self.retry.until_it_works(
+                lambda: (self.store.load(task.name, task.owner, accept, legacy=legacy, **only_committed),),
+                f"read the checkpoints of {task.name}",
+            )
         except ForeignStateError as exc:
             return self._foreign(task, str(exc), exc.highest_seq)
         except KeyPolicyError as exc:
@@ -150,6 +153,9 @@ class Restorer:
                     "--group-id and state store to start a new model. This instance wrote nothing",
                 ) from None
             raise
+        if found is None:  # stopped meanwhile
+            return False
+        cp = found[0]
         if cp is None:
             return self._no_checkpoint(task)
         if self.store.key is None and cp.signed:

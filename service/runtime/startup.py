@@ -4,9 +4,11 @@ In this order: the codecs the clients need; the topics (created with
 ``--create-topics``, else checked); with delayed labels, the label and
 outcome topics partitioned like the input, and with the Kafka store the
 pending changelog; the cluster's and input topic's ids (a checkpoint's
-owner); the store; with mixing, the board and the mix topic's tail. Each
-resource is registered with the caller's :class:`~contextlib.ExitStack` as it
-opens, so whatever opened is closed, in reverse order, however start-up ends.
+owner); the state topics' policy and ids (runtime/state_topics.py: refused
+when not compacted, watched while running); the store; with mixing, the
+board and the mix topic's tail. Each resource is registered with the
+caller's :class:`~contextlib.ExitStack` as it opens, so whatever opened is
+closed, in reverse order, however start-up ends.
 The stream (the poll loop's consumer and producer) opens last, once the
 rebalance callbacks exist (:meth:`Startup.open_stream`). Every wait on the
 brokers is retried until it works or the service is stopped: a stop
@@ -48,6 +50,7 @@ from perceptron_stream.pipeline.mixer import MixBoard
 from perceptron_stream.runtime.factory import model_meta, signing_key
 from perceptron_stream.runtime.mixing import MixFeed
 from perceptron_stream.runtime.retry import Retry, StartupError, fatal
+from perceptron_stream.runtime.state_topics import StateTopics, state_topics
 from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
 from perceptron_stream.state.kafka_store import KafkaStore
 from perceptron_stream.state.local import LocalStore
@@ -78,6 +81,7 @@ class Opened:
     changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
     board: MixBoard | None = None  # every partition's latest mixing state (--mix-every)
     mix_feed: MixFeed | None = None  # the mix topic's new records into the board
+    state_topics: StateTopics | None = None  # the checkpoint, changelog and mix topics, checked while running
 
 
 #: The cluster id the embedded broker (Tansu, ``perceptron-stream broker``) reports: Apache Kafka's are random
@@ -154,19 +158,24 @@ class Startup:
             if not labels_ok:
                 return None
         owner = Owner(s.group_id, s.input_topic)
-        if s.state_store != "none":
+        watch = StateTopics(s, self.retry)
+        if s.state_store != "none" or state_topics(s):
             ids = until(lambda: cluster_identity(s, s.input_topic), "read the cluster's and the input topic's ids")
             if ids is None:
                 return None
             refuse_exactly_once_on(s, ids[0])
-            owner = Owner(s.group_id, s.input_topic, GROUP_TASK, *ids)
+            if s.state_store != "none":
+                owner = Owner(s.group_id, s.input_topic, GROUP_TASK, *ids)
+            # before the store reads any of them: a topic the brokers created with their defaults is refused here
+            if not watch.start(embedded=ids[0] == EMBEDDED_BROKER_CLUSTER_ID):
+                return None
         store = self._open_store()
         if store is None and s.state_store != "none":
             return None
         board = mix_feed = None
         if s.model_scope == "partition" and s.mix_every:
             board, mix_feed = self._open_mixing(owner)
-        return Opened(owner, store, changelog, board, mix_feed)
+        return Opened(owner, store, changelog, board, mix_feed, watch)
 
     def open_stream(self, on_assigned, on_revoked, on_lost):
         """The poll loop's consumer and producer, the rebalance callbacks given (closed by the caller, after its

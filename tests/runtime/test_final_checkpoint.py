@@ -1,4 +1,4 @@
-"""The final checkpoint's rule (perceptron_stream.runtime.checkpointer.Checkpointer.final) and a stop during start-up."""
+"""The final checkpoint's rule (perceptron_stream.runtime.checkpointer.Checkpointer.final), a lost state topic, and a stop during start-up."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from perceptron_stream.runtime.checkpointer import Checkpointer
 from perceptron_stream.runtime.factory import TaskFactory
 from perceptron_stream.runtime.health import Health
 from perceptron_stream.runtime.retry import Retry
+from perceptron_stream.runtime.state_topics import StateTopicError
 from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
 
 NOT_ALL_ACKNOWLEDGED = (
@@ -67,6 +68,33 @@ def test_a_stop_inside_a_batch_writes_no_final_checkpoint_and_says_so(tmp_path, 
         checkpointer.final([task], stream, batch_open=True)
     assert store.saved == [] and stream.commits == [] and task.unsaved == 7
     assert NOT_ALL_ACKNOWLEDGED in caplog.text
+
+
+class LostTopics:
+    """The state topics' watch (runtime/state_topics.py) once the checkpoint topic is gone."""
+
+    def __init__(self):
+        self.checks = 0
+
+    def maybe(self):
+        self.checks += 1
+        raise StateTopicError("the checkpoint topic ckpt (--checkpoint-topic) was deleted while the service ran")
+
+    check = maybe
+
+
+def test_a_lost_state_topic_stops_the_service_before_anything_more_is_written(tmp_path):
+    """The watch's StateTopicError stops the loop at its turn; nothing is saved or committed after it, not even at
+    the stop (the final checkpoint), and the topic is not asked about again."""
+    checkpointer, store, task = _checkpointer_and_task(tmp_path)
+    checkpointer.state_topics = topics = LostTopics()
+    stream = Stream()
+    with pytest.raises(StateTopicError, match="was deleted while the service ran"):
+        checkpointer.maybe([task], stream, final=False)
+    assert checkpointer.checkpoint([task], stream) is False  # a revocation while closing writes nothing either
+    checkpointer.final([task], stream, batch_open=False)
+    assert store.saved == [] and stream.commits == [] and task.unsaved == 7
+    assert topics.checks == 1
 
 
 def test_a_stop_during_start_up_closes_what_opened_and_returns_0(tmp_path):

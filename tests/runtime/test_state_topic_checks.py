@@ -1,0 +1,51 @@
+"""Which state topics are checked, and what about them stops the service (perceptron_stream.runtime.state_topics);
+on real brokers and service processes: tests/integration/test_state_topics.py."""
+
+from __future__ import annotations
+
+import pytest
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.runtime.state_topics import StateTopic, id_problem, policy_problem, state_topics
+
+CHECKPOINTS = StateTopic("ckpt", "checkpoint_topic", "checkpoint")
+
+
+def _names(*args: str) -> list[str]:
+    return [t.name for t in state_topics(load(ServeSettings, ["--metrics-port", "0", *args]))]
+
+
+def test_the_topics_checked_are_those_the_settings_keep_state_in():
+    assert _names() == []  # the local store
+    assert _names("--state-store", "kafka") == ["perceptron-stream.checkpoints"]
+    assert _names("--state-store", "kafka", "--label-topic", "labels", "--pending-topic", "pending") == [
+        "perceptron-stream.checkpoints",
+        "pending",
+    ]
+    assert _names("--label-topic", "labels") == []  # the local store keeps the pending tables on its disk
+    mixing = ("--model-scope", "partition", "--mix-every", "100", "--mix-topic", "mix")
+    assert _names(*mixing) == ["mix"]
+    assert _names("--state-store", "kafka", *mixing) == ["perceptron-stream.checkpoints", "mix"]
+
+
+@pytest.mark.parametrize("policy", ["compact", "compact ", "compact,compact"])
+def test_a_compacted_topic_keeps_state_whoever_created_it(policy):
+    assert policy_problem(CHECKPOINTS, {"cleanup.policy": policy}) is None
+
+
+@pytest.mark.parametrize("configs", [{"cleanup.policy": "delete"}, {"cleanup.policy": "compact,delete"}, {}])
+def test_a_topic_that_deletes_records_is_refused_naming_cleanup_policy_and_the_way_out(configs):
+    problem = policy_problem(CHECKPOINTS, configs)
+    assert problem is not None
+    assert problem.startswith("the checkpoint topic ckpt (--checkpoint-topic) has cleanup.policy=")
+    assert "--add-config cleanup.policy=compact" in problem and "--create-topics" in problem
+    assert ("(the brokers' default)" in problem) == (configs == {})
+
+
+def test_a_topic_gone_or_created_again_is_told_apart_from_the_one_the_service_started_with():
+    assert id_problem(CHECKPOINTS, "id-1", "id-1") is None
+    assert id_problem(CHECKPOINTS, None, "id-2") is None  # no id at start-up: nothing to compare
+    gone = id_problem(CHECKPOINTS, "id-1", None)
+    again = id_problem(CHECKPOINTS, "id-1", "id-2")
+    assert gone is not None and "was deleted while the service ran" in gone
+    assert again is not None and "created again while the service ran (its topic id was id-1, now id-2)" in again
+    assert all("--start-over" in said and "PerceptronTargetDown.md" in said for said in (gone, again))
