@@ -115,6 +115,7 @@ def open_stream(
     group_protocol: str = "classic",
     transactional_id: str | None = None,
     on_lost: Callable | None = None,
+    client_id: str = "perceptron-stream",
 ) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
@@ -132,6 +133,9 @@ def open_stream(
     between ``begin`` and ``commit_transaction`` (contract.py). One id per
     instance: the group's generation fences a zombie (KIP-447), so the id need
     not follow the partitions. Without one the stream is the at-least-once one.
+
+    ``client_id``: what the group's members see of this one (DescribeGroups):
+    the service says its model's policy there (runtime.partitions.OnePolicy).
     """
     options = dict(
         group_id=group_id,
@@ -142,6 +146,7 @@ def open_stream(
         on_lost=on_lost,
         max_poll_records=max_poll_records,
         fetch_max_wait_ms=fetch_max_wait_ms,
+        client_id=client_id,
     )
     if transactional_id is not None:  # the at-least-once stream is built exactly as before
         options["transactional_id"] = transactional_id

@@ -111,8 +111,9 @@ def _stable_committed_offsets(settings: KafkaSettings, group_id: str, topic: str
 
 
 @translated
-def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
-    """Member ids of consumer group ``group_id`` as its coordinator reports them (DescribeGroups).
+def group_members(settings: KafkaSettings, group_id: str) -> dict[str, str]:
+    """Member id → client id of consumer group ``group_id``'s members as its coordinator reports them
+    (DescribeGroups).
 
     A member that died without leaving is listed until its session times out
     (on Tansu: until the next join evicts it).
@@ -124,7 +125,7 @@ def group_members(settings: KafkaSettings, group_id: str) -> list[str]:
         admin.close()
     if group.get("error"):
         raise KafkaError(f"describing consumer group {group_id} failed: {group['error']}")
-    return [m["member_id"] for m in group.get("members") or []]
+    return {m["member_id"]: m.get("client_id") or "" for m in group.get("members") or []}
 
 
 #: Topic ids that mean "none": brokers before Kafka 2.8 answer the zero UUID.

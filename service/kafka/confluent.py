@@ -472,15 +472,15 @@ class ConfluentIO:
         return out
 
     @_translated
-    def group_members(self) -> list[str]:
-        """Member ids of the live members of this consumer's group, this one included: kafka-python's admin for a
+    def group_members(self) -> dict[str, str]:
+        """Member id → client id of the live members of this consumer's group, this one included: kafka-python's admin for a
         classic group, librdkafka's for a KIP-848 one (the brokers answer the classic DescribeGroups for classic
         groups only)."""
         if not self.incremental:
             return group_members(self.settings, self.group_id)
         admin = AdminClient(client_config(self.settings))
         description = admin.describe_consumer_groups([self.group_id], request_timeout=10)[self.group_id].result()
-        return [member.member_id for member in description.members]
+        return {member.member_id: member.client_id or "" for member in description.members}
 
     # producing -----------------------------------------------------------
     def send(self, topic: str, key: bytes | None, value: bytes) -> None:

@@ -270,8 +270,8 @@ class KafkaIO:
             if ends[tp] is not None
         }
 
-    def group_members(self) -> list[str]:
-        """Member ids of the live members of this consumer's group, this one included."""
+    def group_members(self) -> dict[str, str]:
+        """Member id → client id of the live members of this consumer's group, this one included."""
         return group_members(self.settings, self.group_id)
 
     # producing -----------------------------------------------------------

@@ -10,6 +10,8 @@ rebalance callbacks ask it for a partition's task (:mod:`perceptron_stream.runti
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import tempfile
 from pathlib import Path
@@ -45,6 +47,38 @@ def model_meta(s: ServeSettings) -> dict:
 def signing_key(s: ServeSettings) -> bytes | None:
     """--checkpoint-key as bytes: what signs checkpoints and mix records."""
     return s.checkpoint_key.get_secret_value().encode() if s.checkpoint_key else None
+
+
+#: What a member's client id starts with when it says its model's policy (:func:`policy_client_id`).
+POLICY_CLIENT_ID = "perceptron-stream;"
+
+
+def policy_client_id(s: ServeSettings) -> str:
+    """The poll loop's client id: the settings its model depends on, and whether (and with which key, as 32 bits of
+    an HMAC that tell nothing of it) it signs, for the other members of its group to read (DescribeGroups) before
+    they process anything (:class:`~perceptron_stream.runtime.partitions.OnePolicy`).
+
+    >>> from perceptron_stream.config import ServeSettings, load
+    >>> policy_client_id(load(ServeSettings, ["--variant", "averaged"]))
+    'perceptron-stream;variant=averaged;margin=0.0;standardize=False;max_model_features=50000;hash_features=0;key=none'
+    """
+    meta = {k: v for k, v in model_meta(s).items() if k != "input_topic"}  # the group reads one input topic
+    key = signing_key(s)
+    meta["key"] = "none" if key is None else hmac.new(key, b"perceptron-stream policy", hashlib.sha256).hexdigest()[:8]
+    return POLICY_CLIENT_ID + ";".join(f"{k}={v}" for k, v in meta.items())
+
+
+def policy_of(client_id: str) -> dict[str, str] | None:
+    """The policy a member's client id says (None: not a perceptron-stream that says one).
+
+    >>> policy_of("perceptron-stream;variant=plain;key=none")
+    {'variant': 'plain', 'key': 'none'}
+    >>> policy_of("rdkafka") is None
+    True
+    """
+    if not client_id.startswith(POLICY_CLIENT_ID):
+        return None
+    return dict(part.partition("=")[::2] for part in client_id[len(POLICY_CLIENT_ID) :].split(";"))
 
 
 class TaskFactory:

@@ -12,7 +12,8 @@ logs' ranges, which may take a while, with the new partitions paused).
   runs per model (:class:`OneInstance`).
 - ``--model-scope partition``: each assigned partition gets its task,
   restored from the shared store (paused until then); a revoked one is
-  checkpointed and dropped, for its next owner to restore.
+  checkpointed and dropped, for its next owner to restore. Every instance
+  of the group runs one model policy (:class:`OnePolicy`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 import logging
 import time
 
+from perceptron_stream.config import invalid_setting
 from perceptron_stream.kafka import BEGINNING, END, GROUP_TIMINGS, Stream, first_offsets
+from perceptron_stream.runtime.factory import policy_client_id, policy_of
 from perceptron_stream.runtime.retry import StartupError
 from perceptron_stream.state.local import StateLockedError
 
@@ -67,7 +70,8 @@ class OneInstance:
         if members is None:  # stopped meanwhile
             return
         now = time.monotonic()
-        if len(members) <= 1:
+        others = self.others(members)
+        if not others:
             if self._others_gone_by is not None:
                 log.info("the other member(s) of consumer group %s left: going on", s.group_id)
                 stream.resume()
@@ -77,21 +81,71 @@ class OneInstance:
         if self._others_gone_by is None:
             self._others_gone_by = now + OTHERS_LEAVE_WAIT_S
             log.warning(
-                "consumer group %s has %d other member(s): processing nothing until they leave (a crashed "
+                "consumer group %s has %d other member(s)%s: processing nothing until they leave (a crashed "
                 "instance's session expires within %.0f s)",
                 s.group_id,
-                len(members) - 1,
+                len(others),
+                self.whose,
                 OTHERS_LEAVE_WAIT_S,
             )
         elif now >= self._others_gone_by:
-            raise StartupError(
-                f"consumer group {s.group_id} still has {len(members) - 1} other active member(s) after "
-                f"{OTHERS_LEAVE_WAIT_S:.0f} s: another instance runs this "
-                f"model (its checkpoints are in the {s.state_store} store); one instance runs per model in "
-                "--model-scope group: stop the other one, give this one another --group-id and state, or run every "
-                "instance with --model-scope partition"
-            )
+            raise self.refusal(others)
         self._next_check = now + 1.0
+
+    whose = ""  # what makes the others' presence a problem, said in the warning
+
+    def others(self, members: dict[str, str]) -> list[str]:
+        """The client ids of the members that keep this one from processing: in group scope, any other."""
+        return list(members.values())[1:]
+
+    def refusal(self, others: list[str]) -> Exception:
+        s = self.settings
+        return StartupError(
+            f"consumer group {s.group_id} still has {len(others)} other active member(s) after "
+            f"{OTHERS_LEAVE_WAIT_S:.0f} s: another instance runs this "
+            f"model (its checkpoints are in the {s.state_store} store); one instance runs per model in "
+            "--model-scope group: stop the other one, give this one another --group-id and state, or run every "
+            "instance with --model-scope partition"
+        )
+
+
+class OnePolicy(OneInstance):
+    """Partition scope: a newcomer processes nothing while a member of its group runs another model policy.
+
+    Each instance says its policy in its client id (the settings its model
+    depends on and its signing key's tag: :func:`~perceptron_stream.runtime.factory.policy_client_id`),
+    which DescribeGroups shows every member. Two instances of one group that
+    mix or hand partitions to each other must run one model: an instance whose
+    settings differ from a live member's waits, as :class:`OneInstance` does,
+    for a crashed one's session to end, then refuses to start naming the
+    settings (exit 2) before it processed, and so wrote, anything. Two started
+    together with other settings both refuse: neither is the group's yet.
+    A member whose client id says no policy (another program, an older version)
+    is not judged.
+    """
+
+    whose = " with other model settings"
+
+    def __init__(self, settings, retry, health, policy: str):
+        super().__init__(settings, retry, health)
+        self.passed, self.policy = False, policy_of(policy) or {}
+
+    def others(self, members: dict[str, str]) -> list[str]:
+        return [c for c in members.values() if (p := policy_of(c)) is not None and p != self.policy]
+
+    def refusal(self, others: list[str]) -> Exception:
+        theirs = policy_of(others[0]) or {}
+        differ = [k for k in sorted(set(theirs) | set(self.policy)) if theirs.get(k) != self.policy.get(k)]
+        said = ", ".join(
+            f"{'checkpoint_key' if k == 'key' else k} is {theirs.get(k)!r} there, {self.policy.get(k)!r} here"
+            for k in differ
+        )
+        return invalid_setting(
+            "checkpoint_key" if differ == ["key"] else differ[0],
+            f"consumer group {self.settings.group_id} has {len(others)} member(s) running another model ({said}) "
+            f"after {OTHERS_LEAVE_WAIT_S:.0f} s: every instance of a group runs one model: start this one with "
+            "the group's settings, or give it another --group-id",
+        )
 
 
 class Assignments:
@@ -102,7 +156,11 @@ class Assignments:
         self.restorer, self.checkpointer, self.store = restorer, checkpointer, store
         self.health, self.metrics, self.lag = health, metrics, lag
         self.per_partition = settings.model_scope == "partition"
-        self.guard = None if self.per_partition else OneInstance(settings, retry, health)
+        self.guard = (
+            OnePolicy(settings, retry, health, policy_client_id(settings))
+            if self.per_partition
+            else OneInstance(settings, retry, health)
+        )
         self.stream: Stream | None = None  # set once it is open
         self.batch_open = False  # the loop is inside a batch whose outputs are not all acknowledged
         self.waiting: dict[int, list[tuple[str, int]]] = {}  # partition scope: assigned, paused, to restore
@@ -126,6 +184,7 @@ class Assignments:
                 if self.tasks.for_partition(tp[1]) is None:
                     self.waiting.setdefault(tp[1], []).append(tp)
             self._stream.pause([tp for tps in self.waiting.values() for tp in tps])
+            self.guard.to_check = not self.guard.passed
         else:
             task = self.tasks.group
             # The model in memory is the newest state (revocation checkpoints first);
@@ -133,8 +192,7 @@ class Assignments:
             # committed offsets say.
             for tp in partitions:
                 self._seek(task, tp)
-            if self.guard is not None:  # always, in group scope
-                self.guard.to_check = True
+            self.guard.to_check = True
         self.lag.soon()
         self._ready()
         self._moved = True  # and again at the next settle: an incremental assignment is applied after this callback
@@ -158,7 +216,7 @@ class Assignments:
                 if self.store is not None:
                     self.store.unlock(task.name)
                 self.metrics.forget_replica(task.partition)
-        elif self.stream is not None and self.guard is not None and self.guard.passed and not self.batch_open:
+        elif self.stream is not None and self.guard.passed and not self.batch_open:
             self.checkpointer.checkpoint(self.tasks.all(), self.stream)  # committed by the loop once the group is
             # stable again (exactly-once: with the transaction, here)
         self.metrics.forget_partitions(partitions)
@@ -187,8 +245,9 @@ class Assignments:
 
     # the loop -------------------------------------------------------------
     def settle(self) -> None:
-        """Before a record is processed: the one-instance check (group scope), restores (partition scope)."""
-        if self.guard is not None and self.guard.due():
+        """Before a record is processed: the one-instance (group scope) or one-policy (partition scope) check,
+        restores (partition scope)."""
+        if self.guard.due():
             self.guard.check(self.stream)
         if self.waiting:
             self._restore_waiting()
@@ -197,8 +256,8 @@ class Assignments:
             # thread, about 0.6 ms (the loop's wait, once a batch: 5% of a turn at 80,000 events/s)
 
     def may_process(self) -> bool:
-        """False while the group model's instance check has not passed (its records are put back)."""
-        return self.guard is None or self.guard.passed
+        """False while the one-instance or one-policy check has not passed (its records are put back)."""
+        return self.guard.passed
 
     def put_back(self, records) -> None:
         """Seek each partition back to the first of ``records``: they are read again once they may be processed."""

@@ -47,7 +47,7 @@ from perceptron_stream.kafka import (
     require_mends,
 )
 from perceptron_stream.pipeline.mixer import MixBoard
-from perceptron_stream.runtime.factory import model_meta, signing_key
+from perceptron_stream.runtime.factory import model_meta, policy_client_id, signing_key
 from perceptron_stream.runtime.mixing import MixFeed
 from perceptron_stream.runtime.retry import Retry, StartupError, fatal
 from perceptron_stream.runtime.state_topics import StateTopics, state_topics
@@ -197,6 +197,7 @@ class Startup:
                 fetch_max_wait_ms=s.fetch_max_wait_ms,
                 group_protocol=s.group_protocol,
                 transactional_id=tx_id,
+                client_id=policy_client_id(s),
             ),
             "connect the consumer and producer",
         )

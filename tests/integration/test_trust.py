@@ -25,7 +25,7 @@ from perceptron_stream.state.local import LocalStore
 from tests.support import ROOT
 from tests.support.brokers import new_broker
 from tests.support.checkpoints import resealed
-from tests.support.launch import settings_args
+from tests.support.launch import settings_args, start_service_process
 from tests.support.partitions import dealt_events, produce_dealt
 from tests.support.service import (
     OutputWatcher,
@@ -36,7 +36,10 @@ from tests.support.service import (
     make_events,
     offline,
     run_to_the_end,
+    source_partition_offset,
+    stop_process,
     store_args,
+    tail,
 )
 from tests.support.topics import produce, read_all
 from tests.support.waiting import wait_until
@@ -523,3 +526,55 @@ def test_an_old_signed_mix_record_sent_again_is_refused_as_replayed(
 
     wait_until(lambda: refused() == 1, 60, what="the replayed mix record refused")
     assert board.latest[0].seq >= 3
+
+
+@pytest.mark.parametrize("kafka_broker", ["apache-kafka"], indirect=True)
+def test_two_instances_of_other_variants_started_together_in_a_new_group_one_refuses_before_writing(
+    kafka_broker, topics, tmp_path
+):
+    """Measured on f27e9e1: two instances of one group (partition scope) with another --variant each, started
+    together, served side by side (44 warnings each), then exited one after the other. Each now sees the other's
+    policy in its client id before it processes anything and waits a session for it to leave; the first whose wait
+    ends refuses naming variant (exit 2) having written nothing, and the other, alone then, serves every event once
+    (were both to end their wait in the same moment, both would refuse: then nothing is written at all)."""
+    events = dealt_events(400, seed=51, partitions=2)
+    produce_dealt(kafka_broker.bootstrap_servers, topics["input_topic"], events, partitions=2)
+    base = dict(model_scope="partition", batch_size=100, **store_args("kafka", topics))
+    variants = ["plain", "averaged"]
+    logs = {v: tmp_path / f"{v}.log" for v in variants}
+    watcher = OutputWatcher(kafka_broker.bootstrap_servers, topics["output_topic"], by=source_partition_offset).start()
+    processes = {
+        v: start_service_process(settings_args(kafka_broker, topics, tmp_path / v, variant=v, **base), logs[v])
+        for v in variants
+    }
+    try:
+        wait_until(lambda: any(p.poll() is not None for p in processes.values()), 120, what="one instance's refusal")
+        refused = [v for v, p in processes.items() if p.poll() is not None]
+        for v in refused:
+            log = logs[v].read_text()
+            assert processes[v].returncode == 2, log[-3000:]
+            assert "invalid setting variant (--variant" in log and "running another model" in log, log[-3000:]
+            assert not has_traceback(log), log[-3000:]
+        (survivor,) = set(variants) - set(refused) or {None}
+        if survivor is not None:
+            wait_until(
+                lambda: watcher.distinct() >= len(events) or processes[survivor].poll() is not None,
+                120,
+                what="every event predicted by the instance left",
+            )
+            assert stop_process(processes[survivor], logs[survivor]) == 0, tail(logs[survivor])
+            watcher.settle()
+    finally:
+        by_source = watcher.stop()
+        for p in processes.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    checkpoints = [
+        decode_checkpoint(m.value) for m in read_all(kafka_broker.bootstrap_servers, base["checkpoint_topic"])
+    ]
+    if survivor is None:
+        assert by_source == {} and checkpoints == []
+    else:
+        assert len(by_source) == len(events) and all(len(copies) == 1 for copies in by_source.values())
+        assert checkpoints and {cp.meta["variant"] for cp in checkpoints} == {survivor}
