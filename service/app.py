@@ -100,6 +100,7 @@ class Application:
         self.factory = TaskFactory(s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board)
         self.restorer = Restorer(s, self.store, self.retry, initial=self.factory.initial)
         self.checkpointer = Checkpointer(s, self.store, self.metrics, self.health, self.retry)
+        self.checkpointer.limits = self.delivery.limits = opened.limits  # each output measured before it is sent
         self.assignments = Assignments(
             s,
             self.tasks,
@@ -270,7 +271,7 @@ class Application:
     def _process(self, batches) -> None:
         started = time.perf_counter()
         assert self.stream is not None  # start-up opened it before the loop runs
-        tally, send = Tally(), self.stream.send
+        tally, send = Tally(), self.delivery.sender(self.stream)
         if (
             self.checkpointer.exactly_once
         ):  # the batch's outputs go in the open transaction (the checkpointer commits it)

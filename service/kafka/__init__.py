@@ -37,6 +37,7 @@ from perceptron_stream.kafka.admin import (
     group_members,
     log_ranges,
     partition_counts,
+    record_limits,
     topic_configs,
 )
 from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
@@ -52,10 +53,13 @@ from perceptron_stream.kafka.contract import (
     KafkaUnavailable,
     MissingTopicError,
     Record,
+    RecordLimits,
+    RecordTooLarge,
     Refused,
     Stream,
     TopicSpec,
     first_offsets,
+    refuse_too_large,
 )
 from perceptron_stream.kafka.kafka_python import CountingProducer, KafkaIO
 from perceptron_stream.kafka.kp_mends import close_producer, require_mends
@@ -78,6 +82,8 @@ __all__ = [
     "MissingTopicError",
     "PartitionedLog",
     "Record",
+    "RecordLimits",
+    "RecordTooLarge",
     "Refused",
     "Stream",
     "TopicSpec",
@@ -93,6 +99,8 @@ __all__ = [
     "make_producer",
     "open_stream",
     "partition_counts",
+    "record_limits",
+    "refuse_too_large",
     "require_codecs",
     "require_mends",
     "topic_configs",
@@ -113,6 +121,7 @@ def open_stream(
     group_protocol: str = "classic",
     transactional_id: str | None = None,
     on_lost: Callable | None = None,
+    batch_bytes: int | None = None,
 ) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
@@ -130,6 +139,10 @@ def open_stream(
     between ``begin`` and ``commit_transaction`` (contract.py). One id per
     instance: the group's generation fences a zombie (KIP-447), so the id need
     not follow the partitions. Without one the stream is the at-least-once one.
+
+    ``batch_bytes``: the largest record batch the producer builds (the smallest record limit among the topics it
+    writes, :class:`RecordLimits`): librdkafka does not split a batch the brokers refuse as too large, so a topic
+    with a small ``max.message.bytes`` would refuse whole batches of small records.
     """
     options = dict(
         group_id=group_id,
@@ -140,6 +153,7 @@ def open_stream(
         on_lost=on_lost,
         max_poll_records=max_poll_records,
         fetch_max_wait_ms=fetch_max_wait_ms,
+        batch_bytes=batch_bytes,
     )
     if transactional_id is not None:  # the at-least-once stream is built exactly as before
         options["transactional_id"] = transactional_id

@@ -35,12 +35,14 @@ from perceptron_stream.kafka import (
     CompactedTopic,
     KafkaFatal,
     PartitionedLog,
+    RecordLimits,
     TopicSpec,
     TopicTail,
     cluster_identity,
     ensure_topics,
     open_stream,
     partition_counts,
+    record_limits,
     require_codecs,
     require_mends,
 )
@@ -78,6 +80,7 @@ class Opened:
     changelog: PartitionedLog | None = None  # the Kafka store's pending changelog (--label-topic)
     board: MixBoard | None = None  # every partition's latest mixing state (--mix-every)
     mix_feed: MixFeed | None = None  # the mix topic's new records into the board
+    limits: RecordLimits | None = None  # the largest record each topic the service writes accepts
 
 
 #: The cluster id the embedded broker (Tansu, ``perceptron-stream broker``) reports: Apache Kafka's are random
@@ -97,6 +100,18 @@ def refuse_exactly_once_on(s: ServeSettings, cluster_id: str | None) -> None:
             "records and it does not fence a zombie by its group generation; use Apache Kafka, or "
             "--processing-guarantee at-least-once",
         )
+
+
+def written_topics(s: ServeSettings) -> list[str]:
+    """Every topic the service writes, for their record limits (:class:`~perceptron_stream.kafka.RecordLimits`)."""
+    topics = [s.output_topic, s.dlq_topic]
+    if s.label_topic is not None:
+        topics += [s.outcome_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])
+    if s.state_store == "kafka":
+        topics.append(s.checkpoint_topic)
+    if s.model_scope == "partition" and s.mix_every:
+        topics.append(s.mix_topic)
+    return topics
 
 
 def transactional_id(s: ServeSettings) -> str | None:
@@ -123,6 +138,7 @@ class Startup:
             stopping,
             resources,
         )
+        self.limits: RecordLimits | None = None  # read by open(), for the stream and the stores
 
     def open(self) -> Opened | None:
         """Codecs, topics, labels' topics and changelog, cluster identity, store, mixing; None when stopped meanwhile."""
@@ -153,6 +169,12 @@ class Startup:
             labels_ok, changelog = self._open_labels(s.label_topic)
             if not labels_ok:
                 return None
+        limits = until(lambda: record_limits(s, written_topics(s)), "read the topics' max.message.bytes")
+        if limits is None:
+            return None
+        if changelog is not None:
+            changelog.limits = limits
+        self.limits = limits
         owner = Owner(s.group_id, s.input_topic)
         if s.state_store != "none":
             ids = until(lambda: cluster_identity(s, s.input_topic), "read the cluster's and the input topic's ids")
@@ -166,7 +188,7 @@ class Startup:
         board = mix_feed = None
         if s.model_scope == "partition" and s.mix_every:
             board, mix_feed = self._open_mixing(owner)
-        return Opened(owner, store, changelog, board, mix_feed)
+        return Opened(owner, store, changelog, board, mix_feed, limits)
 
     def open_stream(self, on_assigned, on_revoked, on_lost):
         """The poll loop's consumer and producer, the rebalance callbacks given (closed by the caller, after its
@@ -188,6 +210,7 @@ class Startup:
                 fetch_max_wait_ms=s.fetch_max_wait_ms,
                 group_protocol=s.group_protocol,
                 transactional_id=tx_id,
+                batch_bytes=None if self.limits is None else self.limits.smallest(),
             ),
             "connect the consumer and producer",
         )
@@ -200,7 +223,8 @@ class Startup:
             store = LocalStore(s.state_dir, s.group_id)
         elif s.state_store == "kafka":
             store = self.retry.until_it_works(
-                lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id), "connect to the checkpoint topic"
+                lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic, self.limits), s.group_id),
+                "connect to the checkpoint topic",
             )
         if store is not None:
             self.resources.callback(store.close)

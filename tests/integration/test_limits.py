@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka.contract import RECORD_OVERHEAD_BYTES
+
 from tests.support.endpoints import http_get
-from tests.support.launch import settings_args
-from tests.support.topics import consume, create_topic
+from tests.support.launch import settings_args, start_service_process
+from tests.support.service import OutputWatcher, has_traceback, stop_process, store_args, tail
+from tests.support.topics import consume, create_topic, produce, stable_offsets
 from tests.support.waiting import wait_until
 
 
@@ -52,3 +57,76 @@ def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_
         30,
         what="the refusal counted",
     )
+
+
+def _refused_outputs_run(apache_kafka, topics, tmp_path, client: str, guarantee: str):
+    """The service on Apache Kafka over an output topic that takes records of at most 100,000 bytes and a
+    dead-letter topic of at most 20,000: one valid point with a 200,000-character id, one input of 60,000 bytes
+    that is no JSON, then 50 valid points. Returns the process, its log, and the predictions and dead letters."""
+    bootstrap = apache_kafka.bootstrap_servers
+    create_topic(bootstrap, topics["output_topic"], config={"max.message.bytes": "100000"})
+    create_topic(bootstrap, topics["dlq_topic"], config={"max.message.bytes": "20000"})
+    valid = [{"id": f"e-{i}", "x": [1.0, float(i % 3)], "y": 1 if i % 2 else -1} for i in range(51)]
+    values = [
+        json.dumps(valid[0]).encode(),
+        json.dumps({"id": "i" * 200_000, "x": [1.0, 2.0], "y": 1}).encode(),
+        b"\x01" * 60_000,  # not JSON: its dead letter quotes its head, every byte escaped as \u0001
+        *(json.dumps(e).encode() for e in valid[1:]),
+    ]
+    produce(bootstrap, topics["input_topic"], values)
+    exactly_once = guarantee == "exactly-once"
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        kafka_client=client,
+        processing_guarantee=guarantee,
+        **({"commit_interval_ms": 100, **store_args("kafka", topics)} if exactly_once else {}),
+    )
+    outputs = OutputWatcher(bootstrap, topics["output_topic"], read_committed=exactly_once).start()
+    letters = OutputWatcher(bootstrap, topics["dlq_topic"], read_committed=exactly_once).start()
+    log_path = tmp_path / "serve.log"
+    process = start_service_process(args, log_path)
+    return process, log_path, outputs, letters, args
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_an_output_larger_than_its_topic_allows_is_dead_lettered_and_the_service_goes_on(
+    client, guarantee, apache_kafka, topics, tmp_path
+):
+    """An output topic with max.message.bytes=100000 and a valid point whose prediction would be 200 kB: the
+    prediction is never sent (under exactly-once it would abort every retry of its transaction); an output_refused
+    dead letter names the topic and its setting; the 50 events behind it are published and their offsets
+    committed. A dead letter too large for its own topic is cut to fit, keeping its reason and source."""
+    process, log_path, outputs, letters, args = _refused_outputs_run(apache_kafka, topics, tmp_path, client, guarantee)
+    try:
+        wait_until(
+            lambda: (outputs.distinct() >= 51 and letters.distinct() >= 2) or process.poll() is not None,
+            120,
+            what="51 predictions and 2 dead letters",
+        )
+        assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
+        settings = load(ServeSettings, args)
+        wait_until(
+            lambda: stable_offsets(settings, topics["group_id"], topics["input_topic"]).get(0) == 53,
+            60,
+            what="every offset committed",
+        )
+        assert stop_process(process, log_path) == 0, tail(log_path)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        predicted, lettered = outputs.stop(), letters.stop()
+    assert sorted(predicted) == [0, *range(3, 53)]
+    assert all(len(values) == 1 for values in predicted.values())
+    refused = json.loads(lettered[1][0])
+    assert refused["reason"] == "output_refused" and refused["source"]["offset"] == 1
+    assert f"exceeds max.message.bytes=100000 of topic {topics['output_topic']}" in refused["error"]
+    (cut,) = lettered[2]
+    assert len(cut) <= 20_000 - RECORD_OVERHEAD_BYTES
+    letter = json.loads(cut)
+    assert letter["reason"] == "invalid_json" and letter["raw_truncated"] and letter["raw"].startswith("\x01")
+    assert letter["source"] == {"topic": topics["input_topic"], "partition": 0, "offset": 2}
+    assert not has_traceback(log_path.read_text(errors="replace")), tail(log_path)

@@ -9,15 +9,15 @@ import time
 from tests.support.waiting import wait_until
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
-    """``name`` with ``partitions`` partitions (replication 1); nothing when it exists."""
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict | None = None) -> None:
+    """``name`` with ``partitions`` partitions (replication 1) and topic ``config``; nothing when it exists."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics([NewTopic(name, partitions, 1)])
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config or {})])
     except TopicAlreadyExistsError:
         pass
     finally:
