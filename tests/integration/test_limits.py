@@ -9,8 +9,9 @@ from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka.contract import RECORD_OVERHEAD_BYTES
 
 from tests.support.endpoints import http_get
+from tests.support.labels import label_topics
 from tests.support.launch import settings_args, start_service_process
-from tests.support.service import OutputWatcher, has_traceback, stop_process, store_args, tail
+from tests.support.service import OutputWatcher, has_traceback, label_offset, stop_process, store_args, tail
 from tests.support.topics import consume, create_topic, produce, stable_offsets
 from tests.support.waiting import wait_until
 
@@ -130,3 +131,63 @@ def test_an_output_larger_than_its_topic_allows_is_dead_lettered_and_the_service
     assert letter["reason"] == "invalid_json" and letter["raw_truncated"] and letter["raw"].startswith("\x01")
     assert letter["source"] == {"topic": topics["input_topic"], "partition": 0, "offset": 2}
     assert not has_traceback(log_path.read_text(errors="replace")), tail(log_path)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_point_near_the_size_limit_is_kept_in_a_pending_changelog_of_the_brokers_defaults(
+    client, guarantee, apache_kafka, topics, tmp_path
+):
+    """A point of 978,916 bytes whose feature names are quotes: its pending-changelog record was a JSON string of
+    it inside JSON (every escape doubled: 1,879,113 bytes), which a changelog topic of the brokers' 1 MiB default
+    refused forever while the service called the brokers silent, committed nothing, and exited 0 at SIGTERM. Kept
+    as the JSON it is, it fits: its label joins, the span is checkpointed and committed."""
+    bootstrap = apache_kafka.bootstrap_servers
+    names = label_topics(apache_kafka, topics)
+    pending = f"pending-{topics['group_id']}"
+    create_topic(bootstrap, pending, config={"cleanup.policy": "compact"})  # max.message.bytes: the brokers'
+    x = {f"{i:03d}" + '"' * 4_850: 1.0 for i in range(100)}
+    big = json.dumps({"id": "big", "features": x}, separators=(",", ":")).encode()
+    big += b" " * (978_916 - len(big))  # the finding's size
+    produce(bootstrap, names["input_topic"], [big, {"id": "small", "features": {"a": 1.0}}], keys=[b"big", b"small"])
+    exactly_once = guarantee == "exactly-once"
+    args = settings_args(
+        apache_kafka,
+        names,
+        tmp_path,
+        kafka_client=client,
+        processing_guarantee=guarantee,
+        pending_topic=pending,
+        **({"commit_interval_ms": 100} if exactly_once else {}),
+        **store_args("kafka", topics),
+    )
+    predictions = OutputWatcher(bootstrap, names["output_topic"], read_committed=exactly_once).start()
+    outcomes = OutputWatcher(bootstrap, names["outcome_topic"], read_committed=exactly_once, by=label_offset).start()
+    log_path = tmp_path / "serve.log"
+    process = start_service_process(args, log_path)
+    try:
+        wait_until(lambda: predictions.distinct() >= 2 or process.poll() is not None, 120, what="both predicted")
+        assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
+        labels = [{"id": "big", "y": 1}, {"id": "small", "y": -1}]
+        produce(bootstrap, names["label_topic"], labels, keys=[b"big", b"small"])
+        wait_until(lambda: outcomes.distinct() >= 2 or process.poll() is not None, 120, what="both labels joined")
+        assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
+        settings = load(ServeSettings, args)
+        wait_until(
+            lambda: (
+                stable_offsets(settings, topics["group_id"], names["input_topic"]).get(0) == 2
+                and stable_offsets(settings, topics["group_id"], names["label_topic"]).get(0) == 2
+            ),
+            60,
+            what="both topics' offsets committed",
+        )
+        assert stop_process(process, log_path) == 0, tail(log_path)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        joined = outcomes.stop()
+        predictions.stop()
+    assert {json.loads(values[0])["id"] for values in joined.values()} == {"big", "small"}
+    log = log_path.read_text(errors="replace")
+    assert "do not answer" not in log and not has_traceback(log), tail(log_path)

@@ -22,7 +22,7 @@ from tests.support.topics import create_topic, produce
 GRACE = 300.0
 
 
-def make_joiner(max_early: int = 100) -> Joiner:
+def make_joiner(max_early: int = 100, changelog=None) -> Joiner:
     return Joiner(
         lambda p: PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000),
         ttl_seconds=1e9,
@@ -33,6 +33,7 @@ def make_joiner(max_early: int = 100) -> Joiner:
         label_topic="labels",
         grace_seconds=GRACE,
         max_early=max_early,
+        changelog=changelog,
     )
 
 
@@ -59,6 +60,26 @@ def point(offset: int, point_id: str, ms: int) -> Record:
 
 def label(offset: int, point_id: str, y: int, ms: int) -> Record:
     return Record("labels", 0, offset, point_id.encode(), json.dumps({"id": point_id, "y": y}).encode(), ms)
+
+
+class MemoryLog:
+    """What Changelog uses of PartitionedLog, in memory."""
+
+    topic = "pending"
+    limits = None  # the topics' RecordLimits, as start-up sets them
+
+    def __init__(self):
+        self.records: dict[int, list] = {}
+        self.flushes = 0
+
+    def send(self, partition, key, value):
+        self.records.setdefault(partition, []).append((key, value))
+
+    def flush(self):
+        self.flushes += 1
+
+    def read(self, partition):
+        return list(self.records.get(partition, []))
 
 
 class Sent(list):
