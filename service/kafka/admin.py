@@ -178,13 +178,15 @@ def topic_configs(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, d
     }
 
 
-def record_limits(settings: KafkaSettings, topics: Iterable[str]) -> RecordLimits:
-    """The largest record each of ``topics`` accepts (:class:`RecordLimits`): their ``max.message.bytes``, Kafka's
-    default where a topic sets none."""
+def record_limits(
+    settings: KafkaSettings, topics: Iterable[str], default: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> RecordLimits:
+    """The largest record each of ``topics`` accepts (:class:`RecordLimits`): their ``max.message.bytes``, and
+    ``default`` where a topic sets none (the brokers' own ``message.max.bytes`` is not read: Kafka's default, or
+    what the operator's settings say the brokers take)."""
     configs = topic_configs(settings, topics)
     return RecordLimits(
-        {t: int(c["max.message.bytes"]) for t, c in configs.items() if "max.message.bytes" in c},
-        DEFAULT_MAX_MESSAGE_BYTES,
+        {t: int(c["max.message.bytes"]) for t, c in configs.items() if "max.message.bytes" in c}, default
     )
 
 

@@ -32,6 +32,7 @@ from uuid import uuid4
 
 from perceptron_stream.config import ServeSettings, invalid_setting
 from perceptron_stream.kafka import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     CompactedTopic,
     KafkaFatal,
     PartitionedLog,
@@ -169,7 +170,11 @@ class Startup:
             labels_ok, changelog = self._open_labels(s.label_topic)
             if not labels_ok:
                 return None
-        limits = until(lambda: record_limits(s, written_topics(s)), "read the topics' max.message.bytes")
+        # a topic that sets no max.message.bytes of its own takes the brokers' message.max.bytes, which the
+        # service cannot read: Kafka's default, or more where --max-message-bytes says the brokers take more
+        # (its description: keep it 1 KiB or more under the brokers' message.max.bytes)
+        default = max(DEFAULT_MAX_MESSAGE_BYTES, s.max_message_bytes + 1024)
+        limits = until(lambda: record_limits(s, written_topics(s), default), "read the topics' max.message.bytes")
         if limits is None:
             return None
         if changelog is not None:

@@ -96,6 +96,6 @@ def test_a_stop_whose_final_checkpoint_could_not_be_written_ends_in_an_error(tmp
         raise error
 
     store.save = fail
-    with pytest.raises(StartupError, match="could not write checkpoint 1|stopped without the final checkpoint"):
+    with pytest.raises(StartupError, match=r"could not write checkpoint 1|stopped without the final checkpoint"):
         checkpointer.final([task], Stream(), batch_open=False)
     assert task.unsaved == 7
