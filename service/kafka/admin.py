@@ -186,7 +186,9 @@ def record_limits(
     what the operator's settings say the brokers take)."""
     configs = topic_configs(settings, topics)
     return RecordLimits(
-        {t: int(c["max.message.bytes"]) for t, c in configs.items() if "max.message.bytes" in c}, default
+        {t: int(c["max.message.bytes"]) for t, c in configs.items() if "max.message.bytes" in c},
+        default,
+        keyed=[t for t, c in configs.items() if "compact" in c.get("cleanup.policy", "")],
     )
 
 

@@ -169,10 +169,16 @@ class RecordLimits:
     True
     >>> limits.too_large("out", None, b"v" * 99_873)
     'a record of 99873 bytes exceeds max.message.bytes=100000 of topic out (less 128 bytes of record overhead)'
+
+    A compacted topic (``keyed``) refuses a record without a key for good too (InvalidRecordError):
+
+    >>> RecordLimits({}, 1_048_588, keyed={"out"}).too_large("out", None, b"{}")
+    'topic out is compacted (cleanup.policy=compact): it refuses a record without a key'
     """
 
-    def __init__(self, max_message_bytes: Mapping[str, int], default: int):
+    def __init__(self, max_message_bytes: Mapping[str, int], default: int, keyed: Iterable[str] = ()):
         self.max_message_bytes, self.default = dict(max_message_bytes), default
+        self.keyed = frozenset(keyed)  # compacted topics: a record without a key is refused
         self._of = {t: m - RECORD_OVERHEAD_BYTES for t, m in self.max_message_bytes.items()}
         self._default = default - RECORD_OVERHEAD_BYTES
 
@@ -186,6 +192,8 @@ class RecordLimits:
 
     def too_large(self, topic: str, key: bytes | None, value: bytes) -> str | None:
         """Why ``topic`` would refuse the record for good (None: it fits)."""
+        if key is None and topic in self.keyed:
+            return f"topic {topic} is compacted (cleanup.policy=compact): it refuses a record without a key"
         size = len(value) + (len(key) if key is not None else 0)
         if size <= self._of.get(topic, self._default):
             return None

@@ -52,13 +52,15 @@ class Delivery:
         limits, send = self.limits, stream.send
         if limits is None:
             return send
-        of, too_large = limits.of, self._too_large
+        of, keyed, too_large = limits.of, limits.keyed, self._too_large
 
         def sized(topic: str, key: bytes | None, value: bytes) -> None:
-            if len(value) + (len(key) if key is not None else 0) > of(topic):
-                too_large(send, topic, key, value)
-            else:
-                send(topic, key, value)
+            if key is None:
+                if topic in keyed or len(value) > of(topic):
+                    return too_large(send, topic, key, value)
+            elif len(value) + len(key) > of(topic):
+                return too_large(send, topic, key, value)
+            send(topic, key, value)
 
         return sized
 

@@ -177,6 +177,12 @@ class Startup:
         limits = until(lambda: record_limits(s, written_topics(s), default), "read the topics' max.message.bytes")
         if limits is None:
             return None
+        if s.dlq_topic in limits.keyed:  # a dead letter of an input without a key has none: refused for good
+            raise StartupError(
+                f"dead-letter topic {s.dlq_topic} is compacted (cleanup.policy=compact): it would refuse the dead "
+                "letter of every input without a key; give it cleanup.policy=delete (kafka-configs.sh --alter "
+                f"--entity-type topics --entity-name {s.dlq_topic} --add-config cleanup.policy=delete)"
+            )
         if changelog is not None:
             changelog.limits = limits
         self.limits = limits

@@ -11,7 +11,15 @@ from perceptron_stream.kafka.contract import RECORD_OVERHEAD_BYTES
 from tests.support.endpoints import http_get
 from tests.support.labels import label_topics
 from tests.support.launch import settings_args, start_service_process
-from tests.support.service import OutputWatcher, has_traceback, label_offset, stop_process, store_args, tail
+from tests.support.service import (
+    OutputWatcher,
+    exit_code,
+    has_traceback,
+    label_offset,
+    stop_process,
+    store_args,
+    tail,
+)
 from tests.support.topics import consume, create_topic, produce, stable_offsets
 from tests.support.waiting import wait_until
 
@@ -61,11 +69,12 @@ def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_
 
 
 def _refused_outputs_run(apache_kafka, topics, tmp_path, client: str, guarantee: str):
-    """The service on Apache Kafka over an output topic that takes records of at most 100,000 bytes and a
-    dead-letter topic of at most 20,000: one valid point with a 200,000-character id, one input of 60,000 bytes
-    that is no JSON, then 50 valid points. Returns the process, its log, and the predictions and dead letters."""
+    """The service on Apache Kafka over a compacted output topic that takes records of at most 100,000 bytes and
+    a dead-letter topic of at most 20,000: one valid point with a 200,000-character id, one input of 60,000 bytes
+    that is no JSON, 50 valid points, then one valid point without a key (a compacted topic refuses a record
+    without one). Returns the process, its log, and the predictions and dead letters."""
     bootstrap = apache_kafka.bootstrap_servers
-    create_topic(bootstrap, topics["output_topic"], config={"max.message.bytes": "100000"})
+    create_topic(bootstrap, topics["output_topic"], config={"max.message.bytes": "100000", "cleanup.policy": "compact"})
     create_topic(bootstrap, topics["dlq_topic"], config={"max.message.bytes": "20000"})
     valid = [{"id": f"e-{i}", "x": [1.0, float(i % 3)], "y": 1 if i % 2 else -1} for i in range(51)]
     values = [
@@ -73,8 +82,10 @@ def _refused_outputs_run(apache_kafka, topics, tmp_path, client: str, guarantee:
         json.dumps({"id": "i" * 200_000, "x": [1.0, 2.0], "y": 1}).encode(),
         b"\x01" * 60_000,  # not JSON: its dead letter quotes its head, every byte escaped as \u0001
         *(json.dumps(e).encode() for e in valid[1:]),
+        json.dumps({"id": "keyless", "x": [1.0, 1.0], "y": 1}).encode(),
     ]
-    produce(bootstrap, topics["input_topic"], values)
+    keys = [b"e-0", b"big", b"bad", *(e["id"].encode() for e in valid[1:]), None]
+    produce(bootstrap, topics["input_topic"], values, keys=keys)
     exactly_once = guarantee == "exactly-once"
     args = settings_args(
         apache_kafka,
@@ -99,18 +110,19 @@ def test_an_output_larger_than_its_topic_allows_is_dead_lettered_and_the_service
     """An output topic with max.message.bytes=100000 and a valid point whose prediction would be 200 kB: the
     prediction is never sent (under exactly-once it would abort every retry of its transaction); an output_refused
     dead letter names the topic and its setting; the 50 events behind it are published and their offsets
-    committed. A dead letter too large for its own topic is cut to fit, keeping its reason and source."""
+    committed. A dead letter too large for its own topic is cut to fit, keeping its reason and source. The other
+    refusal for good an output can meet, a record without a key on a compacted topic, goes the same way."""
     process, log_path, outputs, letters, args = _refused_outputs_run(apache_kafka, topics, tmp_path, client, guarantee)
     try:
         wait_until(
-            lambda: (outputs.distinct() >= 51 and letters.distinct() >= 2) or process.poll() is not None,
+            lambda: (outputs.distinct() >= 51 and letters.distinct() >= 3) or process.poll() is not None,
             120,
-            what="51 predictions and 2 dead letters",
+            what="51 predictions and 3 dead letters",
         )
         assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
         settings = load(ServeSettings, args)
         wait_until(
-            lambda: stable_offsets(settings, topics["group_id"], topics["input_topic"]).get(0) == 53,
+            lambda: stable_offsets(settings, topics["group_id"], topics["input_topic"]).get(0) == 54,
             60,
             what="every offset committed",
         )
@@ -130,6 +142,10 @@ def test_an_output_larger_than_its_topic_allows_is_dead_lettered_and_the_service
     letter = json.loads(cut)
     assert letter["reason"] == "invalid_json" and letter["raw_truncated"] and letter["raw"].startswith("\x01")
     assert letter["source"] == {"topic": topics["input_topic"], "partition": 0, "offset": 2}
+    keyless = json.loads(lettered[53][0])
+    assert keyless["reason"] == "output_refused" and keyless["source"]["offset"] == 53
+    assert f"topic {topics['output_topic']} is compacted (cleanup.policy=compact)" in keyless["error"]
+    assert sorted(lettered) == [1, 2, 53]
     assert not has_traceback(log_path.read_text(errors="replace")), tail(log_path)
 
 
@@ -191,3 +207,13 @@ def test_a_point_near_the_size_limit_is_kept_in_a_pending_changelog_of_the_broke
     assert {json.loads(values[0])["id"] for values in joined.values()} == {"big", "small"}
     log = log_path.read_text(errors="replace")
     assert "do not answer" not in log and not has_traceback(log), tail(log_path)
+
+
+def test_a_compacted_dead_letter_topic_is_refused_at_start_up_naming_it(apache_kafka, topics, tmp_path):
+    """It would refuse the dead letter of every input without a key, for good: said before anything is read."""
+    create_topic(apache_kafka.bootstrap_servers, topics["dlq_topic"], config={"cleanup.policy": "compact"})
+    log_path = tmp_path / "serve.log"
+    assert exit_code(settings_args(apache_kafka, topics, tmp_path), log_path) == 1
+    log = log_path.read_text(errors="replace")
+    assert f"dead-letter topic {topics['dlq_topic']} is compacted (cleanup.policy=compact)" in log, tail(log_path)
+    assert "cleanup.policy=delete" in log and not has_traceback(log), tail(log_path)
