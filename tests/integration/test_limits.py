@@ -84,7 +84,7 @@ def _refused_outputs_run(apache_kafka, topics, tmp_path, client: str, guarantee:
         *(json.dumps(e).encode() for e in valid[1:]),
         json.dumps({"id": "keyless", "x": [1.0, 1.0], "y": 1}).encode(),
     ]
-    keys = [b"e-0", b"big", b"bad", *(e["id"].encode() for e in valid[1:]), None]
+    keys = [b"e-0", b"big", b"bad", *(f"e-{i}".encode() for i in range(1, 51)), None]
     produce(bootstrap, topics["input_topic"], values, keys=keys)
     exactly_once = guarantee == "exactly-once"
     args = settings_args(

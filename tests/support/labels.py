@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from perceptron_stream.kafka.contract import Record
+from perceptron_stream.kafka.contract import Record, RecordLimits
 from perceptron_stream.learning import make_learner
 from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.pipeline.labels import Joiner
@@ -66,7 +66,7 @@ class MemoryLog:
     """What Changelog uses of PartitionedLog, in memory."""
 
     topic = "pending"
-    limits = None  # the topics' RecordLimits, as start-up sets them
+    limits: RecordLimits | None = None  # the topics' RecordLimits, as start-up sets them
 
     def __init__(self):
         self.records: dict[int, list] = {}
