@@ -184,18 +184,21 @@ def test_a_point_near_the_size_limit_is_kept_in_a_pending_changelog_of_the_broke
     try:
         wait_until(lambda: predictions.distinct() >= 2 or process.poll() is not None, 120, what="both predicted")
         assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
+        settings = load(ServeSettings, args)
+        # checkpointed (and committed) with the big point pending: its change in the changelog
+        wait_until(
+            lambda: stable_offsets(settings, topics["group_id"], names["input_topic"]).get(0) == 2,
+            60,
+            what="the points' offsets committed",
+        )
         labels = [{"id": "big", "y": 1}, {"id": "small", "y": -1}]
         produce(bootstrap, names["label_topic"], labels, keys=[b"big", b"small"])
         wait_until(lambda: outcomes.distinct() >= 2 or process.poll() is not None, 120, what="both labels joined")
         assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
-        settings = load(ServeSettings, args)
         wait_until(
-            lambda: (
-                stable_offsets(settings, topics["group_id"], names["input_topic"]).get(0) == 2
-                and stable_offsets(settings, topics["group_id"], names["label_topic"]).get(0) == 2
-            ),
+            lambda: stable_offsets(settings, topics["group_id"], names["label_topic"]).get(0) == 2,
             60,
-            what="both topics' offsets committed",
+            what="the labels' offsets committed",
         )
         assert stop_process(process, log_path) == 0, tail(log_path)
     finally:
