@@ -220,3 +220,32 @@ def test_a_compacted_dead_letter_topic_is_refused_at_start_up_naming_it(apache_k
     log = log_path.read_text(errors="replace")
     assert f"dead-letter topic {topics['dlq_topic']} is compacted (cleanup.policy=compact)" in log, tail(log_path)
     assert "cleanup.policy=delete" in log and not has_traceback(log), tail(log_path)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_checkpoint_larger_than_its_topic_allows_stops_the_service_naming_the_topic_and_setting(
+    client, guarantee, apache_kafka, topics, tmp_path
+):
+    """A write that can never succeed: before, retried every few seconds as "the brokers do not answer" while
+    nothing was committed (at-least-once), or a transaction aborted again on each restart (exactly-once)."""
+    bootstrap = apache_kafka.bootstrap_servers
+    store = store_args("kafka", topics)
+    create_topic(
+        bootstrap, store["checkpoint_topic"], config={"cleanup.policy": "compact", "max.message.bytes": "4000"}
+    )
+    produce(bootstrap, topics["input_topic"], [{"features": {f"f{i}": 1.0 for i in range(300)}, "y": 1}] * 5)
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        kafka_client=client,
+        processing_guarantee=guarantee,
+        **({"commit_interval_ms": 100} if guarantee == "exactly-once" else {}),
+        **store,
+    )
+    log_path = tmp_path / "serve.log"
+    assert exit_code(args, log_path) == 1, tail(log_path)
+    log = log_path.read_text(errors="replace")
+    assert f"exceeds max.message.bytes=4000 of topic {store['checkpoint_topic']}" in log, tail(log_path)
+    assert "do not answer" not in log and not has_traceback(log), tail(log_path)
