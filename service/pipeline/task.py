@@ -24,7 +24,15 @@ from operator import attrgetter
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
 from perceptron_stream.wire.inputs import Decoded
 from perceptron_stream.wire.messages import Event, Rejection
-from perceptron_stream.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, predictions, publishable
+from perceptron_stream.wire.outputs import (
+    ID_MAX,
+    ID_MIN,
+    dead_letter_record,
+    dead_letter_value,
+    prediction,
+    predictions,
+    publishable,
+)
 
 log = logging.getLogger("perceptron_stream")
 _KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
@@ -440,16 +448,15 @@ class Task:
         for r, why in refused:
             error = f"this event's prediction was published, but {why}: its label will not be joined"
             log.error("%s (input at %s[%d] offset %d)", error, r.topic, r.partition, r.offset)
-            key, value = dead_letter_record(
+            value = dead_letter_value(  # no key, no raw: as every output_refused letter (the input is at source)
                 Rejection("output_refused", error),
                 None,
-                r.key,
                 r.topic,
                 r.partition,
                 r.offset,
-                self.outputs["max_message_bytes"],
+                max_bytes=self.outputs["max_message_bytes"],
             )
-            send(self.outputs["dlq_topic"], key, value)
+            send(self.outputs["dlq_topic"], None, value)
             tally.rejected.append("output_refused")
 
     def _tell_unknown(self, learner, x) -> None:
