@@ -249,7 +249,11 @@ class Application:
                 try:
                     self._process(batches)
                 except DeliveryError:  # raised only once stopping: no final checkpoint (_final_checkpoint)
-                    return 0
+                    # a stop with work left undone is no clean exit: the orchestrator is told
+                    raise StartupError(
+                        "stopped while the brokers had not acknowledged the batch's outputs: no final checkpoint; "
+                        "the next start reads the batch again from the last committed offsets"
+                    ) from None
                 except (Aborted, Fenced) as exc:  # exactly-once: the open transaction is over, nothing of it visible
                     raise self.checkpointer.transaction_lost(exc) from None
             self._pace_labels(stream)

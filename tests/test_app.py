@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from perceptron_stream.app import Application, StartupError
 from perceptron_stream.config import ServeSettings, load
-from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
+from perceptron_stream.kafka import DeliveryError, KafkaFatal, KafkaUnavailable, Record
 from perceptron_stream.kafka.errors import service_error
 from perceptron_stream.runtime.retry import Retry
 
@@ -188,3 +188,39 @@ def test_a_checkpoint_from_before_the_bounds_gets_todays_cap(tmp_path):
     assert (sorted(app.learner.weights), app.learner.dropped_features) == (["a", "b", "c"], 1)
     with pytest.raises(StartupError, match="hash_features was 0, now 2"):
         _restore(_app_on(tmp_path, "--max-model-features", "2", "--hash-features", "2"))
+
+
+class AwayStream(DeniedStream):
+    """A stream that hands over one batch, then whose brokers never acknowledge its outputs, until a stop."""
+
+    def __init__(self, app):
+        super().__init__("")
+        self.app, self.handed = app, False
+
+    def poll(self, timeout_ms, max_records):
+        if self.handed:
+            return []
+        self.handed = True
+        return [[Record("points", 0, 0, None, b'{"x": [1.0, 2.0], "y": 1}', 0)]]
+
+    def send(self, topic, key, value):
+        pass
+
+    def flush(self, timeout_s):
+        self.app.stop()  # SIGTERM while the brokers are away
+        raise DeliveryError("1 message not acknowledged")
+
+    def pause(self, partitions):
+        pass
+
+    def resume(self, partitions):
+        pass
+
+
+def test_a_stop_while_the_brokers_never_acknowledged_the_batch_exits_with_an_error(app):
+    """Work left undone (a batch learned and published, its outputs unacknowledged, no checkpoint): exit 0 would
+    tell the orchestrator all was well."""
+    app.stream = app.assignments.stream = AwayStream(app)
+    app.assignments.guard.passed = True
+    with pytest.raises(StartupError, match="stopped while the brokers had not acknowledged the batch's outputs"):
+        app._loop()  # noqa: SLF001 — the loop alone, on a stream with no broker behind it
