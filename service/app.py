@@ -100,6 +100,7 @@ class Application:
         self.factory = TaskFactory(s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board)
         self.restorer = Restorer(s, self.store, self.retry, initial=self.factory.initial)
         self.checkpointer = Checkpointer(s, self.store, self.metrics, self.health, self.retry, opened.state_topics)
+        self.checkpointer.limits = self.delivery.limits = opened.limits  # each output measured before it is sent
         self.assignments = Assignments(
             s,
             self.tasks,
@@ -248,7 +249,11 @@ class Application:
                 try:
                     self._process(batches)
                 except DeliveryError:  # raised only once stopping: no final checkpoint (_final_checkpoint)
-                    return 0
+                    # a stop with work left undone is no clean exit: the orchestrator is told
+                    raise StartupError(
+                        "stopped while the brokers had not acknowledged the batch's outputs: no final checkpoint; "
+                        "the next start reads the batch again from the last committed offsets"
+                    ) from None
                 except (Aborted, Fenced) as exc:  # exactly-once: the open transaction is over, nothing of it visible
                     raise self.checkpointer.transaction_lost(exc) from None
             self._pace_labels(stream)
@@ -270,7 +275,7 @@ class Application:
     def _process(self, batches) -> None:
         started = time.perf_counter()
         assert self.stream is not None  # start-up opened it before the loop runs
-        tally, send = Tally(), self.stream.send
+        tally, send = Tally(), self.delivery.sender(self.stream)
         if (
             self.checkpointer.exactly_once
         ):  # the batch's outputs go in the open transaction (the checkpointer commits it)

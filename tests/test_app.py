@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from perceptron_stream.app import Application, StartupError
 from perceptron_stream.config import ConfigError, ServeSettings, load
-from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
+from perceptron_stream.kafka import DeliveryError, KafkaFatal, KafkaUnavailable, Record
 from perceptron_stream.kafka.errors import service_error
 from perceptron_stream.runtime.retry import Retry
 
@@ -212,3 +212,39 @@ def test_one_key_policy_per_group_is_a_setting_and_start_over_signs_a_new_model(
     over.store.key = key.encode()
     assert not _restore(over)  # a new model...
     assert over.tasks.group.seq == 7 and over.tasks.group.started_over  # ...whose next checkpoint is number 8
+
+
+class AwayStream(DeniedStream):
+    """A stream that hands over one batch, then whose brokers never acknowledge its outputs, until a stop."""
+
+    def __init__(self, app):
+        super().__init__("")
+        self.app, self.handed = app, False
+
+    def poll(self, timeout_ms, max_records):
+        if self.handed:
+            return []
+        self.handed = True
+        return [[Record("points", 0, 0, None, b'{"x": [1.0, 2.0], "y": 1}', 0)]]
+
+    def send(self, topic, key, value):
+        pass
+
+    def flush(self, timeout_s):
+        self.app.stop()  # SIGTERM while the brokers are away
+        raise DeliveryError("1 message not acknowledged")
+
+    def pause(self, partitions):
+        pass
+
+    def resume(self, partitions):
+        pass
+
+
+def test_a_stop_while_the_brokers_never_acknowledged_the_batch_exits_with_an_error(app):
+    """Work left undone (a batch learned and published, its outputs unacknowledged, no checkpoint): exit 0 would
+    tell the orchestrator all was well."""
+    app.stream = app.assignments.stream = AwayStream(app)
+    app.assignments.guard.passed = True
+    with pytest.raises(StartupError, match="stopped while the brokers had not acknowledged the batch's outputs"):
+        app._loop()  # noqa: SLF001 — the loop alone, on a stream with no broker behind it

@@ -37,6 +37,7 @@ from perceptron_stream.kafka.admin import (
     group_members,
     log_ranges,
     partition_counts,
+    record_limits,
     topic_configs,
     topic_ids,
 )
@@ -53,10 +54,13 @@ from perceptron_stream.kafka.contract import (
     KafkaUnavailable,
     MissingTopicError,
     Record,
+    RecordLimits,
+    RecordTooLarge,
     Refused,
     Stream,
     TopicSpec,
     first_offsets,
+    refuse_too_large,
 )
 from perceptron_stream.kafka.kafka_python import CountingProducer, KafkaIO
 from perceptron_stream.kafka.kp_mends import close_producer, require_mends
@@ -79,6 +83,8 @@ __all__ = [
     "MissingTopicError",
     "PartitionedLog",
     "Record",
+    "RecordLimits",
+    "RecordTooLarge",
     "Refused",
     "Stream",
     "TopicSpec",
@@ -94,6 +100,8 @@ __all__ = [
     "make_producer",
     "open_stream",
     "partition_counts",
+    "record_limits",
+    "refuse_too_large",
     "require_codecs",
     "require_mends",
     "topic_configs",
@@ -116,6 +124,7 @@ def open_stream(
     transactional_id: str | None = None,
     on_lost: Callable | None = None,
     client_id: str = "perceptron-stream",
+    batch_bytes: int | None = None,
 ) -> Stream:
     """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
 
@@ -136,6 +145,10 @@ def open_stream(
 
     ``client_id``: what the group's members see of this one (DescribeGroups):
     the service says its model's policy there (runtime.partitions.OnePolicy).
+
+    ``batch_bytes``: the largest record batch the producer builds (the smallest record limit among the topics it
+    writes, :class:`RecordLimits`): librdkafka does not split a batch the brokers refuse as too large, so a topic
+    with a small ``max.message.bytes`` would refuse whole batches of small records.
     """
     options = dict(
         group_id=group_id,
@@ -147,6 +160,7 @@ def open_stream(
         max_poll_records=max_poll_records,
         fetch_max_wait_ms=fetch_max_wait_ms,
         client_id=client_id,
+        batch_bytes=batch_bytes,
     )
     if transactional_id is not None:  # the at-least-once stream is built exactly as before
         options["transactional_id"] = transactional_id

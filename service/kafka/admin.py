@@ -13,7 +13,7 @@ from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.backoff import Backoff
-from perceptron_stream.kafka.contract import MissingTopicError, TopicSpec
+from perceptron_stream.kafka.contract import MissingTopicError, RecordLimits, TopicSpec
 from perceptron_stream.kafka.errors import FATAL_ERRORS, translated
 from perceptron_stream.kafka.kp_mends import AdminClient, close_consumer
 from perceptron_stream.kafka.kp_options import READ_FETCH_MAX_WAIT_MS, kafka_python_options
@@ -200,6 +200,20 @@ def topic_configs(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, d
         }
         for t in topics
     }
+
+
+def record_limits(
+    settings: KafkaSettings, topics: Iterable[str], default: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> RecordLimits:
+    """The largest record each of ``topics`` accepts (:class:`RecordLimits`): their ``max.message.bytes``, and
+    ``default`` where a topic sets none (the brokers' own ``message.max.bytes`` is not read: Kafka's default, or
+    what the operator's settings say the brokers take)."""
+    configs = topic_configs(settings, topics)
+    return RecordLimits(
+        {t: int(c["max.message.bytes"]) for t, c in configs.items() if "max.message.bytes" in c},
+        default,
+        keyed=[t for t, c in configs.items() if "compact" in c.get("cleanup.policy", "")],
+    )
 
 
 @translated

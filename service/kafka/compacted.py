@@ -27,6 +27,7 @@ import time
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka.contract import RecordLimits, refuse_too_large
 from perceptron_stream.kafka.errors import service_error, translated
 from perceptron_stream.kafka.kp_mends import close_consumer, close_producer
 from perceptron_stream.kafka.kp_options import (
@@ -68,13 +69,15 @@ class CompactedTopic:
     """A compacted topic used as a small key → value store (the Kafka checkpoint store)."""
 
     @translated
-    def __init__(self, settings: KafkaSettings, topic: str):
-        self.settings, self.topic = settings, topic
+    def __init__(self, settings: KafkaSettings, topic: str, limits: RecordLimits | None = None):
+        self.settings, self.topic, self.limits = settings, topic, limits
         self.producer = make_producer(settings, linger_ms=0, max_request_size=16 * 1024 * 1024, **NO_AUTO_CREATE)
 
     @translated
     def put(self, key: bytes, value: bytes, timeout_s: float = 10.0) -> None:
-        """Write and wait for the broker's acknowledgement."""
+        """Write and wait for the broker's acknowledgement (RecordTooLarge, before sending, for a record the topic
+        would refuse for good)."""
+        refuse_too_large(self.limits, self.topic, key, value)
         self.producer.send(self.topic, key=key, value=value).get(timeout=timeout_s)
 
     @translated
@@ -179,11 +182,13 @@ class PartitionedLog:
     @translated
     def __init__(self, settings: KafkaSettings, topic: str):
         self.settings, self.topic = settings, topic
+        self.limits: RecordLimits | None = None  # set once start-up read them
         self.producer = make_producer(settings, linger_ms=50, max_request_size=4 * 1024 * 1024, **NO_AUTO_CREATE)
         self._futures: list = []
 
     @translated
     def send(self, partition: int, key: bytes, value: bytes) -> None:
+        refuse_too_large(self.limits, self.topic, key, value)
         self._futures.append(self.producer.send(self.topic, key=key, value=value, partition=partition))
 
     @translated

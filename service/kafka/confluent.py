@@ -196,6 +196,7 @@ class ConfluentIO:
         group_protocol: str = "classic",
         transactional_id: str | None = None,
         on_lost: Callable | None = None,
+        batch_bytes: int | None = None,
     ):
         self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
         self.settings, self.group_id, self.topics = settings, group_id, topics
@@ -217,6 +218,8 @@ class ConfluentIO:
         )
         self.incremental = group_protocol == "consumer"
         self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
+        if batch_bytes is not None:  # librdkafka's default is 1,000,000; it never splits a batch refused as too large
+            self._producer_config["batch.size"] = max(1, min(1_000_000, batch_bytes))
         self.transactional_id, self.in_transaction = transactional_id, False
         if transactional_id is not None:
             # the coordinator aborts a transaction left open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks

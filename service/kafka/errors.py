@@ -233,7 +233,9 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
 
     The one classification of the clients' errors (confluent.py maps
     librdkafka's to kafka-python's classes first): fatal (FATAL_ERRORS: a
-    setting or a permission must change), or unavailable (wait and retry).
+    setting or a permission must change; REFUSED_ERRORS: a record its topic
+    will never take, where a caller met it as an error rather than as a
+    refused delivery), or unavailable (wait and retry).
     """
     if exc is None or isinstance(exc, (KafkaFatal, KafkaUnavailable)) or not isinstance(exc, KafkaError):
         return exc
@@ -244,6 +246,12 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     text = text.rstrip(":")  # kafka-python ends some with one: "FindCoordinatorResponse error for GROUP/g1:"
     if isinstance(exc, FATAL_ERRORS):
         return KafkaFatal(text, _hint(exc, settings))
+    if isinstance(exc, REFUSED_ERRORS):  # a write of one record that no retry can get through: never "no answer"
+        return KafkaFatal(
+            text,
+            "the brokers refuse the record for good: larger than its topic's max.message.bytes (raise it), or "
+            "without a key on a compacted topic",
+        )
     return KafkaUnavailable(  # a connection refused or lost is no answer either: the brokers away, as a timeout says
         text,
         timed_out=isinstance(exc, (kerrors.KafkaTimeoutError, kerrors.KafkaConnectionError)),

@@ -137,8 +137,10 @@ class KafkaIO:
         client_id: str = "perceptron-stream",
         transactional_id: str | None = None,
         on_lost: Callable | None = None,
+        batch_bytes: int | None = None,
     ):
         self.settings = settings
+        self.batch_bytes = batch_bytes
         self.group_id = group_id
         self.transactional_id = transactional_id
         self.in_transaction = False
@@ -177,8 +179,11 @@ class KafkaIO:
         self._refused = False  # the producer refused a send: the rest wait for the flush to send them again
 
     def _new_producer(self) -> KafkaProducer:
+        # a batch within the smallest topic's limit (kafka-python splits one the brokers refuse as too large, but
+        # an idempotent producer logs each refusal as fatal first)
+        sized = {} if self.batch_bytes is None else {"batch_size": max(1, min(256 * 1024, self.batch_bytes))}
         if self.transactional_id is None:
-            return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS)
+            return make_producer(self.settings, linger_ms=LINGER_UNTIL_FLUSH_MS, **sized)
         # idempotent (kafka-python turns it on with a transactional id); the coordinator aborts a transaction left
         # open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks read_committed readers about that long: contract.py)
         producer = make_producer(
@@ -187,6 +192,7 @@ class KafkaIO:
             transactional_id=self.transactional_id,
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             retry_backoff_ms=TRANSACTIONAL_RETRY_BACKOFF_MS,
+            **sized,
         )
         try:
             producer.init_transactions()  # aborts what an earlier producer of this id left open, fences it

@@ -24,7 +24,15 @@ from operator import attrgetter
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
 from perceptron_stream.wire.inputs import Decoded
 from perceptron_stream.wire.messages import Event, Rejection
-from perceptron_stream.wire.outputs import ID_MAX, ID_MIN, dead_letter_record, prediction, predictions, publishable
+from perceptron_stream.wire.outputs import (
+    ID_MAX,
+    ID_MIN,
+    dead_letter_record,
+    dead_letter_value,
+    prediction,
+    predictions,
+    publishable,
+)
 
 log = logging.getLogger("perceptron_stream")
 _KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
@@ -223,6 +231,8 @@ class Task:
             if not self._many(run, records, decoded, send, tally):
                 self._each(run, records, _events(decoded, len(records)), send, tally)
             run.end(records)
+            if self.joiner is not None and self.joiner.refused:
+                self._refused_points(send, tally)
             if self.joiner is not None and records:
                 self.joiner.saw_point(records[0].partition, records[-1].timestamp)
         run.drift()
@@ -236,6 +246,8 @@ class Task:
             decode = self.decoder.decode
             self._each(run, records, [decode(r.value, r.key) for r in records], send, tally)
             run.end(records)
+            if self.joiner is not None and self.joiner.refused:
+                self._refused_points(send, tally)
             if self.joiner is not None and records:
                 self.joiner.saw_point(records[0].partition, records[-1].timestamp)
         run.drift()
@@ -428,6 +440,24 @@ class Task:
             if early is not None:  # its label came first: its join (learned with the span) published now
                 joiner.publish_early(r, *early, next(joined), {}, send, tally, replica)
         self.positions[(topic, partition)] = offsets[-1] + 1
+
+    def _refused_points(self, send, tally: Tally) -> None:
+        """The batch's points too large for the pending changelog (the joiner kept none of them): each an
+        ``output_refused`` dead letter, after its prediction; its label, when it comes, finds no point."""
+        refused, self.joiner.refused = self.joiner.refused, []
+        for r, why in refused:
+            error = f"this event's prediction was published, but {why}: its label will not be joined"
+            log.error("%s (input at %s[%d] offset %d)", error, r.topic, r.partition, r.offset)
+            value = dead_letter_value(  # no key, no raw: as every output_refused letter (the input is at source)
+                Rejection("output_refused", error),
+                None,
+                r.topic,
+                r.partition,
+                r.offset,
+                max_bytes=self.outputs["max_message_bytes"],
+            )
+            send(self.outputs["dlq_topic"], None, value)
+            tally.rejected.append("output_refused")
 
     def _tell_unknown(self, learner, x) -> None:
         """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model

@@ -42,7 +42,15 @@ import logging
 import os
 import time
 
-from perceptron_stream.kafka import Aborted, Fenced, KafkaFatal, KafkaUnavailable
+from perceptron_stream.kafka import (
+    Aborted,
+    Fenced,
+    KafkaFatal,
+    KafkaUnavailable,
+    RecordLimits,
+    RecordTooLarge,
+    refuse_too_large,
+)
 from perceptron_stream.runtime.retry import Backoff, StartupError, fatal
 from perceptron_stream.state.kafka_store import CheckpointTooLargeError
 
@@ -69,6 +77,7 @@ class Checkpointer:
         self.transaction_failed = False  # exactly-once: a transaction failed, the service is stopping
         self.transactions = 0  # exactly-once: transactions that sent something, this run
         self._abort_at = int(os.environ.get(ABORT_TRANSACTION_ENV, 0))  # test-only fault injection (0: none)
+        self.limits: RecordLimits | None = None  # the topics' record limits, once start-up read them
 
     def acknowledged(self, tasks) -> None:
         """A batch's outputs were acknowledged: without a store, its positions may be committed now."""
@@ -106,6 +115,13 @@ class Checkpointer:
                 self._abort(stream)
         else:
             self.maybe(tasks, stream, final=True)
+            unsaved = [task.name for task in tasks if task.unsaved]
+            if unsaved and self.store is not None and not self.exactly_once:
+                # the final checkpoint could not be written: the stop leaves work undone, which exit 0 would hide
+                raise StartupError(
+                    f"stopped without the final checkpoint of {', '.join(unsaved)} (see the error above): the "
+                    "next start learns and publishes again what came after the last checkpoint"
+                )
 
     def _due(self, tasks, final: bool) -> bool:
         unsaved = sum(task.unsaved for task in tasks)
@@ -215,7 +231,9 @@ class Checkpointer:
         try:
             for task, cp in checkpoints:
                 task.before_save(cp, stream)  # the pending changelog's records of the span
-                stream.send(*self.store.record(cp))
+                topic, key, value = self.store.record(cp)
+                refuse_too_large(self.limits, topic, key, value)  # it would fail the transaction at its commit
+                stream.send(topic, key, value)
             self.transactions += 1
             if self.transactions == self._abort_at:
                 self._inject_abort(stream)
@@ -225,6 +243,10 @@ class Checkpointer:
         except CheckpointTooLargeError as exc:
             self._abort(stream)
             raise StartupError(str(exc)) from None
+        except RecordTooLarge as exc:  # a checkpoint or changelog record its topic would refuse for good
+            self.transaction_failed = True
+            self._abort(stream)
+            raise fatal(exc, "write the span's checkpoint") from None
         except (KafkaFatal, KafkaUnavailable) as exc:  # Fenced, Aborted, or another reason it ended unknown
             raise self.transaction_lost(exc) from None
         if refused:  # only the checkpoint records were sent since the batch's flush

@@ -8,6 +8,16 @@ checkpointed nor committed). An output the brokers refuse for good becomes a
 dead letter (:mod:`perceptron_stream.wire.outputs`, the one builder) instead of stopping
 the service for one event.
 
+Most such outputs are never sent: :meth:`Delivery.sender` measures each
+output against its topic's ``max.message.bytes`` (:class:`~perceptron_stream.kafka.RecordLimits`,
+read at start-up) before the stream sees it, and puts an ``output_refused``
+dead letter in place of one too large (a dead letter too large for its own
+topic is cut to fit, keeping its source and reason). That is what keeps a
+too-large output from stopping the service under exactly-once: a refused
+record would fail the whole transaction, and every retry of its span would
+meet it again; measured first, it never joins the transaction, and every
+other event's outputs stay in it exactly once.
+
 Under exactly-once the batch's outputs are in the open transaction: a flush
 that fails aborts it (:class:`~perceptron_stream.kafka.Aborted`, or
 :class:`~perceptron_stream.kafka.Fenced`), raised as it is for the checkpointer to stop
@@ -20,10 +30,10 @@ import logging
 from collections.abc import Callable
 
 import orjson
-from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, Refused
+from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, RecordLimits, Refused
 from perceptron_stream.runtime.retry import StartupError, fatal
 from perceptron_stream.wire.messages import Rejection
-from perceptron_stream.wire.outputs import dead_letter_value
+from perceptron_stream.wire.outputs import dead_letter_value, refit_dead_letter
 
 log = logging.getLogger("perceptron_stream")
 
@@ -34,6 +44,55 @@ FLUSH_WAIT_S = 10.0
 class Delivery:
     def __init__(self, settings, health, metrics, stopping: Callable[[], bool]):
         self.settings, self.health, self.metrics, self.stopping = settings, health, metrics, stopping
+        self.limits: RecordLimits | None = None  # the topics' record limits, once start-up read them
+
+    def sender(self, stream) -> Callable[[str, bytes | None, bytes], None]:
+        """``stream.send`` for the loop's outputs, each measured against its topic's limit first: one too large
+        is replaced by a dead letter (:meth:`_too_large`) and never sent."""
+        limits, send = self.limits, stream.send
+        if limits is None:
+            return send
+        of, keyed, too_large = limits.of, limits.keyed, self._too_large
+
+        def sized(topic: str, key: bytes | None, value: bytes) -> None:
+            if key is None:
+                if topic in keyed or len(value) > of(topic):
+                    return too_large(send, topic, key, value)
+            elif len(value) + len(key) > of(topic):
+                return too_large(send, topic, key, value)
+            send(topic, key, value)
+
+        return sized
+
+    def _too_large(self, send, topic: str, key: bytes | None, value: bytes) -> None:
+        """An output its topic would refuse for good: a mix record is left out, a dead letter cut to fit, any
+        other output replaced by an ``output_refused`` dead letter naming the topic and its setting."""
+        s, limits = self.settings, self.limits
+        assert limits is not None
+        why = limits.too_large(topic, key, value)
+        if topic == s.mix_topic:
+            log.error("a mix record was not published: %s; the replica mixed without publishing it", why)
+            self.metrics.mix_rejected.labels("refused").inc()
+            return
+        if topic == s.dlq_topic:
+            key, value = refit_dead_letter(key, value, limits.of(topic))
+            log.warning("a dead letter was cut to fit: %s", why)
+            send(topic, key, value)
+            return
+        doc = orjson.loads(value)
+        source = doc.get("label_source") or doc["source"]  # an outcome's input is its label
+        error = f"this event's output could not be published: {why}; the input is at source"
+        log.error("%s at %s", error, source)
+        letter = dead_letter_value(
+            Rejection("output_refused", error),
+            None,
+            source["topic"],
+            source["partition"],
+            source["offset"],
+            max_bytes=min(s.max_message_bytes, limits.of(s.dlq_topic)),
+        )
+        send(s.dlq_topic, None, letter)
+        self.metrics.rejected.labels("output_refused").inc()
 
     def flush(self, stream) -> None:
         """Wait for every acknowledgement, however long the brokers are away (DeliveryError once stopping)."""
@@ -84,7 +143,9 @@ class Delivery:
                     source["topic"],
                     source["partition"],
                     source["offset"],
-                    max_bytes=s.max_message_bytes,
+                    max_bytes=s.max_message_bytes
+                    if self.limits is None
+                    else min(s.max_message_bytes, self.limits.of(s.dlq_topic)),
                 ),
             )
             self.metrics.rejected.labels("output_refused").inc()

@@ -34,15 +34,18 @@ from uuid import uuid4
 
 from perceptron_stream.config import ServeSettings, invalid_setting
 from perceptron_stream.kafka import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     CompactedTopic,
     KafkaFatal,
     PartitionedLog,
+    RecordLimits,
     TopicSpec,
     TopicTail,
     cluster_identity,
     ensure_topics,
     open_stream,
     partition_counts,
+    record_limits,
     require_codecs,
     require_mends,
 )
@@ -82,6 +85,7 @@ class Opened:
     board: MixBoard | None = None  # every partition's latest mixing state (--mix-every)
     mix_feed: MixFeed | None = None  # the mix topic's new records into the board
     state_topics: StateTopics | None = None  # the checkpoint, changelog and mix topics, checked while running
+    limits: RecordLimits | None = None  # the largest record each topic the service writes accepts
 
 
 #: The cluster id the embedded broker (Tansu, ``perceptron-stream broker``) reports: Apache Kafka's are random
@@ -101,6 +105,18 @@ def refuse_exactly_once_on(s: ServeSettings, cluster_id: str | None) -> None:
             "records and it does not fence a zombie by its group generation; use Apache Kafka, or "
             "--processing-guarantee at-least-once",
         )
+
+
+def written_topics(s: ServeSettings) -> list[str]:
+    """Every topic the service writes, for their record limits (:class:`~perceptron_stream.kafka.RecordLimits`)."""
+    topics = [s.output_topic, s.dlq_topic]
+    if s.label_topic is not None:
+        topics += [s.outcome_topic] + ([s.pending_topic] if s.state_store == "kafka" else [])
+    if s.state_store == "kafka":
+        topics.append(s.checkpoint_topic)
+    if s.model_scope == "partition" and s.mix_every:
+        topics.append(s.mix_topic)
+    return topics
 
 
 def transactional_id(s: ServeSettings) -> str | None:
@@ -127,6 +143,7 @@ class Startup:
             stopping,
             resources,
         )
+        self.limits: RecordLimits | None = None  # read by open(), for the stream and the stores
 
     def open(self) -> Opened | None:
         """Codecs, topics, labels' topics and changelog, cluster identity, store, mixing; None when stopped meanwhile."""
@@ -157,6 +174,22 @@ class Startup:
             labels_ok, changelog = self._open_labels(s.label_topic)
             if not labels_ok:
                 return None
+        # a topic that sets no max.message.bytes of its own takes the brokers' message.max.bytes, which the
+        # service cannot read: Kafka's default, or more where --max-message-bytes says the brokers take more
+        # (its description: keep it 1 KiB or more under the brokers' message.max.bytes)
+        default = max(DEFAULT_MAX_MESSAGE_BYTES, s.max_message_bytes + 1024)
+        limits = until(lambda: record_limits(s, written_topics(s), default), "read the topics' max.message.bytes")
+        if limits is None:
+            return None
+        if s.dlq_topic in limits.keyed:  # a dead letter of an input without a key has none: refused for good
+            raise StartupError(
+                f"dead-letter topic {s.dlq_topic} is compacted (cleanup.policy=compact): it would refuse the dead "
+                "letter of every input without a key; give it cleanup.policy=delete (kafka-configs.sh --alter "
+                f"--entity-type topics --entity-name {s.dlq_topic} --add-config cleanup.policy=delete)"
+            )
+        if changelog is not None:
+            changelog.limits = limits
+        self.limits = limits
         owner = Owner(s.group_id, s.input_topic)
         watch = StateTopics(s, self.retry)
         if s.state_store != "none" or state_topics(s):
@@ -175,7 +208,7 @@ class Startup:
         board = mix_feed = None
         if s.model_scope == "partition" and s.mix_every:
             board, mix_feed = self._open_mixing(owner)
-        return Opened(owner, store, changelog, board, mix_feed, watch)
+        return Opened(owner, store, changelog, board, mix_feed, watch, limits)
 
     def open_stream(self, on_assigned, on_revoked, on_lost):
         """The poll loop's consumer and producer, the rebalance callbacks given (closed by the caller, after its
@@ -198,6 +231,7 @@ class Startup:
                 group_protocol=s.group_protocol,
                 transactional_id=tx_id,
                 client_id=policy_client_id(s),
+                batch_bytes=None if self.limits is None else self.limits.smallest(),
             ),
             "connect the consumer and producer",
         )
@@ -210,7 +244,8 @@ class Startup:
             store = LocalStore(s.state_dir, s.group_id)
         elif s.state_store == "kafka":
             store = self.retry.until_it_works(
-                lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic), s.group_id), "connect to the checkpoint topic"
+                lambda: KafkaStore(CompactedTopic(s, s.checkpoint_topic, self.limits), s.group_id),
+                "connect to the checkpoint topic",
             )
         if store is not None:
             self.resources.callback(store.close)

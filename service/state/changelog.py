@@ -18,6 +18,14 @@ read back, and the restore is the last committed checkpoint's table with
 nothing to undo. The undo stays for what exactly-once cannot vouch for (records
 an at-least-once run of the same group wrote before); its repairs then go
 into the task's next transaction (``in_transactions``), never around it.
+
+A change's stored point is written as the JSON it is (``orjson.Fragment``),
+not as a JSON string of it: escaped again inside a string every quote and
+backslash of a point doubled, and a point of 978,916 bytes became a record of
+1,879,113, beyond the topic's 1 MiB. A point whose record would still exceed
+the topic's ``max.message.bytes`` is never kept (:meth:`Changelog.room`, the
+joiner's check): its event is dead-lettered ``output_refused`` instead.
+Records written before read back as they are (a point as a JSON string).
 """
 
 from __future__ import annotations
@@ -26,12 +34,26 @@ import logging
 import math
 
 import orjson
+from perceptron_stream.kafka.contract import refuse_too_large
 from perceptron_stream.state.pending import PendingTable
 
 log = logging.getLogger("perceptron_stream")
 
 #: The run tag of a change written at a restore to undo a crashed run's later one.
 REPAIR = "repair"
+#: A change's value beside its point: ``{"epoch":E,"run":"R","row":["pending",AT,...]}`` is at most 99 bytes.
+CHANGE_OVERHEAD_BYTES = 128
+
+
+def change_value(epoch: int, run: str, row: list | None) -> bytes:
+    """A changelog record's value; the row's point (JSON text, or None) embedded as JSON, not re-escaped.
+
+    >>> change_value(3, "r1", ["pending", 1.5, '{"x":{"a":1.0}}'])
+    b'{"epoch":3,"run":"r1","row":["pending",1.5,{"x":{"a":1.0}}]}'
+    """
+    if row is not None and row[2] is not None:
+        row = [row[0], row[1], orjson.Fragment(row[2])]
+    return orjson.dumps({"epoch": epoch, "run": run, "row": row})
 
 
 def _valid(lineage: list[list], epoch: int, run: str) -> bool:
@@ -65,10 +87,12 @@ def decode_change(value: bytes | None) -> tuple[int, str, list | None]:
             and row[0] in ("pending", "labeled", "early")
             and type(row[1]) in (int, float)
             and math.isfinite(row[1])
-            and (row[2] is None or type(row[2]) is str)
+            and (row[2] is None or type(row[2]) in (str, dict))
         )
         if not ok:
             raise ValueError("a pending-table change with a malformed row")
+        if type(row[2]) is dict:  # embedded (change_value); a string: a record written before
+            row[2] = orjson.dumps(row[2]).decode()
     return doc["epoch"], doc["run"], row
 
 
@@ -141,8 +165,29 @@ class Changelog:
 
             for key, value in self.repairs.pop(partition, ()):
                 send(partition, key, value)
+        limits, topic = getattr(self.io, "limits", None), self.io.topic
         for key, row in changes:
-            send(partition, self._key(partition, key), orjson.dumps({"epoch": epoch, "run": run, "row": row}))
+            record_key, value = self._key(partition, key), change_value(epoch, run, row)
+            refuse_too_large(limits, topic, record_key, value)  # the joiner keeps no point this large (room)
+            send(partition, record_key, value)
+
+    def room(self, partition: int, point_id: str | int) -> int | None:
+        """The largest stored point (its JSON bytes) of ``point_id`` the topic takes in a change (None: no limit
+        known)."""
+        limits = getattr(self.io, "limits", None)
+        if limits is None:
+            return None
+        key = self._key(partition, f"i:{point_id}" if type(point_id) is int else f"s:{point_id}")
+        return limits.of(self.io.topic) - len(key) - CHANGE_OVERHEAD_BYTES
+
+    def too_large(self, size: int) -> str:
+        """Why a stored point of ``size`` bytes cannot be kept."""
+        limits = getattr(self.io, "limits", None)
+        limit = limits.max_message_bytes.get(self.io.topic, limits.default) if limits is not None else "?"
+        return (
+            f"its pending point ({size} bytes) would make a changelog record beyond max.message.bytes={limit} "
+            f"of topic {self.io.topic}"
+        )
 
     def flush(self) -> None:
         self.io.flush()
@@ -184,8 +229,7 @@ class Changelog:
         table.load(valid, seq + 1)
         stale = [name for name, ok in last_valid.items() if not ok]
         repairs = [  # the newest record of these keys is not this lineage's: compaction must not keep it
-            (self._key(partition, name), orjson.dumps({"epoch": seq, "run": REPAIR, "row": valid.get(name)}))
-            for name in stale
+            (self._key(partition, name), change_value(seq, REPAIR, valid.get(name))) for name in stale
         ]
         if self.in_transactions:  # with the task's next checkpoint (until then a restore finds the same ones)
             self.repairs[partition] = repairs

@@ -243,6 +243,33 @@ def dead_letter_record(
     return None, dead_letter_value(rejection, raw, topic, partition, offset, max_bytes=max_bytes, key_dropped=True)
 
 
+def refit_dead_letter(key: bytes | None, value: bytes, max_bytes: int) -> tuple[bytes | None, bytes]:
+    """A dead letter (key and value, as :func:`dead_letter_record` built it) cut again to fit ``max_bytes``: a
+    dead-letter topic whose ``max.message.bytes`` is below ``--max-message-bytes``. What finds the original (its
+    source, reason) is kept whole; the raw head is cut first, then the key, then the error sentence.
+
+    >>> letter = dead_letter_value(Rejection("invalid_json", "bad"), b"x" * 3000, "points", 0, 7)
+    >>> key, value = refit_dead_letter(b"k", letter, 1024)
+    >>> len(value) + len(key) <= 1024, orjson.loads(value)["source"], orjson.loads(value)["raw_truncated"]
+    (True, {'topic': 'points', 'partition': 0, 'offset': 7}, True)
+    """
+    letter = orjson.loads(value)
+    source = letter["source"]
+    head = letter.get("raw") or ""
+    raw = base64.b64decode(head) if letter.get("raw_encoding") == "base64" else head.encode()
+    rejection = Rejection(letter["reason"], letter["error"])
+    key, cut = dead_letter_record(
+        rejection, raw, key, source["topic"], source["partition"], source["offset"], max_bytes
+    )
+    if letter.get("raw_truncated") or letter.get("key_dropped"):
+        refit = orjson.loads(cut)
+        refit["raw_truncated"] = refit["raw_truncated"] or bool(letter.get("raw_truncated"))
+        if letter.get("key_dropped"):
+            refit["key_dropped"] = True
+        cut = orjson.dumps(refit)
+    return key, cut
+
+
 def _longest_head(head: str, encoding: str, room: int) -> str:
     """The longest head of a letter's raw text whose JSON string takes at most ``room`` bytes more than ``""``."""
     if (

@@ -8,12 +8,14 @@ import re
 import orjson
 import pytest
 from perceptron_stream.config import ServeSettings, load
-from perceptron_stream.kafka import DeliveryError, KafkaFatal, Refused
+from perceptron_stream.kafka import DEFAULT_MAX_MESSAGE_BYTES, DeliveryError, KafkaFatal, RecordLimits, Refused
+from perceptron_stream.kafka.contract import RECORD_OVERHEAD_BYTES
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.runtime.delivery import FLUSH_WAIT_S, Delivery
 from perceptron_stream.runtime.health import Health
 from perceptron_stream.runtime.retry import StartupError
-from perceptron_stream.wire.messages import DeadLetter
+from perceptron_stream.wire.messages import DeadLetter, Rejection
+from perceptron_stream.wire.outputs import dead_letter_value
 
 SOURCE = {"topic": "points", "partition": 2, "offset": 41}
 
@@ -99,3 +101,34 @@ def test_a_refused_dead_letter_for_the_refused_output_stops_the_service():
     again = Refused("points.dlq", None, b"{}", ValueError("still too large"))
     with pytest.raises(StartupError, match=re.escape("the brokers refuse even a short dead letter on points.dlq")):
         delivery.flush(Stream([refused], [again]))
+
+
+def test_outputs_their_topic_would_refuse_are_never_sent_but_dead_lettered_or_cut_or_left_out():
+    """Measured against each topic's limit before the stream sees them (RecordLimits): a prediction too large and
+    an outcome without a key for a compacted topic become output_refused letters pointing at their input (an
+    outcome's is its label); a dead letter too large is cut, keeping its reason and source; a mix record is left
+    out, counted."""
+    delivery, metrics = _delivery()
+    s = delivery.settings
+    delivery.limits = RecordLimits(
+        {s.output_topic: 1000, s.dlq_topic: 1200}, DEFAULT_MAX_MESSAGE_BYTES, keyed={s.outcome_topic}
+    )
+    stream = Stream()
+    send = delivery.sender(stream)
+    send(s.output_topic, b"k", _prediction(100))  # fits
+    send(s.output_topic, b"k", _prediction(1000))
+    label = {"topic": "labels", "partition": 0, "offset": 9}
+    send(s.outcome_topic, None, orjson.dumps({"source": SOURCE, "label_source": label}))
+    letter = dead_letter_value(Rejection("invalid_json", "bad"), b"\x01" * 5000, "points", 2, 42)
+    send(s.dlq_topic, b"key", letter)
+    send(s.mix_topic, b"m", b"x" * 2_000_000)
+    sent = [(t, k) for t, k, _ in stream.sent]
+    assert sent == [(s.output_topic, b"k"), (s.dlq_topic, None), (s.dlq_topic, None), (s.dlq_topic, b"key")]
+    too_large, keyless, cut = (orjson.loads(v) for _, _, v in stream.sent[1:])
+    assert too_large["reason"] == "output_refused" and too_large["source"] == SOURCE
+    assert f"exceeds max.message.bytes=1000 of topic {s.output_topic}" in too_large["error"]
+    assert keyless["source"] == label and f"topic {s.outcome_topic} is compacted" in keyless["error"]
+    assert cut["reason"] == "invalid_json" and cut["source"] == {"topic": "points", "partition": 2, "offset": 42}
+    assert cut["raw_truncated"] and len(stream.sent[3][2]) + 3 <= 1200 - RECORD_OVERHEAD_BYTES
+    assert metrics.registry.get_sample_value("perceptron_rejected_events_total", {"reason": "output_refused"}) == 2
+    assert metrics.registry.get_sample_value("perceptron_mix_records_rejected_total", {"reason": "refused"}) == 1

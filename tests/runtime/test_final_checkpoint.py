@@ -8,11 +8,12 @@ import socket
 import pytest
 from perceptron_stream.app import Application
 from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.kafka import KafkaUnavailable, RecordTooLarge
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.runtime.checkpointer import Checkpointer
 from perceptron_stream.runtime.factory import TaskFactory
 from perceptron_stream.runtime.health import Health
-from perceptron_stream.runtime.retry import Retry
+from perceptron_stream.runtime.retry import Retry, StartupError
 from perceptron_stream.runtime.state_topics import StateTopicError
 from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
 
@@ -108,3 +109,21 @@ def test_a_stop_during_start_up_closes_what_opened_and_returns_0(tmp_path):
     with pytest.raises(OSError):  # the HTTP endpoints were closed on the way out
         socket.create_connection(("127.0.0.1", app.http.port), timeout=1).close()
     assert app.undone().endswith("left undone: nothing was read yet")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [KafkaUnavailable("no answer"), RecordTooLarge("a record of 2000000 bytes exceeds max.message.bytes", "raise it")],
+)
+def test_a_stop_whose_final_checkpoint_could_not_be_written_ends_in_an_error(tmp_path, error):
+    """Work left undone (events learned and published since the last checkpoint, none saved) is no clean stop:
+    exit 0 told the orchestrator all was well."""
+    checkpointer, store, task = _checkpointer_and_task(tmp_path)
+
+    def fail(cp):
+        raise error
+
+    store.save = fail
+    with pytest.raises(StartupError, match=r"could not write checkpoint 1|stopped without the final checkpoint"):
+        checkpointer.final([task], Stream(), batch_open=False)
+    assert task.unsaved == 7

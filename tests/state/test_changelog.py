@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
-from perceptron_stream.state.changelog import Changelog
+import pytest
+from perceptron_stream.kafka import DEFAULT_MAX_MESSAGE_BYTES, RecordLimits, RecordTooLarge
+from perceptron_stream.kafka.contract import RECORD_OVERHEAD_BYTES
+from perceptron_stream.state.changelog import CHANGE_OVERHEAD_BYTES, Changelog
 from perceptron_stream.state.pending import PendingTable
 
-
-class MemoryLog:
-    """What Changelog uses of PartitionedLog, in memory."""
-
-    topic = "pending"
-
-    def __init__(self):
-        self.records: dict[int, list] = {}
-        self.flushes = 0
-
-    def send(self, partition, key, value):
-        self.records.setdefault(partition, []).append((key, value))
-
-    def flush(self):
-        self.flushes += 1
-
-    def read(self, partition):
-        return list(self.records.get(partition, []))
+from tests.support.labels import MemoryLog
 
 
 def test_the_changelog_restores_a_checkpoints_table_and_undoes_a_crashed_runs_later_changes():
@@ -108,3 +96,35 @@ def test_a_stored_point_beyond_the_bounds_is_refused_counted_and_never_learned()
     assert table.pending_count() == 1 and table.take("a", now=2.0) == orjson.loads(good)
     assert table.take("b", now=2.0) is None
     assert refused == ["non_finite", "damaged", "damaged"]
+
+
+def test_a_stored_point_is_written_as_the_json_it_is_and_records_of_either_form_read_back():
+    """A point whose feature names are quotes: as a JSON string inside JSON every escape doubled (the record twice
+    the point); embedded, the record is the point and a few bytes. A record written before (the point a string)
+    still reads back."""
+    log = MemoryLog()
+    changelog = Changelog(log, "g")
+    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
+    point = {"features": {'"' * 1000: 1.0}, "y_pred": 1}
+    table.add("a", point, now=1.0)
+    changelog.write(0, table.changed(), 1, "run-1")
+    table.checkpoint(1)
+    ((key, value),) = log.records[0]
+    stored = len(json.dumps(point, separators=(",", ":")))
+    assert key == b"g/0/s:a" and stored < len(value) <= stored + CHANGE_OVERHEAD_BYTES
+    log.send(0, b"g/0/s:b", json.dumps({"epoch": 1, "run": "run-1", "row": ["pending", 2.0, '{"v":2}']}).encode())
+    restored = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
+    changelog.restore(0, restored, 1, [[1, "run-1"]])
+    assert restored.take("a", now=3.0) == point and restored.take("b", now=3.0) == {"v": 2}
+
+
+def test_a_change_larger_than_its_topic_allows_is_an_error_naming_the_topic_and_its_setting():
+    log = MemoryLog()
+    log.limits = RecordLimits({"pending": 2000}, DEFAULT_MAX_MESSAGE_BYTES)
+    changelog = Changelog(log, "g")
+    table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
+    table.add("a", {"features": {"f": 1.0}, "pad": "x" * 3000}, now=1.0)
+    with pytest.raises(RecordTooLarge, match=r"exceeds max\.message\.bytes=2000 of topic pending") as raised:
+        changelog.write(0, table.changed(), 1, "run-1")
+    assert "max.message.bytes" in raised.value.hint and log.records == {}
+    assert changelog.room(0, "a") == 2000 - RECORD_OVERHEAD_BYTES - len(b"g/0/s:a") - CHANGE_OVERHEAD_BYTES

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from perceptron_stream.kafka.contract import Record
+from perceptron_stream.kafka.contract import Record, RecordLimits
 from perceptron_stream.learning import make_learner
 from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.pipeline.labels import Joiner
@@ -24,10 +24,15 @@ GRACE = 300.0
 
 
 def make_joiner(
-    max_early: int = 100, *, ttl_seconds: float = 1e9, max_clock_skew: float = math.inf, wall=None
+    max_early: int = 100,
+    changelog=None,
+    *,
+    ttl_seconds: float = 1e9,
+    max_clock_skew: float = math.inf,
+    wall=None,
 ) -> Joiner:
-    """A joiner on in-memory tables; with ``max_clock_skew``, timestamps bounded against ``wall`` (a clock in
-    seconds; None: the real one)."""
+    """A joiner on in-memory tables (and ``changelog``); with ``max_clock_skew``, timestamps bounded against
+    ``wall`` (a clock in seconds; None: the real one)."""
     return Joiner(
         lambda p: PendingTable(":memory:", ttl_seconds=ttl_seconds, max_pending=1000),
         ttl_seconds=ttl_seconds,
@@ -40,6 +45,7 @@ def make_joiner(
         max_early=max_early,
         max_clock_skew=max_clock_skew,
         wall=wall,
+        changelog=changelog,
     )
 
 
@@ -66,6 +72,26 @@ def point(offset: int, point_id: str, ms: int) -> Record:
 
 def label(offset: int, point_id: str, y: int, ms: int) -> Record:
     return Record("labels", 0, offset, point_id.encode(), json.dumps({"id": point_id, "y": y}).encode(), ms)
+
+
+class MemoryLog:
+    """What Changelog uses of PartitionedLog, in memory."""
+
+    topic = "pending"
+    limits: RecordLimits | None = None  # the topics' RecordLimits, as start-up sets them
+
+    def __init__(self):
+        self.records: dict[int, list] = {}
+        self.flushes = 0
+
+    def send(self, partition, key, value):
+        self.records.setdefault(partition, []).append((key, value))
+
+    def flush(self):
+        self.flushes += 1
+
+    def read(self, partition):
+        return list(self.records.get(partition, []))
 
 
 class Sent(list):

@@ -44,6 +44,7 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 from perceptron_stream.pipeline.labels.join import Join
 from perceptron_stream.state.checkpoint import CheckpointError
 from perceptron_stream.state.pending import PendingTable
@@ -92,6 +93,7 @@ class Joiner:
         self.label_time: dict[int, int] = {}  # partition → the latest label timestamp processed (ms), believed
         self.all_read_at: dict[int, int] = {}  # partition → a time (ms) by which every point written was read
         self.epoch = 1  # the next checkpoint's seq: the epoch of the changes made now
+        self.refused: list = []  # (record, why) of points too large to keep, for the task to dead-letter
 
     def table(self, partition: int, restoring: bool = False) -> PendingTable:
         """The partition's table; one the task's checkpoint does not cover starts empty (whatever a file held)."""
@@ -131,7 +133,16 @@ class Joiner:
         }
         if challengers:
             point["challengers"] = challengers
-        label = self.table(r.partition).add(event_id, point, now=point["at"])
+        table = self.table(r.partition)
+        room = None if self.changelog is None else self.changelog.room(r.partition, event_id)
+        # the stored point is about the input's size (a dense x's "1" becomes "1.0"): measured only near the room;
+        # one its waiting label joins at once is not stored
+        if room is not None and len(r.value) * 4 + 1024 > room and table.waiting(event_id) is None:
+            size = len(orjson.dumps(point))
+            if size > room:  # its change could never be written, nor then any checkpoint of the task
+                self.refused.append((r, self.changelog.too_large(size)))
+                return None
+        label = table.add(event_id, point, now=point["at"])
         return None if label is None else (point, label)
 
     def labels_waiting(self, partition: int, ids: list, ys: list) -> list[tuple[int, int]]:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from perceptron_stream.kafka import DEFAULT_MAX_MESSAGE_BYTES, RecordLimits
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.task import Tally
+from perceptron_stream.state.changelog import Changelog
 from prometheus_client import generate_latest
 
-from tests.support.labels import GRACE, Sent, label, make_joiner, make_task, point
+from tests.support.labels import GRACE, MemoryLog, Sent, label, make_joiner, make_task, point
 
 
 def test_a_label_before_its_point_waits_and_is_joined_right_after_the_points_prediction():
@@ -236,3 +238,21 @@ def test_the_ttl_is_stream_time_of_points_and_labels_alike():
     task.process([label(1, "b", 1, ms=then + 8 * day_ms)], sent, tally)  # b expired before this label came
     assert [o["id"] for o in sent.on("outcomes")] == ["a"]
     assert tally.label_outcomes == ["joined", "expired", "early"] and joiner.pending() == 0
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_point_too_large_for_the_pending_changelog_is_dead_lettered_and_not_kept(batched):
+    """Its change could never be written, nor then any checkpoint of the task: the point is not kept, its event is
+    dead-lettered output_refused (after its prediction) naming the topic and its setting; the others are kept."""
+    log = MemoryLog()
+    log.limits = RecordLimits({"pending": 4000}, DEFAULT_MAX_MESSAGE_BYTES)
+    joiner = make_joiner(changelog=Changelog(log, "g"))
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    big = Record("points", 0, 1, b"big", json.dumps({"id": "big", "features": {"f" * 5000: 1.0}}).encode(), 1000)
+    records = [point(0, "a", ms=900), big, point(2, "b", ms=1100)]
+    (task.process if batched else task.process_each)(records, sent, tally)
+    assert [t for t, _, _ in sent] == ["predictions", "predictions", "predictions", "dlq"]
+    letter = sent[3][2]
+    assert letter["reason"] == "output_refused" and letter["source"] == {"topic": "points", "partition": 0, "offset": 1}
+    assert "max.message.bytes=4000 of topic pending" in letter["error"] and "will not be joined" in letter["error"]
+    assert joiner.pending() == 2 and tally.rejected == ["output_refused"] and joiner.refused == []
