@@ -234,9 +234,7 @@ def test_a_checkpoint_larger_than_its_topic_allows_stops_the_service_naming_the_
     nothing was committed (at-least-once), or a transaction aborted again on each restart (exactly-once)."""
     bootstrap = apache_kafka.bootstrap_servers
     store = store_args("kafka", topics)
-    create_topic(
-        bootstrap, store["checkpoint_topic"], config={"cleanup.policy": "compact", "max.message.bytes": "4000"}
-    )
+    create_topic(bootstrap, store["checkpoint_topic"], **{"cleanup.policy": "compact", "max.message.bytes": "4000"})
     produce(bootstrap, topics["input_topic"], [{"features": {f"f{i}": 1.0 for i in range(300)}, "y": 1}] * 5)
     args = settings_args(
         apache_kafka,

@@ -105,17 +105,18 @@ def test_a_stored_point_is_written_as_the_json_it_is_and_records_of_either_form_
     log = MemoryLog()
     changelog = Changelog(log, "g")
     table = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100, track_changes=True)
-    point = {"features": {'"' * 1000: 1.0}, "y_pred": 1}
+    point = {"x": {'"' * 1000: 1.0}, "y_pred": 1, "score": 0.5, "version": 0}
     table.add("a", point, now=1.0)
     changelog.write(0, table.changed(), 1, "run-1")
     table.checkpoint(1)
     ((key, value),) = log.records[0]
     stored = len(json.dumps(point, separators=(",", ":")))
     assert key == b"g/0/s:a" and stored < len(value) <= stored + CHANGE_OVERHEAD_BYTES
-    log.send(0, b"g/0/s:b", json.dumps({"epoch": 1, "run": "run-1", "row": ["pending", 2.0, '{"v":2}']}).encode())
+    before = '{"x": [1.0], "y_pred": 1, "score": 0.5, "version": 0}'
+    log.send(0, b"g/0/s:b", json.dumps({"epoch": 1, "run": "run-1", "row": ["pending", 2.0, before]}).encode())
     restored = PendingTable(":memory:", ttl_seconds=1e9, max_pending=100)
     changelog.restore(0, restored, 1, [[1, "run-1"]])
-    assert restored.take("a", now=3.0) == point and restored.take("b", now=3.0) == {"v": 2}
+    assert restored.take("a", now=3.0) == point and restored.take("b", now=3.0) == json.loads(before)
 
 
 def test_a_change_larger_than_its_topic_allows_is_an_error_naming_the_topic_and_its_setting():
