@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
+from perceptron_stream.runtime.factory import policy_client_id
 
 from tests.support import ROOT
 from tests.support.docs import DOCS, ShellExample, commands_of, python_examples, shell_examples, write_config_files
@@ -187,7 +188,8 @@ def test_the_runbooks_snippets_read_a_running_service_s_topics_and_group(
         [*events, *(b"not json %d" % i for i in range(7))],
         keys=[*(e["id"].encode() for e in events), *([None] * 7)],
     )
-    service = service_thread(settings_args(apache_kafka, topics, tmp_path))
+    args = settings_args(apache_kafka, topics, tmp_path)
+    service = service_thread(args)
     wait_until(lambda: http_get(service.metrics_url + "/readyz")[0] == 200, 60, what="ready")  # its topics made
     wait_until(lambda: end_offset(bootstrap, dlq) == 7, 120, what="7 dead letters")
     address = {"127.0.0.1:9092": bootstrap}
@@ -206,7 +208,8 @@ def test_the_runbooks_snippets_read_a_running_service_s_topics_and_group(
     group_snippet = {**address, '"perceptron-stream"': repr(group)}
     described = _run_snippet("A consumer group: its members, their partitions, its lag", group_snippet)
     assert f"group {group}: Stable" in described, described
-    assert f"  perceptron-stream on /127.0.0.1 holds {points}[0]" in described, described
+    client = policy_client_id(load(ServeSettings, args))  # the member's client id says its model's policy
+    assert f"  {client} on /127.0.0.1 holds {points}[0]" in described, described
     service.stop()  # a clean stop checkpoints, and commits the offsets with it
     described = _run_snippet("A consumer group: its members, their partitions, its lag", group_snippet)
     assert f"  {points}[0] committed 207 end 207 lag 0" in described, described

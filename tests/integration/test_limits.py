@@ -24,6 +24,15 @@ from tests.support.topics import consume, create_topic, produce, stable_offsets
 from tests.support.waiting import wait_until
 
 
+def _wait_committed(settings, topic: str, offset: int) -> None:
+    """Until the group's stable committed offset of ``topic``'s partition 0 is ``offset``."""
+    wait_until(
+        lambda: stable_offsets(settings, settings.group_id, topic).get(0) == offset,
+        60,
+        what=f"{topic}'s offsets committed up to {offset}",
+    )
+
+
 def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_on(
     broker, topics, tmp_path, service_thread, kafka_client
 ):
@@ -121,11 +130,7 @@ def test_an_output_larger_than_its_topic_allows_is_dead_lettered_and_the_service
         )
         assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
         settings = load(ServeSettings, args)
-        wait_until(
-            lambda: stable_offsets(settings, topics["group_id"], topics["input_topic"]).get(0) == 54,
-            60,
-            what="every offset committed",
-        )
+        _wait_committed(settings, topics["input_topic"], 54)
         assert stop_process(process, log_path) == 0, tail(log_path)
     finally:
         if process.poll() is None:
@@ -190,20 +195,12 @@ def test_a_point_near_the_size_limit_is_kept_in_a_pending_changelog_of_the_broke
         assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
         settings = load(ServeSettings, args)
         # checkpointed (and committed) with the big point pending: its change in the changelog
-        wait_until(
-            lambda: stable_offsets(settings, topics["group_id"], names["input_topic"]).get(0) == 2,
-            60,
-            what="the points' offsets committed",
-        )
+        _wait_committed(settings, names["input_topic"], 2)
         labels = [{"id": "big", "y": 1}, {"id": "small", "y": -1}]
         produce(bootstrap, names["label_topic"], labels, keys=[b"big", b"small"])
         wait_until(lambda: outcomes.distinct() >= 2 or process.poll() is not None, 120, what="both labels joined")
         assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
-        wait_until(
-            lambda: stable_offsets(settings, topics["group_id"], names["label_topic"]).get(0) == 2,
-            60,
-            what="the labels' offsets committed",
-        )
+        _wait_committed(settings, names["label_topic"], 2)
         assert stop_process(process, log_path) == 0, tail(log_path)
     finally:
         if process.poll() is None:
