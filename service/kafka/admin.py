@@ -173,22 +173,25 @@ def _topic_ids(admin: AdminClient, topics: list[str]) -> dict[str, str | None]:
 
 
 #: What a broker holds a record batch to when a topic says nothing of its own (Kafka's message.max.bytes default):
-#: the embedded broker reports no configs, so a topic of its has this bound.
+#: the embedded broker describes no defaults, so a topic of its that sets none has this bound.
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 
 
 @translated
 def topic_configs(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, dict[str, str]]:
-    """Topic → {config name: value} of the configs the topic sets itself (DescribeConfigs).
+    """Topic → {config name: value} as the brokers apply them to the topic (DescribeConfigs, every config): its
+    own, or else the brokers' (a topic's ``max.message.bytes`` is the brokers' ``message.max.bytes`` unless it sets
+    one).
 
-    What the topic leaves to the brokers' defaults is not in it, and the
-    embedded broker keeps no configs (``{}``): callers fall back to Kafka's
-    defaults, e.g. :data:`DEFAULT_MAX_MESSAGE_BYTES`.
+    The embedded broker describes what a topic was created with and no defaults (``{}`` for a topic created
+    with none): callers fall back to Kafka's defaults, e.g. :data:`DEFAULT_MAX_MESSAGE_BYTES`.
     """
     topics = list(topics)
     admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
     try:
-        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics])
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics], config_filter="all"
+        )
     finally:
         admin.close()
     by_topic = described.get("topic", {}) if isinstance(described, dict) else {}
@@ -205,9 +208,9 @@ def topic_configs(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, d
 def record_limits(
     settings: KafkaSettings, topics: Iterable[str], default: int = DEFAULT_MAX_MESSAGE_BYTES
 ) -> RecordLimits:
-    """The largest record each of ``topics`` accepts (:class:`RecordLimits`): their ``max.message.bytes``, and
-    ``default`` where a topic sets none (the brokers' own ``message.max.bytes`` is not read: Kafka's default, or
-    what the operator's settings say the brokers take)."""
+    """The largest record each of ``topics`` accepts (:class:`RecordLimits`): their ``max.message.bytes`` as the
+    brokers apply it (the topic's own, or the brokers' ``message.max.bytes``), and ``default`` where the brokers
+    describe none (the embedded broker: Kafka's default, or what the operator's settings say the brokers take)."""
     configs = topic_configs(settings, topics)
     return RecordLimits(
         {t: int(c["max.message.bytes"]) for t, c in configs.items() if "max.message.bytes" in c},

@@ -16,7 +16,7 @@ instead of keeping each key's newest record. So each state topic the settings us
   ``compact``, stops the service (:class:`StateTopicError`, exit 1) naming the topic, its setting and what to do,
   before it writes state anywhere again.
 
-The embedded broker keeps no topic configs (``topic_configs`` answers ``{}``): there only the topic id is checked,
+The embedded broker keeps no topic configs that matter (it describes no defaults): there only the topic id is checked,
 as where the service's principal may not describe the topics' configs (DescribeConfigs: said once, at start-up).
 """
 
@@ -70,7 +70,7 @@ def state_topics(s: ServeSettings) -> list[StateTopic]:
 
 
 def policy_problem(topic: StateTopic, configs: dict[str, str]) -> str | None:
-    """Why ``topic``'s own configs (``topic_configs``' answer, from a broker that reports configs) do not keep state.
+    """Why ``topic``'s configs (``topic_configs``' answer, from a broker that reports configs) do not keep state.
 
     >>> t = StateTopic("ckpt", "checkpoint_topic", "checkpoint")
     >>> policy_problem(t, {"cleanup.policy": "compact"}) is None
@@ -128,7 +128,7 @@ class StateTopics:
 
     def start(self, embedded: bool) -> bool:
         """At start-up, once the topics exist: each one's policy checked and its id recorded; False when stopped
-        meanwhile. ``embedded``: the embedded broker, which keeps no configs (only ids are checked)."""
+        meanwhile. ``embedded``: the embedded broker, which describes no defaults (only ids are checked)."""
         self.keeps_configs = not embedded
         if not self.topics:
             return True
