@@ -308,16 +308,17 @@ class ServeSettings(KafkaSettings):
         "timeout of the producers' defaults (librdkafka's message.timeout.ms, 300 s): a point sent before its label is "
         "on the brokers by then, or never.",
     )
-    # 60 s: far beyond the agreement of clocks kept by NTP (milliseconds), well within the grace's 300 s default.
-    max_clock_skew_seconds: float = Field(
-        60.0,
+    # 60 s: far beyond the agreement of clocks kept by NTP (milliseconds), well within the grace's 300 s default;
+    # half a grace of 120 s or less, so that a grace that was valid before this bound existed stays valid.
+    max_clock_skew_seconds: float | None = Field(
+        None,
         ge=0,
         allow_inf_nan=False,
         description="How far a record's timestamp is believed ahead of this instance's wall clock (a point's or a "
         "label's), and a label's behind the points' stream time, by the clocks of the delayed-label join (the grace "
         "and the TTL, both stream time). A timestamp beyond it is clamped to it: the record counts, its claim of time "
         "moves no clock further. Less than --label-grace-seconds: one point stamped that far ahead would otherwise "
-        "let every waiting label go.",
+        "let every waiting label go. Default: 60 s, or half --label-grace-seconds when that is less than 120 s.",
     )
     max_early_labels: int = Field(
         100_000,
@@ -497,6 +498,9 @@ class ServeSettings(KafkaSettings):
             )
         if self.learning == "off" and self.model_scope == "partition" and self.mix_every:
             raise ValueError("learning off with mix_every > 0: mixing changes the weights; use --mix-every 0")
+        if self.max_clock_skew_seconds is None:  # the default: within any grace
+            grace = self.label_grace_seconds
+            self.max_clock_skew_seconds = 60.0 if grace <= 0 else min(60.0, grace / 2)
         if self.label_topic is not None:
             used = {self.input_topic, self.output_topic, self.dlq_topic}
             if self.label_topic in used or self.outcome_topic in used | {self.label_topic}:

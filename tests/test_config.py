@@ -87,8 +87,13 @@ def test_a_clock_skew_not_less_than_the_grace_is_refused():
     """One point stamped --max-clock-skew-seconds ahead moves the grace clock that far: at or past the grace, every
     label waiting would go as it came."""
     with pytest.raises(ConfigError) as error:
-        load(ServeSettings, ["--label-topic", "labels", "--label-grace-seconds", "30"])  # the skew's default is 60
+        load(
+            ServeSettings, ["--label-topic", "labels", "--label-grace-seconds", "30", "--max-clock-skew-seconds", "60"]
+        )
     assert "max_clock_skew_seconds 60 is not less than label_grace_seconds 30" in str(error.value)
+    # left to its default, the skew is 60 s or half a grace under 120 s: a grace valid before the bound stays valid
+    assert load(ServeSettings, ["--label-topic", "labels", "--label-grace-seconds", "30"]).max_clock_skew_seconds == 15
+    assert load(ServeSettings, ["--label-topic", "labels"]).max_clock_skew_seconds == 60
     for bad in ("-1", "inf", "nan"):
         with pytest.raises(ConfigError, match="max_clock_skew_seconds"):
             load(ServeSettings, ["--max-clock-skew-seconds", bad])

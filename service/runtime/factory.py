@@ -130,7 +130,7 @@ class TaskFactory:
                 label_topic=s.label_topic,
                 grace_seconds=s.label_grace_seconds,
                 max_early=s.max_early_labels,
-                max_clock_skew=s.max_clock_skew_seconds,
+                max_clock_skew=s.max_clock_skew_seconds or 0.0,  # never None: the settings set its default
             )
         models = None
         if self.challenger_specs:
