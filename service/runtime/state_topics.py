@@ -177,13 +177,22 @@ class StateTopics:
         if not (self.keeps_configs and present):
             return ids, None
         try:
-            return ids, topic_configs(self.settings, present)
+            configs = topic_configs(self.settings, present)
         except KafkaFatal as exc:  # no DescribeConfigs on them (ACLs): their ids are still checked
-            log.warning(
-                "cannot read the configs of %s (%s): their cleanup.policy is not checked; allow the service's "
-                "principal DescribeConfigs on them to have it checked",
-                ", ".join(present),
-                exc,
-            )
-            self.keeps_configs = False
-            return ids, None
+            return ids, self._undescribed(present, str(exc))
+        # Apache Kafka describes every config of a topic it may describe (defaults included); kafka-python leaves a
+        # refused resource's error code unread and answers it with no configs: not described, not "no policy"
+        undescribed = [name for name in present if not configs.get(name)]
+        if undescribed:
+            return ids, self._undescribed(undescribed, "described with no configs: no DescribeConfigs on them?")
+        return ids, configs
+
+    def _undescribed(self, names: list[str], why: str) -> None:
+        """Topics whose configs cannot be read: said once; from then on only the topics' ids are checked."""
+        log.warning(
+            "cannot read the configs of %s (%s): their cleanup.policy is not checked; allow the service's "
+            "principal DescribeConfigs on them to have it checked",
+            ", ".join(names),
+            why,
+        )
+        self.keeps_configs = False

@@ -49,3 +49,20 @@ def test_a_topic_gone_or_created_again_is_told_apart_from_the_one_the_service_st
     assert gone is not None and "was deleted while the service ran" in gone
     assert again is not None and "created again while the service ran (its topic id was id-1, now id-2)" in again
     assert all("--start-over" in said and "PerceptronTargetDown.md" in said for said in (gone, again))
+
+
+def test_a_topic_described_with_no_configs_is_not_described_and_never_refused_for_a_policy(monkeypatch, caplog):
+    """kafka-python answers a resource the principal may not describe (DescribeConfigs denied) with no configs and
+    no error: that was read as "cleanup.policy=delete (the brokers' default)" and stopped a service whose topic is
+    compacted, telling the operator to delete it. Apache Kafka describes every config of a topic it may describe."""
+    import perceptron_stream.runtime.state_topics as module
+    from perceptron_stream.runtime.health import Health
+    from perceptron_stream.runtime.retry import Retry
+
+    monkeypatch.setattr(module, "topic_ids", lambda settings, names: {name: "id-1" for name in names})
+    monkeypatch.setattr(module, "topic_configs", lambda settings, names: {name: {} for name in names})
+    s = load(ServeSettings, ["--metrics-port", "0", "--state-store", "kafka"])
+    watch = module.StateTopics(s, Retry(Health(60.0), lambda: False))
+    assert watch.start(embedded=False)  # no StateTopicError
+    assert not watch.keeps_configs and "their cleanup.policy is not checked" in caplog.text
+    watch.check()  # from then on the ids alone
