@@ -49,6 +49,7 @@ board takes. Records written before epochs existed have epoch 0.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, NamedTuple
 
 from perceptron_stream.learning import learner_from_state
@@ -58,6 +59,10 @@ from perceptron_stream.learning.perceptron import state_reason
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner, decode_checkpoint, encode_checkpoint
 
 log = logging.getLogger("perceptron_stream")
+
+
+#: How far ahead of the reader's wall clock a mix record's epoch (its writer's wall clock in ms) is believed.
+EPOCH_AHEAD_S = 86_400.0
 
 
 class Published(NamedTuple):
@@ -78,9 +83,19 @@ def replayed(newest: Published | None, candidate: Published) -> bool:
     >>> replayed(a, Published(1, 0, {"w": 2}, 6)), replayed(None, Published(1, 0, {}, 0))
     (False, False)
     """
-    if newest is None or (candidate.epoch, candidate.seq) > (newest.epoch, newest.seq):
+    if newest is None or _order(candidate, newest) > _order(newest, candidate):
         return False
     return candidate != newest
+
+
+def _order(record: Published, other: Published) -> tuple[int, int]:
+    """What ``record`` is ordered by against ``other``: (epoch, mix number); its mix number alone where either was
+    written by a version before epochs (epoch 0: a rolling upgrade's older instances), whose epoch says nothing.
+
+    >>> _order(Published(4, 0, {}, 0), Published(3, 0, {}, 5)), _order(Published(4, 0, {}, 6), Published(3, 0, {}, 5))
+    ((0, 4), (6, 4))
+    """
+    return (record.epoch, record.seq) if record.epoch and other.epoch else (0, record.seq)
 
 
 def mix_key(group_id: str, partition: int) -> bytes:
@@ -108,7 +123,8 @@ class MixBoard:
         """A new epoch for ``partition``'s replica: above ``saved`` (its checkpoint's) and the board's newest, and at
         least the wall clock ``now`` in milliseconds (above a crashed writer's the board has not read yet)."""
         newest = self.latest.get(partition)
-        return max(saved + 1, (newest.epoch + 1) if newest is not None else 0, int(now * 1000))
+        return max(saved + 1, (newest.epoch + 1) if newest is not None else 0, int(now * 1000))  # below 2**63: the
+        # board refuses epochs more than a day ahead of its wall clock
 
     def offer(self, key: bytes | None, value: bytes | None) -> None:
         """A record read from the mix topic: kept as its partition's latest when it checks out."""
@@ -156,12 +172,11 @@ class MixBoard:
         learned = mix.get("learned", mix["mistakes"])  # (absent from records written before it was)
         if type(learned) is not int or learned < 0:
             return self._reject("damaged", f"partition {partition}'s mix record has no count of events learned")
-        most = min(learned, self.every) if self.every else learned
-        if mix["mistakes"] > most:
+        if mix["mistakes"] > learned:
             return self._reject(
                 "implausible",
                 f"partition {partition}'s mix record claims {mix['mistakes']:,} mistakes since its previous mix, "
-                f"more than the {most:,} events it learned (at most --mix-every {self.every:,})",
+                f"more than the {learned:,} events it learned",
             )
         features = _features(cp.model)
         if self.max_features is not None and (features is None or len(features) > self.max_features):
@@ -173,9 +188,19 @@ class MixBoard:
         epoch = mix.get("epoch", 0)
         if type(epoch) is not int or not 0 <= epoch < 1 << 63:
             return self._reject("damaged", f"partition {partition}'s mix record has a malformed epoch")
-        published = Published(cp.seq, mix["mistakes"], cp.model, epoch)
+        if epoch > (time.time() + EPOCH_AHEAD_S) * 1000:  # epochs are a writer's wall clock in ms (epoch_for)
+            return self._reject(
+                "implausible",
+                f"partition {partition}'s mix record has epoch {epoch}, a wall clock in ms more than a day ahead: "
+                "it would have every genuine record of its partition refused as replayed",
+            )
+        # weighed as a replica that erred on each of --mix-every events at most (a writer with a larger
+        # --mix-every, during a rolling change of it, is weighed so too): whatever a forger claims within the
+        # events it learned, it weighs no more than that
+        weight = min(mix["mistakes"], self.every) if self.every else mix["mistakes"]
+        published = Published(cp.seq, weight, cp.model, epoch)
         newest = self.read.get(partition)
-        if newest is not None and (epoch, cp.seq) <= (newest.epoch, newest.seq):
+        if newest is not None and _order(published, newest) <= _order(newest, published):
             if not replayed(newest, published):
                 return None  # the same record read again (a producer's retry)
             return self._reject(
@@ -190,7 +215,8 @@ class MixBoard:
             return self._reject(state_reason(exc), f"partition {partition}'s mix record holds no usable model: {exc}")
         self.read[partition] = published
         held = self.latest.get(partition)
-        if held is None or (epoch, cp.seq) > (held.epoch, held.seq):  # else: this instance's own, read back late
+        if held is None or _order(published, held) > _order(held, published):  # else: this instance's own, read
+            # back late
             self.latest[partition] = published
 
     def refuse(self, partition: int, reason: str, message: str) -> None:

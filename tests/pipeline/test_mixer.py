@@ -37,7 +37,9 @@ def _state(features: int = 3) -> dict:
     return learner.to_state()
 
 
-def _record(model: dict | None = None, mistakes: int = 3, learned: int = EVERY, partition: int = 1) -> bytes:
+def _record(
+    model: dict | None = None, mistakes: int = 3, learned: int = EVERY, partition: int = 1, epoch: int = 0
+) -> bytes:
     owner = Owner(OWNER.group_id, OWNER.input_topic, partition_task(partition), OWNER.cluster_id, OWNER.topic_id)
     return encode_checkpoint(
         Checkpoint(
@@ -46,7 +48,7 @@ def _record(model: dict | None = None, mistakes: int = 3, learned: int = EVERY, 
             model=_state() if model is None else model,
             meta=model_meta(SETTINGS),
             owner=owner,
-            task={"mix": {"mistakes": mistakes, "learned": learned, "inputs": []}},
+            task={"mix": {"mistakes": mistakes, "learned": learned, "inputs": [], "epoch": epoch}},
         )
     )
 
@@ -63,13 +65,29 @@ def test_a_plausible_record_is_kept():
 
 @pytest.mark.parametrize(
     ("mistakes", "learned"),
-    [(2**63 - 1, EVERY), (EVERY + 1, EVERY + 1), (4, 3)],
-    ids=["2**63-1 mistakes (the finding)", "beyond --mix-every", "beyond its own events learned"],
+    [(2**63 - 1, EVERY), (4, 3)],
+    ids=["2**63-1 mistakes (the finding)", "beyond its own events learned"],
 )
 def test_a_record_claiming_more_mistakes_than_events_it_learned_is_refused_as_implausible(mistakes, learned):
     """Measured before: 2**63-1 mistakes were kept, μ ≈ 1, and the forged weights replaced every replica's."""
     board, reasons = _board()
     _offer(board, _record(mistakes=mistakes, learned=learned))
+    assert reasons == ["implausible"] and board.latest == {}
+
+
+def test_a_record_of_more_mistakes_than_mix_every_is_kept_weighed_as_mix_every():
+    """A writer with a larger --mix-every (a rolling change of it) was refused as implausible by every reader; it is
+    weighed as a replica that erred on each of this reader's --mix-every events, as a forger's claim is at most."""
+    board, reasons = _board()
+    _offer(board, _record(mistakes=10 * EVERY, learned=10 * EVERY))
+    assert reasons == [] and board.latest[1].mistakes == EVERY
+
+
+def test_an_epoch_more_than_a_day_ahead_is_refused_as_implausible():
+    """An epoch of 2**62 had every genuine record of its partition refused as replayed, and one of 2**63-1 made the
+    replica's next epoch 2**63, which its own checkpoint could then not restore."""
+    board, reasons = _board()
+    _offer(board, _record(epoch=2**62))
     assert reasons == ["implausible"] and board.latest == {}
 
 
@@ -214,13 +232,24 @@ def test_an_old_signed_record_sent_again_is_refused_as_replayed():
     board.offer(mix_key("g", 0), records[1])  # seq 1 after 3: the finding (seq 1 after 12)
     board.offer(mix_key("g", 0), _signed(3, epoch=5, weight=99))  # the same number, another state
     board.offer(mix_key("g", 0), _signed(9, epoch=4, weight=99))  # an older epoch
-    board.offer(mix_key("g", 0), _signed(9, epoch=None, weight=99))  # written before epochs: epoch 0
+    board.offer(mix_key("g", 0), _signed(3, epoch=None, weight=99))  # before epochs (epoch 0): by its number
     assert rejected == ["replayed"] * 4
     assert (board.latest[0].epoch, board.latest[0].seq, board.latest[0].mistakes) == (5, 3, 3)
     board.offer(mix_key("g", 0), records[3])  # the very record read again (a producer's retry): no refusal
     board.offer(mix_key("g", 0), None)  # a tombstone (unsigned, anyone can write one) forgets the state...
     board.offer(mix_key("g", 0), records[2])  # ...but not what was read: the older record stays refused
     assert rejected == ["replayed"] * 5 and 0 not in board.latest
+
+
+def test_a_record_of_a_version_before_epochs_is_told_by_its_mix_number_alone():
+    """A rolling upgrade: an older instance's records (epoch 0) were refused as replayed by every board that had
+    read a newer instance's record of the partition, whatever their number."""
+    board, rejected = _keyed_board()
+    board.offer(mix_key("g", 0), _signed(3, epoch=5))
+    board.offer(mix_key("g", 0), _signed(4, epoch=None))  # the older instance's next mix
+    assert rejected == [] and board.latest[0].seq == 4
+    board.offer(mix_key("g", 0), _signed(2, epoch=None, weight=99))  # an old one sent again
+    assert rejected == ["replayed"]
 
 
 def test_a_replica_restarted_from_an_older_checkpoint_publishes_under_a_newer_epoch_which_is_taken():
