@@ -179,12 +179,14 @@ class StateTopics:
         try:
             configs = topic_configs(self.settings, present)
         except KafkaFatal as exc:  # no DescribeConfigs on them (ACLs): their ids are still checked
-            return ids, self._undescribed(present, str(exc))
+            self._undescribed(present, str(exc))
+            return ids, None
         # Apache Kafka describes every config of a topic it may describe (defaults included); kafka-python leaves a
         # refused resource's error code unread and answers it with no configs: not described, not "no policy"
         undescribed = [name for name in present if not configs.get(name)]
         if undescribed:
-            return ids, self._undescribed(undescribed, "described with no configs: no DescribeConfigs on them?")
+            self._undescribed(undescribed, "described with no configs: no DescribeConfigs on them?")
+            return ids, None
         return ids, configs
 
     def _undescribed(self, names: list[str], why: str) -> None:

@@ -605,7 +605,7 @@ def test_a_backfill_of_month_old_history_joins_its_labels(apache_kafka, topics, 
     """Points and their labels stamped 30 days ago (the default TTL is 7): measured on the wall clock, every point
     expired as it came and every label was dead-lettered (2,000 of 2,000 on f27e9e1). In stream time, all join."""
     for topic in (topics["input_topic"], topics["input_topic"] + "-labels"):  # kept: older than the retention's 7 days
-        create_topic(apache_kafka.bootstrap_servers, topic, 1, **{"retention.ms": "-1"})
+        create_topic(apache_kafka.bootstrap_servers, topic, 1, config={"retention.ms": "-1"})
     names = label_topics(apache_kafka, topics)
     points = labeled_points(1000, seed=85)
     then_ms = _now_ms() - 30 * 86_400_000

@@ -83,8 +83,8 @@ def _refused_outputs_run(apache_kafka, topics, tmp_path, client: str, guarantee:
     that is no JSON, 50 valid points, then one valid point without a key (a compacted topic refuses a record
     without one). Returns the process, its log, and the predictions and dead letters."""
     bootstrap = apache_kafka.bootstrap_servers
-    create_topic(bootstrap, topics["output_topic"], **{"max.message.bytes": "100000", "cleanup.policy": "compact"})
-    create_topic(bootstrap, topics["dlq_topic"], **{"max.message.bytes": "20000"})
+    create_topic(bootstrap, topics["output_topic"], config={"max.message.bytes": "100000", "cleanup.policy": "compact"})
+    create_topic(bootstrap, topics["dlq_topic"], config={"max.message.bytes": "20000"})
     valid = [{"id": f"e-{i}", "x": [1.0, float(i % 3)], "y": 1 if i % 2 else -1} for i in range(51)]
     values = [
         json.dumps(valid[0]).encode(),
@@ -170,7 +170,7 @@ def test_a_point_near_the_size_limit_is_kept_in_a_pending_changelog_of_the_broke
     bootstrap = apache_kafka.bootstrap_servers
     names = label_topics(apache_kafka, topics)
     pending = f"pending-{topics['group_id']}"
-    create_topic(bootstrap, pending, **{"cleanup.policy": "compact"})  # max.message.bytes: the brokers'
+    create_topic(bootstrap, pending, config={"cleanup.policy": "compact"})  # max.message.bytes: the brokers'
     x = {f"{i:03d}" + '"' * 4_850: 1.0 for i in range(100)}
     big = json.dumps({"id": "big", "features": x}, separators=(",", ":")).encode()
     big += b" " * (978_916 - len(big))  # the finding's size
@@ -215,7 +215,7 @@ def test_a_point_near_the_size_limit_is_kept_in_a_pending_changelog_of_the_broke
 
 def test_a_compacted_dead_letter_topic_is_refused_at_start_up_naming_it(apache_kafka, topics, tmp_path):
     """It would refuse the dead letter of every input without a key, for good: said before anything is read."""
-    create_topic(apache_kafka.bootstrap_servers, topics["dlq_topic"], **{"cleanup.policy": "compact"})
+    create_topic(apache_kafka.bootstrap_servers, topics["dlq_topic"], config={"cleanup.policy": "compact"})
     log_path = tmp_path / "serve.log"
     assert exit_code(settings_args(apache_kafka, topics, tmp_path), log_path) == 1
     log = log_path.read_text(errors="replace")
@@ -231,7 +231,9 @@ def test_a_checkpoint_larger_than_its_topic_allows_stops_the_service_naming_the_
     nothing was committed (at-least-once), or a transaction aborted again on each restart (exactly-once)."""
     bootstrap = apache_kafka.bootstrap_servers
     store = store_args("kafka", topics)
-    create_topic(bootstrap, store["checkpoint_topic"], **{"cleanup.policy": "compact", "max.message.bytes": "4000"})
+    create_topic(
+        bootstrap, store["checkpoint_topic"], config={"cleanup.policy": "compact", "max.message.bytes": "4000"}
+    )
     produce(bootstrap, topics["input_topic"], [{"features": {f"f{i}": 1.0 for i in range(300)}, "y": 1}] * 5)
     args = settings_args(
         apache_kafka,

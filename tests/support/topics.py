@@ -9,7 +9,7 @@ import time
 from tests.support.waiting import wait_until
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, **config: str) -> None:
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
     """``name`` with ``partitions`` partitions (replication 1) and topic ``config``; nothing when it exists."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
@@ -17,7 +17,7 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, **config: str) 
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config)])
+        admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config or {})])
     except TopicAlreadyExistsError:
         pass
     finally:
