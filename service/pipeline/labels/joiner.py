@@ -12,10 +12,12 @@ through :mod:`perceptron_stream.state.changelog`).
 **What time is believed.** Both clocks are stream time, made of the records'
 timestamps (the producers' CreateTime): the grace clock is the points'
 (:meth:`Joiner.stream_time`), the TTL's is the points' and the labels' alike
-(:meth:`Joiner.ttl_time`), so a backfill of old history is joined as it was
-when live, its points expiring once the stream has gone the TTL past them,
-not at once against today's date. A timestamp is a claim of its producer,
-so each is bounded before a clock believes it (``max_clock_skew``,
+(:meth:`Joiner.ttl_time`; a batch of labels expires points against its
+oldest label, so a batch spanning days does not expire a point before its
+own label in it is joined: :meth:`Joiner.read`), so a backfill of old
+history is joined as it was when live, its points expiring once the stream
+has gone the TTL past them, not at once against today's date. A timestamp
+is a claim of its producer, so each is bounded before a clock believes it (``max_clock_skew``,
 ``--max-clock-skew-seconds``; :meth:`Joiner.believed`):
 
 - *ahead*: no record is believed later than the wall clock plus the skew
@@ -204,15 +206,20 @@ class Joiner:
         return max(self.point_time.get(partition, -1), self.label_time.get(partition, -1))
 
     def read(self, records, tally=None) -> list[Label | Rejection]:
-        """A batch of label records (one partition's) decoded, the TTL's clock moved to the newest of them and the
+        """A batch of label records (one partition's) decoded, the TTL's clock moved to the oldest of them and the
         points past it expired (counted in ``tally``), then the pending rows of their ids read at once
-        (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing."""
+        (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing. The clock moves on to the newest
+        of them only then: a backfill's batch can span days of stream time, and a label within the TTL of its
+        point must not lose it to a later label of the same batch (the batch's later labels may, in turn, find a
+        point they would have found expired alone: leniency bounded by the batch's span)."""
         partition = records[0].partition
-        newest = max(self.believed(r.timestamp) for r in records)
-        if newest > self.label_time.get(partition, -1):
-            self.label_time[partition] = newest
+        times = [self.believed(r.timestamp) for r in records]
+        if min(times) > self.label_time.get(partition, -1):
+            self.label_time[partition] = min(times)
         if tally is not None:
             self._expire(partition, self.table(partition), tally)
+        if max(times) > self.label_time.get(partition, -1):
+            self.label_time[partition] = max(times)
         labels = decode_labels([r.value for r in records], [r.key for r in records], self.max_message_bytes)
         self.table(partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels

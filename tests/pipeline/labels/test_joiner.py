@@ -242,6 +242,21 @@ def test_the_ttl_is_stream_time_of_points_and_labels_alike():
 
 
 @pytest.mark.parametrize("batched", [True, False])
+def test_a_label_within_the_ttl_of_its_point_joins_though_a_later_label_of_its_batch_is_past_it(batched):
+    """A backfill's batch of labels spans days: the TTL's clock moves after the batch, as after the points', so a
+    later label in it does not expire the point of an earlier one (unknown_id) before that one is joined."""
+    day_ms = 86_400_000
+    joiner = _bounded_joiner(ttl_seconds=7 * 86_400)
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    then = WALL_MS - 30 * day_ms
+    task.process([point(0, "a", ms=then), point(1, "b", ms=then + 7 * day_ms)], sent, tally)
+    batch = [label(0, "a", 1, ms=then + day_ms), label(1, "b", 1, ms=then + 9 * day_ms)]
+    (task.process if batched else task.process_each)(batch, sent, tally)
+    assert [o["id"] for o in sent.on("outcomes")] == ["a", "b"] and sent.on("dlq") == []
+    assert tally.label_outcomes == ["joined", "joined"] and joiner.pending() == 0
+
+
+@pytest.mark.parametrize("batched", [True, False])
 def test_a_point_too_large_for_the_pending_changelog_is_dead_lettered_and_not_kept(batched):
     """Its change could never be written, nor then any checkpoint of the task: the point is not kept, its event is
     dead-lettered output_refused (after its prediction) naming the topic and its setting; the others are kept."""
