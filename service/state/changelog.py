@@ -24,7 +24,8 @@ not as a JSON string of it: escaped again inside a string every quote and
 backslash of a point doubled, and a point of 978,916 bytes became a record of
 1,879,113, beyond the topic's 1 MiB. A point whose record would still exceed
 the topic's ``max.message.bytes`` is never kept (:meth:`Changelog.room`, the
-joiner's check): its event is dead-lettered ``output_refused`` instead.
+joiner's check): its event is dead-lettered ``output_refused`` instead; so is
+an early label (one before its point) whose row would (a large key or id).
 Records written before read back as they are (a point as a JSON string).
 """
 
@@ -180,12 +181,12 @@ class Changelog:
         key = self._key(partition, f"i:{point_id}" if type(point_id) is int else f"s:{point_id}")
         return limits.of(self.io.topic) - len(key) - CHANGE_OVERHEAD_BYTES
 
-    def too_large(self, size: int) -> str:
-        """Why a stored point of ``size`` bytes cannot be kept."""
+    def too_large(self, size: int, what: str = "pending point") -> str:
+        """Why a stored ``what`` (a pending point, an early label) of ``size`` bytes cannot be kept."""
         limits = getattr(self.io, "limits", None)
         limit = limits.max_message_bytes.get(self.io.topic, limits.default) if limits is not None else "?"
         return (
-            f"its pending point ({size} bytes) would make a changelog record beyond max.message.bytes={limit} "
+            f"its {what} ({size} bytes) would make a changelog record beyond max.message.bytes={limit} "
             f"of topic {self.io.topic}"
         )
 

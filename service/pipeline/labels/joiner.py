@@ -12,10 +12,12 @@ through :mod:`perceptron_stream.state.changelog`).
 **What time is believed.** Both clocks are stream time, made of the records'
 timestamps (the producers' CreateTime): the grace clock is the points'
 (:meth:`Joiner.stream_time`), the TTL's is the points' and the labels' alike
-(:meth:`Joiner.ttl_time`), so a backfill of old history is joined as it was
-when live, its points expiring once the stream has gone the TTL past them,
-not at once against today's date. A timestamp is a claim of its producer,
-so each is bounded before a clock believes it (``max_clock_skew``,
+(:meth:`Joiner.ttl_time`; a batch of labels expires points against its
+oldest label, so a batch spanning days does not expire a point before its
+own label in it is joined: :meth:`Joiner.read`), so a backfill of old
+history is joined as it was when live, its points expiring once the stream
+has gone the TTL past them, not at once against today's date. A timestamp
+is a claim of its producer, so each is bounded before a clock believes it (``max_clock_skew``,
 ``--max-clock-skew-seconds``; :meth:`Joiner.believed`):
 
 - *ahead*: no record is believed later than the wall clock plus the skew
@@ -39,6 +41,7 @@ joined).
 from __future__ import annotations
 
 import base64
+import logging
 import math
 import time
 import uuid
@@ -50,6 +53,8 @@ from perceptron_stream.state.checkpoint import CheckpointError
 from perceptron_stream.state.pending import PendingTable
 from perceptron_stream.wire.inputs import decode_labels
 from perceptron_stream.wire.messages import Label, Rejection
+
+log = logging.getLogger("perceptron_stream")
 
 
 def _duplicate(label: Label) -> Rejection:
@@ -201,15 +206,20 @@ class Joiner:
         return max(self.point_time.get(partition, -1), self.label_time.get(partition, -1))
 
     def read(self, records, tally=None) -> list[Label | Rejection]:
-        """A batch of label records (one partition's) decoded, the TTL's clock moved to the newest of them and the
+        """A batch of label records (one partition's) decoded, the TTL's clock moved to the oldest of them and the
         points past it expired (counted in ``tally``), then the pending rows of their ids read at once
-        (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing."""
+        (:meth:`PendingTable.read_ahead`): each :meth:`label` then reads nothing. The clock moves on to the newest
+        of them only then: a backfill's batch can span days of stream time, and a label within the TTL of its
+        point must not lose it to a later label of the same batch (the batch's later labels may, in turn, find a
+        point they would have found expired alone: leniency bounded by the batch's span)."""
         partition = records[0].partition
-        newest = max(self.believed(r.timestamp) for r in records)
-        if newest > self.label_time.get(partition, -1):
-            self.label_time[partition] = newest
+        times = [self.believed(r.timestamp) for r in records]
+        if min(times) > self.label_time.get(partition, -1):
+            self.label_time[partition] = min(times)
         if tally is not None:
             self._expire(partition, self.table(partition), tally)
+        if max(times) > self.label_time.get(partition, -1):
+            self.label_time[partition] = max(times)
         labels = decode_labels([r.value for r in records], [r.key for r in records], self.max_message_bytes)
         self.table(partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
@@ -229,7 +239,10 @@ class Joiner:
         at, mark = self._label_at(r)
         got = table.take(label.id, now=mark)
         if got is None:  # its point has not come (or is gone): the label waits for it, up to the grace period
-            for old, why in self._wait(table, r, label):
+            evicted, refusal = self._wait(table, r, label)
+            if refusal is not None:
+                return self.join.dead_letter(None, None, r.topic, r.partition, r.offset, refusal, send, tally)
+            for old, why in evicted:
                 self._let_go(old, why, send, tally, r.partition)
             tally.label_outcomes.append("early")
             return
@@ -269,7 +282,11 @@ class Joiner:
             at, mark = self._label_at(r)
             got = table.take(label.id, now=mark)
             if got is None:
-                actions.extend(("let go", old, why, r.partition) for old, why in self._wait(table, r, label))
+                evicted, refusal = self._wait(table, r, label)
+                if refusal is not None:
+                    actions.append(("refused", r, refusal))
+                    continue
+                actions.extend(("let go", old, why, r.partition) for old, why in evicted)
                 actions.append(("count", "early"))
             elif got == "duplicate":
                 actions.append(("count", "duplicate"))
@@ -283,6 +300,9 @@ class Joiner:
             if kind == "letter":
                 r, rejection = what
                 join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, rejection, send, tally)
+            elif kind == "refused":
+                r, rejection = what
+                join.dead_letter(None, None, r.topic, r.partition, r.offset, rejection, send, tally)
             elif kind == "count":
                 tally.label_outcomes.append(what[0])
             elif kind == "let go":
@@ -307,9 +327,30 @@ class Joiner:
                     replica,
                 )
 
-    def _wait(self, table: PendingTable, r, label: Label) -> list[tuple[dict, str]]:
+    def _wait(self, table: PendingTable, r, label: Label) -> tuple[list[tuple[dict, str]], Rejection | None]:
         """Hold ``label`` (record ``r``) until its point comes; the oldest early labels it pushes beyond
-        --max-early-labels, with why, to be let go (:meth:`_let_go`)."""
+        --max-early-labels, with why, to be let go (:meth:`_let_go`). Or, when its row would make a changelog
+        record beyond the pending topic's ``max.message.bytes`` (a large key or id; its change could never be
+        written, nor then any checkpoint of the task, and a restart would read the label again), it is not held:
+        the ``output_refused`` rejection to dead-letter it with, as a point too large to keep is (:meth:`keep`;
+        no key, no raw, as every ``output_refused`` letter: the label is at its source)."""
+        row = {
+            "id": label.id,
+            "y": label.y,
+            "offset": r.offset,
+            "at": self.believed(r.timestamp) / 1000,  # its time, for its delay
+            "key": None if r.key is None else base64.b64encode(r.key).decode(),
+            "value": r.value.decode(),
+        }
+        room = None if self.changelog is None else self.changelog.room(r.partition, label.id)
+        # the row is about the record's size (its key in base64, its value escaped again): measured only near the room
+        if room is not None and (len(r.value) * 6 + len(r.key or b"") * 2 + len(str(label.id)) * 6 + 1024) > room:
+            size = len(orjson.dumps(row))
+            if size > room:
+                why = self.changelog.too_large(size, "early label")
+                error = f"this label came before its point and cannot wait for it: {why}; it will not be joined"
+                log.error("%s (label at %s[%d] offset %d)", error, r.topic, r.partition, r.offset)
+                return [], Rejection("output_refused", error)
         evicted = []
         if table.early_count() >= self.max_early:
             why = (
@@ -317,19 +358,9 @@ class Joiner:
                 "in this partition: the oldest goes"
             )
             evicted = [(old, why) for old in table.pop_early(most=table.early_count() - self.max_early + 1)]
-        table.hold(
-            label.id,
-            {
-                "id": label.id,
-                "y": label.y,
-                "offset": r.offset,
-                "at": self.believed(r.timestamp) / 1000,  # its time, for its delay
-                "key": None if r.key is None else base64.b64encode(r.key).decode(),
-                "value": r.value.decode(),
-            },
-            at=self.believed(r.timestamp, self.stream_time(r.partition)) / 1000,  # its grace from the grace clock's
-        )
-        return evicted
+        at = self.believed(r.timestamp, self.stream_time(r.partition)) / 1000  # its grace from the grace clock's
+        table.hold(label.id, row, at=at)
+        return evicted, None
 
     def join_early(self, r, point: dict, label: dict, learner, send, tally, replica: dict | None, models=None) -> None:
         """A point whose label came first (``keep`` returned them), its prediction sent: joined now."""

@@ -11,6 +11,7 @@ from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.task import Tally
 from perceptron_stream.state.changelog import Changelog
+from perceptron_stream.state.pending import PendingTable
 from prometheus_client import generate_latest
 
 from tests.support.labels import GRACE, MemoryLog, Sent, label, make_joiner, make_task, point
@@ -241,6 +242,21 @@ def test_the_ttl_is_stream_time_of_points_and_labels_alike():
 
 
 @pytest.mark.parametrize("batched", [True, False])
+def test_a_label_within_the_ttl_of_its_point_joins_though_a_later_label_of_its_batch_is_past_it(batched):
+    """A backfill's batch of labels spans days: the TTL's clock moves after the batch, as after the points', so a
+    later label in it does not expire the point of an earlier one (unknown_id) before that one is joined."""
+    day_ms = 86_400_000
+    joiner = _bounded_joiner(ttl_seconds=7 * 86_400)
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    then = WALL_MS - 30 * day_ms
+    task.process([point(0, "a", ms=then), point(1, "b", ms=then + 7 * day_ms)], sent, tally)
+    batch = [label(0, "a", 1, ms=then + day_ms), label(1, "b", 1, ms=then + 9 * day_ms)]
+    (task.process if batched else task.process_each)(batch, sent, tally)
+    assert [o["id"] for o in sent.on("outcomes")] == ["a", "b"] and sent.on("dlq") == []
+    assert tally.label_outcomes == ["joined", "joined"] and joiner.pending() == 0
+
+
+@pytest.mark.parametrize("batched", [True, False])
 def test_a_point_too_large_for_the_pending_changelog_is_dead_lettered_and_not_kept(batched):
     """Its change could never be written, nor then any checkpoint of the task: the point is not kept, its event is
     dead-lettered output_refused (after its prediction) naming the topic and its setting; the others are kept."""
@@ -256,3 +272,25 @@ def test_a_point_too_large_for_the_pending_changelog_is_dead_lettered_and_not_ke
     assert letter["reason"] == "output_refused" and letter["source"] == {"topic": "points", "partition": 0, "offset": 1}
     assert "max.message.bytes=4000 of topic pending" in letter["error"] and "will not be joined" in letter["error"]
     assert joiner.pending() == 2 and tally.rejected == ["output_refused"] and joiner.refused == []
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_an_early_label_too_large_for_the_pending_changelog_is_dead_lettered_and_not_held(batched):
+    """A label before its point is held as a row (its key in base64, its value escaped again): one whose change the
+    pending topic would refuse made every checkpoint fail (RecordTooLarge), and the restart read it again. It is
+    dead-lettered output_refused, as a point too large to keep is; the others wait, and the checkpoint is written."""
+    log = MemoryLog()
+    log.limits = RecordLimits({"pending": 4000}, DEFAULT_MAX_MESSAGE_BYTES)
+    joiner = make_joiner(changelog=Changelog(log, "g"))
+    joiner.open_table = lambda p: PendingTable(":memory:", ttl_seconds=1e9, max_pending=1000, track_changes=True)
+    task, sent, tally = make_task(joiner), Sent(), Tally()
+    big = Record("labels", 0, 1, b"k" * 3000, json.dumps({"id": "big", "y": 1}).encode(), 1000)
+    records = [label(0, "a", 1, ms=900), big, label(2, "b", -1, ms=1100)]
+    (task.process if batched else task.process_each)(records, sent, tally)
+    [letter] = sent.on("dlq")
+    assert letter["reason"] == "output_refused" and letter["source"] == {"topic": "labels", "partition": 0, "offset": 1}
+    assert "max.message.bytes=4000 of topic pending" in letter["error"] and "early label" in letter["error"]
+    assert joiner.early() == 2 and tally.rejected == ["output_refused"] and tally.label_outcomes == ["early"] * 2
+    cp = task.snapshot()
+    task.before_save(cp)  # refused the change of "big" (RecordTooLarge) before
+    assert sorted(k.decode() for k, _ in log.records[0]) == ["g/0/s:a", "g/0/s:b"]
