@@ -223,7 +223,8 @@ class Restorer:
 
     def _refuse_stale(self, task, cp: Checkpoint) -> bool:
         """True when ``cp``'s positions are not behind the group's committed offsets (at-least-once; exactly-once's
-        store keeps only a checkpoint at them), or when it is the fallback from unusable newer ones; else refuse it,
+        store keeps only a checkpoint at them), or when it is the fallback from unusable newer ones
+        (``Checkpoint.newer_skipped``); else refuse it,
         or with --start-over start a new model.
 
         The newest checkpoint is at or ahead of the committed offsets (saved,
@@ -238,7 +239,11 @@ class Restorer:
         from it deliberately. The fallback from a damaged newest checkpoint
         (documented, and what the older ones are kept for) is restored, with a
         WARNING saying the events since it are learned and published again: the
-        model learns each of them once, from its state, as after a crash.
+        model learns each of them once, from its state, as after a crash. Only
+        a skipped record that may have been a newer checkpoint of this model
+        makes it that fallback (:func:`newest_usable`'s rule): never, under
+        --checkpoint-key, an unsigned, badly signed or damaged record, which
+        anyone who can write the store can add beside an old signed checkpoint.
         """
         s = self.settings
         committed = {}
@@ -252,7 +257,7 @@ class Restorer:
         stale = behind(cp.positions, committed)
         if not stale:
             return True
-        if cp.fell_back_from:  # a newer one may be among the unusable ones skipped: the documented fallback, said
+        if cp.newer_skipped:  # a newer one may be among the unusable ones skipped: the documented fallback, said
             log.warning(
                 "checkpoint %d of %s is behind the offsets consumer group %s committed (%s) because the newer "
                 "one(s) are unusable (said above): the events since its positions are learned and published again",

@@ -157,8 +157,11 @@ class Checkpoint:
     #: read back with a signature (HMAC) present: written with --checkpoint-key (checked when the reader has one)
     signed: bool = field(default=False, compare=False)
     #: read back after skipping these unusable ones (damaged, unsigned, another model's...), said in the restore's
-    #: WARNING: a newer checkpoint may have been among them (see the restorer's stale check)
+    #: WARNING
     fell_back_from: tuple[str, ...] = field(default=(), compare=False)
+    #: those of ``fell_back_from`` that may have been a newer checkpoint of this model (:func:`newest_usable`'s
+    #: rule): only they let the restorer's stale check restore one behind the group's committed offsets
+    newer_skipped: tuple[str, ...] = field(default=(), compare=False)
 
 
 def owner_of(cp: Checkpoint) -> Owner:
@@ -371,6 +374,7 @@ def newest_usable(
     where: str,
     expected: Owner | None = None,
     on_reject: Callable[[str], object] | None = None,
+    keyed: bool = False,
 ) -> Checkpoint | None:
     """The first checkpoint of ``candidates`` (newest first, each decoded or the error it gave) that is
     ``expected``'s and that ``accept`` takes.
@@ -391,12 +395,28 @@ def newest_usable(
     two or three times, one ERROR a checkpoint and the refusal, each "trying an
     older one" when none was left to try.) ``on_reject`` is told the reason of
     each one skipped (perceptron_rejected_state_total: foreign, or :func:`reason_of`).
+
+    Those skipped that may have been a newer checkpoint of this model are
+    also kept in ``newer_skipped``: they alone let a checkpoint behind the
+    group's committed offsets be restored (the restorer's stale check), as
+    the fallback from a damaged newest one. A skipped one counts when it is
+    a decoded checkpoint of this owner with a higher seq that ``accept``
+    refused, or, without a key (``keyed`` false), a damaged record (the
+    local store's files come newest first by name, so one skipped was
+    written after; a damaged record of the Kafka store says no seq, so any
+    may have been the newest).
+    Another model's checkpoint never counts, nor with --checkpoint-key an
+    unsigned, badly signed or damaged record: anyone who can write the
+    store can write one, and with junk beside an old signed checkpoint
+    replay it (issue 35). Without a key nothing is vouched for anyway.
     """
     reject = on_reject or (lambda reason: None)
     problems, foreign, highest = [], [], 0
     skipped: list[str] = []
+    maybe_newer: list[tuple[int | None, str]] = []  # (its seq, None: not known; what was said of it)
     signature_errors: list[SignatureError] = []
     for name, cp in candidates:
+        refused_seq = None  # a decoded checkpoint's seq, when ``accept`` refused it
         if isinstance(cp, Checkpoint):
             highest = max(highest, cp.seq)
             differs = expected.differences(cp.owner) if expected is not None and cp.owner is not None else []
@@ -410,13 +430,17 @@ def newest_usable(
                 try:
                     accept(cp)
                 except CheckpointError as exc:
-                    cp = exc
+                    refused_seq, cp = cp.seq, exc
         if isinstance(cp, CheckpointError):
             log.debug("checkpoint %s in %s is unusable: %s", name, where, cp)
             if isinstance(cp, SignatureError):
                 signature_errors.append(cp)
             problems.append(f"{name}: {cp}")
             skipped.append(f"checkpoint {name} in {where} is unusable: {cp}")
+            if refused_seq is not None:
+                maybe_newer.append((refused_seq, skipped[-1]))
+            elif not keyed and not isinstance(cp, SignatureError):
+                maybe_newer.append((None, skipped[-1]))
             reject(reason_of(cp))
             continue
         if skipped:
@@ -427,7 +451,8 @@ def newest_usable(
                 len(skipped),
                 " | ".join(skipped),
             )
-            return replace(cp, fell_back_from=tuple(skipped))
+            newer = tuple(said for seq, said in maybe_newer if seq is None or seq > cp.seq)
+            return replace(cp, fell_back_from=tuple(skipped), newer_skipped=newer)
         return cp
     if foreign and not problems:
         raise ForeignStateError(f"the checkpoints in {where} are not this model's: " + " | ".join(foreign), highest)

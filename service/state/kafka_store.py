@@ -104,7 +104,9 @@ class KafkaStore:
                 decoded.append((key.decode(), cp))
         # the damaged ones first (reported: any may have been the newest), then newest first
         decoded.sort(key=lambda item: -item[1].seq if isinstance(item[1], Checkpoint) else float("-inf"))
-        return newest_usable(decoded, accept, f"topic {self.topic.topic}", expected, self.on_reject)
+        return newest_usable(
+            decoded, accept, f"topic {self.topic.topic}", expected, self.on_reject, self.key is not None
+        )
 
     @contextmanager
     def reading(self, tasks: list[str]) -> Iterator[None]:

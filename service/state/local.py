@@ -214,7 +214,9 @@ class LocalStore:
         if not files and legacy and self.legacy_files():
             files, where = self.legacy_files(), self.root
         try:
-            return newest_usable(self._decoded(files), accept, str(where), expected, self.on_reject)
+            return newest_usable(
+                self._decoded(files), accept, str(where), expected, self.on_reject, self.key is not None
+            )
         except KeyPolicyError:  # a setting to fix, not files to move away
             raise
         except CheckpointError as exc:

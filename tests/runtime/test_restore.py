@@ -4,6 +4,7 @@ one refused is told to the store's ``on_reject`` (the metric at start-up) under 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from perceptron_stream.config import ServeSettings, load
@@ -11,7 +12,7 @@ from perceptron_stream.learning import make_learner
 from perceptron_stream.runtime.factory import TaskFactory, model_meta
 from perceptron_stream.runtime.health import Health
 from perceptron_stream.runtime.restore import Restorer
-from perceptron_stream.runtime.retry import Retry
+from perceptron_stream.runtime.retry import Retry, StartupError
 from perceptron_stream.state.checkpoint import GROUP_TASK, Checkpoint, CheckpointError, Owner, encode_checkpoint
 from perceptron_stream.state.local import LocalStore
 
@@ -47,3 +48,60 @@ def test_a_refused_checkpoint_is_counted_under_its_reason_and_restores_nothing(t
         Restorer(s, store, Retry(Health(60.0), lambda: False)).restore(task)
     assert refused == [reason]
     assert task.learner.weights == {}
+
+
+KEY = b"a-secret-of-32-bytes-for-tests!!"
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        b"junk, not a checkpoint",  # with the key: anyone who can write the store can write junk
+        None,  # an unsigned checkpoint claiming a higher seq: the same
+    ],
+    ids=["junk", "unsigned newer"],
+)
+def test_with_a_key_an_old_signed_checkpoint_beside_a_junk_record_is_refused_as_stale(tmp_path, junk):
+    """Measured on 3125c7b: issue 35's replay with one junk record: an old signed checkpoint (position 40, the group
+    committed 200) with junk where a newer one would be was restored with a WARNING as the fallback from a damaged
+    newer one, and the 160 events between learned and published again. Now refused as stale."""
+    s = load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(tmp_path / "state")])
+    owner = Owner(s.group_id, s.input_topic, GROUP_TASK, "cluster", "topic-id")
+    task = TaskFactory(s, owner).new_task(None)
+    learner = make_learner(max_features=s.max_model_features)
+    learner.step([1.0, 2.0], 1)
+    store = LocalStore(s.state_dir, s.group_id)
+    store.key = KEY
+    refused: list[str] = []
+    store.on_reject = refused.append
+    old = Checkpoint(3, {(s.input_topic, 0): 40}, learner.to_state(), 2, model_meta(s), 0.0, owner)
+    store.save(old)
+    newer = encode_checkpoint(
+        Checkpoint(4, {(s.input_topic, 0): 200}, learner.to_state(), 2, model_meta(s), 0.0, owner)
+    )
+    (store.task_dir(GROUP_TASK) / "checkpoint-000000000004.json").write_bytes(junk if junk is not None else newer)
+    restorer = Restorer(s, store, Retry(Health(60.0), lambda: False))
+    restorer._read = {("offsets", s.input_topic): {0: 200}, ("ranges", s.input_topic): {0: (0, 200)}}  # noqa: SLF001 — the group's, as the brokers would answer
+    with pytest.raises(StartupError, match=r"checkpoint 3 of .* is behind the offsets .* committed 200"):
+        restorer.restore(task)
+    assert refused[-1] == "stale"
+    assert task.learner.weights == {}
+
+
+def test_without_a_key_the_fallback_from_a_damaged_newer_file_is_restored_with_a_warning(tmp_path, caplog):
+    """The documented fallback (docs/how-to/security.md): the newest checkpoint file damaged, the one before it
+    behind the committed offsets is restored, the WARNING saying the events since are learned again."""
+    s = load(ServeSettings, ["--metrics-port", "0", "--state-dir", str(tmp_path / "state")])
+    owner = Owner(s.group_id, s.input_topic, GROUP_TASK, "cluster", "topic-id")
+    task = TaskFactory(s, owner).new_task(None)
+    learner = make_learner(max_features=s.max_model_features)
+    learner.step([1.0, 2.0], 1)
+    store = LocalStore(s.state_dir, s.group_id)
+    store.save(Checkpoint(3, {(s.input_topic, 0): 40}, learner.to_state(), 2, model_meta(s), 0.0, owner))
+    (store.task_dir(GROUP_TASK) / "checkpoint-000000000004.json").write_bytes(b'{"seq": 4, "posit')  # cut short
+    restorer = Restorer(s, store, Retry(Health(60.0), lambda: False))
+    restorer._read = {("offsets", s.input_topic): {0: 200}, ("ranges", s.input_topic): {0: (0, 200)}}  # noqa: SLF001 — the group's, as the brokers would answer
+    with caplog.at_level(logging.WARNING, logger="perceptron_stream"):
+        assert restorer.restore(task)
+    assert "learned and published again" in caplog.text
+    assert task.learner.weights == learner.weights

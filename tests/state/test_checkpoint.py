@@ -280,6 +280,51 @@ def test_a_store_whose_checkpoints_all_fail_the_key_is_a_key_policy_not_damage(t
     assert "not signed" in fallback.fell_back_from[0]
 
 
+def _junk_slot(store: LocalStore | KafkaStore, seq: int, value: bytes) -> None:
+    """``value`` where checkpoint ``seq`` of OWNER's model goes: its file, or its slot's record."""
+    if isinstance(store, LocalStore):
+        path = store.task_dir("model")
+        path.mkdir(parents=True, exist_ok=True)
+        (path / f"checkpoint-{seq:012d}.json").write_bytes(value)
+    else:
+        store.topic.put(store.slot_keys("model")[seq % store.keep], value)
+
+
+@pytest.mark.parametrize("store_kind", ["local", "kafka"])
+def test_with_a_key_only_a_refused_signed_newer_checkpoint_makes_the_restored_one_a_fallback(tmp_path, store_kind):
+    """Measured on 3125c7b: an old signed checkpoint beside one junk record came back as the fallback from a newer
+    one (``fell_back_from``), which the restorer's stale check let through with a WARNING (issue 35's replay)."""
+    store = LocalStore(tmp_path, "g") if store_kind == "local" else KafkaStore(MemoryTopic(), "g")
+    store.key = KEY
+    store.save(_checkpoint(3))
+    _junk_slot(store, 4, b"junk, not a checkpoint")
+    old = store.load("model", OWNER)
+    assert old is not None and old.seq == 3 and len(old.fell_back_from) == 1 and old.newer_skipped == ()
+    _junk_slot(store, 4, encode_checkpoint(_checkpoint(4)))  # unsigned, claiming a higher seq
+    old = store.load("model", OWNER)
+    assert old is not None and old.seq == 3 and "not signed" in old.fell_back_from[0] and old.newer_skipped == ()
+    store.save(_checkpoint(4))  # signed and newer, but this version cannot use it: a genuine fallback
+    fallback = store.load("model", OWNER, accept=lambda cp: cp.seq < 4 or _raise(CheckpointError("other settings")))
+    assert fallback is not None and fallback.seq == 3 and fallback.newer_skipped == fallback.fell_back_from
+    assert "other settings" in fallback.newer_skipped[0]
+
+
+def _raise(exc: Exception):
+    raise exc
+
+
+@pytest.mark.parametrize("store_kind", ["local", "kafka"])
+def test_without_a_key_a_damaged_record_skipped_may_have_been_the_newest(tmp_path, store_kind):
+    """Nothing is vouched for without a key: a damaged record skipped counts as a newer checkpoint lost (the local
+    store's files come newest first by name; a damaged Kafka record says no seq), the documented fallback."""
+    store = LocalStore(tmp_path, "g") if store_kind == "local" else KafkaStore(MemoryTopic(), "g")
+    store.save(_checkpoint(3))
+    _junk_slot(store, 4, b"junk")
+    restored = store.load("model", OWNER)
+    assert restored is not None and restored.seq == 3 and restored.newer_skipped == restored.fell_back_from
+    assert len(restored.newer_skipped) == 1 and "not valid JSON" in restored.newer_skipped[0]
+
+
 def test_behind_names_each_position_before_the_committed_offset():
     positions = {("points", 0): 40, ("points", 1): 7, ("labels", 0): 3}
     assert behind(positions, {("points", 0): 40, ("points", 1): 7}) == []  # at them: the normal case
