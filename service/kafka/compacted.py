@@ -37,9 +37,11 @@ from perceptron_stream.kafka.kp_options import (
     make_producer,
 )
 
-#: The state topics' clients never create a topic: one deleted under the service stays deleted (the service notices
-#: and stops, runtime/state_topics.py) instead of coming back with the brokers' defaults (cleanup.policy=delete) at
-#: its next write or read. kafka-python honours it through kp_mends.net_client.
+#: The state topics' own clients never create a topic: one deleted under the service is not brought back by them with
+#: the brokers' defaults (cleanup.policy=delete) at their next write or read; the service notices and stops
+#: (runtime/state_topics.py). The poll loop's producer, which writes mix records and, under exactly-once, checkpoints
+#: and changes in its transactions, may still create one (auto-creation on, for the output topics): a restart then
+#: refuses it for its cleanup.policy. kafka-python honours it through kp_mends.net_client.
 NO_AUTO_CREATE = {"allow_auto_create_topics": False}
 
 

@@ -10,8 +10,6 @@ rebalance callbacks ask it for a partition's task (:mod:`perceptron_stream.runti
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import tempfile
 from pathlib import Path
@@ -54,17 +52,18 @@ POLICY_CLIENT_ID = "perceptron-stream;"
 
 
 def policy_client_id(s: ServeSettings) -> str:
-    """The poll loop's client id: the settings its model depends on, and whether (and with which key, as 32 bits of
-    an HMAC that tell nothing of it) it signs, for the other members of its group to read (DescribeGroups) before
-    they process anything (:class:`~perceptron_stream.runtime.partitions.OnePolicy`).
+    """The poll loop's client id: the settings its model depends on, and whether it signs, for the other members of
+    its group to read (DescribeGroups) before they process anything
+    (:class:`~perceptron_stream.runtime.partitions.OnePolicy`). Whether it signs, not with which key: anything
+    derived from the key, shown to whoever may describe the group, would let them test guesses of a weak key
+    offline; an instance with another key is refused by the signatures of the group's checkpoints instead.
 
     >>> from perceptron_stream.config import ServeSettings, load
     >>> policy_client_id(load(ServeSettings, ["--variant", "averaged"]))
     'perceptron-stream;variant=averaged;margin=0.0;standardize=False;max_model_features=50000;hash_features=0;key=none'
     """
     meta = {k: v for k, v in model_meta(s).items() if k != "input_topic"}  # the group reads one input topic
-    key = signing_key(s)
-    meta["key"] = "none" if key is None else hmac.new(key, b"perceptron-stream policy", hashlib.sha256).hexdigest()[:8]
+    meta["key"] = "none" if signing_key(s) is None else "signed"
     return POLICY_CLIENT_ID + ";".join(f"{k}={v}" for k, v in meta.items())
 
 

@@ -113,13 +113,14 @@ class OnePolicy(OneInstance):
     """Partition scope: a newcomer processes nothing while a member of its group runs another model policy.
 
     Each instance says its policy in its client id (the settings its model
-    depends on and its signing key's tag: :func:`~perceptron_stream.runtime.factory.policy_client_id`),
+    depends on and whether it signs: :func:`~perceptron_stream.runtime.factory.policy_client_id`),
     which DescribeGroups shows every member. Two instances of one group that
     mix or hand partitions to each other must run one model: an instance whose
     settings differ from a live member's waits, as :class:`OneInstance` does,
     for a crashed one's session to end, then refuses to start naming the
-    settings (exit 2) before it processed, and so wrote, anything. Two started
-    together with other settings both refuse: neither is the group's yet.
+    settings (exit 2) before it processed, and so wrote, anything. Of two started
+    together with other settings the first whose wait ends refuses, and the
+    other, alone then, goes on (both refuse if their waits end together).
     A member whose client id says no policy (another program, an older version)
     is not judged.
     """
