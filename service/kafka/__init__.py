@@ -31,6 +31,7 @@ from collections.abc import Callable
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.admin import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    TopicWatch,
     cluster_identity,
     committed_offsets,
     ensure_topics,
@@ -39,7 +40,6 @@ from perceptron_stream.kafka.admin import (
     partition_counts,
     record_limits,
     topic_configs,
-    topic_ids,
 )
 from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
 from perceptron_stream.kafka.contract import (
@@ -89,6 +89,7 @@ __all__ = [
     "Stream",
     "TopicSpec",
     "TopicTail",
+    "TopicWatch",
     "client_options",
     "close_producer",
     "cluster_identity",
@@ -105,7 +106,6 @@ __all__ = [
     "require_codecs",
     "require_mends",
     "topic_configs",
-    "topic_ids",
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
@@ -147,22 +148,9 @@ def cluster_identity(settings: KafkaSettings, topic: str) -> tuple[str | None, s
         admin.close()
 
 
-@translated
-def topic_ids(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, str | None]:
-    """Topic → its id as the brokers report it now (None: the topic does not exist, or the brokers report no id).
-
-    One Metadata request that never creates a topic (kafka-python's admin asks with auto-creation off): the
-    state topics' watch (runtime/state_topics.py) asks it every few seconds, and a deleted topic must stay deleted.
-    """
-    admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
-    try:
-        return _topic_ids(admin, list(topics))
-    finally:
-        admin.close()
-
-
 def _topic_ids(admin: AdminClient, topics: list[str]) -> dict[str, str | None]:
-    """Topic → its id, None where it does not exist or the brokers report none (one Metadata request)."""
+    """Topic → its id as the brokers report it now, None where it does not exist or the brokers report none (one
+    Metadata request, which never creates a topic: kafka-python's admin asks with auto-creation off)."""
     described = {t.get("name"): t for t in admin.describe_topics(topics)}
     ids: dict[str, str | None] = {}
     for name in topics:
@@ -170,6 +158,42 @@ def _topic_ids(admin: AdminClient, topics: list[str]) -> dict[str, str | None]:
         topic_id = topic.get("topic_id") if not topic.get("error_code") else None
         ids[name] = None if topic_id in _NO_TOPIC_ID else str(topic_id)
     return ids
+
+
+class TopicWatch:
+    """The ids and configs of the same topics asked again and again (the state topics' watch, every few seconds
+    on the poll loop's thread), on one admin client kept open: a new one each time connected anew (bootstrap,
+    TLS and SASL handshakes) at every check. A client whose call failed is closed and made anew at the next."""
+
+    def __init__(self, settings: KafkaSettings):
+        self.settings = settings
+        self._admin: AdminClient | None = None
+
+    def _call(self, ask: Callable[[AdminClient], Any]) -> Any:
+        if self._admin is None:
+            self._admin = AdminClient(**kafka_python_options(self.settings), request_timeout_ms=10_000)
+        try:
+            return ask(self._admin)
+        except Exception:
+            self.close()
+            raise
+
+    @translated
+    def ids(self, topics: Iterable[str]) -> dict[str, str | None]:
+        """Topic → its id (:func:`_topic_ids`)."""
+        names = list(topics)
+        return self._call(lambda admin: _topic_ids(admin, names))
+
+    @translated
+    def configs(self, topics: Iterable[str]) -> dict[str, dict[str, str]]:
+        """As :func:`topic_configs`."""
+        names = list(topics)
+        return self._call(lambda admin: _topic_configs(admin, names))
+
+    def close(self) -> None:
+        if self._admin is not None:
+            admin, self._admin = self._admin, None
+            admin.close()
 
 
 #: What a broker holds a record batch to when a topic says nothing of its own (Kafka's message.max.bytes default):
@@ -186,14 +210,18 @@ def topic_configs(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, d
     The embedded broker describes what a topic was created with and no defaults (``{}`` for a topic created
     with none): callers fall back to Kafka's defaults, e.g. :data:`DEFAULT_MAX_MESSAGE_BYTES`.
     """
-    topics = list(topics)
     admin = AdminClient(**kafka_python_options(settings), request_timeout_ms=10_000)
     try:
-        described = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics], config_filter="all"
-        )
+        return _topic_configs(admin, list(topics))
     finally:
         admin.close()
+
+
+def _topic_configs(admin: AdminClient, topics: list[str]) -> dict[str, dict[str, str]]:
+    """Topic → {config name: value} (one DescribeConfigs request, every config)."""
+    described = admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics], config_filter="all"
+    )
     by_topic = described.get("topic", {}) if isinstance(described, dict) else {}
     return {
         t: {

@@ -192,6 +192,7 @@ class Startup:
         self.limits = limits
         owner = Owner(s.group_id, s.input_topic)
         watch = StateTopics(s, self.retry)
+        self.resources.callback(watch.watch.close)
         if s.state_store != "none" or state_topics(s):
             ids = until(lambda: cluster_identity(s, s.input_topic), "read the cluster's and the input topic's ids")
             if ids is None:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from perceptron_stream.config import ServeSettings, flag
-from perceptron_stream.kafka import KafkaFatal, topic_configs, topic_ids
+from perceptron_stream.kafka import KafkaFatal, TopicWatch
 from perceptron_stream.runtime.retry import Retry, StartupError
 
 log = logging.getLogger("perceptron_stream")
@@ -70,7 +70,7 @@ def state_topics(s: ServeSettings) -> list[StateTopic]:
 
 
 def policy_problem(topic: StateTopic, configs: dict[str, str]) -> str | None:
-    """Why ``topic``'s configs (``topic_configs``' answer, from a broker that reports configs) do not keep state.
+    """Why ``topic``'s configs (``TopicWatch.configs``' answer, from a broker that reports configs) do not keep state.
 
     >>> t = StateTopic("ckpt", "checkpoint_topic", "checkpoint")
     >>> policy_problem(t, {"cleanup.policy": "compact"}) is None
@@ -125,6 +125,7 @@ class StateTopics:
         self.keeps_configs = True  # the brokers report topic configs (Apache Kafka; not the embedded broker)
         self._next_check = 0.0
         self.every_s = min(CHECK_EVERY_S, max(MIN_CHECK_S, settings.checkpoint_interval_seconds))
+        self.watch = TopicWatch(settings)  # one admin client for every check (closed by start-up's resources)
 
     def start(self, embedded: bool) -> bool:
         """At start-up, once the topics exist: each one's policy checked and its id recorded; False when stopped
@@ -172,12 +173,12 @@ class StateTopics:
     def _read(self) -> tuple[dict[str, str | None], dict[str, dict[str, str]] | None]:
         """(topic → id, topic → its own configs, or None where the brokers keep none)."""
         names = [t.name for t in self.topics]
-        ids = topic_ids(self.settings, names)
+        ids = self.watch.ids(names)
         present = [name for name in names if ids.get(name) is not None]
         if not (self.keeps_configs and present):
             return ids, None
         try:
-            configs = topic_configs(self.settings, present)
+            configs = self.watch.configs(present)
         except KafkaFatal as exc:  # no DescribeConfigs on them (ACLs): their ids are still checked
             self._undescribed(present, str(exc))
             return ids, None

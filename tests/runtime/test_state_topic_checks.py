@@ -59,10 +59,10 @@ def test_a_topic_described_with_no_configs_is_not_described_and_never_refused_fo
     from perceptron_stream.runtime.health import Health
     from perceptron_stream.runtime.retry import Retry
 
-    monkeypatch.setattr(module, "topic_ids", lambda settings, names: {name: "id-1" for name in names})
-    monkeypatch.setattr(module, "topic_configs", lambda settings, names: {name: {} for name in names})
     s = load(ServeSettings, ["--metrics-port", "0", "--state-store", "kafka"])
     watch = module.StateTopics(s, Retry(Health(60.0), lambda: False))
+    monkeypatch.setattr(watch.watch, "ids", lambda names: {name: "id-1" for name in names})
+    monkeypatch.setattr(watch.watch, "configs", lambda names: {name: {} for name in names})
     assert watch.start(embedded=False)  # no StateTopicError
     assert not watch.keeps_configs and "their cleanup.policy is not checked" in caplog.text
     watch.check()  # from then on the ids alone
