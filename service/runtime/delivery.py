@@ -79,20 +79,28 @@ class Delivery:
             log.warning("a dead letter was cut to fit: %s", why)
             send(topic, key, value)
             return
+        send(s.dlq_topic, None, self._refused_letter(value, f"this event's output could not be published: {why}"))
+
+    def _refused_letter(self, value: bytes, error: str) -> bytes:
+        """The ``output_refused`` dead letter of the event whose output ``value`` is (without key or raw value: they
+        may be what was too large), naming where its input is; counted."""
+        s = self.settings
         doc = orjson.loads(value)
-        source = doc.get("label_source") or doc["source"]  # an outcome's input is its label
-        error = f"this event's output could not be published: {why}; the input is at source"
+        source = doc.get("label_source") or doc["source"]  # every output carries its input's position (an outcome's
+        # input is its label)
+        error = f"{error}; the input is at source"
         log.error("%s at %s", error, source)
-        letter = dead_letter_value(
+        self.metrics.rejected.labels("output_refused").inc()
+        return dead_letter_value(
             Rejection("output_refused", error),
             None,
             source["topic"],
             source["partition"],
             source["offset"],
-            max_bytes=min(s.max_message_bytes, limits.of(s.dlq_topic)),
+            max_bytes=s.max_message_bytes
+            if self.limits is None
+            else min(s.max_message_bytes, self.limits.of(s.dlq_topic)),
         )
-        send(s.dlq_topic, None, letter)
-        self.metrics.rejected.labels("output_refused").inc()
 
     def flush(self, stream) -> None:
         """Wait for every acknowledgement, however long the brokers are away (DeliveryError once stopping)."""
@@ -127,28 +135,12 @@ class Delivery:
                 )
                 self.metrics.mix_rejected.labels("refused").inc()
                 continue
-            source = orjson.loads(r.value)["source"]  # every output carries its input's position
-            what = "dead letter" if r.topic == s.dlq_topic else "prediction"
+            what = "dead letter" if r.topic == s.dlq_topic else "output"
             error = (
                 f"the brokers refused this event's {what} ({len(r.value)} bytes, key {len(r.key or b'')} bytes) for good: "
-                f"{r.error.__class__.__name__}; the input is at source"
+                f"{r.error.__class__.__name__}"
             )
-            log.error("%s at %s", error, source)
-            stream.send(
-                s.dlq_topic,
-                None,
-                dead_letter_value(
-                    Rejection("output_refused", error),
-                    None,
-                    source["topic"],
-                    source["partition"],
-                    source["offset"],
-                    max_bytes=s.max_message_bytes
-                    if self.limits is None
-                    else min(s.max_message_bytes, self.limits.of(s.dlq_topic)),
-                ),
-            )
-            self.metrics.rejected.labels("output_refused").inc()
+            stream.send(s.dlq_topic, None, self._refused_letter(r.value, error))
         again = stream.flush(timeout_s=FLUSH_WAIT_S)
         if again:
             raise StartupError(f"the brokers refuse even a short dead letter on {s.dlq_topic}: {again[0].error!r}")

@@ -83,7 +83,7 @@ def test_a_refused_prediction_becomes_a_dead_letter_without_key_or_raw():
     letter = DeadLetter.model_validate_json(value)
     assert (topic, key, letter.reason, letter.raw) == ("points.dlq", None, "output_refused", "")
     assert (letter.source.topic, letter.source.partition, letter.source.offset) == ("points", 2, 41)
-    assert "refused this event's prediction" in letter.error and "key 7 bytes" in letter.error
+    assert "refused this event's output" in letter.error and "key 7 bytes" in letter.error
     assert metrics.registry.get_sample_value("perceptron_rejected_events_total", {"reason": "output_refused"}) == 1
 
 
