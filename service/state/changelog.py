@@ -37,6 +37,7 @@ import math
 import orjson
 from perceptron_stream.kafka.contract import refuse_too_large
 from perceptron_stream.state.pending import PendingTable
+from perceptron_stream.state.pending.table import row_key
 
 log = logging.getLogger("perceptron_stream")
 
@@ -178,7 +179,7 @@ class Changelog:
         limits = getattr(self.io, "limits", None)
         if limits is None:
             return None
-        key = self._key(partition, f"i:{point_id}" if type(point_id) is int else f"s:{point_id}")
+        key = self._key(partition, row_key(point_id))
         return limits.of(self.io.topic) - len(key) - CHANGE_OVERHEAD_BYTES
 
     def too_large(self, size: int, what: str = "pending point") -> str:

@@ -32,7 +32,7 @@ def _stored(row: dict) -> bytes:
     return bytes(memoryview(orjson.dumps(row)))
 
 
-def _key(point_id: str | int) -> str:
+def row_key(point_id: str | int) -> str:
     """Ids are strings or integers on the wire: ``7`` and ``"7"`` are different points."""
     return f"i:{point_id}" if type(point_id) is int else f"s:{point_id}"
 
@@ -80,7 +80,7 @@ class PendingTable:
         A second point with the same id replaces the first: the label that
         comes is for the decision published last.
         """
-        key, memory = _key(point_id), self.memory
+        key, memory = row_key(point_id), self.memory
         if key in self._early:
             return self._join_early(key, now)
         blob = _stored(point)
@@ -105,7 +105,7 @@ class PendingTable:
     def hold(self, label_id: str | int, label: dict, at: float) -> None:
         """Keep ``label``, whose point has not come (:meth:`take` found no row), until :meth:`add` brings the point
         or :meth:`pop_early` lets it go. A second label for it is a duplicate (:meth:`take`)."""
-        key, blob = _key(label_id), _stored(label)
+        key, blob = row_key(label_id), _stored(label)
         self._peeked.pop(key, None)
         self._remember(key, EARLY, at, blob)
         self._early[key] = (at, blob)
@@ -115,7 +115,7 @@ class PendingTable:
         """The label that waits for point ``point_id`` (:meth:`add` would join them), left waiting; None: none."""
         if point_id is None:
             return None
-        key = _key(point_id)
+        key = row_key(point_id)
         label = self._peeked.get(key)
         if label is None:
             held = self._early.get(key)
@@ -170,7 +170,7 @@ class PendingTable:
         """
         self._make_room()
         mem, rows = self.memory.rows, self._rows
-        keys = [k for k in dict.fromkeys(map(_key, point_ids)) if k not in mem and k not in rows]
+        keys = [k for k in dict.fromkeys(map(row_key, point_ids)) if k not in mem and k not in rows]
         rows.update(dict.fromkeys(keys))  # absent unless found
         for key, *row in rows_of(self.disk.db, keys, "state, at, point, epoch"):
             rows[key] = tuple(row)
@@ -179,7 +179,7 @@ class PendingTable:
         """The pending point of ``point_id`` (now marked labeled), ``"duplicate"`` when it was labeled
         already (or a label for it waits, early), None when unknown (never seen, expired, evicted: see :meth:`hold`)."""
         self._make_room()
-        key = _key(point_id)
+        key = row_key(point_id)
         row = self.memory.rows.get(key)
         if row is not None:  # a point of the open epoch: its row becomes the labeled mark, in memory
             if row[0] != "pending":  # labeled, or its label waits already (early)
