@@ -64,9 +64,7 @@ def test_an_output_the_brokers_refuse_becomes_a_dead_letter_and_the_stream_goes_
     body = json.loads(letter.value)
     assert letter.key is None and body["raw"] == "" and body["reason"] == "output_refused"
     assert body["source"] == {"topic": topics["input_topic"], "partition": 0, "offset": 1}
-    assert (
-        "the brokers refused this event's output" in body["error"] and "MessageSizeTooLargeError" in body["error"]
-    )
+    assert "the brokers refused this event's output" in body["error"] and "MessageSizeTooLargeError" in body["error"]
     wait_until(
         lambda: (
             'perceptron_rejected_events_total{reason="output_refused"} 1.0'
