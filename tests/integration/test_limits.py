@@ -24,6 +24,14 @@ from tests.support.topics import consume, create_topic, produce, stable_offsets
 from tests.support.waiting import wait_until
 
 
+def _args(broker, names: dict, tmp_path, client: str, guarantee: str, **extra) -> list[str]:
+    """The service's arguments on ``client`` under ``guarantee`` (exactly-once: a commit every 100 ms)."""
+    timing = {"commit_interval_ms": 100} if guarantee == "exactly-once" else {}
+    return settings_args(
+        broker, names, tmp_path, kafka_client=client, processing_guarantee=guarantee, **timing, **extra
+    )
+
+
 def _wait_committed(settings, topic: str, offset: int) -> None:
     """Until the group's stable committed offset of ``topic``'s partition 0 is ``offset``."""
     wait_until(
@@ -94,13 +102,8 @@ def _refused_outputs_run(apache_kafka, topics, tmp_path, client: str, guarantee:
     keys = [b"e-0", b"big", b"bad", *(f"e-{i}".encode() for i in range(1, 51)), None]
     produce(bootstrap, topics["input_topic"], values, keys=keys)
     exactly_once = guarantee == "exactly-once"
-    args = settings_args(
-        apache_kafka,
-        topics,
-        tmp_path,
-        kafka_client=client,
-        processing_guarantee=guarantee,
-        **({"commit_interval_ms": 100, **store_args("kafka", topics)} if exactly_once else {}),
+    args = _args(
+        apache_kafka, topics, tmp_path, client, guarantee, **(store_args("kafka", topics) if exactly_once else {})
     )
     outputs = OutputWatcher(bootstrap, topics["output_topic"], read_committed=exactly_once).start()
     letters = OutputWatcher(bootstrap, topics["dlq_topic"], read_committed=exactly_once).start()
@@ -174,16 +177,7 @@ def test_a_point_near_the_size_limit_is_kept_in_a_pending_changelog_of_the_broke
     big += b" " * (978_916 - len(big))  # the finding's size
     produce(bootstrap, names["input_topic"], [big, {"id": "small", "features": {"a": 1.0}}], keys=[b"big", b"small"])
     exactly_once = guarantee == "exactly-once"
-    args = settings_args(
-        apache_kafka,
-        names,
-        tmp_path,
-        kafka_client=client,
-        processing_guarantee=guarantee,
-        pending_topic=pending,
-        **({"commit_interval_ms": 100} if exactly_once else {}),
-        **store_args("kafka", topics),
-    )
+    args = _args(apache_kafka, names, tmp_path, client, guarantee, pending_topic=pending, **store_args("kafka", topics))
     predictions = OutputWatcher(bootstrap, names["output_topic"], read_committed=exactly_once).start()
     outcomes = OutputWatcher(bootstrap, names["outcome_topic"], read_committed=exactly_once, by=label_offset).start()
     log_path = tmp_path / "serve.log"
@@ -233,15 +227,7 @@ def test_a_checkpoint_larger_than_its_topic_allows_stops_the_service_naming_the_
         bootstrap, store["checkpoint_topic"], config={"cleanup.policy": "compact", "max.message.bytes": "4000"}
     )
     produce(bootstrap, topics["input_topic"], [{"features": {f"f{i}": 1.0 for i in range(300)}, "y": 1}] * 5)
-    args = settings_args(
-        apache_kafka,
-        topics,
-        tmp_path,
-        kafka_client=client,
-        processing_guarantee=guarantee,
-        **({"commit_interval_ms": 100} if guarantee == "exactly-once" else {}),
-        **store,
-    )
+    args = _args(apache_kafka, topics, tmp_path, client, guarantee, **store)
     log_path = tmp_path / "serve.log"
     assert exit_code(args, log_path) == 1, tail(log_path)
     log = log_path.read_text(errors="replace")
