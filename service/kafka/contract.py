@@ -186,6 +186,10 @@ class RecordLimits:
         """The largest key + value ``topic`` accepts."""
         return self._of.get(topic, self._default)
 
+    def setting(self, topic: str) -> int:
+        """``topic``'s max.message.bytes as the brokers apply it (the default where they described none)."""
+        return self.max_message_bytes.get(topic, self.default)
+
     def smallest(self) -> int:
         """The largest key + value every topic the service writes accepts (a producer's batch stays within it)."""
         return min([self._default, *self._of.values()])
@@ -199,7 +203,7 @@ class RecordLimits:
             return None
         return (
             f"a record of {size} bytes exceeds max.message.bytes="
-            f"{self.max_message_bytes.get(topic, self.default)} of topic {topic} "
+            f"{self.setting(topic)} of topic {topic} "
             f"(less {RECORD_OVERHEAD_BYTES} bytes of record overhead)"
         )
 

@@ -185,7 +185,7 @@ class Changelog:
     def too_large(self, size: int, what: str = "pending point") -> str:
         """Why a stored ``what`` (a pending point, an early label) of ``size`` bytes cannot be kept."""
         limits = getattr(self.io, "limits", None)
-        limit = limits.max_message_bytes.get(self.io.topic, limits.default) if limits is not None else "?"
+        limit = limits.setting(self.io.topic) if limits is not None else "?"
         return (
             f"its {what} ({size} bytes) would make a changelog record beyond max.message.bytes={limit} "
             f"of topic {self.io.topic}"
