@@ -182,13 +182,19 @@ class Changelog:
         key = self._key(partition, row_key(point_id))
         return limits.of(self.io.topic) - len(key) - CHANGE_OVERHEAD_BYTES
 
-    def too_large(self, size: int, what: str = "pending point") -> str:
-        """Why a stored ``what`` (a pending point, an early label) of ``size`` bytes cannot be kept."""
-        limits = getattr(self.io, "limits", None)
-        limit = limits.setting(self.io.topic) if limits is not None else "?"
+    def too_large(self, partition: int, row_id: str | int, row: dict, estimate: int, what: str) -> str | None:
+        """Why the stored ``what`` (a pending point, an early label) ``row`` of ``row_id`` cannot be kept: its change
+        would be larger than the topic takes (None: it fits). ``estimate`` bounds its JSON's size from above
+        (cheaply, from the record it came in): the row is measured only when that is beyond the room."""
+        room = self.room(partition, row_id)
+        if room is None or estimate <= room:
+            return None
+        size = len(orjson.dumps(row))
+        if size <= room:
+            return None
         return (
-            f"its {what} ({size} bytes) would make a changelog record beyond max.message.bytes={limit} "
-            f"of topic {self.io.topic}"
+            f"its {what} ({size} bytes) would make a changelog record beyond max.message.bytes="
+            f"{self.io.limits.setting(self.io.topic)} of topic {self.io.topic}"
         )
 
     def flush(self) -> None:

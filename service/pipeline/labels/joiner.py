@@ -47,7 +47,6 @@ import time
 import uuid
 from typing import Any
 
-import orjson
 from perceptron_stream.pipeline.labels.join import Join
 from perceptron_stream.state.checkpoint import CheckpointError
 from perceptron_stream.state.pending import PendingTable
@@ -139,14 +138,14 @@ class Joiner:
         if challengers:
             point["challengers"] = challengers
         table = self.table(r.partition)
-        room = None if self.changelog is None else self.changelog.room(r.partition, event_id)
-        # the stored point is about the input's size (a dense x's "1" becomes "1.0"): measured only near the room;
-        # one its waiting label joins at once is not stored
-        if room is not None and len(r.value) * 4 + 1024 > room and table.waiting(event_id) is None:
-            size = len(orjson.dumps(point))
-            if size > room:  # its change could never be written, nor then any checkpoint of the task
-                self.refused.append((r, self.changelog.too_large(size)))
-                return None
+        # the stored point is about the input's size (a dense x's "1" becomes "1.0"); one its waiting label joins
+        # at once is not stored
+        why = None
+        if self.changelog is not None:
+            why = self.changelog.too_large(r.partition, event_id, point, len(r.value) * 4 + 1024, "pending point")
+        if why is not None and table.waiting(event_id) is None:  # its change could never be written, nor then any
+            self.refused.append((r, why))  # checkpoint of the task
+            return None
         label = table.add(event_id, point, now=point["at"])
         return None if label is None else (point, label)
 
@@ -342,15 +341,17 @@ class Joiner:
             "key": None if r.key is None else base64.b64encode(r.key).decode(),
             "value": r.value.decode(),
         }
-        room = None if self.changelog is None else self.changelog.room(r.partition, label.id)
-        # the row is about the record's size (its key in base64, its value escaped again): measured only near the room
-        if room is not None and (len(r.value) * 6 + len(r.key or b"") * 2 + len(str(label.id)) * 6 + 1024) > room:
-            size = len(orjson.dumps(row))
-            if size > room:
-                why = self.changelog.too_large(size, "early label")
-                error = f"this label came before its point and cannot wait for it: {why}; it will not be joined"
-                log.error("%s (label at %s[%d] offset %d)", error, r.topic, r.partition, r.offset)
-                return [], Rejection("output_refused", error)
+        # the row is about the record's size (its key in base64, its value escaped again)
+        estimate = len(r.value) * 6 + len(r.key or b"") * 2 + len(str(label.id)) * 6 + 1024
+        why = (
+            None
+            if self.changelog is None
+            else self.changelog.too_large(r.partition, label.id, row, estimate, "early label")
+        )
+        if why is not None:
+            error = f"this label came before its point and cannot wait for it: {why}; it will not be joined"
+            log.error("%s (label at %s[%d] offset %d)", error, r.topic, r.partition, r.offset)
+            return [], Rejection("output_refused", error)
         evicted = []
         if table.early_count() >= self.max_early:
             why = (
