@@ -107,6 +107,14 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
         wait_until(lambda: held_partitions((tmp_path / "serve-b.log").read_text()), 60, what="b's partitions")
         processes["a"].send_signal(signal.SIGKILL)  # its partitions idle until its session times out, then move
         processes["a"].wait()
+        if protocol == "consumer":  # to b, before c comes: were a's session to end as c joins, the assignor may hand
+            # b's partitions to c and a's to b at once (seen under load), and c's join would not be told from a's end
+            # (the embedded broker, classic only, evicts a dead member only at the next join)
+            wait_until(
+                lambda: held_partitions((tmp_path / "serve-b.log").read_text()) == set(range(PARTITIONS)),
+                60,
+                what="a's partitions moved to b once its session ended",
+            )
         b_log_before_c = len((tmp_path / "serve-b.log").read_text())
         processes["c"] = _start(args, tmp_path, "c")  # joins mid-stream: a rebalance takes partitions from b
         wait_until(
@@ -132,9 +140,8 @@ def test_instances_join_die_and_leave_and_every_replica_learns_each_event_once(
         assert not has_traceback((tmp_path / f"serve-{name}.log").read_text()), tail(tmp_path / f"serve-{name}.log")
     assert "assigned" in (tmp_path / "serve-c.log").read_text()  # the newcomer got partitions
     if protocol == "consumer":
-        # KIP-848: b's first revocation once c came (c's join) gives up some of what b held, never all: the rest never
-        # stopped. What happens later is not asserted: a's session ending moves more, and where c's share goes first
-        # depends on whether the killed a was still a member when c joined.
+        # KIP-848: b's first revocation once c came (c's join) gives up some of what b held (every partition, a's
+        # session having ended), never all: the rest never stopped.
         b_log = (tmp_path / "serve-b.log").read_text()
         first = b_log.find(" revoked ", b_log_before_c)
         assert first >= 0, tail(tmp_path / "serve-b.log")
