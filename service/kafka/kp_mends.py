@@ -402,6 +402,9 @@ class _ClientNoiseFilter(logging.Filter):
       It is blocking the event loop``: the client's IO thread timing itself;
       on a busy machine (the GIL held by the poll loop) any step may pass
       0.1 s. A diagnostic for kafka-python's developers, not the operator's.
+    - ``WARNING kafka.coordinator.consumer: OffsetCommit for group ... failed:
+      UnknownMemberIdError`` (coordinator/consumer.py, before it raises
+      CommitFailedError): the service says the refused commit itself, once.
     - A connection refused, lost or timed out, and what follows from it ("No
       node available for metadata refresh", "Marking the coordinator dead", a
       fetch or a request that failed with KafkaConnectionError): the brokers
@@ -438,6 +441,9 @@ class _ClientNoiseFilter(logging.Filter):
     def noise(record: logging.LogRecord) -> bool:
         if _connection_trouble(record):
             return True
+        if record.name == "kafka.coordinator.consumer" and record.msg == "OffsetCommit for group %s failed: %s":
+            return True  # a member the group removed (an outage past the session): raised next as CommitFailedError,
+            # which the service says itself ("could not commit offsets of group ...")
         if record.name == "kafka.cluster":
             args = record.args if isinstance(record.args, tuple) else ()
             return record.msg == "Metadata refresh: failed %s" and bool(args) and isinstance(args[0], kerrors.Cancelled)
