@@ -150,6 +150,13 @@ class OutputWatcher:
         with self._lock:
             return len(self.by_source)
 
+    def seen(self, key) -> int:
+        """How many outputs were filed under ``key`` so far. A restarted run is at the end of a one-partition stream
+        once the output of its last offset was seen once more than before it started: the distinct count cannot
+        say so when a killed or stopped run had published past the position the next one resumes at."""
+        with self._lock:
+            return len(self.by_source.get(key, ()))
+
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join(30)
