@@ -72,7 +72,7 @@ def runner(args: list[str], recs, tmp: Path, labels=None):
         from perceptron_stream.pipeline.task import Tally
     except ImportError:  # the old Application: its own _process, over a stream that does nothing
         app.io = NullStream()  # type: ignore[attr-defined]  # that Application's stream
-        return lambda: [app._process(recs[i : i + 1000]) for i in range(0, len(recs), 1000)]  # type: ignore[func-returns-value]  # that Application's _process (one batch)
+        return lambda: [app._process(recs[i : i + 1000]) for i in range(0, len(recs), 1000)]  # type: ignore[attr-defined]  # that Application's _process (one batch)
     if app.settings.label_topic is not None and not hasattr(app, "factory"):  # before the task factory (which makes
         import tempfile  # its own cache directory), the app did
 

@@ -6,12 +6,9 @@ rest in dependency order; the wiring builds on what it opened (tasks from
 callbacks); the stream opens last. Each resource is registered with one
 :class:`~contextlib.ExitStack` as it opens and closed in reverse order.
 
-Per turn: poll (one list of records per partition) → settle assignments
-(:mod:`perceptron_stream.runtime.partitions`: restore what was assigned) → each
-partition's records to its task (:mod:`perceptron_stream.pipeline.task`: decode →
-predict, then learn → prediction or dead letter sent) → wait for the
-brokers' acknowledgements (:mod:`perceptron_stream.runtime.delivery`) → checkpoint when
-due, then commit (:mod:`perceptron_stream.runtime.checkpointer`) → lag.
+Per turn, the loop (:mod:`perceptron_stream.runtime.loop`): poll → settle assignments →
+each partition's records to its task → the outputs acknowledged → checkpoint when due, then
+commit (exactly-once: the transaction, :mod:`perceptron_stream.runtime.transaction`) → lag.
 
 Guarantees, and the order above that gives them:
 
@@ -32,21 +29,21 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from contextlib import ExitStack
 
 from perceptron_stream import __version__
 from perceptron_stream.config import ServeSettings
 from perceptron_stream.http import HttpEndpoints
-from perceptron_stream.kafka import Aborted, DeliveryError, Fenced, KafkaFatal, KafkaUnavailable, Stream
+from perceptron_stream.kafka import Stream
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.pipeline.labels import LabelGate
 from perceptron_stream.pipeline.models import REPORT_PAGE, ModelReports, ModelSet
-from perceptron_stream.pipeline.task import Tally, TaskSet
+from perceptron_stream.pipeline.task import TaskSet
 from perceptron_stream.runtime.checkpointer import Checkpointer
 from perceptron_stream.runtime.delivery import Delivery
 from perceptron_stream.runtime.factory import TaskFactory
 from perceptron_stream.runtime.health import Health, LagProbe
+from perceptron_stream.runtime.loop import Loop
 from perceptron_stream.runtime.partitions import Assignments
 from perceptron_stream.runtime.restore import Restorer
 from perceptron_stream.runtime.retry import Retry, StartupError
@@ -85,11 +82,12 @@ class Application:
         self.reports = ModelReports()  # GET /model, read by the HTTP thread only
         self.http: HttpEndpoints | None = None
         self.stream: Stream | None = None  # the poll loop's consumer and producer, once start-up opened it
+        self.loop: Loop | None = None  # the poll loop, once the stream is attached
         self.label_gate = LabelGate(  # labels ahead of points
             self.tasks, s.label_topic, s.input_topic, s.fetch_max_wait_ms, s.max_early_labels, s.batch_size
         )
         self._stopping = False
-        self._doing = "connecting to the brokers"  # what the loop is doing, for a stop that does not finish in time
+        self._doing: str | None = "connecting to the brokers"  # outside the loop (None: the loop says, see undone)
         self.wire(Opened(Owner(s.group_id, s.input_topic)))  # nothing opened yet; start-up wires again
 
     def wire(self, opened: Opened) -> None:
@@ -99,8 +97,10 @@ class Application:
         s, self.store, self.mix_feed = self.settings, opened.store, opened.mix_feed
         self.factory = TaskFactory(s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board)
         self.restorer = Restorer(s, self.store, self.retry, initial=self.factory.initial)
-        self.checkpointer = Checkpointer(s, self.store, self.metrics, self.health, self.retry, opened.state_topics)
-        self.checkpointer.limits = self.delivery.limits = opened.limits  # each output measured before it is sent
+        self.checkpointer = Checkpointer(
+            s, self.store, self.metrics, self.health, self.retry, opened.state_topics, opened.limits
+        )
+        self.delivery.limits = opened.limits  # each output measured before it is sent
         self.assignments = Assignments(
             s,
             self.tasks,
@@ -148,7 +148,7 @@ class Application:
         """What the loop is doing and what it would leave undone if the process ended now (the stop deadline's
         message). Read on another thread while the loop runs: plain reads of counters and flags."""
         return left_undone(
-            self._doing,
+            self._doing or (self.loop.doing if self.loop is not None else ""),
             sum(task.unsaved for task in self.tasks.all()),
             self.assignments.batch_open,
             stored=self.store is not None,
@@ -170,7 +170,8 @@ class Application:
             resources.callback(self.health.outage.restore)
             if not self._start(resources):  # stopped meanwhile
                 return 0
-            return self._loop()
+            assert self.loop is not None  # attached by _start
+            return self.loop.run()
 
     def _start(self, resources: ExitStack) -> bool:
         """Start-up, the wiring on what it opened, the group's model restored, then the stream; False when stopped."""
@@ -192,7 +193,7 @@ class Application:
         )
         if self.stream is None:
             return False
-        self.assignments.stream = self.stream  # the stream calls the callbacks back: it opens after them
+        self.attach(self.stream)
         resources.callback(self._close_clients)
         resources.callback(self._final_checkpoint)  # first at exit: before the clients close
         self.health.broker_ok = True
@@ -202,6 +203,27 @@ class Application:
         gc.collect()
         gc.freeze()
         return True
+
+    def attach(self, stream: Stream) -> Loop:
+        """The stream start-up opened (or a test's stand-in) given to the parts that use it, and the loop over it."""
+        self.stream = self.assignments.stream = stream  # the stream calls the callbacks back: it opens after them
+        self.loop = Loop(
+            stream,
+            settings=self.settings,
+            tasks=self.tasks,
+            assignments=self.assignments,
+            checkpointer=self.checkpointer,
+            delivery=self.delivery,
+            label_gate=self.label_gate,
+            mix_feed=self.mix_feed,
+            lag=self.lag,
+            retry=self.retry,
+            health=self.health,
+            metrics=self.metrics,
+            stopping=lambda: self._stopping,
+        )
+        self._doing = None  # the loop says what it is doing
+        return self.loop
 
     def _final_checkpoint(self) -> None:
         if not self.assignments.batch_open:
@@ -217,89 +239,3 @@ class Application:
         for task in self.tasks.all():
             if task.joiner is not None:
                 task.joiner.close()
-
-    # the loop ------------------------------------------------------------
-    def _loop(self) -> int:
-        s, stream = self.settings, self.stream
-        assert stream is not None  # start-up opened it before the loop runs
-        polling = f"in the {s.kafka_client} client's poll"
-        while not self._stopping:
-            self.health.beat()
-            self._doing = polling
-            ok, batches = self.retry.once(
-                lambda: stream.poll(s.poll_timeout_ms, s.batch_size),
-                f"read {s.input_topic} in group {s.group_id}",
-                probe=True,
-            )
-            if not ok:
-                time.sleep(0.5)
-                continue
-            self.assignments.settle()
-            if self.mix_feed is not None:
-                self.mix_feed.follow()
-            self.label_gate.clock(lambda: self.retry.once(lambda: stream.lag(ask_broker=False), "read the input's lag"))
-            if batches and not self.assignments.may_process():  # other members are still in the group: nothing yet
-                self.assignments.put_back([r for records in batches for r in records])
-                batches = []
-            self._doing = "processing a batch"
-            if batches:
-                self.lag.records_came()
-            if batches or (self.label_gate.due() and self.assignments.may_process()):  # (labels past their grace period
-                # go in a batch of no records)
-                try:
-                    self._process(batches)
-                except DeliveryError:  # raised only once stopping: no final checkpoint (_final_checkpoint)
-                    # a stop with work left undone is no clean exit: the orchestrator is told
-                    raise StartupError(
-                        "stopped while the brokers had not acknowledged the batch's outputs: no final checkpoint; "
-                        "the next start reads the batch again from the last committed offsets"
-                    ) from None
-                except (Aborted, Fenced) as exc:  # exactly-once: the open transaction is over, nothing of it visible
-                    raise self.checkpointer.transaction_lost(exc) from None
-            self._pace_labels(stream)
-            self._doing = "checkpointing or committing"
-            self.checkpointer.maybe(self.tasks.all(), stream)
-            self._doing = "reading the lag"
-            self.lag.refresh(stream)
-        return 0
-
-    def _pace_labels(self, stream: Stream) -> None:
-        """The label partitions the gate paces paused or read again: those still assigned (a revoked one's pause
-        went with it), and none read again that waits for its restore (it stays paused until then)."""
-        pause, resume = self.label_gate.pace()
-        if pause or resume:
-            assigned, waiting = self.assignments.assigned, self.assignments.waiting
-            stream.pause([tp for tp in pause if tp in assigned])
-            stream.resume([tp for tp in resume if tp in assigned and tp[1] not in waiting])
-
-    def _process(self, batches) -> None:
-        started = time.perf_counter()
-        assert self.stream is not None  # start-up opened it before the loop runs
-        tally, send = Tally(), self.delivery.sender(self.stream)
-        if (
-            self.checkpointer.exactly_once
-        ):  # the batch's outputs go in the open transaction (the checkpointer commits it)
-            try:
-                self.stream.begin()
-            except (KafkaFatal, KafkaUnavailable) as exc:
-                raise self.checkpointer.transaction_lost(exc) from None
-        self.assignments.batch_open = True
-        for records in self.label_gate.admit(batches, tally):
-            task = self.tasks.for_partition(records[0].partition)
-            if task is None:  # assigned, not restored yet: read again once it is
-                self.assignments.put_back(records)
-                continue
-            task.process(records, send, tally)
-        tasks = self.tasks.all()
-        self.label_gate.release(send, tally)
-        self._doing = "waiting for the brokers to acknowledge the batch's outputs"
-        self.delivery.flush(self.stream)
-        self.assignments.batch_open = False
-        waiting = self.label_gate.acknowledged(tally)  # (points pending, labels early), or None
-        self.checkpointer.acknowledged(tasks)
-        self.metrics.observe_tally(tally, time.perf_counter() - started)
-        for task in tasks:
-            self.metrics.set_model(task.learner.weight_norm, task.learner.radius, task.partition)
-        if waiting is not None:
-            self.metrics.pending.set(waiting[0])
-            self.metrics.early.set(waiting[1])

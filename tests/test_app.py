@@ -100,14 +100,15 @@ class DeniedStream:
     ],
 )
 def test_errors_no_retry_can_cure_stop_the_running_loop_too(app, where, what):
-    app.stream = app.assignments.stream = DeniedStream(where)
+    stream = DeniedStream(where)
+    loop = app.attach(stream)
     app.tasks.group.positions[("points", 0)] = 5  # a batch acknowledged (no store before start-up): to be committed
     app.checkpointer.acknowledged(app.tasks.all())
     assert app.checkpointer.pending_commit()
     app.assignments.guard.passed = True
     with pytest.raises(StartupError, match=f"{what}: TopicAuthorizationFailedError.*retrying cannot help"):
-        app._loop()  # noqa: SLF001 — the loop alone, on a stream with no broker behind it: run() would start up first
-    assert app.stream.calls == 1  # at once, not retried every half second
+        loop.run()  # the loop alone, on a stream with no broker behind it: run() would start up first
+    assert stream.calls == 1  # at once, not retried every half second
 
 
 # -- the model's bounds in its checkpoints (issue 12) ----------------------------
@@ -244,7 +245,7 @@ class AwayStream(DeniedStream):
 def test_a_stop_while_the_brokers_never_acknowledged_the_batch_exits_with_an_error(app):
     """Work left undone (a batch learned and published, its outputs unacknowledged, no checkpoint): exit 0 would
     tell the orchestrator all was well."""
-    app.stream = app.assignments.stream = AwayStream(app)
+    loop = app.attach(AwayStream(app))
     app.assignments.guard.passed = True
     with pytest.raises(StartupError, match="stopped while the brokers had not acknowledged the batch's outputs"):
-        app._loop()  # noqa: SLF001 — the loop alone, on a stream with no broker behind it
+        loop.run()  # the loop alone, on a stream with no broker behind it

@@ -15,55 +15,27 @@ The state topics are checked from here too, every few seconds at most
 created again or no longer compacted stops the service before it writes
 state again (no checkpoint, no commit, no final checkpoint after it).
 
-Under ``--processing-guarantee exactly-once`` the loop's stream holds an open
-Kafka transaction with every output since the last commit; every
-``--commit-interval-ms`` (and on revocation, and at a clean stop) the
-checkpoint record of each task that changed (and, with delayed labels, its
-pending changelog records) is sent into it and it is committed with those
-tasks' positions (:meth:`Checkpointer.transact`): outputs, checkpoints,
-changelog and positions become visible together, or not at all. A
-transaction that fails is not retried: the service stops
-(:meth:`Checkpointer.transaction_lost`), and its restart restores the last
-committed checkpoint, which is where the committed outputs and positions end.
-
-One fault injection, for tests only: with the environment variable
-``ABORT_TRANSACTION_ENV`` set to N, the process's N-th transaction that commits
-something is aborted where its commit would be, once every record of it
-(outputs, changelog, checkpoint) is in the brokers' logs; the service then
-stops as for any aborted transaction (tests/integration/test_exactly_once.py).
-Neither a SIGKILL nor a paused broker can place an abort there: the changelog
-and checkpoint records exist only in the few milliseconds of a commit. Never
-set it in production.
+Under ``--processing-guarantee exactly-once`` the checkpoints go in the loop's open
+transaction, whose room is :mod:`perceptron_stream.runtime.transaction`: this module
+decides when it commits (every ``--commit-interval-ms``, on revocation, at a clean stop)
+and when it is aborted (a stop inside a batch, a state topic lost).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 
-from perceptron_stream.kafka import (
-    Aborted,
-    Fenced,
-    KafkaFatal,
-    KafkaUnavailable,
-    RecordLimits,
-    RecordTooLarge,
-    refuse_too_large,
-)
+from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable, RecordLimits
 from perceptron_stream.runtime.retry import Backoff, StartupError, fatal
+from perceptron_stream.runtime.transaction import COMMIT_TIMEOUT_S, Transaction
 from perceptron_stream.state.kafka_store import CheckpointTooLargeError
 
 log = logging.getLogger("perceptron_stream")
 
-#: Commits give up after this long (a commit waits for the group coordinator).
-COMMIT_TIMEOUT_S = 5.0
-#: Test-only (see the module's docstring): the number of the transaction to abort before its commit.
-ABORT_TRANSACTION_ENV = "PERCEPTRON_TEST_ABORT_TRANSACTION"
-
 
 class Checkpointer:
-    def __init__(self, settings, store, metrics, health, retry, state_topics=None):
+    def __init__(self, settings, store, metrics, health, retry, state_topics=None, limits: RecordLimits | None = None):
         self.settings, self.store, self.metrics, self.health, self.retry = settings, store, metrics, health, retry
         self.state_topics = state_topics  # StateTopics: checked at each turn, asked every few seconds at most
         self.state_lost = False  # a state topic was deleted or replaced: nothing more is written or committed
@@ -73,11 +45,17 @@ class Checkpointer:
         self._to_commit: dict[tuple[str, int], int] | None = (
             None  # saved (or, storeless, acknowledged), not yet committed
         )
-        self.exactly_once = settings.processing_guarantee == "exactly-once"
-        self.transaction_failed = False  # exactly-once: a transaction failed, the service is stopping
-        self.transactions = 0  # exactly-once: transactions that sent something, this run
-        self._abort_at = int(os.environ.get(ABORT_TRANSACTION_ENV, 0))  # test-only fault injection (0: none)
-        self.limits: RecordLimits | None = None  # the topics' record limits, once start-up read them
+        #: exactly-once: the loop's open transaction (None: at least once)
+        self.transaction = (
+            Transaction(settings, store, metrics, health, limits, self._state_topic_lost)
+            if settings.processing_guarantee == "exactly-once"
+            else None
+        )
+
+    @property
+    def transaction_failed(self) -> bool:
+        """Exactly-once: a transaction failed (or was lost with the state topics): nothing more is committed."""
+        return self.transaction is not None and self.transaction.failed
 
     def acknowledged(self, tasks) -> None:
         """A batch's outputs were acknowledged: without a store, its positions may be committed now."""
@@ -90,9 +68,9 @@ class Checkpointer:
         """Checkpoint when due (or ``final``), then commit what the checkpoints hold (exactly-once: commit the
         transaction when due, or ``final``)."""
         self._watch(stream)
-        if self.exactly_once:
-            if final or time.monotonic() - self._last_at >= self.settings.commit_interval_ms / 1000:
-                self.transact(tasks, stream)
+        if self.transaction is not None:
+            if final or self.transaction.due():
+                self.transaction.commit(tasks, stream)
             return
         if self._due(tasks, final):
             self.checkpoint(tasks)
@@ -111,12 +89,12 @@ class Checkpointer:
                 "stopped inside a batch whose outputs were not all acknowledged: no final checkpoint; "
                 "the next start learns and publishes it again from the last checkpoint"
             )
-            if self.exactly_once and stream is not None:
-                self._abort(stream)
+            if self.transaction is not None and stream is not None:
+                self.transaction.abort(stream)
         else:
             self.maybe(tasks, stream, final=True)
             unsaved = [task.name for task in tasks if task.unsaved]
-            if unsaved and self.store is not None and not self.exactly_once:
+            if unsaved and self.store is not None and self.transaction is None:
                 # the final checkpoint could not be written: the stop leaves work undone, which exit 0 would hide
                 raise StartupError(
                     f"stopped without the final checkpoint of {', '.join(unsaved)} (see the error above): the "
@@ -137,8 +115,8 @@ class Checkpointer:
         Exactly-once (on revocation): the transaction committed with them, in ``stream``."""
         if self.state_lost:
             return False
-        if self.exactly_once:
-            return self.transact(tasks, stream)
+        if self.transaction is not None:
+            return self.transaction.commit(tasks, stream)
         if self.store is None:
             return True
         for task in tasks:
@@ -200,8 +178,10 @@ class Checkpointer:
             self.state_topics.maybe()
         except StartupError:
             self.state_lost = True
-            if self.exactly_once and stream is not None:
-                self._abort(stream)
+            if self.transaction is not None:
+                self.transaction.failed = True  # nothing is committed after it
+                if stream is not None:
+                    self.transaction.abort(stream)
             raise
 
     def _state_topic_lost(self) -> StartupError | None:
@@ -215,110 +195,3 @@ class Checkpointer:
             self.state_lost = True
             return lost
         return None
-
-    # exactly-once ----------------------------------------------------------
-    def transact(self, tasks, stream) -> bool:
-        """Exactly-once: the checkpoint record of each task with unsaved events sent into the open transaction,
-        which is then committed with their positions; the tasks saved. A failure stops the service."""
-        if self.transaction_failed or self.state_lost:  # stopping; kafka-python's close calls on_revoked
-            return False
-        changed = [task for task in tasks if task.unsaved]
-        self._last_at = time.monotonic()
-        if not changed or stream is None:
-            return True
-        started = time.perf_counter()
-        checkpoints = [(task, task.snapshot()) for task in changed]
-        try:
-            for task, cp in checkpoints:
-                task.before_save(cp, stream)  # the pending changelog's records of the span
-                topic, key, value = self.store.record(cp)
-                refuse_too_large(self.limits, topic, key, value)  # it would fail the transaction at its commit
-                stream.send(topic, key, value)
-            self.transactions += 1
-            if self.transactions == self._abort_at:
-                self._inject_abort(stream)
-            refused = stream.commit_transaction(
-                {tp: o for _, cp in checkpoints for tp, o in cp.positions.items()}, timeout_s=COMMIT_TIMEOUT_S
-            )
-        except CheckpointTooLargeError as exc:
-            self._abort(stream)
-            raise StartupError(str(exc)) from None
-        except RecordTooLarge as exc:  # a checkpoint or changelog record its topic would refuse for good
-            self.transaction_failed = True
-            self._abort(stream)
-            raise fatal(exc, "write the span's checkpoint") from None
-        except (KafkaFatal, KafkaUnavailable) as exc:  # Fenced, Aborted, or another reason it ended unknown
-            raise self.transaction_lost(exc) from None
-        if refused:  # only the checkpoint records were sent since the batch's flush
-            raise StartupError(
-                f"the brokers refused a checkpoint record on {refused[0].topic} for good "
-                f"({refused[0].error!r}) after its transaction committed: the next start finds no "
-                "checkpoint at the committed positions; raise the topic's max.message.bytes"
-            )
-        self.metrics.transaction_commit.observe(time.perf_counter() - started)
-        self.metrics.transactions.labels("committed").inc()
-        for task, cp in checkpoints:
-            task.saved(cp)
-            log.debug("checkpoint %d at %s (%s) committed with its transaction", cp.seq, cp.positions, task.name)
-        self.metrics.last_checkpoint.set(checkpoints[-1][1].created)
-        self.health.broker_ok = True
-        return True
-
-    def transaction_lost(self, exc: Exception) -> StartupError:
-        """The StartupError that stops the service when a transaction failed (counted as aborted): nothing of it is
-        visible, and the restart restores the last committed checkpoint, where the committed outputs end.
-
-        A state topic deleted or created again fails the transaction that writes to it (its checkpoint record is
-        not acknowledged) before the next check would see it: the state topics are checked now, and that is what
-        the service stops with when one is lost."""
-        lost = self._state_topic_lost()
-        if lost is not None:
-            self.transaction_failed = True
-            self.metrics.transactions.labels("aborted").inc()
-            return lost
-        if not isinstance(exc, (Fenced, Aborted, KafkaFatal)):
-            log.error("a transaction's commit ended without an answer (%s): it is committed or aborted", exc)
-        self.transaction_failed = True
-        self.metrics.transactions.labels("aborted").inc()
-        if isinstance(exc, Fenced):
-            return StartupError(
-                f"fenced: a newer owner has this instance's partitions ({exc}); nothing of the open "
-                "transaction is visible; stopping, for the orchestrator to restart the instance"
-            )
-        if isinstance(exc, Aborted):
-            return StartupError(
-                f"{exc}: nothing of it is visible; stopping, so that the restart restores the last "
-                "committed checkpoint and processes the span again"
-            )
-        if isinstance(exc, KafkaFatal):
-            return fatal(exc, "commit a transaction")
-        return StartupError(
-            f"a transaction's commit did not finish ({exc}); stopping, so that the restart restores "
-            "the last committed checkpoint"
-        )
-
-    def evicted(self, stream, partitions: list[tuple[str, int]]) -> StartupError:
-        """Exactly-once, the group removed this instance: the open transaction aborted (not left to hold
-        read_committed readers back until it times out), and the StartupError that stops the service."""
-        self.transaction_failed = True  # first: nothing is committed after this, whatever the abort meets
-        self._abort(stream, count=False)  # counted once, by transaction_lost
-        return self.transaction_lost(
-            Fenced(f"the group removed this instance and took its {len(partitions)} partition(s) away")
-        )
-
-    def _inject_abort(self, stream) -> None:
-        """Test-only: abort the open transaction once all it holds is in the logs, as a failed commit would."""
-        stream.flush(COMMIT_TIMEOUT_S)
-        stream.abort()
-        log.warning(
-            "%s=%d: transaction %d aborted before its commit", ABORT_TRANSACTION_ENV, self._abort_at, self._abort_at
-        )
-        raise Aborted(f"transaction {self.transactions} aborted by the test's {ABORT_TRANSACTION_ENV}")
-
-    def _abort(self, stream, count: bool = True) -> None:
-        try:
-            stream.abort()
-        except (KafkaFatal, KafkaUnavailable) as exc:  # the transaction coordinator aborts it after its timeout
-            log.warning("could not abort the open transaction (%s)", exc)
-        if count:
-            self.metrics.transactions.labels("aborted").inc()

@@ -209,7 +209,7 @@ class Assignments:
                 # committed by the loop; the next owner restores from it. Exactly-once: the open transaction is
                 # committed here, with every task whose outputs it holds (KIP-848 revokes only some: a kept task's
                 # outputs must not become visible without its positions)
-                self.checkpointer.checkpoint(self.tasks.all() if self.checkpointer.exactly_once else tasks, self.stream)
+                self.checkpointer.checkpoint(self.tasks.all() if self.checkpointer.transaction else tasks, self.stream)
             for task in tasks:
                 self.tasks.drop(task.partition)
                 if task.joiner is not None:
@@ -225,24 +225,19 @@ class Assignments:
         self._moved = True
 
     def on_lost(self, partitions: list[tuple[str, int]]) -> None:
-        """The group removed this instance (its session expired while it was frozen or cut off, or it overran
-        max.poll.interval.ms) and took its partitions away: another member may have restored them from the last
-        commit and published past it.
-
-        Exactly-once: nothing of the open transaction may become visible. Its offsets would be refused (an old
-        member id: UNKNOWN_MEMBER_ID), or, were the member id its client reset sent, taken unchecked
-        (Fenced.no_member), so no commit is tried: the transaction is aborted at once (not left to hold
-        read_committed readers back until it times out) and the instance stops as a fenced one does (Kafka
-        Streams likewise closes lost tasks without a commit). With nothing uncommitted, and at least once: as a
-        revocation (a commit of the old generation is refused; a replay repeats outputs). Once a transaction
-        failed, nothing (kafka-python calls this as it closes a consumer whose generation is gone)."""
-        if self.checkpointer.transaction_failed:
+        """The group removed this instance and took its partitions away: under exactly-once, with uncommitted
+        work, the open transaction is aborted and the instance stops (:meth:`Transaction.evicted
+        <perceptron_stream.runtime.transaction.Transaction.evicted>` says why). With nothing uncommitted, and at
+        least once: as a revocation (a commit of the old generation is refused; a replay repeats outputs). Once a
+        transaction failed, nothing (kafka-python calls this as it closes a consumer whose generation is gone)."""
+        transaction = self.checkpointer.transaction
+        if transaction is not None and transaction.failed:
             return
-        if not self.checkpointer.exactly_once or not any(task.unsaved for task in self.tasks.all()):
+        if transaction is None or not any(task.unsaved for task in self.tasks.all()):
             self.on_revoked(partitions)
             return
         log.info("lost %s", _named(partitions))
-        raise self.checkpointer.evicted(self._stream, partitions)
+        raise transaction.evicted(self._stream, partitions)
 
     # the loop -------------------------------------------------------------
     def settle(self) -> None:

@@ -26,7 +26,6 @@ from perceptron_stream.kafka import CompactedTopic
 from perceptron_stream.learning import learner_from_state, make_learner
 from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.learning.mixing import mix_states
-from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV
 from perceptron_stream.state.checkpoint import decode_checkpoint, owner_of
 from perceptron_stream.state.kafka_store import KafkaStore
 
@@ -316,7 +315,7 @@ def test_delayed_labels_across_a_sigkill_and_an_aborted_commit_publish_each_pred
 ):
     """Group scope, one partition, the Kafka store: points, then their labels in a shuffled order while the service
     is SIGKILLed (a transaction open), restarted with its first transaction aborted once every record of it (outcomes,
-    the pending changelog's records, the checkpoint) was in the logs (the test-only ABORT_TRANSACTION_ENV), and
+    the pending changelog's records, the checkpoint) was in the logs (tests.support.faults), and
     restarted again; then more points. A read_committed reader sees every prediction and every outcome exactly once,
     each the offline replay's; the aborted records are in the logs, yet no restore had a stale change to undo (the
     changelog's reader never sees them), and the committed checkpoint is the replay's model: each label learned once."""
@@ -357,7 +356,7 @@ def test_delayed_labels_across_a_sigkill_and_an_aborted_commit_publish_each_pred
         assert process.poll() is None, tail(logs[0])
         process.kill()  # with a transaction open: outcomes sent, some of them in the log
         process.wait()
-        process = start_service_process(args, logs[1], env={ABORT_TRANSACTION_ENV: "1"})
+        process = start_service_process(args, logs[1], fault=("abort-transaction", "1"))
         assert process.wait(120) == 1, tail(logs[1])
         assert "transaction 1 aborted before its commit" in logs[1].read_text(), tail(logs[1])
         process = start_service_process(args, logs[2])

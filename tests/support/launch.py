@@ -37,15 +37,17 @@ def settings_args(broker, topics: dict, tmp_path: Path, **extra) -> list[str]:
 
 
 def start_service_process(
-    args: list[str], log_path: Path, preexec_fn=None, env: dict | None = None
+    args: list[str], log_path: Path, preexec_fn=None, env: dict | None = None, fault: tuple[str, ...] = ()
 ) -> subprocess.Popen:
     """`perceptron-stream serve` as a real child process (signals, crashes).
 
     ``preexec_fn`` runs in the child before the service starts (e.g. to lower
-    its open-files limit); ``env``: variables added to the test's environment."""
+    its open-files limit); ``env``: variables added to the test's environment;
+    ``fault``: one of :mod:`tests.support.faults` (e.g. ``("abort-transaction", "1")``)."""
+    runner = ["tests.support.faults", *fault] if fault else ["perceptron_stream.cli"]
     with open(log_path, "ab") as log:  # the child writes to its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "perceptron_stream.cli", "serve", *args],
+            [sys.executable, "-m", *runner, "serve", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,

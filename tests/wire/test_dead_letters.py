@@ -165,13 +165,13 @@ def test_the_service_sends_dead_letters_within_the_limit():
         load(ServeSettings, ["--metrics-port", "0", "--max-message-bytes", "1000000", "--state-store", "none"])
     )
     stream = CapturingStream()
-    app.stream = stream  # type: ignore[assignment]  # a stand-in with what _process uses: send and flush
+    loop = app.attach(stream)  # type: ignore[arg-type]  # a stand-in with what a batch uses: send and flush
     hostile = [
         Record("points", 0, 0, b"k" * 930_000, CONTROL * 2048, 0),  # invalid JSON within the limit, escaped 6 times
         Record("points", 0, 1, b"k" * 999_900, b'{"x": [1.0], "y": 5}', 0),  # bad label, a key with no room left
         Record("points", 0, 2, b"k" * 10, b"\xff" * 2_000_000, 0),
     ]  # too large (2 MB), not UTF-8
-    app._process([hostile])  # noqa: SLF001 — one batch, no broker: run() needs one
+    loop.process([hostile])  # one batch, no broker: run() needs one
     assert [(topic, len(key or b"") + len(value) <= 1_000_000) for topic, key, value in stream.sent] == [
         ("points.dlq", True)
     ] * 3

@@ -1,5 +1,5 @@
 """--processing-guarantee exactly-once without a broker: the start-up refusals, the transactional id, the
-checkpointer's transactions (perceptron_stream.runtime.checkpointer.Checkpointer.transact) and the Kafka store's
+transaction's room (perceptron_stream.runtime.transaction, as the checkpointer drives it) and the Kafka store's
 transactional record and committed-only load. On Apache Kafka: tests/integration/test_exactly_once.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from perceptron_stream.config import ConfigError, ServeSettings, load
 from perceptron_stream.kafka import Aborted, Fenced, Refused
 from perceptron_stream.metrics import ServiceMetrics
-from perceptron_stream.runtime.checkpointer import ABORT_TRANSACTION_ENV, Checkpointer
+from perceptron_stream.runtime.checkpointer import Checkpointer
 from perceptron_stream.runtime.factory import TaskFactory
 from perceptron_stream.runtime.health import Health
 from perceptron_stream.runtime.retry import Retry, StartupError
@@ -150,7 +150,7 @@ def test_a_transaction_is_committed_every_commit_interval_and_only_when_somethin
     checkpointer.maybe([task], stream)
     assert stream.commits == []  # not due yet (an hour of checkpoint interval would not matter)
     checkpointer, _, task, _ = _checkpointer("--commit-interval-ms", "1")
-    checkpointer.transact([task], stream)
+    checkpointer.transaction.commit([task], stream)
     checkpointer.maybe([task], stream)  # nothing changed since
     assert stream.commits == [{("points", 0): 7}]
 
@@ -173,18 +173,6 @@ def test_a_failed_transaction_stops_the_service_counted_as_aborted_and_nothing_i
     checkpointer.final([task], stream, batch_open=False)  # the exit's final checkpoint tries nothing more
     assert checkpointer.checkpoint([task], stream) is False  # nor a revocation as the consumer closes
     assert _transactions(metrics, "aborted") == 1
-
-
-def test_the_test_only_fault_injection_aborts_the_nth_transaction_once_all_of_it_was_flushed(monkeypatch):
-    monkeypatch.setenv(ABORT_TRANSACTION_ENV, "2")
-    checkpointer, _, task, metrics = _checkpointer("--commit-interval-ms", "1")
-    stream = TransactionalStream()
-    checkpointer.transact([task], stream)  # the first commits
-    task.unsaved = 1
-    with pytest.raises(StartupError, match="aborted by the test's PERCEPTRON_TEST_ABORT_TRANSACTION"):
-        checkpointer.transact([task], stream)
-    assert (len(stream.commits), stream.flushes, stream.aborts) == (1, 1, 1) and len(stream.sent) == 2
-    assert task.seq == 1 and _transactions(metrics, "aborted") == 1
 
 
 def test_a_checkpoint_record_refused_for_good_stops_the_service():
@@ -227,7 +215,9 @@ def test_with_delayed_labels_the_spans_changelog_records_go_into_its_transaction
         task.positions[(s.input_topic, 0)] = 1
         task.unsaved = 1
         stream = TransactionalStream()
-        Checkpointer(s, store, metrics, health, Retry(health, lambda: False)).transact([task], stream)
+        transaction = Checkpointer(s, store, metrics, health, Retry(health, lambda: False)).transaction
+        assert transaction is not None  # exactly-once
+        transaction.commit([task], stream)
         assert [(topic, key) for topic, key, _ in stream.sent] == [
             ("perceptron-stream.pending", b"perceptron-stream/0/s:c-1"),
             ("perceptron-stream.checkpoints", store.slot_keys(GROUP_TASK)[1]),
@@ -259,7 +249,7 @@ def test_an_evicted_instance_aborts_its_open_transaction_commits_nothing_more_an
     committed; the abort is counted once."""
     checkpointer, _, task, metrics = _checkpointer()
     stream = TransactionalStream()
-    stopped = checkpointer.evicted(stream, [("points", 0)])
+    stopped = checkpointer.transaction.evicted(stream, [("points", 0)])
     assert isinstance(stopped, StartupError) and "fenced: a newer owner has this instance's partitions" in str(stopped)
     assert "the group removed this instance and took its 1 partition(s) away" in str(stopped)
     assert stream.aborts == 1 and _transactions(metrics, "aborted") == 1
