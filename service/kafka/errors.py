@@ -168,13 +168,26 @@ def delivery_kind(error: BaseException | None) -> str:
     return REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
 
 
+#: kafka-python's own prefix of a message, "[Error 7] ": the class's name says it.
+_CODE_PREFIX = re.compile(r"^\[Error -?\d+\] ")
+
+
+def _message(exc: BaseException) -> str:
+    """The error's message without kafka-python's "[Error N] " prefix (the class's name says the code).
+
+    >>> _message(kerrors.KafkaTimeoutError("no answer")), _message(kerrors.RequestTimedOutError())
+    ('KafkaTimeoutError: no answer', 'RequestTimedOutError')
+    """
+    return _CODE_PREFIX.sub("", str(exc).strip())
+
+
 def describe(exc: BaseException) -> str:
     """The error's class and message once (kafka-python's messages often start with the class already).
 
     >>> describe(kerrors.KafkaTimeoutError("no answer")), describe(ValueError("bad")), describe(kerrors.KafkaError())
     ('KafkaTimeoutError: no answer', 'ValueError: bad', 'KafkaError')
     """
-    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())
+    text = _message(exc)
     return text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
@@ -239,7 +252,7 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     """
     if exc is None or isinstance(exc, (KafkaFatal, KafkaUnavailable)) or not isinstance(exc, KafkaError):
         return exc
-    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())  # kafka-python's own prefix: the name says it
+    text = _message(exc)
     text = text if text.startswith(exc.__class__.__name__) else f"{exc.__class__.__name__}: {text}".rstrip(": ")
     # kafka-python names a rejection's class twice ("SaslAuthenticationFailedError: SaslAuthenticationFailedError: ...")
     text = text.replace(f"{exc.__class__.__name__}: {exc.__class__.__name__}: ", f"{exc.__class__.__name__}: ", 1)
