@@ -56,6 +56,7 @@ from perceptron_stream.kafka.errors import (
     delivery_kind,
     service_error,
     transaction_error,
+    translated,
 )
 from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
 from perceptron_stream.kafka.ledger import Ledger
@@ -110,21 +111,11 @@ def kafka_error(err: CKafkaError | None, in_transaction: bool = False) -> kerror
     return cls(f"{err.str()} ({err.name()})")
 
 
-def _translated(method: Callable) -> Callable:
-    """Raise what a method's confluent-kafka call (or its own check) raised as the service's error."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except KafkaException as exc:
-            raise service_error(
-                kafka_error(exc.args[0] if exc.args else None), getattr(self, "settings", None)
-            ) from exc
-        except kerrors.KafkaError as exc:
-            raise service_error(exc, getattr(self, "settings", None)) from exc
-
-    return wrapper
+#: The service's translation (:func:`perceptron_stream.kafka.errors.translated`) with librdkafka's exception mapped to
+#: kafka-python's class first (:func:`kafka_error`): what a method's confluent-kafka call (or its own check) raised.
+_translated = functools.partial(
+    translated, foreign={KafkaException: lambda exc: kafka_error(exc.args[0] if exc.args else None)}
+)
 
 
 def client_config(settings: KafkaSettings) -> dict:

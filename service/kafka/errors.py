@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import overload
 
 import kafka.errors as kerrors
@@ -306,17 +306,30 @@ def transaction_error(
     )
 
 
-def translated(function: Callable) -> Callable:
-    """Raise what ``function``'s kafka-python calls raised as the service's errors (settings from its arguments)."""
+def translated(
+    function: Callable, foreign: Mapping[type[BaseException], Callable[[BaseException], KafkaError]] | None = None
+) -> Callable:
+    """Raise what ``function``'s client calls raised as the service's errors (settings from its arguments).
+
+    The one translation of both clients: kafka-python's errors go to :func:`service_error` as they are; another
+    client's exceptions (``foreign``: their type → kafka-python's error for one, confluent.py's for librdkafka's
+    KafkaException) are mapped to kafka-python's classes first. The settings are the first
+    :class:`KafkaSettings` argument, else the ``settings`` of the first argument (a method's ``self``).
+    """
+    foreign = dict(foreign or {})
+    kinds = tuple(foreign)
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except KafkaError as exc:
+        except (KafkaError, *kinds) as exc:
             settings = next(
                 (a for a in args if isinstance(a, KafkaSettings)), getattr(args[0], "settings", None) if args else None
             )
-            raise service_error(exc, settings) from exc
+            error = (
+                exc if isinstance(exc, KafkaError) else next(f for k, f in foreign.items() if isinstance(exc, k))(exc)
+            )
+            raise service_error(error, settings) from exc
 
     return wrapper
