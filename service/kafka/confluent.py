@@ -46,6 +46,7 @@ from perceptron_stream.kafka.contract import (
     first_offsets,
 )
 from perceptron_stream.kafka.errors import (
+    CERTIFICATE_REFUSED_ALERTS,
     FATAL,
     LIBRDKAFKA_ERRORS,
     LIBRDKAFKA_TRANSACTION_ERRORS,
@@ -750,9 +751,9 @@ def authentication_error(err: CKafkaError) -> kerrors.KafkaError | None:
     if err.code() == CKafkaError._SSL and "certificate verify failed" in text:  # noqa: SLF001
         return SslAuthenticationError(text)
     if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(  # noqa: SLF001
-        f"SSL alert number {n}" in text for n in (42, 46, 48, 116)
+        f"SSL alert number {n}" in text for n in CERTIFICATE_REFUSED_ALERTS
     ):
-        return ClientCertificateRefused(text)  # bad_certificate, certificate_unknown, unknown_ca, certificate_required
+        return ClientCertificateRefused(text)
     if err.code() != CKafkaError._AUTHENTICATION:  # noqa: SLF001
         return None
     if "Unsupported SASL mechanism" in text:

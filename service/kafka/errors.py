@@ -63,13 +63,14 @@ class ClientCertificateRefused(SslAuthenticationError):
     TLS alert 42, bad_certificate, at the first read after the handshake (TLS 1.3 sends it there)."""
 
 
-#: TLS alerts with which the brokers refuse the client's certificate (OpenSSL's reasons)
-CERTIFICATE_REFUSED_ALERTS = (
-    "SSLV3_ALERT_BAD_CERTIFICATE",
-    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
-    "TLSV1_ALERT_UNKNOWN_CA",
-    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
-)
+#: TLS alerts with which the brokers refuse the client's certificate: the alert's number (RFC 8446, what librdkafka
+#: reports: "SSL alert number 42") → OpenSSL's reason (what Python's ssl module reports, kafka-python's).
+CERTIFICATE_REFUSED_ALERTS = {
+    42: "SSLV3_ALERT_BAD_CERTIFICATE",  # bad_certificate
+    116: "TLSV13_ALERT_CERTIFICATE_REQUIRED",  # certificate_required
+    48: "TLSV1_ALERT_UNKNOWN_CA",  # unknown_ca
+    46: "SSLV3_ALERT_CERTIFICATE_UNKNOWN",  # certificate_unknown
+}
 
 #: kafka-python's classes of a rejected SASL mechanism (error 33), SASL exchange (34) or credentials (58).
 AUTHENTICATION_ERROR_NAMES = ("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError")
