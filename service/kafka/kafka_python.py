@@ -63,7 +63,7 @@ from perceptron_stream.kafka.kp_options import (
     kafka_python_options,
     make_producer,
 )
-from perceptron_stream.kafka.ledger import Ledger, Tally
+from perceptron_stream.kafka.ledger import DeliveryCounts, Ledger
 from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
@@ -413,18 +413,18 @@ class KafkaIO:
 
 class CountingProducer:
     """The service's producer (:func:`make_producer`) for ``perceptron-stream produce``: each send's answer is
-    counted in the :class:`Tally` it names, and nothing is sent again (the run reports what was lost)."""
+    counted in the :class:`DeliveryCounts` it names, and nothing is sent again (the run reports what was lost)."""
 
     @translated
     def __init__(self, settings: KafkaSettings):
         self.settings = settings
         self.producer = make_producer(settings)
 
-    def send(self, topic: str, key: bytes | None, value: bytes, tally: Tally) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes, counts: DeliveryCounts) -> None:
         try:
-            self.producer.send(topic, key=key, value=value).add_callback(tally.ok).add_errback(tally.fail)
+            self.producer.send(topic, key=key, value=value).add_callback(counts.ok).add_errback(counts.fail)
         except KafkaError as exc:  # refused before sending (too large), or no brokers within max_block_ms
-            tally.fail(exc)
+            counts.fail(exc)
 
     def flush(self, timeout_s: float) -> bool:
         """Until every send is answered; False when some were not within ``timeout_s`` (they count as lost)."""
