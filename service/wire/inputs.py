@@ -323,8 +323,8 @@ def decode_label(raw: bytes | None, key: bytes | None, max_message_bytes: int) -
         doc = _FAST_LABEL(raw)
     except (msgspec.DecodeError, UnicodeDecodeError):
         doc = None
-    if doc is not None and (y := LABELS.get(doc.y)) is not None:
-        return _new(Label, (doc.id, y))
+    if doc is not None and (y := LABELS.get(_Y(doc))) is not None:
+        return _new(Label, (_ID(doc), y))
     try:  # anything else: pydantic's model says what is wrong
         label = LabelEvent.model_validate_json(raw)
     except ValidationError as exc:
