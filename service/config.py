@@ -467,9 +467,9 @@ class ServeSettings(KafkaSettings):
     @field_validator("challengers")
     @classmethod
     def _challengers_parse(cls, value: str) -> str:
-        from perceptron_stream.pipeline.models import ModelSet
+        from perceptron_stream.learning.challengers import parse_challengers
 
-        ModelSet.parse(value)  # ValueError naming the challenger
+        parse_challengers(value)  # ValueError naming the challenger
         return value
 
     @model_validator(mode="after")
@@ -559,7 +559,7 @@ class ServeSettings(KafkaSettings):
         took 7.8 s and 2.3 GB of memory to be refused for its feature count."""
         import orjson
         from perceptron_stream.learning import model_file
-        from perceptron_stream.wire.messages import ModelFile
+        from perceptron_stream.model_format import ModelFile
 
         path = self.initial_model
         assert path is not None  # the caller's test

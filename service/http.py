@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, unquote
 import orjson
 from perceptron_stream.metrics import ServiceMetrics
 from perceptron_stream.runtime.health import Health
-from perceptron_stream.runtime.retry import StartupError
+from perceptron_stream.runtime.retry import Backoff, StartupError
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import CollectorRegistry, RestrictedRegistry
 
@@ -229,7 +229,8 @@ class HttpEndpoints:
         self._reserve: int | None = None
         self._take_reserve()
         self._accept_paused_until: float | None = None
-        self._backoff = 0.0
+        self._backoff = Backoff(*BACKOFF_S)  # the pause of accept, doubling while accepts fail
+        self._accept_failing = False  # since the last accept that took a connection: said once, at the first
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="http-endpoints", daemon=True)
 
@@ -321,7 +322,8 @@ class HttpEndpoints:
                     continue
                 self._pause_accepting(exc)
                 return None
-            self._backoff = 0.0
+            self._backoff.reset()
+            self._accept_failing = False
             return sock
 
     def _free_a_descriptor(self) -> bool:
@@ -338,10 +340,10 @@ class HttpEndpoints:
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Stop watching the listener for a moment: it stays readable, so watching it now would spin."""
-        if not self._backoff:
+        if not self._accept_failing:
             log.warning("http: accept failed (%s); pausing accept, answering what is open", exc)
-        self._backoff = min(BACKOFF_S[1], max(BACKOFF_S[0], self._backoff * 2))
-        self._accept_paused_until = time.monotonic() + self._backoff
+            self._accept_failing = True
+        self._accept_paused_until = time.monotonic() + self._backoff.next()
         self._selector.unregister(self._listener)
 
     def _admit(self, sock: socket.socket) -> None:

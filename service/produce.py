@@ -5,7 +5,7 @@ acknowledged, and a run that lost messages says how many and fails with
 :class:`ProduceError`, whose message the command prints as one line (exit 1,
 or 2 for a bad setting). It sends through the Kafka layer, as the service
 does: the service's producer (:class:`perceptron_stream.kafka.CountingProducer`), its
-book-keeping of deliveries (:class:`perceptron_stream.kafka.ledger.Tally`) and its
+book-keeping of deliveries (:class:`perceptron_stream.kafka.ledger.DeliveryCounts`) and its
 classification of errors (:mod:`perceptron_stream.kafka.errors`).
 
 Delayed labels (``--label-topic``): each synthetic event goes to ``--topic``
@@ -48,7 +48,7 @@ from perceptron_stream.kafka import (
     require_mends,
 )
 from perceptron_stream.kafka.errors import describe
-from perceptron_stream.kafka.ledger import Tally
+from perceptron_stream.kafka.ledger import DeliveryCounts
 from perceptron_stream.runtime.outage import Outage
 from perceptron_stream.streams import csv_columns, delayed_labels, is_csv, read_file, synthetic
 from rich.console import Console
@@ -341,7 +341,7 @@ def produce(
         raise _fail(f"cannot use {servers}: {describe(exc)}; nothing was written") from None
     finally:
         connecting.restore()
-    books = {POINT: Tally(), LABEL: Tally()}
+    books = {POINT: DeliveryCounts(), LABEL: DeliveryCounts()}
     topics = {POINT: settings.topic}
     if settings.label_topic is not None:
         topics[LABEL] = settings.label_topic

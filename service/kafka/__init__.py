@@ -26,7 +26,7 @@ with the mends of its bugs (:mod:`perceptron_stream.kafka.kp_mends`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.kafka.admin import (
@@ -58,6 +58,7 @@ from perceptron_stream.kafka.contract import (
     RecordTooLarge,
     Refused,
     Stream,
+    StreamOptions,
     TopicSpec,
     first_offsets,
     refuse_too_large,
@@ -87,6 +88,7 @@ __all__ = [
     "RecordTooLarge",
     "Refused",
     "Stream",
+    "StreamOptions",
     "TopicSpec",
     "TopicTail",
     "TopicWatch",
@@ -109,65 +111,12 @@ __all__ = [
 ]
 
 
-def open_stream(
-    settings: KafkaSettings,
-    client: str,
-    *,
-    group_id: str,
-    topics: list[str],
-    auto_offset_reset: str,
-    on_assigned: Callable,
-    on_revoked: Callable,
-    max_poll_records: int,
-    fetch_max_wait_ms: int,
-    group_protocol: str = "classic",
-    transactional_id: str | None = None,
-    on_lost: Callable | None = None,
-    client_id: str = "perceptron-stream",
-    batch_bytes: int | None = None,
-) -> Stream:
-    """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``).
-
-    ``on_assigned``/``on_revoked`` get sorted ``(topic, partition)`` lists and
-    run inside ``poll``, between batches: the partitions added and taken away.
-    The classic protocol takes every partition away and hands out the new
-    assignment whole; the ``consumer`` protocol (KIP-848, confluent only) only
-    the partitions that move. ``on_lost`` (by default ``on_revoked``) gets the
-    partitions taken away after the group removed this member (its session
-    expired while it was frozen or cut off): another member may own them now.
-
-    ``transactional_id``: the stream's producer is transactional (idempotent,
-    ``TRANSACTION_TIMEOUT_MS``), its transactions initialized at once (an open
-    one an earlier producer of the id left is aborted): the stream writes
-    between ``begin`` and ``commit_transaction`` (contract.py). One id per
-    instance: the group's generation fences a zombie (KIP-447), so the id need
-    not follow the partitions. Without one the stream is the at-least-once one.
-
-    ``client_id``: what the group's members see of this one (DescribeGroups):
-    the service says its model's policy there (runtime.partitions.OnePolicy).
-
-    ``batch_bytes``: the largest record batch the producer builds (the smallest record limit among the topics it
-    writes, :class:`RecordLimits`): librdkafka does not split a batch the brokers refuse as too large, so a topic
-    with a small ``max.message.bytes`` would refuse whole batches of small records.
-    """
-    options = dict(
-        group_id=group_id,
-        topics=topics,
-        auto_offset_reset=auto_offset_reset,
-        on_assigned=on_assigned,
-        on_revoked=on_revoked,
-        on_lost=on_lost,
-        max_poll_records=max_poll_records,
-        fetch_max_wait_ms=fetch_max_wait_ms,
-        client_id=client_id,
-        batch_bytes=batch_bytes,
-    )
-    if transactional_id is not None:  # the at-least-once stream is built exactly as before
-        options["transactional_id"] = transactional_id
+def open_stream(settings: KafkaSettings, client: str, options: StreamOptions | None = None, /, **fields: Any) -> Stream:
+    """The poll loop's consumer and producer on the chosen client (``kafka-python`` or ``confluent``), opened with
+    ``options`` (or the same as keyword arguments: :class:`StreamOptions` says what each means)."""
+    options = StreamOptions.given(options, fields)
     if client == "confluent":
         from perceptron_stream.kafka.confluent import ConfluentIO  # the optional extra: imported only when chosen
 
-        return ConfluentIO(settings, **options, group_protocol=group_protocol)
-    if group_protocol != "classic":
-        raise ValueError("kafka-python speaks only the classic group protocol")
-    return KafkaIO(settings, **options)
+        return ConfluentIO(settings, options)
+    return KafkaIO(settings, options)

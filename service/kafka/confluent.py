@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from itertools import repeat
 from operator import attrgetter, itemgetter
+from typing import Any
 
 import kafka.errors as kerrors
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, Message, Producer, TopicPartition
@@ -43,9 +44,11 @@ from perceptron_stream.kafka.contract import (
     KafkaUnavailable,
     Record,
     Refused,
+    StreamOptions,
     first_offsets,
 )
 from perceptron_stream.kafka.errors import (
+    CERTIFICATE_REFUSED_ALERTS,
     FATAL,
     LIBRDKAFKA_ERRORS,
     LIBRDKAFKA_TRANSACTION_ERRORS,
@@ -56,6 +59,7 @@ from perceptron_stream.kafka.errors import (
     delivery_kind,
     service_error,
     transaction_error,
+    translated,
 )
 from perceptron_stream.kafka.kp_options import ISOLATION_LEVEL, LINGER_UNTIL_FLUSH_MS
 from perceptron_stream.kafka.ledger import Ledger
@@ -110,21 +114,11 @@ def kafka_error(err: CKafkaError | None, in_transaction: bool = False) -> kerror
     return cls(f"{err.str()} ({err.name()})")
 
 
-def _translated(method: Callable) -> Callable:
-    """Raise what a method's confluent-kafka call (or its own check) raised as the service's error."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except KafkaException as exc:
-            raise service_error(
-                kafka_error(exc.args[0] if exc.args else None), getattr(self, "settings", None)
-            ) from exc
-        except kerrors.KafkaError as exc:
-            raise service_error(exc, getattr(self, "settings", None)) from exc
-
-    return wrapper
+#: The service's translation (:func:`perceptron_stream.kafka.errors.translated`) with librdkafka's exception mapped to
+#: kafka-python's class first (:func:`kafka_error`): what a method's confluent-kafka call (or its own check) raised.
+_translated = functools.partial(
+    translated, foreign={KafkaException: lambda exc: kafka_error(exc.args[0] if exc.args else None)}
+)
 
 
 def client_config(settings: KafkaSettings) -> dict:
@@ -169,7 +163,8 @@ def _group_config(protocol: str) -> dict:
 
 
 class ConfluentIO:
-    """One consumer in a group on one input topic, and one producer (see KafkaIO).
+    """One consumer in a group on one input topic, and one producer (see KafkaIO), opened with
+    :class:`~perceptron_stream.kafka.contract.StreamOptions` (or the same as keyword arguments).
 
     Rebalance callbacks run on the calling thread, from ``consume()``: inside
     :meth:`poll`, or inside :meth:`commit` while it waits for the broker's
@@ -181,45 +176,32 @@ class ConfluentIO:
     in_transaction = False
 
     @_translated
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        *,
-        group_id: str,
-        topics: list[str],
-        auto_offset_reset: str,
-        on_assigned: Callable,
-        on_revoked: Callable,
-        max_poll_records: int,
-        fetch_max_wait_ms: int = 500,
-        client_id: str = "perceptron-stream",
-        group_protocol: str = "classic",
-        transactional_id: str | None = None,
-        on_lost: Callable | None = None,
-        batch_bytes: int | None = None,
-    ):
-        self.max_poll_records = max_poll_records  # consume() takes the count per call: poll's, or this in commit
-        self.settings, self.group_id, self.topics = settings, group_id, topics
-        self.callbacks, self.auto_offset_reset = RebalanceCallbacks(on_assigned, on_revoked, on_lost), auto_offset_reset
+    def __init__(self, settings: KafkaSettings, options: StreamOptions | None = None, /, **fields: Any):
+        o = StreamOptions.given(options, fields)
+        transactional_id = o.transactional_id
+        self.max_poll_records = o.max_poll_records  # consume() takes the count per call: poll's, or this in commit
+        self.settings, self.group_id, self.topics = settings, o.group_id, o.topics
+        self.callbacks = RebalanceCallbacks(o.on_assigned, o.on_revoked, o.on_lost)
+        self.auto_offset_reset = o.auto_offset_reset
         self._rejected: kerrors.KafkaError | None = None  # SASL mechanism or credentials rejected, or certificate
-        common = {**client_config(settings), "client.id": client_id, "logger": log, "error_cb": self._client_error}
+        common = {**client_config(settings), "client.id": o.client_id, "logger": log, "error_cb": self._client_error}
         self.consumer = Consumer(
             {
                 **common,
-                "group.id": group_id,
+                "group.id": o.group_id,
                 "enable.auto.commit": False,
-                "auto.offset.reset": auto_offset_reset,
-                "fetch.wait.max.ms": fetch_max_wait_ms,
+                "auto.offset.reset": o.auto_offset_reset,
+                "fetch.wait.max.ms": o.fetch_max_wait_ms,
                 "on_commit": self._committed,
                 # librdkafka's default too, explicit: committed records only, as KafkaIO reads
                 "isolation.level": ISOLATION_LEVEL,
-                **_group_config(group_protocol),
+                **_group_config(o.group_protocol),
             }
         )
-        self.incremental = group_protocol == "consumer"
+        self.incremental = o.group_protocol == "consumer"
         self._producer_config = {**common, **PRODUCER, "on_delivery": self._undelivered}
-        if batch_bytes is not None:  # librdkafka's default is 1,000,000; it never splits a batch refused as too large
-            self._producer_config["batch.size"] = max(1, min(1_000_000, batch_bytes))
+        if o.batch_bytes is not None:  # librdkafka's default is 1,000,000; it never splits a batch refused as too large
+            self._producer_config["batch.size"] = max(1, min(1_000_000, o.batch_bytes))
         self.transactional_id, self.in_transaction = transactional_id, False
         if transactional_id is not None:
             # the coordinator aborts a transaction left open TRANSACTION_TIMEOUT_MS (a crashed instance's blocks
@@ -248,7 +230,7 @@ class ConfluentIO:
         self._commits_waiting = 0  # asynchronous commits whose answer has not been served yet
         self._commit_result: tuple = (None, [])
         self._closing = False
-        self.consumer.subscribe(list(topics), on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
+        self.consumer.subscribe(list(o.topics), on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
 
     # consuming -----------------------------------------------------------
     @_translated
@@ -759,9 +741,9 @@ def authentication_error(err: CKafkaError) -> kerrors.KafkaError | None:
     if err.code() == CKafkaError._SSL and "certificate verify failed" in text:  # noqa: SLF001
         return SslAuthenticationError(text)
     if err.code() in (CKafkaError._SSL, CKafkaError._TRANSPORT) and any(  # noqa: SLF001
-        f"SSL alert number {n}" in text for n in (42, 46, 48, 116)
+        f"SSL alert number {n}" in text for n in CERTIFICATE_REFUSED_ALERTS
     ):
-        return ClientCertificateRefused(text)  # bad_certificate, certificate_unknown, unknown_ca, certificate_required
+        return ClientCertificateRefused(text)
     if err.code() != CKafkaError._AUTHENTICATION:  # noqa: SLF001
         return None
     if "Unsupported SASL mechanism" in text:

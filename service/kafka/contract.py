@@ -20,9 +20,10 @@ generation of a transaction's offsets (tests/integration/test_transactions.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 #: Group timings that let a consumer join the embedded broker's group in
 #: seconds (with its defaults a join waited out a dead member's 45 s session;
@@ -231,6 +232,62 @@ class Refused(NamedTuple):
     key: bytes | None
     value: bytes
     error: BaseException | None  # None: the client gave no reason
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How the poll loop's stream is opened, whichever client opens it (:func:`perceptron_stream.kafka.open_stream`,
+    :class:`~perceptron_stream.kafka.kafka_python.KafkaIO`, :class:`~perceptron_stream.kafka.confluent.ConfluentIO`):
+    the one list of the stream's options, which each of them takes (as this object, or as keyword arguments).
+
+    ``on_assigned``/``on_revoked`` get sorted ``(topic, partition)`` lists and
+    run inside ``poll``, between batches: the partitions added and taken away.
+    The classic protocol takes every partition away and hands out the new
+    assignment whole; the ``consumer`` protocol (``group_protocol``, KIP-848, confluent only) only
+    the partitions that move. ``on_lost`` (by default ``on_revoked``) gets the
+    partitions taken away after the group removed this member (its session
+    expired while it was frozen or cut off): another member may own them now.
+
+    ``transactional_id``: the stream's producer is transactional (idempotent,
+    ``TRANSACTION_TIMEOUT_MS``), its transactions initialized at once (an open
+    one an earlier producer of the id left is aborted): the stream writes
+    between ``begin`` and ``commit_transaction`` (contract.py). One id per
+    instance: the group's generation fences a zombie (KIP-447), so the id need
+    not follow the partitions. Without one the stream is the at-least-once one.
+
+    ``client_id``: what the group's members see of this one (DescribeGroups):
+    the service says its model's policy there (runtime.partitions.OnePolicy).
+
+    ``batch_bytes``: the largest record batch the producer builds (the smallest record limit among the topics it
+    writes, :class:`RecordLimits`): librdkafka does not split a batch the brokers refuse as too large, so a topic
+    with a small ``max.message.bytes`` would refuse whole batches of small records.
+
+    >>> StreamOptions.given(None, {"group_id": "g", "topics": ["in"], "auto_offset_reset": "earliest",
+    ...     "on_assigned": print, "on_revoked": print, "max_poll_records": 10}).fetch_max_wait_ms
+    500
+    """
+
+    group_id: str
+    topics: list[str]
+    auto_offset_reset: str
+    on_assigned: Callable
+    on_revoked: Callable
+    max_poll_records: int
+    fetch_max_wait_ms: int = 500
+    client_id: str = "perceptron-stream"
+    group_protocol: str = "classic"
+    transactional_id: str | None = None
+    on_lost: Callable | None = None
+    batch_bytes: int | None = None
+
+    @classmethod
+    def given(cls, options: StreamOptions | None, fields: Mapping[str, Any]) -> StreamOptions:
+        """``options``, or the options of ``fields`` (the keyword arguments of the stream's opener): one or the other."""
+        if options is None:
+            return cls(**fields)
+        if fields:
+            raise TypeError(f"the stream's options given twice: as StreamOptions and as {', '.join(fields)}")
+        return options
 
 
 class Stream(Protocol):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import overload
 
 import kafka.errors as kerrors
@@ -63,13 +63,14 @@ class ClientCertificateRefused(SslAuthenticationError):
     TLS alert 42, bad_certificate, at the first read after the handshake (TLS 1.3 sends it there)."""
 
 
-#: TLS alerts with which the brokers refuse the client's certificate (OpenSSL's reasons)
-CERTIFICATE_REFUSED_ALERTS = (
-    "SSLV3_ALERT_BAD_CERTIFICATE",
-    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
-    "TLSV1_ALERT_UNKNOWN_CA",
-    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
-)
+#: TLS alerts with which the brokers refuse the client's certificate: the alert's number (RFC 8446, what librdkafka
+#: reports: "SSL alert number 42") → OpenSSL's reason (what Python's ssl module reports, kafka-python's).
+CERTIFICATE_REFUSED_ALERTS = {
+    42: "SSLV3_ALERT_BAD_CERTIFICATE",  # bad_certificate
+    116: "TLSV13_ALERT_CERTIFICATE_REQUIRED",  # certificate_required
+    48: "TLSV1_ALERT_UNKNOWN_CA",  # unknown_ca
+    46: "SSLV3_ALERT_CERTIFICATE_UNKNOWN",  # certificate_unknown
+}
 
 #: kafka-python's classes of a rejected SASL mechanism (error 33), SASL exchange (34) or credentials (58).
 AUTHENTICATION_ERROR_NAMES = ("UnsupportedSaslMechanismError", "IllegalSaslStateError", "SaslAuthenticationFailedError")
@@ -168,13 +169,26 @@ def delivery_kind(error: BaseException | None) -> str:
     return REFUSED if isinstance(error, REFUSED_ERRORS) else RETRY
 
 
+#: kafka-python's own prefix of a message, "[Error 7] ": the class's name says it.
+_CODE_PREFIX = re.compile(r"^\[Error -?\d+\] ")
+
+
+def _message(exc: BaseException) -> str:
+    """The error's message without kafka-python's "[Error N] " prefix (the class's name says the code).
+
+    >>> _message(kerrors.KafkaTimeoutError("no answer")), _message(kerrors.RequestTimedOutError())
+    ('KafkaTimeoutError: no answer', 'RequestTimedOutError')
+    """
+    return _CODE_PREFIX.sub("", str(exc).strip())
+
+
 def describe(exc: BaseException) -> str:
     """The error's class and message once (kafka-python's messages often start with the class already).
 
     >>> describe(kerrors.KafkaTimeoutError("no answer")), describe(ValueError("bad")), describe(kerrors.KafkaError())
     ('KafkaTimeoutError: no answer', 'ValueError: bad', 'KafkaError')
     """
-    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())
+    text = _message(exc)
     return text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
@@ -239,7 +253,7 @@ def service_error(exc: BaseException | None, settings: KafkaSettings | None = No
     """
     if exc is None or isinstance(exc, (KafkaFatal, KafkaUnavailable)) or not isinstance(exc, KafkaError):
         return exc
-    text = re.sub(r"^\[Error -?\d+\] ", "", str(exc).strip())  # kafka-python's own prefix: the name says it
+    text = _message(exc)
     text = text if text.startswith(exc.__class__.__name__) else f"{exc.__class__.__name__}: {text}".rstrip(": ")
     # kafka-python names a rejection's class twice ("SaslAuthenticationFailedError: SaslAuthenticationFailedError: ...")
     text = text.replace(f"{exc.__class__.__name__}: {exc.__class__.__name__}: ", f"{exc.__class__.__name__}: ", 1)
@@ -293,17 +307,30 @@ def transaction_error(
     )
 
 
-def translated(function: Callable) -> Callable:
-    """Raise what ``function``'s kafka-python calls raised as the service's errors (settings from its arguments)."""
+def translated(
+    function: Callable, foreign: Mapping[type[BaseException], Callable[[BaseException], KafkaError]] | None = None
+) -> Callable:
+    """Raise what ``function``'s client calls raised as the service's errors (settings from its arguments).
+
+    The one translation of both clients: kafka-python's errors go to :func:`service_error` as they are; another
+    client's exceptions (``foreign``: their type → kafka-python's error for one, confluent.py's for librdkafka's
+    KafkaException) are mapped to kafka-python's classes first. The settings are the first
+    :class:`KafkaSettings` argument, else the ``settings`` of the first argument (a method's ``self``).
+    """
+    foreign = dict(foreign or {})
+    kinds = tuple(foreign)
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except KafkaError as exc:
+        except (KafkaError, *kinds) as exc:
             settings = next(
                 (a for a in args if isinstance(a, KafkaSettings)), getattr(args[0], "settings", None) if args else None
             )
-            raise service_error(exc, settings) from exc
+            error = (
+                exc if isinstance(exc, KafkaError) else next(f for k, f in foreign.items() if isinstance(exc, k))(exc)
+            )
+            raise service_error(error, settings) from exc
 
     return wrapper

@@ -21,7 +21,8 @@ transaction after ``TRANSACTION_TIMEOUT_MS``, which fences this producer).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
@@ -41,6 +42,7 @@ from perceptron_stream.kafka.contract import (
     KafkaUnavailable,
     Record,
     Refused,
+    StreamOptions,
 )
 from perceptron_stream.kafka.errors import (
     FATAL,
@@ -63,7 +65,7 @@ from perceptron_stream.kafka.kp_options import (
     kafka_python_options,
     make_producer,
 )
-from perceptron_stream.kafka.ledger import Ledger, Tally
+from perceptron_stream.kafka.ledger import DeliveryCounts, Ledger
 from perceptron_stream.kafka.rebalance import RebalanceCallbacks
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,8 @@ TRANSACTIONAL_RETRY_BACKOFF_MS = 20
 
 
 class KafkaIO:
-    """One consumer in a group on the input topics, and one producer (the :class:`~perceptron_stream.kafka.contract.Stream`).
+    """One consumer in a group on the input topics, and one producer (the :class:`~perceptron_stream.kafka.contract.Stream`),
+    opened with :class:`~perceptron_stream.kafka.contract.StreamOptions` (or the same as keyword arguments).
 
     Rebalance callbacks run inside :meth:`poll`, between batches, so the
     application always sees them with no batch in hand.
@@ -123,44 +126,32 @@ class KafkaIO:
     in_transaction = False
 
     @translated
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        *,
-        group_id: str,
-        topics: list[str],
-        auto_offset_reset: str,
-        on_assigned: Callable,
-        on_revoked: Callable,
-        max_poll_records: int,
-        fetch_max_wait_ms: int = 500,
-        client_id: str = "perceptron-stream",
-        transactional_id: str | None = None,
-        on_lost: Callable | None = None,
-        batch_bytes: int | None = None,
-    ):
+    def __init__(self, settings: KafkaSettings, options: StreamOptions | None = None, /, **fields: Any):
+        o = StreamOptions.given(options, fields)
+        if o.group_protocol != "classic":
+            raise ValueError("kafka-python speaks only the classic group protocol")
         self.settings = settings
-        self.batch_bytes = batch_bytes
-        self.group_id = group_id
-        self.transactional_id = transactional_id
+        self.batch_bytes = o.batch_bytes
+        self.group_id = o.group_id
+        self.transactional_id = o.transactional_id
         self.in_transaction = False
         self.consumer = KafkaConsumer(
             **kafka_python_options(settings),
-            group_id=group_id,
-            client_id=client_id,
+            group_id=o.group_id,
+            client_id=o.client_id,
             enable_auto_commit=False,
-            auto_offset_reset=auto_offset_reset,
+            auto_offset_reset=o.auto_offset_reset,
             # records of aborted transactions are never predicted nor learned (kafka-python's default would read them)
             isolation_level=ISOLATION_LEVEL,
-            max_poll_records=max_poll_records,
-            fetch_max_wait_ms=fetch_max_wait_ms,
+            max_poll_records=o.max_poll_records,
+            fetch_max_wait_ms=o.fetch_max_wait_ms,
             request_timeout_ms=10_000,
             # the range assignor gives partition p of every topic to one member (the join of labels to points needs it)
             partition_assignment_strategy=[RangePartitionAssignor],
             **GROUP_TIMINGS,
         )
-        self.callbacks = RebalanceCallbacks(on_assigned, on_revoked, on_lost)
-        self.consumer.subscribe(topics, listener=_Listener(self.callbacks))
+        self.callbacks = RebalanceCallbacks(o.on_assigned, o.on_revoked, o.on_lost)
+        self.consumer.subscribe(o.topics, listener=_Listener(self.callbacks))
         try:
             mend_consumer(self.consumer)
             # The topics' partitions known before the first poll joins the group. kafka-python 3.0.12 waits for
@@ -168,7 +159,7 @@ class KafkaIO:
             # comment): a leader whose join answered before its first metadata assigned nothing ("WARNING
             # kafka.coordinator.assignors.range: No partition metadata for topic ...", then "assigned nothing"),
             # and a second rebalance followed, on about one first start in three. One metadata request, here.
-            for topic in topics:
+            for topic in o.topics:
                 self.consumer.partitions_for_topic(topic)
             self.producer = self._new_producer()
         except BaseException:  # the caller retries: leave no consumer (its thread, its sockets) behind
@@ -413,18 +404,18 @@ class KafkaIO:
 
 class CountingProducer:
     """The service's producer (:func:`make_producer`) for ``perceptron-stream produce``: each send's answer is
-    counted in the :class:`Tally` it names, and nothing is sent again (the run reports what was lost)."""
+    counted in the :class:`DeliveryCounts` it names, and nothing is sent again (the run reports what was lost)."""
 
     @translated
     def __init__(self, settings: KafkaSettings):
         self.settings = settings
         self.producer = make_producer(settings)
 
-    def send(self, topic: str, key: bytes | None, value: bytes, tally: Tally) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes, counts: DeliveryCounts) -> None:
         try:
-            self.producer.send(topic, key=key, value=value).add_callback(tally.ok).add_errback(tally.fail)
+            self.producer.send(topic, key=key, value=value).add_callback(counts.ok).add_errback(counts.fail)
         except KafkaError as exc:  # refused before sending (too large), or no brokers within max_block_ms
-            tally.fail(exc)
+            counts.fail(exc)
 
     def flush(self, timeout_s: float) -> bool:
         """Until every send is answered; False when some were not within ``timeout_s`` (they count as lost)."""

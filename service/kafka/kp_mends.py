@@ -305,7 +305,7 @@ def _rejection(error: BaseException) -> KafkaError | None:
     if isinstance(cause, ssl.SSLCertVerificationError):
         return SslAuthenticationError(f"the brokers' certificate did not verify: {cause.verify_message or cause}")
     alert = next((a for a in error.args if isinstance(a, ssl.SSLError)), None)  # a read's: KafkaConnectionError(e)
-    if alert is not None and alert.reason in CERTIFICATE_REFUSED_ALERTS:
+    if alert is not None and alert.reason in CERTIFICATE_REFUSED_ALERTS.values():
         return ClientCertificateRefused(f"the brokers refused the client's certificate: {alert.reason}")
     return None
 

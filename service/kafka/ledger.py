@@ -23,7 +23,7 @@ and how to renew it (:class:`Producer`).
 ([], 2)
 
 ``perceptron-stream produce`` sends nothing again: it counts the brokers'
-answers as they come (:class:`Tally`), with the same classification
+answers as they come (:class:`DeliveryCounts`), with the same classification
 (:func:`perceptron_stream.kafka.errors.delivery_kind`), and reports what was lost.
 """
 
@@ -41,7 +41,7 @@ from perceptron_stream.kafka.errors import FATAL, REFUSED, RETRY, delivery_kind,
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FATAL", "REFUSED", "RETRY", "Ledger", "Producer", "Tally"]
+__all__ = ["FATAL", "REFUSED", "RETRY", "DeliveryCounts", "Ledger", "Producer"]
 
 
 class Producer(Protocol):
@@ -122,7 +122,7 @@ class Ledger:
                 producer.send(*message)
 
 
-class Tally:
+class DeliveryCounts:
     """The brokers' answers to sends that are never sent again, counted as they arrive (the callbacks run on
     the producer's I/O thread): ``perceptron-stream produce``'s book-keeping.
 
@@ -131,12 +131,12 @@ class Tally:
     sender stops. ``errors``: how many failed with each error, described once.
 
     >>> from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError
-    >>> tally = Tally()
-    >>> tally.ok(); tally.fail(MessageSizeTooLargeError("too large")); tally.broken
+    >>> counts = DeliveryCounts()
+    >>> counts.ok(); counts.fail(MessageSizeTooLargeError("too large")); counts.broken
     False
-    >>> tally.fail(KafkaConnectionError("broker gone")); tally.broken, tally.acknowledged, tally.failed
+    >>> counts.fail(KafkaConnectionError("broker gone")); counts.broken, counts.acknowledged, counts.failed
     (True, 1, 2)
-    >>> sorted(tally.errors)
+    >>> sorted(counts.errors)
     ['KafkaConnectionError: broker gone', 'MessageSizeTooLargeError: too large']
     """
 

@@ -1,6 +1,6 @@
 """One model as a file (``train --output``, ``model export``, ``serve --initial-model``): to and from learners.
 
-The document's contract is :class:`perceptron_stream.wire.messages.ModelFile` (a JSON
+The document's contract is :class:`perceptron_stream.model_format.ModelFile` (a JSON
 Schema in ``schemas/``); this module only converts, with no Kafka or HTTP.
 
 >>> doc = from_weights({"age": 0.5, "debt": -1.0}, bias=0.25, source="train pla")

@@ -33,7 +33,8 @@ from collections import deque
 from typing import Any
 
 import orjson
-from perceptron_stream.learning import VARIANTS, learner_from_state
+from perceptron_stream.learning import learner_from_state
+from perceptron_stream.learning.challengers import parse_challengers
 from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.learning.many import relabel_each, step_each
 
@@ -94,33 +95,8 @@ class ModelSet:
         self.make = make  # (variant, margin) -> a fresh learner, with the champion's preprocessing
         self.challengers = {name: make(variant, margin) for name, variant, margin in specs}
 
-    @staticmethod
-    def parse(text: str) -> list[tuple[str, str, float]]:
-        """``averaged,pocket,margin:0.5`` → [(name, variant, margin)]; ValueError naming what is wrong."""
-        out, names = [], set()
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
-            variant, _, margin = part.partition(":")
-            if variant not in VARIANTS:
-                raise ValueError(f"challenger {part!r}: the variant must be one of {', '.join(VARIANTS)}")
-            if variant == "margin":
-                try:
-                    gamma = float(margin) if margin else 0.0
-                except ValueError:
-                    raise ValueError(f"challenger {part!r}: the margin must be a number, as in margin:0.5") from None
-                if not math.isfinite(gamma) or gamma < 0:
-                    raise ValueError(f"challenger {part!r}: the margin must be a finite number >= 0")
-                name = f"margin:{margin}" if margin else "margin"
-            elif margin:
-                raise ValueError(f"challenger {part!r}: only the margin variant takes a parameter")
-            else:
-                name, gamma = variant, 0.0
-            if name in names:
-                raise ValueError(f"challenger {name} is named twice")
-            names.add(name)
-            out.append((name, variant, gamma))
-        return out
+    #: ``averaged,pocket,margin:0.5`` → [(name, variant, margin)] (:func:`perceptron_stream.learning.challengers.parse_challengers`)
+    parse = staticmethod(parse_challengers)
 
     def __iter__(self):
         return iter(self.specs)

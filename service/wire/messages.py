@@ -7,6 +7,8 @@ a test fails when they drift):
 - :class:`Prediction`, published for every valid input;
 - :class:`DeadLetter`, published for every rejected input, with a reason a
   producer can act on.
+- :class:`ModelFile`, one model as a file: named here with the others, at home in
+  :mod:`perceptron_stream.model_format` (below the settings, which check a file against it).
 
 :mod:`perceptron_stream.wire.inputs` turns bytes into events with these rules;
 :mod:`perceptron_stream.wire.outputs` is the one place that builds each outgoing message.
@@ -20,9 +22,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 from perceptron_stream.learning.labels import json_label
+from perceptron_stream.model_format import FiniteNumber, ModelFile  # the model file's contract lives below the settings
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 class FirstErrorOnly:
@@ -241,40 +242,6 @@ class Outcome(BaseModel):
     label_source: Source = Field(description="The label's position: the key to drop repeated outcomes by.")
     delay_seconds: float = Field(description="From the point's arrival to its label's.")
     model: ModelInfo = Field(description="The model once it learned from the label.")
-
-
-class ModelFile(BaseModel):
-    """One model as a file: what ``train --output`` and ``model export`` write, and ``serve --initial-model`` reads."""
-
-    model_config = ConfigDict(extra="forbid", title="ModelFile")
-
-    kind: Literal["perceptron-stream.model"]
-    format: Literal[1]
-    variant: Literal["plain", "averaged", "pocket", "margin"]
-    margin: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    standardize: bool = Field(False, description="A StandardScaler in front (its moments are in state).")
-    hash_features: Annotated[int, Field(ge=0)] = Field(0, description="Buckets the features are hashed into (0: none).")
-    input: Literal["dense", "named", "mixed"] | None = Field(
-        None,
-        description="The form of input the features come from: dense (x, numbered 0..d-1: features are integers), "
-        "named (features by name: strings), mixed (both). serve refuses a file whose features do not fit it. Absent "
-        "(files written before it existed, or hashed models): told by the features' types where it can be.",
-    )
-    features: list[str | int] = Field(description="Feature names: strings for named features, 0..d-1 for dense x.")
-    weights: list[FiniteNumber] = Field(description="The predicting weights, one per feature.")
-    bias: FiniteNumber
-    source: str = Field(description="Where it comes from (train's algorithm and data, or the checkpoint exported).")
-    state: dict | None = Field(
-        None,
-        description="The learner's whole state (counters, averaged sums, the scaler's "
-        "moments): an exact start. Absent: the weights alone.",
-    )
-
-    @model_validator(mode="after")
-    def _one_weight_per_feature(self) -> ModelFile:
-        if len(self.weights) != len(self.features) or len(set(self.features)) != len(self.features):
-            raise ValueError("features must be unique names, one per weight")
-        return self
 
 
 class ChampionReport(BaseModel):

@@ -1,4 +1,4 @@
-"""``produce``'s book-keeping of deliveries (perceptron_stream.kafka.ledger.Tally): counts that hold under the producer's
+"""``produce``'s book-keeping of deliveries (perceptron_stream.kafka.ledger.DeliveryCounts): counts that hold under the producer's
 I/O thread, and the one classification of a failure (refused for good, or the brokers broken)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, TopicAuthorizationFailedError
-from perceptron_stream.kafka.ledger import Tally
+from perceptron_stream.kafka.ledger import DeliveryCounts
 
 
 def test_deliveries_count_from_another_thread():
-    deliveries = Tally()
+    deliveries = DeliveryCounts()
 
     def deliver():
         for _ in range(10_000):
@@ -25,10 +25,10 @@ def test_deliveries_count_from_another_thread():
 
 
 def test_only_a_refusal_of_one_message_leaves_the_brokers_unbroken():
-    refused = Tally()
+    refused = DeliveryCounts()
     refused.fail(MessageSizeTooLargeError("too large"))
     assert not refused.broken and refused.failed == 1
     for error in (KafkaTimeoutError("no metadata in 10 s"), TopicAuthorizationFailedError("no write")):
-        tally = Tally()
+        tally = DeliveryCounts()
         tally.fail(error)
         assert tally.broken and tally.errors == {f"{type(error).__name__}: {error.args[0]}": 1}
