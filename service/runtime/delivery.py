@@ -21,7 +21,7 @@ other event's outputs stay in it exactly once.
 Under exactly-once the batch's outputs are in the open transaction: a flush
 that fails aborts it (:class:`~perceptron_stream.kafka.Aborted`, or
 :class:`~perceptron_stream.kafka.Fenced`), raised as it is for the checkpointer to stop
-the service (:meth:`~perceptron_stream.runtime.checkpointer.Checkpointer.transaction_lost`).
+the service (:meth:`~perceptron_stream.runtime.transaction.Transaction.lost`).
 """
 
 from __future__ import annotations
