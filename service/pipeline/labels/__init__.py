@@ -37,8 +37,11 @@ Where each part lives:
 
 - :mod:`.joiner` (:class:`Joiner`): one task's half, by input partition: keep
   a point, take a label (join it, hold it early, or dead-letter it), the
-  grace clock, the tables' checkpoints. :class:`~perceptron_stream.pipeline.task.Task`
-  hands it its points and its label batches;
+  grace clock, the tables' checkpoints;
+- :mod:`.span` (:class:`SpanLabels`): the one hook a task's batch calls
+  (:class:`~perceptron_stream.pipeline.task.Task` obtains it from its joiner
+  once per batch): its points kept or joined as they are published, one at a
+  time or a span at once, and its label batches;
 - :mod:`.join` (:class:`~.join.Join`): the join itself (learn, count,
   publish the outcome) and the label dead letters;
 - :mod:`.gate` (:class:`LabelGate`): the instance's half, each turn of the
@@ -49,5 +52,6 @@ Where each part lives:
 
 from perceptron_stream.pipeline.labels.gate import LabelGate
 from perceptron_stream.pipeline.labels.joiner import Joiner
+from perceptron_stream.pipeline.labels.span import SpanLabels
 
-__all__ = ["Joiner", "LabelGate"]
+__all__ = ["Joiner", "LabelGate", "SpanLabels"]
