@@ -237,15 +237,17 @@ class Application:
             self.assignments.settle()
             if self.mix_feed is not None:
                 self.mix_feed.follow()
-            self.label_gate.clock(lambda: self.retry.once(lambda: stream.lag(ask_broker=False), "read the input's lag"))
+            labels_due = self.label_gate.before(  # the grace clock moved on; labels past their grace, no record come
+                lambda: self.retry.once(lambda: stream.lag(ask_broker=False), "read the input's lag"), batches
+            )
             if batches and not self.assignments.may_process():  # other members are still in the group: nothing yet
                 self.assignments.put_back([r for records in batches for r in records])
                 batches = []
             self._doing = "processing a batch"
             if batches:
                 self.lag.records_came()
-            if batches or (self.label_gate.due() and self.assignments.may_process()):  # (labels past their grace period
-                # go in a batch of no records)
+            if batches or (labels_due and self.assignments.may_process()):  # (labels past their grace period go
+                # in a batch of no records)
                 try:
                     self._process(batches)
                 except DeliveryError:  # raised only once stopping: no final checkpoint (_final_checkpoint)
@@ -256,17 +258,18 @@ class Application:
                     ) from None
                 except (Aborted, Fenced) as exc:  # exactly-once: the open transaction is over, nothing of it visible
                     raise self.checkpointer.transaction_lost(exc) from None
-            self._pace_labels(stream)
+            else:  # no batch: nothing acknowledged, the label partitions paced only
+                pause, resume, _ = self.label_gate.after()
+                self._pace_labels(stream, pause, resume)
             self._doing = "checkpointing or committing"
             self.checkpointer.maybe(self.tasks.all(), stream)
             self._doing = "reading the lag"
             self.lag.refresh(stream)
         return 0
 
-    def _pace_labels(self, stream: Stream) -> None:
+    def _pace_labels(self, stream: Stream, pause: list, resume: list) -> None:
         """The label partitions the gate paces paused or read again: those still assigned (a revoked one's pause
         went with it), and none read again that waits for its restore (it stays paused until then)."""
-        pause, resume = self.label_gate.pace()
         if pause or resume:
             assigned, waiting = self.assignments.assigned, self.assignments.waiting
             stream.pause([tp for tp in pause if tp in assigned])
@@ -284,18 +287,17 @@ class Application:
             except (KafkaFatal, KafkaUnavailable) as exc:
                 raise self.checkpointer.transaction_lost(exc) from None
         self.assignments.batch_open = True
-        for records in self.label_gate.admit(batches, tally):
+        for records in self.label_gate.turn(batches, send, tally):  # (expiry first, labels last, then their release)
             task = self.tasks.for_partition(records[0].partition)
             if task is None:  # assigned, not restored yet: read again once it is
                 self.assignments.put_back(records)
                 continue
             task.process(records, send, tally)
         tasks = self.tasks.all()
-        self.label_gate.release(send, tally)
         self._doing = "waiting for the brokers to acknowledge the batch's outputs"
         self.delivery.flush(self.stream)
         self.assignments.batch_open = False
-        waiting = self.label_gate.acknowledged(tally)  # (points pending, labels early), or None
+        pause, resume, waiting = self.label_gate.after(tally)  # waiting: (points pending, labels early), or None
         self.checkpointer.acknowledged(tasks)
         self.metrics.observe_tally(tally, time.perf_counter() - started)
         for task in tasks:
@@ -303,3 +305,4 @@ class Application:
         if waiting is not None:
             self.metrics.pending.set(waiting[0])
             self.metrics.early.set(waiting[1])
+        self._pace_labels(self.stream, pause, resume)

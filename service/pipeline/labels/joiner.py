@@ -194,7 +194,7 @@ class Joiner:
     def read_to(self, partition: int, moment_ms: int) -> None:
         """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
         a fetch made after it): the grace clock may move there though no point came
-        (:meth:`~perceptron_stream.pipeline.labels.gate.LabelGate.clock`)."""
+        (:meth:`~perceptron_stream.pipeline.labels.gate.LabelGate.before`)."""
         if moment_ms > self.all_read_at.get(partition, -1):
             self.all_read_at[partition] = moment_ms
 
