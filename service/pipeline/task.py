@@ -409,7 +409,7 @@ class Task:
         labeled = len(span_ys) - span_ys.count(None)
         tally.labeled += labeled
         tally.unlabeled += len(span_ys) - labeled
-        if labeled or joins:  # the joins' counted here too, in order (publish_early counts the rest of them)
+        if labeled or joins:  # the joins' counted here too, in order (the labels' hook counts the rest of them)
             tally.flags.extend(steps.flags())
             for name, theirs in (others or {}).items():
                 tally.challenger_flags.setdefault(name, []).extend(theirs.flags())

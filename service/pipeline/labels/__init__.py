@@ -44,10 +44,11 @@ Where each part lives:
   time or a span at once, and its label batches;
 - :mod:`.join` (:class:`~.join.Join`): the join itself (learn, count,
   publish the outcome) and the label dead letters;
-- :mod:`.gate` (:class:`LabelGate`): the instance's half, each turn of the
-  poll loop (:mod:`perceptron_stream.app`): the grace clock moved on when the input is
-  read to its end, labels due, expiry before a batch, early labels let go
-  after it, the commit after the flush, the gauges' numbers.
+- :mod:`.gate` (:class:`LabelGate`): the instance's half, at three moments
+  of each turn of the poll loop (:mod:`perceptron_stream.app`): before it
+  (the grace clock moved on when the input is read to its end; labels due),
+  around its batch (expiry before, early labels let go after), after its
+  flush (the commit, the gauges' numbers, the label partitions paced).
 """
 
 from perceptron_stream.pipeline.labels.gate import LabelGate
