@@ -1,4 +1,4 @@
-"""A task: what one model owns, and how it processes its partitions' records.
+"""How is a partition processed? A task: what one model owns, and how it processes its partitions' records.
 
 The partition is the unit of state (as in Kafka Streams and Quix Streams): in
 ``--model-scope partition`` every input partition has a task of its own (its
@@ -12,6 +12,8 @@ Per record: bytes → event (:mod:`perceptron_stream.wire.inputs`) → predict, 
 (:mod:`perceptron_stream.wire.outputs`) handed to ``send``; the position moves on.
 No Kafka and no HTTP here: outputs go to a callable, and the others'
 mixing states come from a :class:`~perceptron_stream.pipeline.mixer.MixBoard`.
+Delayed labels are not here either: a task with a joiner hands each batch's
+points and labels to one hook (:class:`~perceptron_stream.pipeline.labels.span.SpanLabels`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import threading
 import time
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
 from perceptron_stream.wire.inputs import Decoded
@@ -28,11 +31,13 @@ from perceptron_stream.wire.outputs import (
     ID_MAX,
     ID_MIN,
     dead_letter_record,
-    dead_letter_value,
     prediction,
     predictions,
     publishable,
 )
+
+if TYPE_CHECKING:
+    from perceptron_stream.pipeline.labels.span import SpanLabels
 
 log = logging.getLogger("perceptron_stream")
 _KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
@@ -168,6 +173,18 @@ class _Learning:
         self.tally.mixes.append(task.partition)
         return self.learner
 
+    def stamp(self) -> None:
+        """The replica's number of mixes, as an output made now carries it."""
+        if self.replica is not None:
+            self.replica["mixes"] = 0 if self.task.mixer is None else self.task.mixer.mixes
+
+    def passed(self, r, learned: bool, send) -> None:
+        """Record ``r`` processed: the position moves past it; the mix made when it ``learned`` and one is due."""
+        task = self.task
+        task.positions[(r.topic, r.partition)] = r.offset + 1
+        if learned and task.mixer is not None and task.mixer.learned():
+            self.mix(send)
+
     def end(self, records) -> None:
         """The batch's ``records`` processed (inside the task's lock)."""
         self._count()
@@ -223,43 +240,44 @@ class Task:
         ``step_many``, its predictions built in one pass; the same outputs, in the same order, and the same
         model as one record at a time (:meth:`process_each`, the reference; tests/pipeline/test_task.py checks).
         """
-        if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
-            return self._labels(records, send, tally)
         with self.lock:
             run = _Learning(self, tally)
-            decoded = self.decoder.decode_many(list(map(_VALUE, records)), list(map(_KEY, records)))
-            if not self._many(run, records, decoded, send, tally):
-                self._each(run, records, _events(decoded, len(records)), send, tally)
+            labels = None if self.joiner is None else self.joiner.span(send, tally, run.replica, self.models)
+            if labels is not None and records[0].topic == self.outputs.get("label_topic"):
+                labels.labels(records, run, each=self.mixer is not None)  # (a mix may come after any join)
+            else:
+                decoded = self.decoder.decode_many(list(map(_VALUE, records)), list(map(_KEY, records)))
+                if not self._many(run, labels, records, decoded, send, tally):
+                    self._each(run, labels, records, _events(decoded, len(records)), send, tally)
+                if labels is not None:
+                    labels.points_done(records)
             run.end(records)
-            if self.joiner is not None and self.joiner.refused:
-                self._refused_points(send, tally)
-            if self.joiner is not None and records:
-                self.joiner.saw_point(records[0].partition, records[-1].timestamp)
         run.drift()
 
     def process_each(self, records, send, tally: Tally) -> None:
         """:meth:`process` one record at a time, each decoded on its own: the reference the batch form equals."""
-        if self.joiner is not None and records[0].topic == self.outputs.get("label_topic"):
-            return self._labels_each(records, send, tally)
         with self.lock:
             run = _Learning(self, tally)
-            decode = self.decoder.decode
-            self._each(run, records, [decode(r.value, r.key) for r in records], send, tally)
+            labels = None if self.joiner is None else self.joiner.span(send, tally, run.replica, self.models)
+            if labels is not None and records[0].topic == self.outputs.get("label_topic"):
+                labels.labels(records, run, each=True)
+            else:
+                decode = self.decoder.decode
+                self._each(run, labels, records, [decode(r.value, r.key) for r in records], send, tally)
+                if labels is not None:
+                    labels.points_done(records)
             run.end(records)
-            if self.joiner is not None and self.joiner.refused:
-                self._refused_points(send, tally)
-            if self.joiner is not None and records:
-                self.joiner.saw_point(records[0].partition, records[-1].timestamp)
         run.drift()
 
-    def _each(self, run: _Learning, records, events: list, send, tally: Tally) -> None:
-        """Predict-then-learn and publish each record's event (or its dead letter), one at a time, in order."""
+    def _each(self, run: _Learning, labels: SpanLabels | None, records, events: list, send, tally: Tally) -> None:
+        """Predict-then-learn and publish each record's event (or its dead letter), one at a time, in order; a point
+        without its label handed to ``labels`` once published (kept, or joined with its label that came first)."""
         out_topic, dlq_topic, limit = (
             self.outputs["output_topic"],
             self.outputs["dlq_topic"],
             self.outputs["max_message_bytes"],
         )
-        positions, mixer, joiner, models = self.positions, self.mixer, self.joiner, self.models
+        positions, mixer, models = self.positions, self.mixer, self.models
         learner, replica = run.learner, run.replica
         step, knows_none_of = learner.step, learner.knows_none_of
         for r, event in zip(records, events):
@@ -270,7 +288,7 @@ class Task:
                 send(dlq_topic, key, value)
                 tally.rejected.append(event.reason)
             else:
-                y, early = event.y, None
+                y, joined = event.y, False
                 if knows_none_of(event.x):  # before the step: a labeled event would add its features
                     tally.unknown += 1
                     if not self.told_unknown:
@@ -279,16 +297,6 @@ class Task:
                 others = None if models is None else models.step(event.x, y)  # stepped on the same events
                 if y is None:
                     tally.unlabeled += 1
-                    if joiner is not None and event.id is not None:  # its label comes later: kept until then
-                        early = joiner.keep(
-                            r,
-                            event.id,
-                            event.x,
-                            y_pred,
-                            score,
-                            learner.updates,
-                            None if others is None else {n: o[1] for n, o in others.items()},  # their scores
-                        )
                 else:
                     tally.labeled += 1
                     tally.flags.append(mistake)
@@ -315,23 +323,23 @@ class Task:
                         replica,
                     ),
                 )
-                if early is not None:  # its label came first: joined now that its decision is published
-                    joiner.join_early(r, *early, learner, send, tally, replica, models)
+                if y is None and labels is not None:  # kept until its label comes, or joined with one that came first
+                    joined = labels.published(r, event.id, event.x, y_pred, score, learner, others)
                 positions[(r.topic, r.partition)] = r.offset + 1
-                if (y is not None or early is not None) and mixer is not None and mixer.learned():
+                if (y is not None or joined) and mixer is not None and mixer.learned():
                     learner = run.mix(send)
                     step, knows_none_of = learner.step, learner.knows_none_of
                 continue
             positions[(r.topic, r.partition)] = r.offset + 1
 
-    def _many(self, run: _Learning, records, decoded: Decoded, send, tally: Tally) -> bool:
+    def _many(self, run: _Learning, labels: SpanLabels | None, records, decoded: Decoded, send, tally: Tally) -> bool:
         """The batch form of :meth:`_each`; False (nothing done) where it does not apply.
 
         It applies to one partition's batch whose ids a prediction can carry, when the champion steps its events
         without registering a feature (``can_step_many``: then none is unknown to it either, so the per-event
         look at that has nothing to say). Per span of events: the champion's and the challengers' ``step_many``
         (the joins of points whose label came first learned in the same pass, each right after its point, as
-        ``join_early`` learns it), the predictions built at once, and the outputs sent in record order with
+        :meth:`SpanLabels.published` learns it), the predictions built at once, and the outputs sent in record order with
         the dead letters and the joins' outcomes among them, as :meth:`_each` sends them. The span is the batch;
         with mixing, a span ends where a mix is due and after each join (a mix may follow any learning event),
         and a batch of many short spans goes one event at a time.
@@ -346,7 +354,7 @@ class Task:
         first = records[0]
         topic, partition = first.topic, first.partition
         mixer = self.mixer
-        cuts = [] if self.joiner is None else self.joiner.labels_waiting(partition, ids, ys)  # (event, label's y)
+        cuts = [] if labels is None else labels.waiting(partition, ids, ys)  # (event, label's y)
         if mixer is not None and len(cuts) * SPAN_EVENTS > len(xs):
             return False
         letters = _Letters(records, rejected, self.outputs, send, tally)
@@ -361,7 +369,7 @@ class Task:
                     end = learning[max(1, mixer.every - mixer.since) - 1] + 1  # ends with the event making it due
                 joins = [(i - start, y) for i, y in cuts if i < end]
             cuts = [(i, y) for i, y in cuts if i >= end]
-            self._span(run, records, decoded, start, end, joins, letters, send, tally)
+            self._span(run, labels, records, decoded, start, end, joins, letters, send, tally)
             if mixer is not None:
                 learned = len(joins) + sum(1 for y in ys[start:end] if y is not None)
                 if learned:
@@ -373,14 +381,27 @@ class Task:
         self.positions[(topic, partition)] = records[-1].offset + 1
         return True
 
-    def _span(self, run: _Learning, records, decoded: Decoded, start: int, end: int, joins: list, letters, send, tally):
+    def _span(
+        self,
+        run: _Learning,
+        labels: SpanLabels | None,
+        records,
+        decoded: Decoded,
+        start: int,
+        end: int,
+        joins: list,
+        letters,
+        send,
+        tally,
+    ):
         """Events ``start``..``end`` of ``decoded`` stepped at once (``joins``: (index in the span, label's y) of
         its points whose label waited, learned right after each), their messages sent in record order with the
-        dead letters (``letters``) of the records before them."""
+        dead letters (``letters``) of the records before them; with ``labels``, by it (its points kept, its joins
+        published after them)."""
         ids, xs, ys, at, rejected = decoded
         first = records[0]
         topic, partition = first.topic, first.partition
-        learner, models, joiner, replica, mixer = run.learner, self.models, self.joiner, run.replica, self.mixer
+        learner, models, replica, mixer = run.learner, self.models, run.replica, self.mixer
         span_xs, span_ys, span_ids = xs[start:end], ys[start:end], ids[start:end]
         span_at = range(start, end) if at is None else at[start:end]
         steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the rows' kinds)
@@ -388,7 +409,7 @@ class Task:
         labeled = len(span_ys) - span_ys.count(None)
         tally.labeled += labeled
         tally.unlabeled += len(span_ys) - labeled
-        if labeled or joins:  # the joins' counted here too, in order (publish_early counts the rest of them)
+        if labeled or joins:  # the joins' counted here too, in order (the labels' hook counts the rest of them)
             tally.flags.extend(steps.flags())
             for name, theirs in (others or {}).items():
                 tally.challenger_flags.setdefault(name, []).extend(theirs.flags())
@@ -410,54 +431,18 @@ class Task:
             replica,
         )
         out_topic = self.outputs["output_topic"]
-        if not rejected and joiner is None:
+        if labels is not None:
+            labels.published_many(
+                records, span_at, span_ids, span_xs, span_ys, steps, others, joins, values, out_topic, letters.before
+            )
+        elif not rejected:
             for r, value in zip(records[start:end] if at is None else [records[i] for i in span_at], values):
                 send(out_topic, r.key, value)
-            self.positions[(topic, partition)] = offsets[-1] + 1
-            return
-        if joiner is not None:  # what keep stores, as Python numbers (not NumPy's)
-            y_pred, score, version = steps.y_pred.tolist(), steps.score.tolist(), steps.updates.tolist()
-            their_scores = {c: o.score.tolist() for c, o in (others or {}).items()}
-            joined = iter(steps.joined)  # the counters after each join, in order
-            label_of = dict(joins)
-        for k, (i, value) in enumerate(zip(span_at, values)):
-            letters.before(i)
-            early = None
-            r = records[i]
-            if joiner is not None and span_ys[k] is None and span_ids[k] is not None:
-                early = joiner.keep(
-                    r,
-                    span_ids[k],
-                    span_xs[k],
-                    y_pred[k],
-                    score[k],
-                    version[k],
-                    None if others is None else {c: their[k] for c, their in their_scores.items()},
-                )
-                if (early is not None) != (k in label_of) or (early is not None and early[1]["y"] != label_of[k]):
-                    raise RuntimeError(f"point {span_ids[k]!r}: its label was not the one that waited")  # cannot be
-            send(out_topic, r.key, value)
-            if early is not None:  # its label came first: its join (learned with the span) published now
-                joiner.publish_early(r, *early, next(joined), {}, send, tally, replica)
+        else:
+            for i, value in zip(span_at, values):
+                letters.before(i)
+                send(out_topic, records[i].key, value)
         self.positions[(topic, partition)] = offsets[-1] + 1
-
-    def _refused_points(self, send, tally: Tally) -> None:
-        """The batch's points too large for the pending changelog (the joiner kept none of them): each an
-        ``output_refused`` dead letter, after its prediction; its label, when it comes, finds no point."""
-        refused, self.joiner.refused = self.joiner.refused, []
-        for r, why in refused:
-            error = f"this event's prediction was published, but {why}: its label will not be joined"
-            log.error("%s (input at %s[%d] offset %d)", error, r.topic, r.partition, r.offset)
-            value = dead_letter_value(  # no key, no raw: as every output_refused letter (the input is at source)
-                Rejection("output_refused", error),
-                None,
-                r.topic,
-                r.partition,
-                r.offset,
-                max_bytes=self.outputs["max_message_bytes"],
-            )
-            send(self.outputs["dlq_topic"], None, value)
-            tally.rejected.append("output_refused")
 
     def _tell_unknown(self, learner, x) -> None:
         """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model
@@ -487,40 +472,6 @@ class Task:
             fix,
         )
 
-    def _labels(self, records, send, tally: Tally) -> None:
-        """Delayed labels: each joins its pending point (the model learns, the decision is scored), waits for its
-        point, or is a dead letter (:mod:`perceptron_stream.pipeline.labels`). The batch's joins learn together
-        (:meth:`Joiner.label_many`), but with mixing (a mix may come after any join): one label at a time."""
-        if self.mixer is not None:
-            return self._labels_each(records, send, tally)
-        positions, joiner = self.positions, self.joiner
-        with self.lock:
-            run = _Learning(self, tally)
-            if run.replica is not None:
-                run.replica["mixes"] = 0  # (no mixer)
-            joiner.label_many(records, joiner.read(records, tally), run.learner, send, tally, run.replica, self.models)
-            for r in records:
-                positions[(r.topic, r.partition)] = r.offset + 1
-            run.end(records)
-        run.drift()
-
-    def _labels_each(self, records, send, tally: Tally) -> None:
-        """:meth:`_labels` one label at a time (the reference; and with mixing)."""
-        positions, joiner, mixer, models = self.positions, self.joiner, self.mixer, self.models
-        with self.lock:
-            run = _Learning(self, tally)
-            replica = run.replica
-            for r, label in zip(records, joiner.read(records, tally)):
-                if replica is not None:
-                    replica["mixes"] = 0 if mixer is None else mixer.mixes
-                before = tally.joined
-                joiner.label(r, label, run.learner, send, tally, replica, models)
-                positions[(r.topic, r.partition)] = r.offset + 1
-                if tally.joined > before and mixer is not None and mixer.learned():
-                    run.mix(send)
-            run.end(records)
-        run.drift()
-
     # checkpoints ----------------------------------------------------------
     def snapshot(self) -> Checkpoint:
         """The next checkpoint of this task (taken once every output of its events was acknowledged)."""
@@ -543,7 +494,7 @@ class Task:
     def fresh(self) -> None:
         """No checkpoint restored (a new model, or started over): its first checkpoint is seq + 1."""
         if self.joiner is not None:
-            self.joiner.epoch = self.seq + 1
+            self.joiner.fresh(self.seq)
 
     def before_save(self, cp: Checkpoint, into=None) -> None:
         """What must be durable before ``cp`` is (the Kafka store's pending changelog); ``into``: the stream whose

@@ -84,17 +84,21 @@ class Loop:
         assignments.settle()
         if self.mix_feed is not None:
             self.mix_feed.follow()
-        gate.clock(lambda: retry.once(lambda: stream.lag(ask_broker=False), "read the input's lag"))
+        labels_due = gate.before(  # the grace clock moved on; labels past their grace though no record came
+            lambda: retry.once(lambda: stream.lag(ask_broker=False), "read the input's lag"), batches
+        )
         if batches and not assignments.may_process():  # other members are still in the group: nothing yet
             assignments.put_back([r for records in batches for r in records])
             batches = []
         self.doing = "processing a batch"
         if batches:
             self.lag.records_came()
-        if batches or (gate.due() and assignments.may_process()):  # (labels past their grace period go in a batch
+        if batches or (labels_due and assignments.may_process()):  # (labels past their grace period go in a batch
             # of no records)
             self.process(batches)
-        self._pace_labels()
+        else:  # no batch: nothing acknowledged, the label partitions paced only
+            pause, resume, _ = gate.after()
+            self._pace_labels(pause, resume)
         self.doing = "checkpointing or committing"
         self.checkpointer.maybe(self.tasks.all(), stream)
         self.doing = "reading the lag"
@@ -127,18 +131,17 @@ class Loop:
         if transaction is not None:  # the batch's outputs go in the open transaction (committed when due)
             transaction.begin(stream)
         assignments.batch_open = True
-        for records in gate.admit(batches, tally):
+        for records in gate.turn(batches, send, tally):  # (expiry first, labels last, then their release)
             task = tasks_of.for_partition(records[0].partition)
             if task is None:  # assigned, not restored yet: read again once it is
                 assignments.put_back(records)
                 continue
             task.process(records, send, tally)
         tasks = tasks_of.all()
-        gate.release(send, tally)
         self.doing = "waiting for the brokers to acknowledge the batch's outputs"
         self.delivery.flush(stream)
         assignments.batch_open = False
-        waiting = gate.acknowledged(tally)  # (points pending, labels early), or None
+        pause, resume, waiting = gate.after(tally)  # waiting: (points pending, labels early), or None
         self.checkpointer.acknowledged(tasks)
         metrics = self.metrics
         metrics.observe_tally(tally, time.perf_counter() - started)
@@ -147,11 +150,11 @@ class Loop:
         if waiting is not None:
             metrics.pending.set(waiting[0])
             metrics.early.set(waiting[1])
+        self._pace_labels(pause, resume)
 
-    def _pace_labels(self) -> None:
+    def _pace_labels(self, pause: list, resume: list) -> None:
         """The label partitions the gate paces paused or read again: those still assigned (a revoked one's pause
         went with it), and none read again that waits for its restore (it stays paused until then)."""
-        pause, resume = self.label_gate.pace()
         if pause or resume:
             assigned, waiting = self.assignments.assigned, self.assignments.waiting
             self.stream.pause([tp for tp in pause if tp in assigned])

@@ -37,17 +37,22 @@ Where each part lives:
 
 - :mod:`.joiner` (:class:`Joiner`): one task's half, by input partition: keep
   a point, take a label (join it, hold it early, or dead-letter it), the
-  grace clock, the tables' checkpoints. :class:`~perceptron_stream.pipeline.task.Task`
-  hands it its points and its label batches;
+  grace clock, the tables' checkpoints;
+- :mod:`.span` (:class:`SpanLabels`): the one hook a task's batch calls
+  (:class:`~perceptron_stream.pipeline.task.Task` obtains it from its joiner
+  once per batch): its points kept or joined as they are published, one at a
+  time or a span at once, and its label batches;
 - :mod:`.join` (:class:`~.join.Join`): the join itself (learn, count,
   publish the outcome) and the label dead letters;
-- :mod:`.gate` (:class:`LabelGate`): the instance's half, each turn of the
-  poll loop (:mod:`perceptron_stream.app`): the grace clock moved on when the input is
-  read to its end, labels due, expiry before a batch, early labels let go
-  after it, the commit after the flush, the gauges' numbers.
+- :mod:`.gate` (:class:`LabelGate`): the instance's half, at three moments
+  of each turn of the poll loop (:mod:`perceptron_stream.app`): before it
+  (the grace clock moved on when the input is read to its end; labels due),
+  around its batch (expiry before, early labels let go after), after its
+  flush (the commit, the gauges' numbers, the label partitions paced).
 """
 
 from perceptron_stream.pipeline.labels.gate import LabelGate
 from perceptron_stream.pipeline.labels.joiner import Joiner
+from perceptron_stream.pipeline.labels.span import SpanLabels
 
-__all__ = ["Joiner", "LabelGate"]
+__all__ = ["Joiner", "LabelGate", "SpanLabels"]

@@ -1,25 +1,25 @@
-"""The gate of labels ahead of their points, across this instance's tasks: admitted, held, released, turn by turn.
+"""What does the poll loop do for delayed labels each turn? The gate of labels ahead of their points answers.
 
 A label may reach the brokers before its point; it is held (an *early* row of
 its task's pending table) until its point comes or the grace clock lets it go
 (:class:`~perceptron_stream.pipeline.labels.joiner.Joiner`). What the poll loop
-(:mod:`perceptron_stream.app`) must do for that each turn lives here, behind a small
-face:
+(:mod:`perceptron_stream.app`) must do for that across this instance's tasks
+lives here, behind three moments of a turn:
 
-- :meth:`LabelGate.clock`, every turn: the grace clock of an input partition
-  read to its end moves on though no point comes (else a label whose point
-  never comes would wait for good, as at the end of a stream);
-- :meth:`LabelGate.due`: whether a label's grace has passed (a batch of no
-  records then lets it go);
-- :meth:`LabelGate.admit`, before a batch: points past their TTL (of stream time) expired, and
-  label batches ordered after point batches (a point of the same poll is kept
-  first);
-- :meth:`LabelGate.release`, after it: the labels still alone after the grace
-  period dead-lettered, acknowledged with the batch;
-- :meth:`LabelGate.acknowledged`, once the batch's outputs are: the tables'
-  changes committed, and the numbers of the pending and early gauges;
-- :meth:`LabelGate.pace`, every turn: which label partitions to pause, their
-  early labels filling, and which to read again.
+- :meth:`LabelGate.before`, every turn, once the poll returned: the grace
+  clock of an input partition read to its end moves on though no point comes
+  (else a label whose point never comes would wait for good, as at the end of
+  a stream); whether a label's grace has passed though no record came (a
+  batch of no records then lets it go);
+- :meth:`LabelGate.turn`, around a batch's processing: points past their TTL
+  (of stream time) expired first, label batches ordered after point batches
+  (a point of the same poll is kept first), and, after the last, the labels
+  still alone after the grace period dead-lettered, acknowledged with the
+  batch;
+- :meth:`LabelGate.after`, every turn, once the batch's outputs were
+  acknowledged: the tables' changes committed, the numbers of the pending and
+  early gauges, and which label partitions to pause, their early labels
+  filling, and which to read again.
 
 No Kafka here: the input's lag is read through a callable.
 """
@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 
 log = logging.getLogger("perceptron_stream")
 
 #: How often the gate looks whether input partitions with labels waiting for their point are read to their end,
-#: moving their grace clock on when no point comes (:meth:`LabelGate.clock`); at least twice a fetch's wait on the
+#: moving their grace clock on when no point comes (:meth:`LabelGate._clock`); at least twice a fetch's wait on the
 #: brokers (fetch.max.wait.ms), so the zero lag read is from a fetch made after the last look.
 ALL_READ_CHECK_S = 1.0
 #: A label partition is paused once its early labels reach this share of --max-early-labels (or all of it but a
@@ -66,7 +67,37 @@ class LabelGate:
         self.all_read_since: dict[int, int] = {}  # input partition with labels waiting → when (ms) its lag last read 0
         self.next_check = 0.0
 
-    def clock(self, read_lag) -> None:
+    # the turn's three moments ---------------------------------------------
+    def before(self, read_lag, batches: list) -> bool:
+        """Every turn, once the poll returned ``batches``: the grace clock moved on (:meth:`_clock`); whether, no
+        record having come, a label waited for its point past the grace period (a turn of no records lets it go)."""
+        self._clock(read_lag)
+        return not batches and self._due()
+
+    def turn(self, batches: list, send, tally) -> Iterator[list] | list:
+        """A turn's ``batches`` in the order to process them, with what the labels need around them: before the
+        first, points past their TTL expired (:meth:`_admit`); label batches after point batches; after the last,
+        before the flush, the labels past their grace dead letters (:meth:`_release`). Iterated once, by the loop
+        that processes them."""
+        if self.label_topic is None:
+            return batches
+        return self._turn(batches, send, tally)
+
+    def _turn(self, batches: list, send, tally) -> Iterator[list]:
+        yield from self._admit(batches, tally)
+        self._release(send, tally)
+
+    def after(self, tally=None) -> tuple[list[tuple[str, int]], list[tuple[str, int]], tuple[int, int] | None]:
+        """Every turn, once the batch's outputs were acknowledged (``tally``: the batch's; None: no batch this turn):
+        the tables' changes committed (:meth:`_acknowledged`); the label partitions to pause and to read again
+        (:meth:`_pace`), and, after a batch, the numbers of points pending and of labels waiting for their point,
+        for the gauges (None: no batch, or no delayed labels)."""
+        waiting = None if tally is None else self._acknowledged(tally)
+        pause, resume = self._pace()
+        return pause, resume, waiting
+
+    # its parts --------------------------------------------------------------
+    def _clock(self, read_lag) -> None:
         """Move the grace clock of the input partitions read to their end, whose labels wait for points.
 
         The grace clock is the points' stream time (:meth:`Joiner.stream_time`):
@@ -99,14 +130,14 @@ class LabelGate:
             else:
                 self.all_read_since.pop(p, None)
 
-    def due(self) -> bool:
+    def _due(self) -> bool:
         """Whether a label waited for its point past the grace period (asked when no record came: with the points'
-        stream time moved on by :meth:`clock`)."""
+        stream time moved on by :meth:`_clock`)."""
         if self.label_topic is None:
             return False
         return any(task.joiner.early_due() for task in self.tasks.all())
 
-    def admit(self, batches: list, tally) -> list:
+    def _admit(self, batches: list, tally) -> list:
         """Before a batch: points past their TTL go before its labels could join them; the batches in the order to
         process them, a label's after the points of its partition (a point of this poll is kept first)."""
         if self.label_topic is None:
@@ -116,7 +147,7 @@ class LabelGate:
                 task.joiner.expire(tally)
         return sorted(batches, key=lambda records: records[0].topic == self.label_topic)
 
-    def release(self, send, tally) -> None:
+    def _release(self, send, tally) -> None:
         """After a batch, before its flush: the labels still alone after the grace period are dead letters,
         acknowledged with the batch; a change of the task's state, as an event is: a checkpoint will cover it."""
         if self.label_topic is None:
@@ -124,7 +155,7 @@ class LabelGate:
         for task in self.tasks.all():
             task.unsaved += task.joiner.expire_early(send, tally)
 
-    def acknowledged(self, tally) -> tuple[int, int] | None:
+    def _acknowledged(self, tally) -> tuple[int, int] | None:
         """The batch's outputs acknowledged: the tables' changes committed (evictions counted in ``tally``). The
         numbers of points pending and of labels waiting for their point, for the gauges (None: no delayed labels)."""
         if self.label_topic is None:
@@ -134,7 +165,7 @@ class LabelGate:
             task.joiner.commit(tally)
         return sum(t.joiner.pending() for t in tasks), sum(t.joiner.early() for t in tasks)
 
-    def pace(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    def _pace(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
         """The label partitions to pause, their early labels at ``pause_at`` or more (again each turn: a rebalance
         resumes every partition), and those this gate paused to read again, their early labels down to
         ``resume_at`` (or their partition gone).

@@ -1,4 +1,4 @@
-"""One task's half of the delayed-label path: its pending tables, by input partition, and the join of points and labels.
+"""How are one task's points and labels kept, held and joined? Its pending tables, by input partition, and the join.
 
 A point with an ``id`` and no ``y`` is kept (:meth:`Joiner.keep`) in its
 partition's pending table (:mod:`perceptron_stream.state.pending`); a label takes its
@@ -48,6 +48,7 @@ import uuid
 from typing import Any
 
 from perceptron_stream.pipeline.labels.join import Join
+from perceptron_stream.pipeline.labels.span import SpanLabels
 from perceptron_stream.state.checkpoint import CheckpointError
 from perceptron_stream.state.pending import PendingTable
 from perceptron_stream.wire.inputs import decode_labels
@@ -119,6 +120,11 @@ class Joiner:
         """The partitions with labels waiting for their point."""
         return [p for p, t in self.tables.items() if t.early_count()]
 
+    def span(self, send, tally, replica: dict | None, models=None) -> SpanLabels:
+        """The hook a task's batch calls (:class:`~perceptron_stream.pipeline.labels.span.SpanLabels`): its points
+        and labels, sent through ``send`` and counted in ``tally``."""
+        return SpanLabels(self, send, tally, replica, models)
+
     # points and labels ----------------------------------------------------
     def keep(
         self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None
@@ -188,7 +194,7 @@ class Joiner:
     def read_to(self, partition: int, moment_ms: int) -> None:
         """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
         a fetch made after it): the grace clock may move there though no point came
-        (:meth:`~perceptron_stream.pipeline.labels.gate.LabelGate.clock`)."""
+        (:meth:`~perceptron_stream.pipeline.labels.gate.LabelGate.before`)."""
         if moment_ms > self.all_read_at.get(partition, -1):
             self.all_read_at[partition] = moment_ms
 
@@ -463,6 +469,10 @@ class Joiner:
                 self.changelog.write(partition, table.changed(), seq, self.run, into=into)
             if into is None:
                 self.changelog.flush()
+
+    def fresh(self, seq: int) -> None:
+        """No checkpoint restored (a new model, or started over from ``seq``): the changes made now are epoch seq + 1's."""
+        self.epoch = seq + 1
 
     def to_state(self) -> dict:
         return {

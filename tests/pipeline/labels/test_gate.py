@@ -32,17 +32,16 @@ def test_the_grace_clock_moves_on_only_after_two_looks_find_the_input_read_to_it
         looks.append(1)
         return True, {("points", 0): 0}
 
-    gate.clock(read_lag)
-    assert looks == [1] and not gate.due()  # one look proves nothing
-    gate.clock(read_lag)
-    assert looks == [1]  # not looked again before ALL_READ_CHECK_S passed
+    assert not gate.before(read_lag, []) and looks == [1]  # one look proves nothing
+    assert not gate.before(read_lag, []) and looks == [1]  # not looked again before ALL_READ_CHECK_S passed
     gate.next_check = 0.0  # the check interval passed (a second of the test's time saved)
-    gate.clock(read_lag)
-    assert looks == [1, 1] and gate.due()
-    gate.release(sent, tally)
+    assert gate.before(read_lag, []) and looks == [1, 1]
+    assert list(gate.turn([], sent, tally)) == []  # a turn of no records lets the label go
     [letter] = sent.on("dlq")
     assert letter["reason"] == "unknown_id" and f"--label-grace-seconds {GRACE:g}" in letter["error"]
-    assert task.unsaved == 2 and not gate.due()  # the label's batch, and its dead letter: a change to checkpoint
+    assert task.unsaved == 2  # the label's batch, and its dead letter: a change to checkpoint
+    gate.next_check = 0.0
+    assert not gate.before(read_lag, [])
 
 
 def test_a_lag_not_zero_or_unread_starts_the_looks_again():
@@ -50,20 +49,19 @@ def test_a_lag_not_zero_or_unread_starts_the_looks_again():
     task.process([label(0, "a", 1, ms=1_000)], Sent(), Tally())
     for lags in [(True, {("points", 0): 0}), (True, {("points", 0): 4}), (True, {("points", 0): 0}), (False, None)]:
         gate.next_check = 0.0
-        gate.clock(lambda lags=lags: lags)
-        assert not gate.due()
+        assert not gate.before(lambda lags=lags: lags, [])
 
 
 def test_label_batches_go_after_point_batches_and_the_gauges_count_what_waits():
     gate, task = _gate_with_a_task()
     sent, tally = Sent(), Tally()
     batches = [[label(0, "a", 1, ms=1_000)], [point(0, "a", ms=900), point(1, "b", ms=950)]]
-    ordered = gate.admit(batches, tally)
-    assert [records[0].topic for records in ordered] == ["points", "labels"]
-    for records in ordered:
+    topics = []
+    for records in gate.turn(batches, sent, tally):
+        topics.append(records[0].topic)
         task.process(records, sent, tally)
-    gate.release(sent, tally)
-    assert gate.acknowledged(tally) == (1, 0)  # "b" pending, no label early
+    assert topics == ["points", "labels"]
+    assert gate.after(tally) == ([], [], (1, 0))  # "b" pending, no label early
     assert tally.label_outcomes == ["joined"] and [t for t, _, _ in sent] == ["predictions", "predictions", "outcomes"]
 
 
@@ -76,8 +74,8 @@ def test_without_a_label_topic_the_gate_does_nothing():
     def read_lag():
         raise AssertionError("the lag is not read without a label topic")
 
-    gate.clock(read_lag)
-    assert not gate.due() and gate.admit(batches, Tally()) is batches and gate.acknowledged(Tally()) is None
+    assert not gate.before(read_lag, [])
+    assert gate.turn(batches, Sent(), Tally()) is batches and gate.after(Tally()) == ([], [], None)
 
 
 def test_a_label_partition_is_paused_at_half_its_room_for_early_labels_and_read_again_at_a_quarter(caplog):
@@ -85,13 +83,13 @@ def test_a_label_partition_is_paused_at_half_its_room_for_early_labels_and_read_
     gate, task = _gate_with_a_task(max_early_labels=8)
     sent, tally = Sent(), Tally()
     task.process([label(i, f"e{i}", 1, ms=1_000 + i) for i in range(3)], sent, tally)
-    assert gate.pace() == ([], [])  # 3 early labels of room for 8
+    assert gate.after() == ([], [], None)  # 3 early labels of room for 8
     task.process([label(3, "e3", 1, ms=1_003)], sent, tally)
-    assert gate.pace() == ([("labels", 0)], [])  # 4: half the room
-    assert gate.pace() == ([("labels", 0)], [])  # again each turn (a rebalance resumes every partition)
+    assert gate.after() == ([("labels", 0)], [], None)  # 4: half the room
+    assert gate.after() == ([("labels", 0)], [], None)  # again each turn (a rebalance resumes every partition)
     task.process([point(0, "e0", ms=1_010), point(1, "e1", ms=1_011)], sent, tally)  # two points come: 2 wait
-    assert gate.pace() == ([], [("labels", 0)])  # a quarter of the room: read again
-    assert gate.pace() == ([], [])  # once
+    assert gate.after() == ([], [("labels", 0)], None)  # a quarter of the room: read again
+    assert gate.after() == ([], [], None)  # once
     assert tally.label_outcomes.count("joined") == 2
     assert [r.getMessage() for r in caplog.records if r.name == "perceptron_stream"] == [
         "labels[0]: 4 labels wait for their points (room for 4 early ones): paused until 2 or fewer wait",
@@ -116,12 +114,12 @@ def test_labels_stamped_far_ahead_whose_points_never_come_do_not_pause_their_par
     gate, task = _gate_with_a_task(max_early_labels=20, batch_size=10, joiner=joiner)
     sent, tally = Sent(), Tally()
     task.process([label(i, f"never-{i}", 1, ms=now_ms + 55 * 60_000) for i in range(10)], sent, tally)
-    assert gate.pace() == ([("labels", 0)], [])
+    assert gate.after() == ([("labels", 0)], [], None)
     joiner.read_to(0, now_ms + int((skew + GRACE) * 1000) + 1_000)  # how far the gate moves it, once that is now
-    assert gate.due()
-    gate.release(sent, tally)
+    assert gate.before(lambda: (True, {}), [])
+    assert list(gate.turn([], sent, tally)) == []
     assert [d["reason"] for d in sent.on("dlq")] == ["unknown_id"] * 10
-    assert gate.pace() == ([], [("labels", 0)])  # read again: the genuine labels behind them come
+    assert gate.after() == ([], [("labels", 0)], None)  # read again: the genuine labels behind them come
 
 
 def test_a_backfill_of_month_old_history_joins_its_labels():
@@ -134,9 +132,8 @@ def test_a_backfill_of_month_old_history_joins_its_labels():
     points = [point(i, f"p{i}", ms=then_ms + i) for i in range(20)]
     labels = [label(i, f"p{i}", 1, ms=then_ms + 60_000 + i) for i in range(20)]
     for batches in ([points[:10]], [points[10:], labels[:10]], [labels[10:]]):
-        for records in gate.admit(batches, tally):
+        for records in gate.turn(batches, sent, tally):
             task.process(records, sent, tally)
-        gate.release(sent, tally)
     assert len(sent.on("outcomes")) == 20 and sent.on("dlq") == []
     assert "expired" not in tally.label_outcomes and joiner.pending() == joiner.early() == 0
 
@@ -154,7 +151,6 @@ def test_a_second_copy_of_a_back_dated_label_is_a_duplicate():
         [[point(1, "b", ms=now_ms + 1_000)]],
         [[label(1, "a", 1, ms=now_ms - 8 * 86_400_000)]],
     ):
-        for records in gate.admit(batches, tally):
+        for records in gate.turn(batches, sent, tally):
             task.process(records, sent, tally)
-        gate.release(sent, tally)
     assert len(sent.on("outcomes")) == 1 and [d["reason"] for d in sent.on("dlq")] == ["duplicate"]
