@@ -571,7 +571,7 @@ def _resumed_partitions_fetch_again(consumer: KafkaConsumer) -> None:
     Seen in 3.0.12 whenever the other partitions' records had all been
     returned: the parked records never came back and the partition was
     never fetched again (the label partition that the service holds until
-    its points come, perceptron_stream.pipeline.labels.gate.LabelGate.pace:
+    its points come, perceptron_stream.pipeline.labels.gate.LabelGate.after:
     no label ever joined). An
     empty batch in line is the same as none to the fetcher, so it is cleared
     before each drain.
