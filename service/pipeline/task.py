@@ -27,14 +27,7 @@ from typing import TYPE_CHECKING
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
 from perceptron_stream.wire.inputs import Decoded
 from perceptron_stream.wire.messages import Event, Rejection
-from perceptron_stream.wire.outputs import (
-    ID_MAX,
-    ID_MIN,
-    dead_letter_record,
-    prediction,
-    predictions,
-    publishable,
-)
+from perceptron_stream.wire.outputs import dead_letter_record, prediction, predictions
 
 if TYPE_CHECKING:
     from perceptron_stream.pipeline.labels.span import SpanLabels
@@ -73,24 +66,6 @@ class _Letters:
             key, value = dead_letter_record(rejection, r.value, r.key, r.topic, r.partition, r.offset, self.limit)
             self.send(self.topic, key, value)
             self.tally.rejected.append(rejection.reason)
-
-
-def _publishable(decoded: Decoded, n: int) -> Decoded:
-    """``decoded`` with its events whose id a prediction cannot carry (an integer beyond 64 bits) rejected, as
-    :func:`~perceptron_stream.wire.outputs.publishable` rejects them one at a time."""
-    if all(type(i) is not int or ID_MIN <= i <= ID_MAX for i in decoded.ids):
-        return decoded
-    ids, xs, ys, at, rejected = [], [], [], [], list(decoded.rejected)
-    for i, *event in zip(range(n) if decoded.at is None else decoded.at, decoded.ids, decoded.xs, decoded.ys):
-        published = publishable(tuple.__new__(Event, event))
-        if type(published) is Rejection:
-            rejected.append((i, published))
-        else:
-            ids.append(event[0])
-            xs.append(event[1])
-            ys.append(event[2])
-            at.append(i)
-    return Decoded(ids, xs, ys, at, sorted(rejected))
 
 
 def _frozen(learner):
@@ -281,8 +256,6 @@ class Task:
         learner, replica = run.learner, run.replica
         step, knows_none_of = learner.step, learner.knows_none_of
         for r, event in zip(records, events):
-            if type(event) is not Rejection and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
-                event = publishable(event)
             if type(event) is Rejection:
                 key, value = dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, limit)
                 send(dlq_topic, key, value)
@@ -335,7 +308,7 @@ class Task:
     def _many(self, run: _Learning, labels: SpanLabels | None, records, decoded: Decoded, send, tally: Tally) -> bool:
         """The batch form of :meth:`_each`; False (nothing done) where it does not apply.
 
-        It applies to one partition's batch whose ids a prediction can carry, when the champion steps its events
+        It applies to one partition's batch when the champion steps its events
         without registering a feature (``can_step_many``: then none is unknown to it either, so the per-event
         look at that has nothing to say). Per span of events: the champion's and the challengers' ``step_many``
         (the joins of points whose label came first learned in the same pass, each right after its point, as
@@ -344,8 +317,6 @@ class Task:
         with mixing, a span ends where a mix is due and after each join (a mix may follow any learning event),
         and a batch of many short spans goes one event at a time.
         """
-        if int in set(map(type, decoded.ids)):
-            decoded = _publishable(decoded, len(records))
         ids, xs, ys, _, rejected = decoded
         if not xs or len(set(map(_PARTITION, records))) != 1 or len(set(map(_TOPIC, records))) != 1:
             return False

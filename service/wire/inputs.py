@@ -61,7 +61,7 @@ def _fast_decoder(max_features: int, max_feature_value: float, dimension: int | 
     """
     value = Annotated[float, msgspec.Meta(ge=-max_feature_value, le=max_feature_value)]
     # ids a prediction can carry (orjson writes 64 bits); msgspec bounds fit an int64, so ids of 2**63 and above
-    # take the model's way (publishable then sorts them), as do those beyond 64 bits
+    # take the model's way (whose last check, _checked's, sorts them), as do those beyond 64 bits
     number = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
     most = min(max_features, sys.maxsize)  # msgspec's lengths are C sizes; no list is longer anyway
     dense: Any  # a type for msgspec, or None: no dense event decodes
@@ -101,6 +101,10 @@ class Decoded(NamedTuple):
     at: list[int] | None
     rejected: list[tuple[int, Rejection]]
 
+
+#: An integer id is written back in the prediction: beyond 64 bits orjson
+#: (and most consumers) cannot write it, and the event would stop the service.
+ID_MIN, ID_MAX = -(1 << 63), (1 << 64) - 1
 
 #: Messages at least this long skip the fast path. Its gain is a fixed
 #: cost per event (about 1-2 µs, the model's instance and validators); from a
@@ -271,7 +275,8 @@ class Decoder:
     def _checked(
         self, id_: str | int | None, x: list[float] | dict[str, float], dense: bool, y: int | None
     ) -> Event | Rejection:
-        """The rules beyond the model: at least one feature, at most max_features, the fixed dimension."""
+        """The rules beyond the model: at least one feature, at most max_features, the fixed dimension, an id a
+        prediction can carry (the fast path's type bounds it already)."""
         n = len(x)
         if not n:
             return Rejection("invalid_event", f"{'x' if dense else 'features'} is empty; send at least one feature")
@@ -296,6 +301,14 @@ class Decoder:
                     "wrong_dimension",
                     f"x has {n} values but this model takes {self.dimension} (the first dense event fixed the dimension)",
                 )
+        if type(id_) is int and not ID_MIN <= id_ <= ID_MAX:
+            # last, after the dimension is fixed: the one check of an event whose prediction could not be written,
+            # judged after every other (as when it was made on the decoded event), so such an event fixes the
+            # dimension as it always did
+            return Rejection(
+                "invalid_event",
+                f"id must be a string or an integer of at most 64 bits, got an integer of {id_.bit_length()} bits",
+            )
         return _new(Event, (id_, x, y))
 
 

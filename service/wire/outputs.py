@@ -14,7 +14,7 @@ import base64
 from collections.abc import Callable
 
 import orjson
-from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, Event, Rejection
+from perceptron_stream.wire.messages import DEAD_LETTER_RAW_LIMIT, Rejection
 
 _dumps = orjson.dumps
 
@@ -161,23 +161,10 @@ def _cut(column) -> list[bytes]:
     return _dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
 
 
-#: An integer id is written back in the prediction: beyond 64 bits orjson
-#: (and most consumers) cannot write it, and the event would stop the service.
-ID_MIN, ID_MAX = -(1 << 63), (1 << 64) - 1
 #: The longest error sentence a dead letter carries: the decoder may quote a
 #: hostile feature name. With its raw head (cut to fit) and key, a dead letter
 #: stays within --max-message-bytes (dead_letter_value).
 DEAD_LETTER_ERROR_LIMIT = 1000
-
-
-def publishable(event: Event | Rejection) -> Event | Rejection:
-    """The decoded event, or a rejection when its prediction could not be written."""
-    if type(event) is Event and type(event.id) is int and not ID_MIN <= event.id <= ID_MAX:
-        return Rejection(
-            "invalid_event",
-            f"id must be a string or an integer of at most 64 bits, got an integer of {event.id.bit_length()} bits",
-        )
-    return event
 
 
 def dead_letter_value(

@@ -13,7 +13,7 @@ import orjson
 from perceptron_stream.learning import make_learner
 from perceptron_stream.wire.inputs import Decoder
 from perceptron_stream.wire.messages import DeadLetter, Event
-from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT, publishable
+from perceptron_stream.wire.outputs import DEAD_LETTER_ERROR_LIMIT
 
 from tests.support.hostile import MAX_BYTES, MAX_FEATURES, POISON, collect, service_messages
 
@@ -36,7 +36,7 @@ def test_a_running_service_survives_hostile_messages(broker, topics, tmp_path):
     decoder, learner = Decoder(MAX_BYTES, MAX_FEATURES), make_learner("plain", max_features=cap)
     expected: list[tuple[str, bytes | str]] = []
     for raw in stream:
-        result = publishable(decoder.decode(raw))
+        result = decoder.decode(raw)
         if isinstance(result, Event):
             y_pred, score, mistake = learner.step(result.x, result.y)
             expected.append(("prediction", orjson.dumps({"y_pred": y_pred, "score": score, "mistake": mistake})))
