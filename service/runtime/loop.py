@@ -1,4 +1,4 @@
-"""How a turn of the poll loop goes: the service's one loop, testable through :meth:`Loop.turn` and :meth:`Loop.process`.
+"""How a turn of the poll loop goes: the service's one loop, testable through :meth:`Loop.turn` and :meth:`Loop.handle_batch`.
 
 Per turn (:meth:`Loop.turn`): poll (one list of records per partition) → settle
 assignments (:mod:`perceptron_stream.runtime.partitions`: restore what was assigned) →
@@ -95,7 +95,7 @@ class Loop:
             self.lag.records_came()
         if batches or (labels_due and assignments.may_process()):  # (labels past their grace period go in a batch
             # of no records)
-            self.process(batches)
+            self.handle_batch(batches)
         else:  # no batch: nothing acknowledged, the label partitions paced only
             pause, resume, _ = gate.after()
             self._pace_labels(pause, resume)
@@ -104,7 +104,7 @@ class Loop:
         self.doing = "reading the lag"
         self.lag.refresh(stream)
 
-    def process(self, batches) -> None:
+    def handle_batch(self, batches) -> None:
         """One batch (a list of records per partition): each partition's records to its task, the outputs flushed,
         the checkpointer told what was acknowledged, the metrics observed. Exactly-once: inside the open transaction.
 
@@ -145,8 +145,8 @@ class Loop:
         self.checkpointer.acknowledged(tasks)
         metrics = self.metrics
         metrics.observe_tally(tally, time.perf_counter() - started)
-        for task in tasks:
-            metrics.set_model(task.learner.weight_norm, task.learner.radius, task.partition)
+        for model in tasks:  # (every task's model, not only those the batch reached)
+            metrics.set_model(model.learner.weight_norm, model.learner.radius, model.partition)
         if waiting is not None:
             metrics.pending.set(waiting[0])
             metrics.early.set(waiting[1])

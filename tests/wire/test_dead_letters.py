@@ -171,7 +171,7 @@ def test_the_service_sends_dead_letters_within_the_limit():
         Record("points", 0, 1, b"k" * 999_900, b'{"x": [1.0], "y": 5}', 0),  # bad label, a key with no room left
         Record("points", 0, 2, b"k" * 10, b"\xff" * 2_000_000, 0),
     ]  # too large (2 MB), not UTF-8
-    loop.process([hostile])  # one batch, no broker: run() needs one
+    loop.handle_batch([hostile])  # one batch, no broker: run() needs one
     assert [(topic, len(key or b"") + len(value) <= 1_000_000) for topic, key, value in stream.sent] == [
         ("points.dlq", True)
     ] * 3
