@@ -25,9 +25,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
-from perceptron_stream.wire.inputs import Decoded
-from perceptron_stream.wire.messages import Event, Rejection
-from perceptron_stream.wire.outputs import dead_letter_record, prediction, predictions
+from perceptron_stream.wire.outputs import InRecordOrder, prediction, predictions
 
 if TYPE_CHECKING:
     from perceptron_stream.pipeline.labels.span import SpanLabels
@@ -36,36 +34,8 @@ log = logging.getLogger("perceptron_stream")
 _KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
     attrgetter(name) for name in ("key", "value", "offset", "partition", "topic")
 )
-#: A batch whose spans (see Task._many) average fewer events than this goes one event at a time.
+#: A batch whose spans (see Task._points) average fewer events than this goes one event at a time.
 SPAN_EVENTS = 16
-
-
-def _events(decoded: Decoded, n: int) -> list:
-    """A batch decoded as columns, back to one Event or Rejection per record (the one-at-a-time path)."""
-    events: list = [None] * n
-    for i, rejection in decoded.rejected:
-        events[i] = rejection
-    for i, *event in zip(range(n) if decoded.at is None else decoded.at, decoded.ids, decoded.xs, decoded.ys):
-        events[i] = tuple.__new__(Event, event)
-    return events
-
-
-class _Letters:
-    """A batch's dead letters, sent among its predictions in record order (:meth:`Task._many`)."""
-
-    def __init__(self, records, rejected: list, outputs: dict, send, tally: Tally):
-        self.records, self.waiting, self.send, self.tally = records, list(reversed(rejected)), send, tally
-        self.topic, self.limit = outputs["dlq_topic"], outputs["max_message_bytes"]
-
-    def before(self, index: int) -> None:
-        """Send the dead letters of the records before record ``index``."""
-        waiting = self.waiting
-        while waiting and waiting[-1][0] < index:
-            i, rejection = waiting.pop()
-            r = self.records[i]
-            key, value = dead_letter_record(rejection, r.value, r.key, r.topic, r.partition, r.offset, self.limit)
-            self.send(self.topic, key, value)
-            self.tally.rejected.append(rejection.reason)
 
 
 def _frozen(learner):
@@ -208,84 +178,124 @@ class Task:
         self.lock = threading.Lock()  # the HTTP thread reads the model (/model) while the loop steps it
 
     # processing -----------------------------------------------------------
-    def process(self, records, send, tally: Tally) -> None:
+    def process(self, records, send, tally: Tally, each: bool = False) -> None:
         """Decode, predict-then-learn and publish each record, in order; positions move past them.
 
-        A batch at once where it can be (:meth:`_many`): decoded by a few msgspec calls, stepped by the learner's
-        ``step_many``, its predictions built in one pass; the same outputs, in the same order, and the same
-        model as one record at a time (:meth:`process_each`, the reference; tests/pipeline/test_task.py checks).
+        A batch at once where it can be: decoded by a few msgspec calls, stepped by the learner's ``step_many``,
+        its predictions built in one pass; the same outputs, in the same order, and the same model as one record
+        at a time (``each``: :meth:`process_each`, the reference; tests/pipeline/test_task.py checks).
         """
         with self.lock:
             run = _Learning(self, tally)
             labels = None if self.joiner is None else self.joiner.span(send, tally, run.replica, self.models)
-            if labels is not None and records[0].topic == self.outputs.get("label_topic"):
-                labels.labels(records, run, each=self.mixer is not None)  # (a mix may come after any join)
+            if labels is None or records[0].topic != self.outputs.get("label_topic"):
+                self._points(run, labels, records, send, tally, each)
             else:
-                decoded = self.decoder.decode_many(list(map(_VALUE, records)), list(map(_KEY, records)))
-                if not self._many(run, labels, records, decoded, send, tally):
-                    self._each(run, labels, records, _events(decoded, len(records)), send, tally)
-                if labels is not None:
-                    labels.points_done(records)
+                labels.labels(records, run, each=each or self.mixer is not None)  # (a mix may come after any join)
             run.end(records)
         run.drift()
 
     def process_each(self, records, send, tally: Tally) -> None:
         """:meth:`process` one record at a time, each decoded on its own: the reference the batch form equals."""
-        with self.lock:
-            run = _Learning(self, tally)
-            labels = None if self.joiner is None else self.joiner.span(send, tally, run.replica, self.models)
-            if labels is not None and records[0].topic == self.outputs.get("label_topic"):
-                labels.labels(records, run, each=True)
-            else:
-                decode = self.decoder.decode
-                self._each(run, labels, records, [decode(r.value, r.key) for r in records], send, tally)
-                if labels is not None:
-                    labels.points_done(records)
-            run.end(records)
-        run.drift()
+        self.process(records, send, tally, each=True)
 
-    def _each(self, run: _Learning, labels: SpanLabels | None, records, events: list, send, tally: Tally) -> None:
-        """Predict-then-learn and publish each record's event (or its dead letter), one at a time, in order; a point
-        without its label handed to ``labels`` once published (kept, or joined with its label that came first)."""
-        out_topic, dlq_topic, limit = (
-            self.outputs["output_topic"],
-            self.outputs["dlq_topic"],
-            self.outputs["max_message_bytes"],
+    def _points(self, run: _Learning, labels: SpanLabels | None, records, send, tally: Tally, each: bool) -> None:
+        """A batch of points, in one outline for both forms: decoded; then span by span, learned (the learner's
+        ``step_many`` over a span, or its ``step`` over a span of one event), the predictions built, sent in record
+        order with the dead letters among them (:class:`~perceptron_stream.wire.outputs.InRecordOrder`), and the
+        points handed to the labels' hook (kept, or joined with their label that came first); a mix made where
+        one is due. Written once, so that the batch form cannot drift from the reference.
+
+        The span is the batch when it is one partition's, and the champion steps its events without registering
+        a feature (``can_step_many``: then none is unknown to it either, so the per-event look at that has
+        nothing to say): the joins of its points whose label waited (the hook's ``waiting``) learned in the same
+        pass, each right after its point, as the hook's ``published`` learns it one at a time. With mixing, a
+        span ends where a mix is due and after each join (a mix may follow any learning event), and a batch of
+        many short spans goes one event at a time; so does everything ``each`` (the reference).
+        """
+        decoded = self.decoder.decode_many(list(map(_VALUE, records)), list(map(_KEY, records)), each)
+        ids, xs, ys, at, rejected = decoded
+        at = range(len(records)) if at is None else at
+        n, mixer, models, positions = len(xs), self.mixer, self.models, self.positions
+        many = (
+            not each
+            and n > 0
+            and len(set(map(_PARTITION, records))) == 1
+            and len(set(map(_TOPIC, records))) == 1
+            and run.learner.can_step_many(xs, ys)
         )
-        positions, mixer, models = self.positions, self.mixer, self.models
-        learner, replica = run.learner, run.replica
-        step, knows_none_of = learner.step, learner.knows_none_of
-        for r, event in zip(records, events):
-            if type(event) is Rejection:
-                key, value = dead_letter_record(event, r.value, r.key, r.topic, r.partition, r.offset, limit)
-                send(dlq_topic, key, value)
-                tally.rejected.append(event.reason)
+        cuts: list = []  # (event, label's y) of the points whose label waits
+        if many and labels is not None:
+            cuts = labels.waiting(records[0].partition, ids, ys)
+            many = mixer is None or len(cuts) * SPAN_EVENTS <= n
+        out = InRecordOrder(records, rejected, send, self.outputs, tally.rejected)
+        start = 0
+        while start < n:
+            learner, replica = run.learner, run.replica
+            # learn
+            if many:
+                if mixer is None:
+                    end, joins = n, [(i - start, y) for i, y in cuts]
+                else:
+                    end = cuts[0][0] + 1 if cuts else n
+                    learning = [i for i in range(start, end) if ys[i] is not None] + [i for i, _ in cuts[:1]]
+                    if len(learning) >= max(1, mixer.every - mixer.since):
+                        end = learning[max(1, mixer.every - mixer.since) - 1] + 1  # ends with the event making it due
+                    joins = [(i - start, y) for i, y in cuts if i < end]
+                cuts = [(i, y) for i, y in cuts if i >= end]
+                span_xs, span_ys = xs[start:end], ys[start:end]
+                steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the rows' kinds)
+                others = None if models is None else models.step_many(span_xs, span_ys, True, joins)
+                labeled = len(span_ys) - span_ys.count(None)
+                tally.labeled += labeled
+                tally.unlabeled += len(span_ys) - labeled
+                if labeled or joins:  # the joins' counted here too, in order (the labels' hook counts the rest)
+                    tally.flags.extend(steps.flags())
+                    for name, theirs in (others or {}).items():
+                        tally.challenger_flags.setdefault(name, []).extend(theirs.flags())
             else:
-                y, joined = event.y, False
-                if knows_none_of(event.x):  # before the step: a labeled event would add its features
+                end, x, y = start + 1, xs[start], ys[start]
+                if learner.knows_none_of(x):  # before the step: a labeled event would add its features
                     tally.unknown += 1
                     if not self.told_unknown:
-                        self._tell_unknown(learner, event.x)
-                y_pred, score, mistake = step(event.x, y)
-                others = None if models is None else models.step(event.x, y)  # stepped on the same events
+                        self._tell_unknown(learner, x)
+                y_pred, score, mistake = learner.step(x, y)
+                others = None if models is None else models.step(x, y)  # stepped on the same events
                 if y is None:
                     tally.unlabeled += 1
                 else:
                     tally.labeled += 1
                     tally.flags.append(mistake)
-                    if others is not None:
-                        for name, (_, _, m) in others.items():
-                            tally.challenger_flags.setdefault(name, []).append(m)
-                if replica is not None:
-                    replica["mixes"] = 0 if mixer is None else mixer.mixes
-                send(
-                    out_topic,
-                    r.key,
+                    for name, (_, _, m) in (others or {}).items():
+                        tally.challenger_flags.setdefault(name, []).append(m)
+            if replica is not None:
+                replica["mixes"] = 0 if mixer is None else mixer.mixes
+            # build, send, hand to the labels' hook
+            span_at = at[start:end]
+            last = records[span_at[-1]]
+            if many:
+                span_ids = ids[start:end]
+                built = predictions(
+                    span_ids,
+                    last.topic,
+                    last.partition,
+                    [records[i].offset for i in span_at],
+                    steps.y_pred,
+                    steps.score,
+                    span_ys,
+                    steps.mistake,
+                    steps.updates,
+                    steps.seen,
+                    steps.mistakes,
+                    replica,
+                )
+            else:
+                built = [
                     prediction(
-                        event.id,
-                        r.topic,
-                        r.partition,
-                        r.offset,
+                        ids[start],
+                        last.topic,
+                        last.partition,
+                        last.offset,
                         y_pred,
                         score,
                         y,
@@ -294,126 +304,49 @@ class Task:
                         learner.seen,
                         learner.mistakes,
                         replica,
-                    ),
+                    )
+                ]
+            learned = False  # (one event: its join, the label having come first)
+            if labels is None:
+                out.predictions(span_at, built)
+            elif many:  # sends them, each point's join after it
+                labels.published_many(
+                    records,
+                    span_at,
+                    span_ids,
+                    span_xs,
+                    span_ys,
+                    steps,
+                    others,
+                    joins,
+                    built,
+                    out.topic,
+                    out.letters_before,
                 )
-                if y is None and labels is not None:  # kept until its label comes, or joined with one that came first
-                    joined = labels.published(r, event.id, event.x, y_pred, score, learner, others)
-                positions[(r.topic, r.partition)] = r.offset + 1
-                if (y is not None or joined) and mixer is not None and mixer.learned():
-                    learner = run.mix(send)
-                    step, knows_none_of = learner.step, learner.knows_none_of
-                continue
-            positions[(r.topic, r.partition)] = r.offset + 1
-
-    def _many(self, run: _Learning, labels: SpanLabels | None, records, decoded: Decoded, send, tally: Tally) -> bool:
-        """The batch form of :meth:`_each`; False (nothing done) where it does not apply.
-
-        It applies to one partition's batch when the champion steps its events
-        without registering a feature (``can_step_many``: then none is unknown to it either, so the per-event
-        look at that has nothing to say). Per span of events: the champion's and the challengers' ``step_many``
-        (the joins of points whose label came first learned in the same pass, each right after its point, as
-        :meth:`SpanLabels.published` learns it), the predictions built at once, and the outputs sent in record order with
-        the dead letters and the joins' outcomes among them, as :meth:`_each` sends them. The span is the batch;
-        with mixing, a span ends where a mix is due and after each join (a mix may follow any learning event),
-        and a batch of many short spans goes one event at a time.
-        """
-        ids, xs, ys, _, rejected = decoded
-        if not xs or len(set(map(_PARTITION, records))) != 1 or len(set(map(_TOPIC, records))) != 1:
-            return False
-        if not run.learner.can_step_many(xs, ys):
-            return False
-        first = records[0]
-        topic, partition = first.topic, first.partition
-        mixer = self.mixer
-        cuts = [] if labels is None else labels.waiting(partition, ids, ys)  # (event, label's y)
-        if mixer is not None and len(cuts) * SPAN_EVENTS > len(xs):
-            return False
-        letters = _Letters(records, rejected, self.outputs, send, tally)
-        start, n = 0, len(xs)
-        while start < n:
-            if mixer is None:
-                end, joins = n, [(i - start, y) for i, y in cuts]
             else:
-                end = cuts[0][0] + 1 if cuts else n
-                learning = [i for i in range(start, end) if ys[i] is not None] + [i for i, _ in cuts[:1]]
-                if len(learning) >= max(1, mixer.every - mixer.since):
-                    end = learning[max(1, mixer.every - mixer.since) - 1] + 1  # ends with the event making it due
-                joins = [(i - start, y) for i, y in cuts if i < end]
-            cuts = [(i, y) for i, y in cuts if i >= end]
-            self._span(run, labels, records, decoded, start, end, joins, letters, send, tally)
+                out.predictions(span_at, built)
+                if y is None:  # kept until its label comes, or joined with one that came first
+                    learned = labels.published(last, ids[start], x, y_pred, score, learner, others)
+            positions[(last.topic, last.partition)] = last.offset + 1
+            # mix when due
             if mixer is not None:
-                learned = len(joins) + sum(1 for y in ys[start:end] if y is not None)
-                if learned:
-                    mixer.since += learned - 1
-                    if mixer.learned():
-                        run.mix(send)
+                if many:
+                    learned_many = len(joins) + sum(1 for y in span_ys if y is not None)
+                    if learned_many:
+                        mixer.since += learned_many - 1
+                        if mixer.learned():
+                            run.mix(send)
+                elif (y is not None or learned) and mixer.learned():
+                    run.mix(send)
             start = end
-        letters.before(len(records))  # (those after the last event)
-        self.positions[(topic, partition)] = records[-1].offset + 1
-        return True
-
-    def _span(
-        self,
-        run: _Learning,
-        labels: SpanLabels | None,
-        records,
-        decoded: Decoded,
-        start: int,
-        end: int,
-        joins: list,
-        letters,
-        send,
-        tally,
-    ):
-        """Events ``start``..``end`` of ``decoded`` stepped at once (``joins``: (index in the span, label's y) of
-        its points whose label waited, learned right after each), their messages sent in record order with the
-        dead letters (``letters``) of the records before them; with ``labels``, by it (its points kept, its joins
-        published after them)."""
-        ids, xs, ys, at, rejected = decoded
-        first = records[0]
-        topic, partition = first.topic, first.partition
-        learner, models, replica, mixer = run.learner, self.models, run.replica, self.mixer
-        span_xs, span_ys, span_ids = xs[start:end], ys[start:end], ids[start:end]
-        span_at = range(start, end) if at is None else at[start:end]
-        steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the rows' kinds)
-        others = None if models is None else models.step_many(span_xs, span_ys, True, joins)
-        labeled = len(span_ys) - span_ys.count(None)
-        tally.labeled += labeled
-        tally.unlabeled += len(span_ys) - labeled
-        if labeled or joins:  # the joins' counted here too, in order (the labels' hook counts the rest of them)
-            tally.flags.extend(steps.flags())
-            for name, theirs in (others or {}).items():
-                tally.challenger_flags.setdefault(name, []).extend(theirs.flags())
-        if replica is not None:
-            replica["mixes"] = 0 if mixer is None else mixer.mixes
-        offsets = [records[i].offset for i in span_at]
-        values = predictions(
-            span_ids,
-            topic,
-            partition,
-            offsets,
-            steps.y_pred,
-            steps.score,
-            span_ys,
-            steps.mistake,
-            steps.updates,
-            steps.seen,
-            steps.mistakes,
-            replica,
-        )
-        out_topic = self.outputs["output_topic"]
-        if labels is not None:
-            labels.published_many(
-                records, span_at, span_ids, span_xs, span_ys, steps, others, joins, values, out_topic, letters.before
-            )
-        elif not rejected:
-            for r, value in zip(records[start:end] if at is None else [records[i] for i in span_at], values):
-                send(out_topic, r.key, value)
+        out.finish()  # (the letters after the last event)
+        if many:
+            positions[(records[0].topic, records[0].partition)] = records[-1].offset + 1
         else:
-            for i, value in zip(span_at, values):
-                letters.before(i)
-                send(out_topic, records[i].key, value)
-        self.positions[(topic, partition)] = offsets[-1] + 1
+            for r in records:
+                positions[(r.topic, r.partition)] = r.offset + 1
+        if labels is not None:
+            labels.points_done(records)
 
     def _tell_unknown(self, learner, x) -> None:
         """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model

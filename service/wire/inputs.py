@@ -190,12 +190,13 @@ class Decoder:
             return _new(Event, (doc.id, features, y))
         return self._decode_model(raw)
 
-    def decode_many(self, values: list, keys: list) -> Decoded:
+    def decode_many(self, values: list, keys: list, each: bool = False) -> Decoded:
         """:meth:`decode` of every value (``keys`` their records' keys), in a few C calls when the batch is all
         common events of one form: the fast path's msgspec type over every value, the checks of :meth:`decode` on
         whole columns. A batch with anything else (a message too large or long, a tombstone, one the fast path
         does not take, dense and named events mixed, dense ones of several lengths before the dimension is fixed)
-        is decoded one message at a time, so each rejection is the one :meth:`decode` gives.
+        is decoded one message at a time, so each rejection is the one :meth:`decode` gives; so is every batch
+        ``each`` (the reference the C calls equal).
 
         >>> d = Decoder(max_message_bytes=1000, max_features=10)
         >>> d.decode_many([b'{"x": [1.0, 2.0], "y": 0}', b'{"id": 7, "x": [3.0, 4.0]}'], [None, b"k"])
@@ -208,7 +209,7 @@ class Decoder:
             longest = max(map(len, values), default=0)
         except TypeError:  # a tombstone
             longest = None
-        if longest is not None and longest < self.model_first_bytes:
+        if not each and longest is not None and longest < self.model_first_bytes:
             key_longest = max(map(len, filter(None, keys)), default=0)
             if longest + key_longest <= self.max_message_bytes:
                 try:

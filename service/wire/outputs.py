@@ -156,6 +156,49 @@ def predictions(
     return out
 
 
+class InRecordOrder:
+    """A batch's messages sent in the order of its records: each prediction after the dead letters of the records
+    before it, the letters after its last event at the end (:meth:`finish`). The task's batch and one-at-a-time
+    forms alike send through it, so the order of what goes out is written once; ``reasons`` (the tally's) gets
+    each letter's reason as it goes."""
+
+    __slots__ = ("dlq_topic", "limit", "reasons", "records", "send", "topic", "waiting")
+
+    def __init__(self, records, rejected: list, send, outputs: dict, reasons: list):
+        self.records, self.waiting, self.send, self.reasons = records, rejected[::-1], send, reasons
+        self.topic, self.dlq_topic = outputs["output_topic"], outputs["dlq_topic"]
+        self.limit = outputs["max_message_bytes"]
+
+    def letters_before(self, index: int) -> None:
+        """Send the dead letters of the records before record ``index`` (those not sent yet)."""
+        waiting = self.waiting
+        while waiting and waiting[-1][0] < index:
+            i, rejection = waiting.pop()
+            r = self.records[i]
+            key, value = dead_letter_record(rejection, r.value, r.key, r.topic, r.partition, r.offset, self.limit)
+            self.send(self.dlq_topic, key, value)
+            self.reasons.append(rejection.reason)
+
+    def predictions(self, at, values: list) -> None:
+        """Send ``values``, the predictions of records ``at`` (their indexes, in order: a list or a range), each
+        keyed as its record and after the dead letters before it."""
+        records, send, topic = self.records, self.send, self.topic
+        if self.waiting:
+            for i, value in zip(at, values):
+                self.letters_before(i)
+                send(topic, records[i].key, value)
+        elif type(at) is range:  # (the common batch: every record an event)
+            for r, value in zip(records[at.start : at.stop], values):
+                send(topic, r.key, value)
+        else:
+            for i, value in zip(at, values):
+                send(topic, records[i].key, value)
+
+    def finish(self) -> None:
+        """The batch sent: the letters of the records after its last event."""
+        self.letters_before(len(self.records))
+
+
 def _cut(column) -> list[bytes]:
     """The JSON text of each value of ``column`` (numbers, booleans, null), by one dumps."""
     return _dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
