@@ -130,10 +130,9 @@ class _Learning:
         if learned and task.mixer is not None and task.mixer.learned():
             self.mix(send)
 
-    def end(self, records) -> None:
-        """The batch's ``records`` processed (inside the task's lock)."""
+    def end(self) -> None:
+        """The batch processed (inside the task's lock): its updates and dropped features counted."""
         self._count()
-        self.task.unsaved += len(records)
 
     def drift(self) -> None:
         """The drifts the batch's mistakes showed (after the lock)."""
@@ -192,7 +191,8 @@ class Task:
                 self._points(run, labels, records, send, tally, each)
             else:
                 labels.labels(records, run, each=each or self.mixer is not None)  # (a mix may come after any join)
-            run.end(records)
+            run.end()
+            self.unsaved += len(records)
         run.drift()
 
     def process_each(self, records, send, tally: Tally) -> None:
@@ -229,7 +229,7 @@ class Task:
             cuts = labels.waiting(records[0].partition, ids, ys)
             many = mixer is None or len(cuts) * SPAN_EVENTS <= n
         out = InRecordOrder(records, rejected, send, self.outputs, tally.rejected)
-        start = 0
+        start, unknown = 0, None
         while start < n:
             learner, replica = run.learner, run.replica
             # learn
@@ -257,8 +257,8 @@ class Task:
                 end, x, y = start + 1, xs[start], ys[start]
                 if learner.knows_none_of(x):  # before the step: a labeled event would add its features
                     tally.unknown += 1
-                    if not self.told_unknown:
-                        self._tell_unknown(learner, x)
+                    if not self.told_unknown:  # said once the batch is sent, of the model this event found
+                        self.told_unknown, unknown = True, (list(learner.weights), x)
                 y_pred, score, mistake = learner.step(x, y)
                 others = None if models is None else models.step(x, y)  # stepped on the same events
                 if y is None:
@@ -347,12 +347,13 @@ class Task:
                 positions[(r.topic, r.partition)] = r.offset + 1
         if labels is not None:
             labels.points_done(records)
+        if unknown is not None:
+            self._tell_unknown(*unknown)
 
-    def _tell_unknown(self, learner, x) -> None:
-        """Say once, with the way out, that an event shares no feature with the model: the usual cause is a model
-        trained on one form of input (names, or dense positions) served events of the other."""
-        self.told_unknown = True
-        features = list(learner.weights)
+    def _tell_unknown(self, features: list, x) -> None:
+        """Say once, with the way out, that an event (``x``) shares no feature with the model (``features``, as it
+        found them): the usual cause is a model trained on one form of input (names, or dense positions) served
+        events of the other."""
         shown = ", ".join(map(repr, features[:5])) + (", ..." if len(features) > 5 else "")
         if type(x) is list and all(type(f) is str for f in features):
             fix = (
