@@ -7,9 +7,13 @@ mixing book-keeping), checkpointed, restored and moved with the partition;
 in ``--model-scope group`` one task holds the group's one model over every
 partition (the service's original behaviour).
 
-Per record: bytes → event (:mod:`perceptron_stream.wire.inputs`) → predict, then learn
-(the learner's fused ``step``) → the prediction or dead letter
-(:mod:`perceptron_stream.wire.outputs`) handed to ``send``; the position moves on.
+A batch of points goes through one outline, in this order: bytes → events (the decoder,
+:mod:`perceptron_stream.wire.inputs`, the one place an event is judged) → predict, then
+learn (the learner's fused ``step_many`` over a span of events, or its ``step`` one event
+at a time) → the predictions built and sent in record order with the dead letters among
+them (:mod:`perceptron_stream.wire.outputs`) → the delayed labels' hook; the position
+moves on. The batch form and the one-at-a-time reference differ only in the size of
+their spans, so each part is visited once, by both.
 No Kafka and no HTTP here: outputs go to a callable, and the others'
 mixing states come from a :class:`~perceptron_stream.pipeline.mixer.MixBoard`.
 Delayed labels are not here either: a task with a joiner hands each batch's
