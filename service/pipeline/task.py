@@ -221,13 +221,8 @@ class Task:
         ids, xs, ys, at, rejected = decoded
         at = range(len(records)) if at is None else at
         n, mixer, models, positions = len(xs), self.mixer, self.models, self.positions
-        many = (
-            not each
-            and n > 0
-            and len(set(map(_PARTITION, records))) == 1
-            and len(set(map(_TOPIC, records))) == 1
-            and run.learner.can_step_many(xs, ys)
-        )
+        one_partition = len(set(map(_PARTITION, records))) == 1 and len(set(map(_TOPIC, records))) == 1
+        many = not each and n > 0 and one_partition and run.learner.can_step_many(xs, ys)
         cuts: list = []  # (event, label's y) of the points whose label waits
         if many and labels is not None:
             cuts = labels.waiting(records[0].partition, ids, ys)
@@ -275,10 +270,9 @@ class Task:
             if replica is not None:
                 replica["mixes"] = 0 if mixer is None else mixer.mixes
             # build, send, hand to the labels' hook
-            span_at = at[start:end]
-            last = records[span_at[-1]]
             if many:
-                span_ids = ids[start:end]
+                span_at, span_ids = at[start:end], ids[start:end]
+                last = records[span_at[-1]]
                 built = predictions(
                     span_ids,
                     last.topic,
@@ -294,42 +288,42 @@ class Task:
                     replica,
                 )
             else:
-                built = [
-                    prediction(
-                        ids[start],
-                        last.topic,
-                        last.partition,
-                        last.offset,
-                        y_pred,
-                        score,
-                        y,
-                        mistake,
-                        learner.updates,
-                        learner.seen,
-                        learner.mistakes,
-                        replica,
-                    )
-                ]
-            learned = False  # (one event: its join, the label having come first)
-            if labels is None:
-                out.predictions(span_at, built)
-            elif many:  # sends them, each point's join after it
-                labels.published_many(
-                    records,
-                    span_at,
-                    span_ids,
-                    span_xs,
-                    span_ys,
-                    steps,
-                    others,
-                    joins,
-                    built,
-                    out.topic,
-                    out.letters_before,
+                last = records[at[start]]
+                value = prediction(
+                    ids[start],
+                    last.topic,
+                    last.partition,
+                    last.offset,
+                    y_pred,
+                    score,
+                    y,
+                    mistake,
+                    learner.updates,
+                    learner.seen,
+                    learner.mistakes,
+                    replica,
                 )
+            learned = False  # (one event: its join, the label having come first)
+            if many:
+                if labels is None:
+                    out.predictions(span_at, built)
+                else:  # sends them, each point's join after it
+                    labels.published_many(
+                        records,
+                        span_at,
+                        span_ids,
+                        span_xs,
+                        span_ys,
+                        steps,
+                        others,
+                        joins,
+                        built,
+                        out.topic,
+                        out.letters_before,
+                    )
             else:
-                out.predictions(span_at, built)
-                if y is None:  # kept until its label comes, or joined with one that came first
+                out.prediction(at[start], last.key, value)
+                if labels is not None and y is None:  # kept until its label comes, or joined with one that came first
                     learned = labels.published(last, ids[start], x, y_pred, score, learner, others)
             positions[(last.topic, last.partition)] = last.offset + 1
             # mix when due
@@ -344,7 +338,7 @@ class Task:
                     run.mix(send)
             start = end
         out.finish()  # (the letters after the last event)
-        if many:
+        if one_partition:
             positions[(records[0].topic, records[0].partition)] = records[-1].offset + 1
         else:
             for r in records:

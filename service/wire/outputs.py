@@ -194,6 +194,12 @@ class InRecordOrder:
             for i, value in zip(at, values):
                 send(topic, records[i].key, value)
 
+    def prediction(self, index: int, key: bytes | None, value: bytes) -> None:
+        """Send ``value``, the prediction of record ``index`` (its ``key``), after the dead letters before it."""
+        if self.waiting:
+            self.letters_before(index)
+        self.send(self.topic, key, value)
+
     def finish(self) -> None:
         """The batch sent: the letters of the records after its last event."""
         self.letters_before(len(self.records))
