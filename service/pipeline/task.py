@@ -303,11 +303,13 @@ class Task:
                     learner.mistakes,
                     replica,
                 )
+            if not many:
+                out.prediction(at[start], last.key, value)
+            elif labels is None:
+                out.predictions(span_at, built)
             learned = False  # (one event: its join, the label having come first)
-            if many:
-                if labels is None:
-                    out.predictions(span_at, built)
-                else:  # sends them, each point's join after it
+            if labels is not None:
+                if many:  # sends them (each point's join after it) with the dead letters among them
                     labels.published_many(
                         records,
                         span_at,
@@ -321,9 +323,7 @@ class Task:
                         out.topic,
                         out.letters_before,
                     )
-            else:
-                out.prediction(at[start], last.key, value)
-                if labels is not None and y is None:  # kept until its label comes, or joined with one that came first
+                elif y is None:  # kept until its label comes, or joined with one that came first
                     learned = labels.published(last, ids[start], x, y_pred, score, learner, others)
             positions[(last.topic, last.partition)] = last.offset + 1
             # mix when due
