@@ -12,7 +12,10 @@ no variant dispatch (the class was picked at construction), the label checked on
 derived); the answer is a plain tuple. Profiled at d = 10: the dot product is about half of a step, hypot a tenth,
 the Python around them (call, checks, counters) under a fifth, so shaving bytecode measured as noise.
 
-Dicts take the shared step (:meth:`Perceptron.step <perceptron_stream.learning.Perceptron.step>`), the same rule.
+A dict takes the shared step (:meth:`Perceptron.step <perceptron_stream.learning.Perceptron.step>`) written out
+in :meth:`Plain.step`: for the one variant that keeps nothing beside w, the call and the questions to the variant
+measured 15% of a dict step (bench/learner.py's "step dict", the river interface's path); tests/learning/
+test_variants.py checks the two agree. Other events (a list the model must grow for) take the shared step itself.
 The batch form, :class:`PlainBatch`, is the same rule over many events (:mod:`perceptron_stream.learning.many`).
 """
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 from math import hypot
 from operator import add, mul, sub
 
-from perceptron_stream.learning.linear import bad_label
+from perceptron_stream.learning.linear import bad_label, dot, update
 from perceptron_stream.learning.many import Batch, gather, in_order_sum, learn_named
 from perceptron_stream.learning.perceptron import Perceptron, StepResult
 
@@ -128,6 +131,33 @@ class Plain(Perceptron):
             self.seen += 1
             self._unlabeled += 1
             return (1 if s > 0.0 else -1, s, None)
-        return _shared_step(self, x, y)
+        if type(x) is not dict:
+            return _shared_step(self, x, y)
+        # dicts: the shared step written out for plain, which keeps nothing beside w (the call and the variant's
+        # questions measured 15% of a dict step); test_variants.py checks the two agree
+        w = self._w
+        try:
+            s = dot(w, self, x) + self._b
+        except KeyError:  # new features: rare, so the label is checked in full before any is registered
+            x = self.admit(x, y)
+            s = dot(w, self, x) + self._b
+        ys = None if y is None else y * s
+        if ys is not None and ys <= self._thr:
+            if y != 1 and y != -1:
+                raise bad_label(y)
+            update(w, self, x, y)
+            self._b += y
+            self.updates += 1
+        r = hypot(*x.values())
+        if r > self._xmax:
+            self._xmax = r
+        self.seen += 1
+        if y is None:
+            self._unlabeled += 1
+            return (1 if s > 0.0 else -1, s, None)
+        if ys <= 0.0:  # type: ignore[operator]  # is_mistake(y, s) inlined; ys a float (y is not None here)
+            self.mistakes += 1
+            return (1 if s > 0.0 else -1, s, True)
+        return (y, s, False)
 
     step.__doc__ = Perceptron.step.__doc__
