@@ -32,7 +32,9 @@ weights, let the variant say what it publishes, update on a mistake, let the
 variant keep what it keeps.  For the variants that predict with other weights
 than they learn with, ``mistakes`` counts the published predictions' mistakes
 and ``updates`` the learning weights' updates (the model version).  Which
-features the model takes in, and the cap on them: :mod:`~perceptron_stream.learning.linear`.
+features the model takes in, and the cap on them: :mod:`~perceptron_stream.learning.linear`;
+its JSON state: :mod:`~perceptron_stream.learning.saved`; its batch form,
+``step_many``: :mod:`~perceptron_stream.learning.many`.
 
 In river: ``preprocessing.StandardScaler() | Perceptron()``,
 ``evaluate.progressive_val_score`` and ``clone()`` work on river's data sets
@@ -68,9 +70,9 @@ from typing import Any
 from perceptron_stream.learning.labels import to_label
 from perceptron_stream.learning.linear import Linear, as_dict, bad_label, dot, update
 from perceptron_stream.learning.many import Batch, ManySteps, scatter
+from perceptron_stream.learning.saved import STATE_FORMAT, STATE_KIND, Saved  # noqa: F401  # re-exported
 from perceptron_stream.learning.state import (  # noqa: F401  # re-exported: where the service reads them
     MAX_STATE_MAGNITUDE,
-    Reader,
     StateError,
     is_state_number,
     state_reason,
@@ -78,12 +80,6 @@ from perceptron_stream.learning.state import (  # noqa: F401  # re-exported: whe
 from river import base
 
 VARIANTS = ("plain", "averaged", "pocket", "margin")
-STATE_KIND = "perceptron"
-STATE_FORMAT = 1
-
-# The names state["labels"] takes: what predict_one answers in.
-_SIGNED, _BOOL = "-1/+1", "bool"
-
 #: What :meth:`Perceptron.step` answers, made BEFORE learning from the event:
 #: ``(y_pred, score, mistake)``, mistake None when the event had no label.  A
 #: plain tuple: building a NamedTuple was a sixth of a step (bench/README.md).
@@ -105,7 +101,7 @@ def _check_params(variant: Any, margin: Any) -> None:
         raise ValueError(f"margin={margin!r} is only used by variant='margin' (variant is {variant!r})")
 
 
-class Perceptron(Linear, ManySteps, base.Classifier):
+class Perceptron(Linear, ManySteps, Saved, base.Classifier):
     """Online perceptron; ``variant`` picks the rule (see the module docstring).
 
     Inputs are dicts (feature name → number) or dense lists (features 0..d-1,
@@ -339,115 +335,3 @@ class Perceptron(Linear, ManySteps, base.Classifier):
     def labeled(self) -> int:
         """Events seen with a label (derived: one counter less on the hot path)."""
         return self.seen - self._unlabeled
-
-    # ------------------------------------------------------------------ state
-    @classmethod
-    def from_weights(
-        cls,
-        weights: dict | list,
-        bias: float = 0.0,
-        variant: str = "plain",
-        margin: float = 0.0,
-        max_features: int | None = None,
-    ) -> Perceptron:
-        """A perceptron that starts from the given weights instead of 0 (seed 002's θ, θ0).
-
-        >>> p = Perceptron.from_weights([1.0, -1.0], bias=1.0)
-        >>> p.step([1.0, 3.0], 1), p.weights, p.bias
-        ((-1, -1.0, True), {0: 2.0, 1: 2.0}, 2.0)
-        """
-        p = cls(variant, margin, max_features)
-        items = enumerate(weights) if isinstance(weights, list) else weights.items()
-        values = list(weights) if isinstance(weights, list) else list(weights.values())
-        if not all(map(is_state_number, values)) or not is_state_number(bias):
-            raise StateError(
-                f"weights and bias must be finite numbers of magnitude at most {MAX_STATE_MAGNITUDE:g}", "non_finite"
-            )
-        for k, v in items:
-            i = p._add_feature(k)
-            p._w[i] = float(v)
-        p._b = float(bias)
-        p._started()
-        return p
-
-    def _started(self) -> None:
-        """The running weights were given (:meth:`from_weights`): what the variant keeps starts from them."""
-
-    def to_state(self) -> dict:
-        """Everything the model holds, as plain JSON types (floats round trip exactly).
-
-        ``labels`` ("-1/+1" or "bool") is what :meth:`predict_one` answers in;
-        :meth:`from_state` reads a state without it (written before it existed)
-        as "-1/+1", so the format number did not change.  Likewise
-        ``max_features`` (absent: None, no cap) and the ``dropped_features``
-        counter (absent: 0).
-        """
-        for k in self.features:
-            if type(k) not in (str, int):
-                raise ValueError(f"cannot checkpoint feature name {k!r}: names must be str or int")
-        state: dict[str, Any] = {
-            "kind": STATE_KIND,
-            "format": STATE_FORMAT,
-            "variant": self.variant,
-            "margin": self.margin,
-            "max_features": self.max_features,
-            "features": list(self.features),
-            "weights": list(self._w),
-            "bias": self._b,
-            "max_norm": self._xmax,
-            "labels": _BOOL if self._bool_labels else _SIGNED,  # what predict_one answers in
-            "counters": {
-                "seen": self.seen,
-                "labeled": self.labeled,
-                "mistakes": self.mistakes,
-                "updates": self.updates,
-                "dropped_features": self.dropped_features,
-            },
-        }
-        self._save_kept(state)
-        return state
-
-    def _save_kept(self, state: dict) -> None:
-        """Add what the variant keeps to ``state`` (under the variant's own key)."""
-
-    def _read_kept(self, st: Reader, n: int) -> None:
-        """Read back what :meth:`_save_kept` wrote (``n`` features)."""
-
-    @classmethod
-    def from_state(cls, state: dict) -> Perceptron:
-        """Rebuild exactly what :meth:`to_state` saved; ValueError on a wrong or corrupt state.
-
-        >>> Perceptron.from_state({"kind": "perceptron", "format": 99})
-        Traceback (most recent call last):
-        ...
-        perceptron_stream.learning.state.StateError: invalid perceptron state: format 99 is not supported (this version reads format 1)
-        """
-        st = Reader("perceptron state", state)
-        st.header(STATE_KIND, STATE_FORMAT)
-        variant, margin = st.get("variant"), st.get("margin")
-        try:  # max_features: absent from the states written before it existed (no cap then)
-            p = cls(variant, margin, st.state.get("max_features"))
-        except ValueError as exc:
-            st.fail(str(exc))
-        keys = st.get("features")
-        if not isinstance(keys, list) or any(type(k) not in (str, int) for k in keys):
-            st.fail("features must be a list of str or int names")
-        if len(set(keys)) != len(keys):
-            st.fail("features has duplicate names")
-        for k in keys:
-            p._add_feature(k)
-        n = len(keys)
-        p._w, p._b, p._xmax = st.floats("weights", n), st.float("bias"), st.float("max_norm")
-        counters = Reader("perceptron state counters", st.get("counters"))
-        p.seen, labeled, p.mistakes, p.updates = (counters.count(c) for c in ("seen", "labeled", "mistakes", "updates"))
-        if labeled > p.seen or p.mistakes > labeled:
-            counters.fail("need mistakes <= labeled <= seen", "implausible")
-        p._unlabeled = p.seen - labeled
-        if "dropped_features" in counters.state:  # absent from the states written before it existed
-            p.dropped_features = counters.count("dropped_features")
-        labels = st.state.get("labels", _SIGNED)  # absent from the states written before it existed
-        if labels not in (_SIGNED, _BOOL):
-            st.fail(f"labels must be {_SIGNED!r} or {_BOOL!r}, got {labels!r}")
-        p._bool_labels = labels == _BOOL
-        p._read_kept(st, n)
-        return p
