@@ -237,7 +237,7 @@ class Perceptron(Linear, ManySteps, Saved, base.Classifier):
                 self.updates += 1
             if self._keeps:
                 self._learned(m, x, y, learns)
-        r = hypot(*(x if m is None else x.values()))
+        r = hypot(*(x if m is None else x.values()))  # type: ignore[union-attr]  # m None: a list, else a dict
         if r > self._xmax:
             self._xmax = r
         self.seen += 1
