@@ -50,7 +50,8 @@ What takes the batch form (:meth:`ManySteps.can_step_many`), and what stays per 
   and learns in the same pass (a relabel's learning is a step's), counted as ``relabel`` counts;
 - R (the radius): a maximum, which does not depend on the order. The fused loop takes ``math.hypot`` of each
   event as ``step`` does; the windows take NumPy's norm of every row, a bound within a relative
-  :data:`~perceptron_stream.learning.windows.NORM_TOLERANCE`, and ``math.hypot`` of the rows that could beat the maximum only.
+  :data:`~perceptron_stream.learning.windows.NORM_TOLERANCE`, and ``math.hypot`` of the rows that could beat the
+  maximum only.
 """
 
 from __future__ import annotations

@@ -80,6 +80,7 @@ from perceptron_stream.learning.state import (  # noqa: F401  # re-exported: whe
 from river import base
 
 VARIANTS = ("plain", "averaged", "pocket", "margin")
+
 #: What :meth:`Perceptron.step` answers, made BEFORE learning from the event:
 #: ``(y_pred, score, mistake)``, mistake None when the event had no label.  A
 #: plain tuple: building a NamedTuple was a sixth of a step (bench/README.md).
