@@ -14,8 +14,9 @@ the Python around them (call, checks, counters) under a fifth, so shaving byteco
 
 A dict takes the shared step (:meth:`Perceptron.step <perceptron_stream.learning.Perceptron.step>`) written out
 in :meth:`Plain.step`: for the one variant that keeps nothing beside w, the call and the questions to the variant
-measured 15% of a dict step (bench/learner.py's "step dict", the river interface's path); tests/learning/
-test_variants.py checks the two agree. Other events (a list the model must grow for) take the shared step itself.
+measured about 15% of a dict step (bench/learner.py's "step dict", the river interface's path); tests/learning/
+test_variants.py checks the two agree. Other events (neither list nor dict, or a longer list whose new positions
+would fall after a name) take the shared step itself.
 The batch form, :class:`PlainBatch`, is the same rule over many events (:mod:`perceptron_stream.learning.many`).
 """
 
