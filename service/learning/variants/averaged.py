@@ -43,7 +43,8 @@ class AveragedBatch(Batch):
         score = [0.0] * len(rows)
         upd = [False] * len(rows)
         w, u, b, ub, c = self.w, self.u, self.b, self.ub, self.c
-        for i, (x, y) in enumerate(zip(rows, ys)):
+        i = 0
+        for x, y in zip(rows, ys):
             s = in_order_sum(map(mul, w, x)) + b
             score[i] = s - (in_order_sum(map(mul, u, x)) + ub) / c
             if y is not None:
@@ -55,6 +56,7 @@ class AveragedBatch(Batch):
                     ub += y * c
                     upd[i] = True
                 c += 1
+            i += 1  # noqa: SIM113  # a counter: enumerate's tuple measured 20 ns an event more
         self.w, self.u, self.b, self.ub, self.c = w, u, b, ub, c
         return score, upd
 

@@ -48,7 +48,8 @@ class PlainBatch(Batch):
         score = [0.0] * len(rows)
         upd = [False] * len(rows)
         w, b, thr = self.w, self.b, self.thr
-        for i, (x, y) in enumerate(zip(rows, ys)):
+        i = 0
+        for x, y in zip(rows, ys):
             s = in_order_sum(map(mul, w, x)) + b
             score[i] = s
             if y is not None:
@@ -57,6 +58,7 @@ class PlainBatch(Batch):
                     w = list(map(add if y == 1 else sub, w, x))
                     b += y
                     upd[i] = True
+            i += 1  # noqa: SIM113  # a counter: enumerate's tuple measured 20 ns an event more
         self.w, self.b = w, b
         return score, upd
 

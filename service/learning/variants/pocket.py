@@ -45,7 +45,8 @@ class PocketBatch(Batch):
         upd = [False] * len(rows)
         w, p, b, pb = self.w, self.p, self.b, self.pb
         run, best, same, took = self.run, self.best, self.same, self.took
-        for i, (x, y) in enumerate(zip(rows, ys)):
+        i = 0
+        for x, y in zip(rows, ys):
             s = in_order_sum(map(mul, w, x)) + b
             score[i] = s if same else in_order_sum(map(mul, p, x)) + pb
             if y is not None:
@@ -60,6 +61,7 @@ class PocketBatch(Batch):
                         best = run
                         if not same:
                             p, pb, same, took = w, b, True, True  # w is never changed in place: a new list on update
+            i += 1  # noqa: SIM113  # a counter: enumerate's tuple measured 20 ns an event more
         self.w, self.p, self.b, self.pb = w, p, b, pb
         self.run, self.best, self.same, self.took = run, best, same, took
         return score, upd
