@@ -42,10 +42,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from perceptron_stream.learning.linear import as_dict as _as_dict
 from perceptron_stream.learning.many import Steps, relabel_many, signed_labels
-from perceptron_stream.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
+from perceptron_stream.learning.perceptron import Perceptron, StepResult
 from perceptron_stream.learning.scaled import STATE_KIND as SCALED_KIND
 from perceptron_stream.learning.scaled import ScaledPerceptron
+from perceptron_stream.learning.state import Reader as _Reader
 from river import base
 
 STATE_KIND = "hashed-perceptron"
@@ -167,7 +169,7 @@ class HashedPerceptron(base.Classifier):
         >>> HashedPerceptron.from_state(state)
         Traceback (most recent call last):
         ...
-        perceptron_stream.learning.perceptron.StateError: invalid hashed-perceptron state: the feature hasher puts the probe names into other buckets than the one that wrote this state (river's hash changed?): its weights would be read under other features
+        perceptron_stream.learning.state.StateError: invalid hashed-perceptron state: the feature hasher puts the probe names into other buckets than the one that wrote this state (river's hash changed?): its weights would be read under other features
         """
         st = _Reader("hashed-perceptron state", state)
         st.header(STATE_KIND, STATE_FORMAT)

@@ -36,7 +36,8 @@ from typing import Any
 
 from perceptron_stream.learning.labels import to_label
 from perceptron_stream.learning.many import Steps, relabel_each, signed_labels, step_each
-from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
+from perceptron_stream.learning.perceptron import Perceptron, StepResult
+from perceptron_stream.learning.state import Reader as _Reader
 from river import base
 
 STATE_KIND = "scaled-perceptron"
