@@ -289,6 +289,44 @@ class Perceptron(Linear, ManySteps, Saved, base.Classifier):
         self.seen, self._unlabeled, self.mistakes = seen, max(0, unlabeled - 1), mistakes + bool(mistake)
         return result
 
+    # ------------------------------------------------------------------ reason codes
+    def explain(self, x: dict | list) -> tuple[list[tuple], float]:
+        """The parts of the score :meth:`score_one` (and :meth:`step`, before it learns) publishes for x, changing
+        nothing: ``(feature, value, weight, contribution)`` for each of x's features in x's order (``weight`` the
+        predicting weight, 0.0 for a feature the model does not hold; ``contribution`` weight × value, the
+        product the score adds), and the predicting bias.
+
+        Added left to right from +0.0, then the bias (the score's definition:
+        :mod:`~perceptron_stream.learning.many`), the contributions give the published score to the last bit for
+        the plain, margin and pocket variants: they are its very products (a feature the model does not hold adds
+        0.0, which changes no sum). The averaged variant publishes ``(w·x + b) − (u·x + u_b)/c``, the lazy form of
+        its average (weights ``w − u/c``, bias ``b − u_b/c``): its parts add up to that within rounding.
+
+        >>> p = Perceptron(); _ = p.step({"debt": 2.0, "income": 1.0}, -1)
+        >>> parts, bias = p.explain({"income": 3.0, "debt": 1.0, "age": 5.0})
+        >>> parts, bias, sum(c for *_, c in parts) + bias == p.score_one({"income": 3.0, "debt": 1.0, "age": 5.0})
+        ([('income', 3.0, -1.0, -3.0), ('debt', 1.0, -2.0, -2.0), ('age', 5.0, 0.0, 0.0)], -1.0, True)
+        """
+        weight, bias = self._predicting_at()
+        index = self.feature_index
+        parts = []
+        for feature, value in enumerate(x) if type(x) is list else as_dict(x).items():
+            i = index.get(feature)
+            w = 0.0 if i is None else weight(i)
+            parts.append((feature, value, w, w * value))
+        return parts, bias
+
+    def explain_step(self, x: dict | list, y: int | None) -> tuple[StepResult, list[tuple], float]:
+        """:meth:`step`, with the parts of the score it published (:meth:`explain`, before it learned)."""
+        parts, bias = self.explain(x)
+        return self.step(x, y), parts, bias
+
+    def _predicting_at(self):
+        """(the predicting weight at a position, as a function; the predicting bias), without a copy of the
+        weights: a reason code asks for an event's features only."""
+        w, b = self._predicting()
+        return w.__getitem__, b
+
     # ------------------------------------------------------------------ stats
     def _predicting(self) -> tuple[list[float], float]:
         """(weights by position, bias) that make the published predictions (not copies)."""

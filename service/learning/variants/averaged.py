@@ -175,6 +175,10 @@ class Averaged(Perceptron):
             self._ub += y * self._c
         self._c += 1
 
+    def _predicting_at(self):
+        w, u, c = self._w, self._u, self._c
+        return (lambda i: w[i] - u[i] / c), self._b - self._ub / c
+
     def _predicting(self) -> tuple[list[float], float]:
         c = self._c
         return [wi - ui / c for wi, ui in zip(self._w, self._u)], self._b - self._ub / c
