@@ -5,9 +5,10 @@ StandardScaler), NumPy (the batch form of ``step``) and the standard
 library, so it can be read, tested and reused alone.
 
 - :class:`Perceptron`: river classifier with the fused ``step`` hot path
-  (variants plain, averaged, pocket, margin) and its batch form
-  ``step_many`` (:mod:`perceptron_stream.learning.many`: the same floats);
-  JSON state, no pickle.
+  (variants plain, averaged, pocket, margin: one small class each in
+  :mod:`perceptron_stream.learning.variants`, on the shared step) and its
+  batch form ``step_many`` (:mod:`perceptron_stream.learning.many`: the same
+  floats); JSON state (:mod:`perceptron_stream.learning.saved`), no pickle.
 - :func:`make_learner` / :func:`learner_from_state`: what the service runs
   and restores (optionally a StandardScaler in front, a cap on the features
   the model holds, feature hashing: :class:`HashedPerceptron`).

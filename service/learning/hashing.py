@@ -42,10 +42,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from perceptron_stream.learning.linear import as_dict as _as_dict
 from perceptron_stream.learning.many import Steps, relabel_many, signed_labels
-from perceptron_stream.learning.perceptron import Perceptron, StepResult, _as_dict, _Reader
+from perceptron_stream.learning.perceptron import Perceptron, StepResult
 from perceptron_stream.learning.scaled import STATE_KIND as SCALED_KIND
 from perceptron_stream.learning.scaled import ScaledPerceptron
+from perceptron_stream.learning.state import Reader as _Reader
 from river import base
 
 STATE_KIND = "hashed-perceptron"
@@ -84,6 +86,35 @@ class HashedPerceptron(base.Classifier):
 
     def step(self, x: dict | list, y: int | None) -> StepResult:
         return self.model.step(self.hasher.transform_one(x if type(x) is dict else _as_dict(x)), y)
+
+    def explain(self, x: dict | list) -> tuple[list[tuple], float]:
+        """The parts of :meth:`score_one`'s score, one per bucket x touched (the model saw buckets: each ``value``
+        the bucket's, its features' values signed by their hash and summed), each named by x's features in it.
+
+        >>> m = HashedPerceptron(16); _ = m.step({"user=ann": 1.0}, 1)
+        >>> m.explain({"user=ann": 2.0})[0][0][0]
+        'user=ann'
+        """
+        return self._named(x, *self.model.explain(self.hash(x)))
+
+    def explain_step(self, x: dict | list, y: int | None) -> tuple[StepResult, list[tuple], float]:
+        """:meth:`step`, with the parts of its score (:meth:`explain`, before it learned)."""
+        result, parts, bias = self.model.explain_step(self.hash(x), y)
+        return result, *self._named(x, parts, bias)
+
+    def _named(self, x: dict | list, parts: list[tuple], bias: float) -> tuple[list[tuple], float]:
+        """``parts`` by bucket, each bucket named by x's features that fell in it (in x's order; several joined by
+        " + ", when names collide in one event)."""
+        transform = self.hasher.transform_one
+        names: dict[Any, list] = {}
+        for feature in x if type(x) is dict else range(len(x)):
+            for bucket in transform({feature: 1.0}):
+                names.setdefault(bucket, []).append(feature)
+        named = []
+        for bucket, value, weight, contribution in parts:
+            them = names.get(bucket, [bucket])
+            named.append((them[0] if len(them) == 1 else " + ".join(map(str, them)), value, weight, contribution))
+        return named, bias
 
     def can_step_many(self, xs: list, ys: list) -> bool:
         """Whether the labels are -1/+1/None: a hashed model has no unknown features to look at (:meth:`knows_none_of`)."""
@@ -167,7 +198,7 @@ class HashedPerceptron(base.Classifier):
         >>> HashedPerceptron.from_state(state)
         Traceback (most recent call last):
         ...
-        perceptron_stream.learning.perceptron.StateError: invalid hashed-perceptron state: the feature hasher puts the probe names into other buckets than the one that wrote this state (river's hash changed?): its weights would be read under other features
+        perceptron_stream.learning.state.StateError: invalid hashed-perceptron state: the feature hasher puts the probe names into other buckets than the one that wrote this state (river's hash changed?): its weights would be read under other features
         """
         st = _Reader("hashed-perceptron state", state)
         st.header(STATE_KIND, STATE_FORMAT)

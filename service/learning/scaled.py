@@ -36,7 +36,8 @@ from typing import Any
 
 from perceptron_stream.learning.labels import to_label
 from perceptron_stream.learning.many import Steps, relabel_each, signed_labels, step_each
-from perceptron_stream.learning.perceptron import Perceptron, StepResult, _Reader
+from perceptron_stream.learning.perceptron import Perceptron, StepResult
+from perceptron_stream.learning.state import Reader as _Reader
 from river import base
 
 STATE_KIND = "scaled-perceptron"
@@ -137,6 +138,20 @@ class ScaledPerceptron(base.Classifier):
         x = self._admitted(x, y)
         self.scaler.learn_one(x)
         return self.perceptron.step(self._transform(x), y)
+
+    def explain(self, x: dict | list) -> tuple[list[tuple], float]:
+        """The parts of :meth:`score_one`'s score (the perceptron's :meth:`~Perceptron.explain` of x scaled as it
+        is): each ``value`` the standardised one the perceptron saw."""
+        return self.perceptron.explain(self._scaled(x))
+
+    def explain_step(self, x: dict | list, y: int | None) -> tuple[StepResult, list[tuple], float]:
+        """:meth:`step`, with the parts of its score: those of x standardised once the scaler saw it, as the
+        perceptron scored it before it learned."""
+        x = self._admitted(x, y)
+        self.scaler.learn_one(x)
+        scaled = self._transform(x)
+        parts, bias = self.perceptron.explain(scaled)
+        return self.perceptron.step(scaled, y), parts, bias
 
     def can_step_many(self, xs: list, ys: list) -> bool:
         """Whether :meth:`step_many` registers nothing: the scaler (so the perceptron) holds every feature."""

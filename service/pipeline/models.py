@@ -66,6 +66,11 @@ class Frozen:
         self.mistakes += mistake
         return (y_pred, score, mistake)
 
+    def explain_step(self, x, y) -> tuple:
+        """:meth:`step`, with the parts of its score (the model's ``explain``: its weights, which never move)."""
+        parts, bias = self.model.explain(x)
+        return self.step(x, y), parts, bias
+
     def can_step_many(self, xs: list, ys: list) -> bool:
         """Whether the model holds every feature of ``xs`` (its ``can_step_many``): the task's batch form then
         needs no per-event look at unknown features; the steps themselves go one at a time (a frozen model is

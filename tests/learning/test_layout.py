@@ -41,7 +41,7 @@ def _imports(path: Path) -> set[str]:
     return {name.split(".")[0] for name in _modules(path)}
 
 
-@pytest.mark.parametrize("path", sorted(LEARNING.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(LEARNING.rglob("*.py")), ids=lambda p: str(p.relative_to(LEARNING)))
 def test_no_kafka_http_or_pickle_imports(path):
     assert not _imports(path) & FORBIDDEN
     assert _imports(path) <= {
