@@ -11,6 +11,7 @@
     python3 bench/e2e.py --service-tree new=../other  # also the service of another source tree, side by side
     python3 bench/e2e.py --exactly-once               # also exactly-once at two commit intervals beside
                                                       # at-least-once, all on the Kafka store (EXACTLY_ONCE)
+    python3 bench/e2e.py --explain 3                  # also the service with --explain 3 (reason codes)
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
     python3 bench/e2e.py --sparse 1000:50 --client service-confluent   # 50 of 1,000 named features an event
 
@@ -1180,6 +1181,12 @@ def main() -> int:
         action="store_true",
         help="skip the throughput runs (and with them the latency runs): a memory run alone",
     )
+    parser.add_argument(
+        "--explain",
+        type=int,
+        default=0,
+        help="also the service with --explain K (reason codes in each prediction), on each service client (0: not)",
+    )
     parser.add_argument("--json", type=Path, help="where to write the results (default bench/results/e2e-<time>.json)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -1221,21 +1228,29 @@ def main() -> int:
             for client in clients
         ]
 
-    services = service_contenders("", ROOT)
+    trees = [("", ROOT)]
     for spec in args.service_tree:  # another tree, in the same configurations
         name, _, tree = spec.partition("=")
         if not tree or not (Path(tree) / "service" / "cli.py").is_file():
             parser.error(f"--service-tree {spec}: want NAME=DIR, DIR holding service/cli.py")
-        services += service_contenders(f"@{name}", Path(tree).resolve())
+        trees.append((f"@{name}", Path(tree).resolve()))
+    services = [c for tag, tree in trees for c in service_contenders(tag, tree)]
     contenders += services
     # on each client asked for: kafka-python's transactional producer checks the transaction's state under its
     # locks at every send (TransactionManager.maybe_add_partition_to_transaction), librdkafka in C
-    eos = [
-        Contender(name + CLIENT_TAG[client], "service", client, ROOT, flags=f, visible=True)
+    eos = [  # (and each --service-tree's, side by side)
+        Contender(name + tag + CLIENT_TAG[client], "service", client, tree, flags=f, visible=True)
+        for tag, tree in trees
         for client in ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
         for name, f in EXACTLY_ONCE
     ]
     contenders += eos if args.exactly_once else []
+    contenders += [  # beside the plain service of each client: what the reason codes cost
+        Contender(f"service explain {args.explain}" + CLIENT_TAG[client], "service", client, ROOT, flags=flags)
+        for client in ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
+        for flags in [("--explain", str(args.explain))]
+        if args.explain
+    ]
     bare = {c.client: c for c in contenders if c.kind == "ceiling" and c.client in ("kafka-python", "confluent")}
     partitions = [int(p) for p in args.partitions.split(",")]
     stamp = time.strftime("%Y%m%d-%H%M%S")

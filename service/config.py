@@ -335,6 +335,15 @@ class ServeSettings(KafkaSettings):
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest", description="Where a new group starts: earliest learns from the whole retained history."
     )
+    # 1,000: an event's every feature at most (a reason is ~70 bytes: 70 kB a prediction, within any record limit)
+    explain: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Reason codes: each prediction carries the K features with the largest absolute contribution "
+        "to its score (feature, value as the model saw it, weight, contribution), largest first, and the bias "
+        "(0: off).",
+    )
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
     margin: float = Field(
         0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ."

@@ -29,7 +29,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
-from perceptron_stream.wire.outputs import InRecordOrder, prediction, predictions
+from perceptron_stream.wire.outputs import InRecordOrder, explained, prediction, predictions
 
 if TYPE_CHECKING:
     from perceptron_stream.pipeline.labels.span import SpanLabels
@@ -38,6 +38,13 @@ log = logging.getLogger("perceptron_stream")
 _KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
     attrgetter(name) for name in ("key", "value", "offset", "partition", "topic")
 )
+
+
+def _largest_first(part: tuple) -> float:
+    """A reason code's rank: the larger its contribution's magnitude, the earlier."""
+    return -abs(part[3])
+
+
 #: A batch whose spans (see Task._points) average fewer events than this goes one event at a time.
 SPAN_EVENTS = 16
 
@@ -167,12 +174,14 @@ class Task:
         models=None,
         drift=None,
         frozen: bool = False,
+        explain: int = 0,
     ):
         self.name, self.owner, self.meta = name, owner, meta
         self.learner, self.decoder = learner, decoder
         self.partition, self.mixer, self.joiner = partition, mixer, joiner
         self.models, self.drift, self.frozen = models, drift, frozen  # challengers, DDM, --learning off
         self.outputs = outputs  # output_topic, dlq_topic, max_message_bytes
+        self.explain = explain  # --explain K: each prediction with its K largest reason codes (0: none)
         self.positions: dict[tuple[str, int], int] = {}
         self.seq = 0  # the last checkpoint's (written or restored)
         self.unsaved = 0  # events processed since it
@@ -222,7 +231,8 @@ class Task:
         at = range(len(records)) if at is None else at
         n, mixer, models, positions = len(xs), self.mixer, self.models, self.positions
         one_partition = len(set(map(_PARTITION, records))) == 1 and len(set(map(_TOPIC, records))) == 1
-        many = not each and n > 0 and one_partition and run.learner.can_step_many(xs, ys)
+        explain = self.explain  # reason codes: read from the weights before each event's step, one at a time
+        many = not each and not explain and n > 0 and one_partition and run.learner.can_step_many(xs, ys)
         cuts: list = []  # (event, label's y) of the points whose label waits
         if many and labels is not None:
             cuts = labels.waiting(records[0].partition, ids, ys)
@@ -258,7 +268,10 @@ class Task:
                     tally.unknown += 1
                     if not self.told_unknown:  # said once the batch is sent, of the model this event found
                         self.told_unknown, unknown = True, (list(learner.weights), x)
-                y_pred, score, mistake = learner.step(x, y)
+                if explain:
+                    (y_pred, score, mistake), parts, bias = learner.explain_step(x, y)
+                else:
+                    y_pred, score, mistake = learner.step(x, y)
                 others = None if models is None else models.step(x, y)  # stepped on the same events
                 if y is None:
                     tally.unlabeled += 1
@@ -303,6 +316,8 @@ class Task:
                     learner.mistakes,
                     replica,
                 )
+                if explain:  # the largest parts first; sorted is stable: ties in the event's order
+                    value = explained(value, sorted(parts, key=_largest_first)[:explain], bias)
             if not many:
                 out.prediction(at[start], last.key, value)
             elif labels is None:

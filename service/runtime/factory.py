@@ -148,6 +148,7 @@ class TaskFactory:
             models=models,
             drift=DriftWatch(),
             frozen=frozen,
+            explain=s.explain,
             outputs={
                 "output_topic": s.output_topic,
                 "dlq_topic": s.dlq_topic,

@@ -169,6 +169,21 @@ class ModelInfo(BaseModel):
     mistakes: int = Field(description="Mistakes made so far, this event's included (a replica's own).")
 
 
+class Reason(BaseModel):
+    """One feature's part in a score (``--explain K``): the contributions of all the event's features plus ``bias``
+    add up to ``score``."""
+
+    feature: str | int = Field(
+        description='The feature as the event gave it: its name ({"features": {...}}) or its position ({"x": [...]}).'
+    )
+    value: float = Field(
+        description="The value the model saw: the event's, or after --standardize its standardised value; with "
+        "--hash-features the event's value, its weight that of the feature's bucket (signed as the bucket's hash)."
+    )
+    weight: float = Field(description="The predicting weight of the feature (of its bucket, with hashing).")
+    contribution: float = Field(description="weight × value: its part in the score.")
+
+
 class Prediction(BaseModel):
     """Published on the output topic for every valid input, keyed like the input."""
 
@@ -181,6 +196,14 @@ class Prediction(BaseModel):
     y: Literal[-1, 1] | None = Field(description="The label, when the event had one.")
     mistake: bool | None = Field(description="y·score ≤ 0; null when unlabeled.")
     model: ModelInfo
+    reasons: list[Reason] | None = Field(
+        None,
+        description="--explain K: the K features with the largest absolute contribution to the score, largest "
+        "first (ties in the event's order); absent without --explain.",
+    )
+    bias: float | None = Field(
+        None, description="--explain K: the predicting bias, the part of the score no feature holds."
+    )
 
 
 class DeadLetter(BaseModel):

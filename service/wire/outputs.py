@@ -90,6 +90,20 @@ def prediction(
     )
 
 
+def explained(value: bytes, reasons: list, bias: float) -> bytes:
+    """A prediction's bytes with its reason codes (``--explain K``, see :class:`~perceptron_stream.wire.messages.Reason`)
+    after its other fields: ``reasons`` as (feature, value, weight, contribution), largest first.
+
+    >>> explained(b'{"id":"c-1","score":-2.5}', [("debt", 1.5, -2.0, -3.0)], 0.5)
+    b'{"id":"c-1","score":-2.5,"reasons":[{"feature":"debt","value":1.5,"weight":-2.0,"contribution":-3.0}],"bias":0.5}'
+    """
+    parts = {
+        "reasons": [{"feature": f, "value": v, "weight": w, "contribution": c} for f, v, w, c in reasons],
+        "bias": bias,
+    }
+    return value[:-1] + b"," + _dumps(parts)[1:]
+
+
 def predictions(
     ids: list,
     topic: str,

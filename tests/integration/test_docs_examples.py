@@ -367,8 +367,12 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
 
             machine.stop(keep=1)
 
-            # challengers, and a signed model: each a model of other settings, in a group of its own
-            for page in (DOCS / "how-to" / "challengers-and-drift.md", DOCS / "how-to" / "security.md"):
+            # challengers, reason codes, and a signed model: each a model of other settings, in a group of its own
+            for page in (
+                DOCS / "how-to" / "challengers-and-drift.md",
+                DOCS / "how-to" / "explain-a-decision.md",
+                DOCS / "how-to" / "security.md",
+            ):
                 [block] = [block for block in shell_examples([page]) if "--config-file" not in block.code]
                 machine.run(block)
                 machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what=f"{page.name}'s model ready")

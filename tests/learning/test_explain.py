@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from perceptron_stream.learning import HashedPerceptron, Perceptron, ScaledPerceptron
 from perceptron_stream.learning.many import in_order_sum
 from perceptron_stream.pipeline.models import Frozen
 
-LEARNERS = {
+LEARNERS: dict[str, Callable[[], Perceptron | ScaledPerceptron | HashedPerceptron]] = {
     "plain": lambda: Perceptron(),
     "margin": lambda: Perceptron("margin", margin=0.5),
     "pocket": lambda: Perceptron("pocket"),

@@ -260,3 +260,46 @@ def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
     assert sum(topic == "predictions" for topic, _, _ in sent) == len(records)
     outcomes = sum(topic == "predictions.outcomes" for topic, _, _ in sent)
     assert outcomes == (len(labels) if "--max-early-labels" not in config else 5)  # the others let go: dead letters
+
+
+@pytest.mark.parametrize(
+    "config",
+    [[], ["--variant", "averaged"], ["--standardize"], ["--hash-features", "4"], ["--label-topic", "labels"]],
+    ids=["plain", "averaged", "standardize", "hashed", "labels"],
+)
+@pytest.mark.parametrize("form", ["dense", "named", "ragged"])
+def test_explain_adds_each_prediction_s_largest_reason_codes_and_changes_nothing_else(tmp_path, config, form):
+    """--explain 2: the same messages, model and counts as without it, each prediction with its two largest parts."""
+    points = _stream(7, 300, form, 4)
+    batches = _cut(points, [50] * 6)
+    if "--label-topic" in config:
+        batches = [*batches, _labels(7, 300)]
+    with mock.patch("perceptron_stream.pipeline.task.time.time", return_value=1_700_000_000.0):
+        runs = []
+        for tag, flags in (("plain", config), ("explained", [*config, "--explain", "2"])):
+            factory, task = _task(tmp_path, flags, tag)
+            try:
+                sent, tallies = _run(task, batches, batched=True)
+                runs.append((sent, tallies, _state(task)))
+            finally:
+                if task.joiner is not None:
+                    task.joiner.close()
+                factory.close()
+    (sent, tallies, state), (explained, explained_tallies, explained_state) = runs
+    assert explained_tallies == tallies and repr(explained_state) == repr(state)
+    assert len(explained) == len(sent)
+    reasons = 0
+    for (topic, key, value), (e_topic, e_key, e_value) in zip(sent, explained, strict=True):
+        assert (e_topic, e_key) == (topic, key)
+        doc, e_doc = json.loads(value), json.loads(e_value)
+        if "reasons" not in e_doc:
+            assert e_value == value and ("y_pred" not in doc or "label_source" in doc)  # letters, outcomes as they were
+            continue
+        parts = e_doc.pop("reasons")
+        bias = e_doc.pop("bias")
+        assert e_doc == doc and e_value.startswith(value[:-1])  # the prediction's fields first, unchanged
+        assert len(parts) <= 2 and isinstance(bias, float)
+        assert [abs(p["contribution"]) for p in parts] == sorted((abs(p["contribution"]) for p in parts), reverse=True)
+        assert all(p["contribution"] == p["weight"] * p["value"] for p in parts)
+        reasons += len(parts)
+    assert reasons > 100  # most predictions carry two
