@@ -1246,9 +1246,14 @@ def main() -> int:
     ]
     contenders += eos if args.exactly_once else []
     contenders += [  # beside the plain service of each client: what the reason codes cost
-        Contender(f"service explain {args.explain}" + CLIENT_TAG[client], "service", client, ROOT, flags=flags)
+        Contender(
+            f"service explain {args.explain}" + CLIENT_TAG[client],
+            "service",
+            client,
+            ROOT,
+            flags=("--explain", str(args.explain)),
+        )
         for client in ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
-        for flags in [("--explain", str(args.explain))]
         if args.explain
     ]
     bare = {c.client: c for c in contenders if c.kind == "ceiling" and c.client in ("kafka-python", "confluent")}

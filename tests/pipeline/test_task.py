@@ -160,20 +160,25 @@ def _state(task) -> dict:
     }
 
 
+def _run_a_new_task(tmp_path, flags: list[str], tag: str, batches: list[list], batched: bool):
+    """A task made from ``flags`` over ``batches`` (the clock fixed), then closed: what it sent, its tallies, its
+    state."""
+    with mock.patch("perceptron_stream.pipeline.task.time.time", return_value=1_700_000_000.0):
+        factory, task = _task(tmp_path, flags, tag)
+        try:
+            sent, tallies = _run(task, batches, batched)
+            return sent, tallies, _state(task)
+        finally:
+            if task.joiner is not None:
+                task.joiner.close()
+            factory.close()
+
+
 def _same_runs(tmp_path, flags, batches):
     """Both forms over ``batches``, which must send, count and end alike: what they sent, and the tallies."""
-    with mock.patch("perceptron_stream.pipeline.task.time.time", return_value=1_700_000_000.0):
-        results = []
-        for tag, batched in (("each", False), ("many", True)):
-            factory, task = _task(tmp_path, flags, tag)
-            try:
-                sent, tallies = _run(task, batches, batched)
-                results.append((sent, tallies, _state(task)))
-            finally:
-                if task.joiner is not None:
-                    task.joiner.close()
-                factory.close()
-    (sent_each, tallies_each, state_each), (sent_many, tallies_many, state_many) = results
+    (sent_each, tallies_each, state_each), (sent_many, tallies_many, state_many) = (
+        _run_a_new_task(tmp_path, flags, tag, batches, batched) for tag, batched in (("each", False), ("many", True))
+    )
     assert sent_many == sent_each
     assert tallies_many == tallies_each
     assert repr(state_many) == repr(state_each)  # repr: -0.0 is not 0.0 there
@@ -274,18 +279,10 @@ def test_explain_adds_each_prediction_s_largest_reason_codes_and_changes_nothing
     batches = _cut(points, [50] * 6)
     if "--label-topic" in config:
         batches = [*batches, _labels(7, 300)]
-    with mock.patch("perceptron_stream.pipeline.task.time.time", return_value=1_700_000_000.0):
-        runs = []
-        for tag, flags in (("plain", config), ("explained", [*config, "--explain", "2"])):
-            factory, task = _task(tmp_path, flags, tag)
-            try:
-                sent, tallies = _run(task, batches, batched=True)
-                runs.append((sent, tallies, _state(task)))
-            finally:
-                if task.joiner is not None:
-                    task.joiner.close()
-                factory.close()
-    (sent, tallies, state), (explained, explained_tallies, explained_state) = runs
+    (sent, tallies, state), (explained, explained_tallies, explained_state) = (
+        _run_a_new_task(tmp_path, flags, tag, batches, batched=True)
+        for tag, flags in (("plain", config), ("explained", [*config, "--explain", "2"]))
+    )
     assert explained_tallies == tallies and repr(explained_state) == repr(state)
     assert len(explained) == len(sent)
     reasons = 0
