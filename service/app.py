@@ -1,4 +1,4 @@
-"""The service: wiring, and the poll loop.
+"""The service: wiring, start-up and the stop around the poll loop (:mod:`perceptron_stream.runtime.loop`).
 
 Start-up (:mod:`perceptron_stream.runtime.startup`) opens the topics, the store and the
 rest in dependency order; the wiring builds on what it opened (tasks from
