@@ -429,9 +429,13 @@ class ConfluentIO:
         """
         self._raise_rejection()
         tps = self.consumer.assignment()
-        if not tps:
-            return {}
         deadline = time.monotonic() + (DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s)
+        if not tps:
+            if ask_broker:  # still a probe: an outage that revoked every partition is known (contract.py)
+                self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topics[0], 0), timeout=max(0.001, deadline - time.monotonic()), cached=False
+                )
+            return {}
 
         def left() -> float:
             return max(0.001, deadline - time.monotonic())

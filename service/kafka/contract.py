@@ -318,7 +318,11 @@ class Stream(Protocol):
 
     def assignment(self) -> list[tuple[str, int]]: ...
 
-    def lag(self, timeout_s: float | None = None, ask_broker: bool = True) -> dict[tuple[str, int], int]: ...
+    def lag(self, timeout_s: float | None = None, ask_broker: bool = True) -> dict[tuple[str, int], int]:
+        """Messages left to read in each assigned partition. With ``ask_broker``, the brokers are asked even when
+        nothing is assigned (the end of the first topic's partition 0): the loop's probe. A 6 s session lost in an
+        outage revokes every partition, and a probe that asked nothing then never knew the brokers were away
+        (the service said no outage at all, tests/integration/test_log_lines.py)."""
 
     def group_members(self) -> dict[str, str]: ...
 

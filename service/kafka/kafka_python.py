@@ -151,6 +151,7 @@ class KafkaIO:
             **GROUP_TIMINGS,
         )
         self.callbacks = RebalanceCallbacks(o.on_assigned, o.on_revoked, o.on_lost)
+        self.topics = list(o.topics)
         self.consumer.subscribe(o.topics, listener=_Listener(self.callbacks))
         try:
             mend_consumer(self.consumer)
@@ -254,13 +255,15 @@ class KafkaIO:
         do not answer within ``timeout_s``: the loop's probe for /readyz).
         """
         tps = list(self.consumer.assignment())
+        timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
         if not tps:
+            if ask_broker:  # still a probe: an outage that revoked every partition is known (contract.py)
+                self.consumer.end_offsets([TopicPartition(self.topics[0], 0)], timeout_ms=timeout_ms)
             return {}
         if ask_broker:
-            ends = self.consumer.end_offsets(tps, timeout_ms=None if timeout_s is None else int(timeout_s * 1000))
+            ends = self.consumer.end_offsets(tps, timeout_ms=timeout_ms)
         else:
             ends = {tp: self.consumer.highwater(tp) for tp in tps}
-        timeout_ms = None if timeout_s is None else int(timeout_s * 1000)
         return {
             (tp.topic, tp.partition): max(0, ends[tp] - self.consumer.position(tp, timeout_ms=timeout_ms))
             for tp in tps

@@ -99,5 +99,5 @@ class LagProbe:
         )
         if ok:
             self.metrics.set_lag(lags)
-            if not flowing and lags:  # asked of the brokers; no partitions (revoked in an outage) asks nothing
+            if not flowing:  # asked of the brokers (with no partition too: the stream's lag says so)
                 self.health.broker_ok = True

@@ -16,6 +16,7 @@ import time
 
 import pytest
 from perceptron_stream.config import KafkaSettings
+from perceptron_stream.kafka import KafkaUnavailable
 
 from tests.support.endpoints import http_get
 from tests.support.launch import settings_args
@@ -168,3 +169,23 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(
     finally:
         stop.set()
         squatter.close()
+
+
+@pytest.mark.parametrize("own_broker", ["apache-kafka"], indirect=True)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_probe_asks_the_brokers_with_no_partition_assigned(own_broker, topics, client):
+    """A 6 s session lost in an outage revokes every partition; a probe that then asked nothing never learned the
+    brokers were away, and the service said no outage at all (once in CI: test_log_lines' broker kill, on
+    confluent-kafka, waited 60 s for the line). With nothing assigned, the probe still asks: it answers while the
+    brokers do and fails when they are gone."""
+    produce(own_broker.bootstrap_servers, topics["input_topic"], [b"v"])
+    io = open_test_stream(KafkaSettings(bootstrap_servers=own_broker.bootstrap_servers), client, topics)
+    try:
+        assert io.assignment() == []  # no poll yet: nothing assigned
+        assert io.lag(timeout_s=10, ask_broker=True) == {}
+        own_broker.kill()
+        with pytest.raises(KafkaUnavailable):
+            io.lag(timeout_s=2, ask_broker=True)
+        assert io.lag(ask_broker=False) == {}  # no request: nothing to fail
+    finally:
+        io.close()
