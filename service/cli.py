@@ -23,6 +23,7 @@ from perceptron_stream.config import (
     CommandSettings,
     ConfigError,
     DemoSettings,
+    ExplainSettings,
     ModelExportSettings,
     ProduceSettings,
     ServeSettings,
@@ -40,6 +41,10 @@ COMMANDS: dict[str, tuple[type[CommandSettings], str]] = {
     "model": (
         ModelExportSettings,
         "model export: the newest checkpoint of a model, as a model file (serve --initial-model)",
+    ),
+    "explain": (
+        ExplainSettings,
+        "why a published prediction was made: its model rebuilt from the model history, every feature's part",
     ),
 }
 
@@ -267,6 +272,13 @@ def run_demo(settings: DemoSettings) -> int:
     return demo(settings)
 
 
+def run_explain(settings: ExplainSettings) -> int:
+    from perceptron_stream.explain import run_explain as explain
+
+    _logging("WARNING")
+    return explain(settings)
+
+
 RUNNERS: dict[str, Callable[[Any], int]] = {  # each takes its command's settings
     "serve": run_serve,
     "broker": run_broker,
@@ -274,6 +286,7 @@ RUNNERS: dict[str, Callable[[Any], int]] = {  # each takes its command's setting
     "train": run_train,
     "demo": run_demo,
     "model": run_model_export,
+    "explain": run_explain,
 }
 
 if __name__ == "__main__":

@@ -344,6 +344,19 @@ class ServeSettings(KafkaSettings):
         "to its score (feature, value as the model saw it, weight, contribution), largest first, and the bias "
         "(0: off).",
     )
+    model_history_topic: str | None = Field(
+        None,
+        min_length=1,
+        description="The model history (off when unset): the champion's full state now and then and, between, "
+        "each change (an update, a scaler's step, a join, a mix), so that `perceptron-stream explain` rebuilds the "
+        "weights behind any prediction published; keep it as long as the predictions to explain.",
+    )
+    history_snapshot_every: int = Field(
+        10_000,
+        ge=1,
+        le=100_000_000,
+        description="The model history's full state every so many changes: a rebuild replays at most this many.",
+    )
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
     margin: float = Field(
         0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ."
@@ -544,6 +557,12 @@ class ServeSettings(KafkaSettings):
                 )
             if len({self.input_topic, self.output_topic, self.dlq_topic, self.mix_topic}) < 4:
                 raise ValueError("mix_topic must differ from the input, output and dead-letter topics")
+        if self.model_history_topic is not None:
+            others = {self.input_topic, self.output_topic, self.dlq_topic, self.label_topic, self.outcome_topic}
+            if self.model_history_topic in others | ({self.mix_topic} if self.mix_every else set()):
+                raise ValueError(
+                    "model_history_topic must differ from the input, output, dead-letter, label, outcome and mix topics"
+                )
         if self.kafka_client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
             raise ValueError("kafka_client confluent needs confluent-kafka: pip install 'perceptron-stream[confluent]'")
         if self.group_protocol == "consumer" and self.kafka_client != "confluent":
@@ -764,6 +783,23 @@ class ModelExportSettings(KafkaSettings):
         "perceptron-stream.checkpoints", min_length=1, description="Compacted topic of the kafka store."
     )
     checkpoint_key: SecretStr | None = Field(None, description="The key checkpoints are signed with (never logged).")
+
+
+class ExplainSettings(KafkaSettings):
+    """Settings of ``perceptron-stream explain``: a published prediction's model rebuilt from the model history,
+    and the parts of its score."""
+
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream explain")
+
+    prediction: str = Field(
+        ...,
+        pattern=r"^[A-Za-z0-9._-]+:[0-9]+:[0-9]+$",
+        description="The prediction to explain, as TOPIC:PARTITION:OFFSET of the output topic (where it was published).",
+    )
+    model_history_topic: str = Field(..., min_length=1, description="The service's --model-history-topic.")
+    group_id: str = Field("perceptron-stream", min_length=1, description="The service's consumer group.")
+    format: Literal["text", "json"] = Field("text", description="text: a table for a person; json: one document.")
+    timeout_seconds: float = Field(120.0, gt=0.0, description="How long each topic's read may take.")
 
 
 class DemoSettings(CommandSettings):

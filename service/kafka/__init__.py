@@ -41,7 +41,7 @@ from perceptron_stream.kafka.admin import (
     record_limits,
     topic_configs,
 )
-from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail
+from perceptron_stream.kafka.compacted import CompactedTopic, PartitionedLog, TopicTail, read_partition
 from perceptron_stream.kafka.contract import (
     BEGINNING,
     END,
@@ -103,6 +103,7 @@ __all__ = [
     "make_producer",
     "open_stream",
     "partition_counts",
+    "read_partition",
     "record_limits",
     "refuse_too_large",
     "require_codecs",

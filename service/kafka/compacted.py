@@ -203,39 +203,52 @@ class PartitionedLog:
 
     def read(self, partition: int, timeout_s: float = 120.0):
         """(key, value) of every record of ``partition``, from its beginning to its end, in order (a generator)."""
-        try:
-            yield from self._read(partition, timeout_s)
-        except KafkaError as exc:
-            raise service_error(exc, self.settings) from exc
-
-    def _read(self, partition: int, timeout_s: float):
-        consumer = KafkaConsumer(
-            **kafka_python_options(self.settings),
-            enable_auto_commit=False,
-            group_id=None,
-            isolation_level=ISOLATION_LEVEL,
-            **NO_AUTO_CREATE,
-            fetch_max_bytes=4 * 1024 * 1024,
-            max_partition_fetch_bytes=4 * 1024 * 1024,
-            fetch_max_wait_ms=READ_FETCH_MAX_WAIT_MS,
-        )
-        try:
-            tp = TopicPartition(self.topic, partition)
-            consumer.assign([tp])
-            consumer.seek_to_beginning(tp)
-            end = _ReadEnd(consumer, [tp])
-            deadline, quiet = time.monotonic() + timeout_s, 0
-            while time.monotonic() < deadline:
-                batches = consumer.poll(timeout_ms=200)
-                for messages in batches.values():
-                    for m in messages:
-                        yield m.key, m.value
-                quiet = quiet + 1 if not batches else 0
-                if end.reached() and quiet >= 1:  # one quiet poll too (the embedded broker)
-                    return
-            raise KafkaError(f"reading {self.topic}[{partition}] did not finish within {timeout_s:.0f} s")
-        finally:
-            close_consumer(consumer)
+        for _, key, value in read_partition(self.settings, self.topic, partition, timeout_s=timeout_s):
+            yield key, value
 
     def close(self) -> None:
         close_producer(self.producer, 5.0)
+
+
+def read_partition(
+    settings: KafkaSettings, topic: str, partition: int, start: int | None = None, timeout_s: float = 120.0
+):
+    """(offset, key, value) of the committed records of ``topic[partition]`` from ``start`` (None: its beginning)
+    to its end, in order (a generator; the service's errors, :func:`~perceptron_stream.kafka.errors.service_error`)."""
+    try:
+        yield from _read_partition(settings, topic, partition, start, timeout_s)
+    except KafkaError as exc:
+        raise service_error(exc, settings) from exc
+
+
+def _read_partition(settings: KafkaSettings, topic: str, partition: int, start: int | None, timeout_s: float):
+    consumer = KafkaConsumer(
+        **kafka_python_options(settings),
+        enable_auto_commit=False,
+        group_id=None,
+        isolation_level=ISOLATION_LEVEL,
+        **NO_AUTO_CREATE,
+        fetch_max_bytes=4 * 1024 * 1024,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_wait_ms=READ_FETCH_MAX_WAIT_MS,
+    )
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        if start is None:
+            consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, start)
+        end = _ReadEnd(consumer, [tp])
+        deadline, quiet = time.monotonic() + timeout_s, 0
+        while time.monotonic() < deadline:
+            batches = consumer.poll(timeout_ms=200)
+            for messages in batches.values():
+                for m in messages:
+                    yield m.offset, m.key, m.value
+            quiet = quiet + 1 if not batches else 0
+            if end.reached() and quiet >= 1:  # one quiet poll too (the embedded broker)
+                return
+        raise KafkaError(f"reading {topic}[{partition}] did not finish within {timeout_s:.0f} s")
+    finally:
+        close_consumer(consumer)

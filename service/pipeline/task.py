@@ -28,6 +28,7 @@ import time
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
+from perceptron_stream.pipeline.history import MIX, History, Recorded
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
 from perceptron_stream.wire.outputs import InRecordOrder, explained, prediction, predictions
 
@@ -110,7 +111,12 @@ class _Learning:
 
     def __init__(self, task: Task, tally: Tally):
         self.task, self.tally, self.flags_before = task, tally, len(tally.flags)
-        self.replica = None if task.partition is None else {"scope": "partition", "partition": task.partition}
+        self.replica: dict | None = None  # the model fields an output carries beside its counters
+        if task.partition is not None:
+            mixes = 0 if task.mixer is None else task.mixer.mixes
+            self.replica = {"scope": "partition", "partition": task.partition, "mixes": mixes}
+        if task.history is not None:  # the run its version belongs to (the model history)
+            self.replica = {**(self.replica or {}), "run": task.history.run}
         self._from(task.learner)
 
     def _from(self, learner) -> None:
@@ -124,15 +130,14 @@ class _Learning:
         """Replace the task's weights by the mix (its mixer said it ``learned()`` enough); the mixed learner."""
         self._count()
         task = self.task
-        self._from(task.mixer.mix(task, send, time.time()))
-        task.learner = self.learner
+        self._from(task.mixed(task.mixer.mix(task, send, time.time())))
         self.tally.mixes.append(task.partition)
         return self.learner
 
     def stamp(self) -> None:
         """The replica's number of mixes, as an output made now carries it."""
-        if self.replica is not None:
-            self.replica["mixes"] = 0 if self.task.mixer is None else self.task.mixer.mixes
+        if self.task.mixer is not None and self.replica is not None:
+            self.replica["mixes"] = self.task.mixer.mixes
 
     def passed(self, r, learned: bool, send) -> None:
         """Record ``r`` processed: the position moves past it; the mix made when it ``learned`` and one is due."""
@@ -175,8 +180,10 @@ class Task:
         drift=None,
         frozen: bool = False,
         explain: int = 0,
+        history: History | None = None,
     ):
         self.name, self.owner, self.meta = name, owner, meta
+        self.history = history  # --model-history-topic: the model's changes, to rebuild any version it predicted with
         self.learner, self.decoder = learner, decoder
         self.partition, self.mixer, self.joiner = partition, mixer, joiner
         self.models, self.drift, self.frozen = models, drift, frozen  # challengers, DDM, --learning off
@@ -189,6 +196,27 @@ class Task:
         self.told_unknown = False  # the log said once that events share no feature with the model, and what to do
         self.lock = threading.Lock()  # the HTTP thread reads the model (/model) while the loop steps it
 
+    @property
+    def learner(self):
+        """The task's champion: with a model history, recorded (:class:`~perceptron_stream.pipeline.history.Recorded`)."""
+        return self._learner
+
+    @learner.setter
+    def learner(self, learner) -> None:
+        """A model restored, warm-started or made: with a history, a new run begins at the next batch."""
+        if self.history is not None:
+            self.history.restart()
+            learner = Recorded(learner, self.history)
+        self._learner = learner
+
+    def mixed(self, learner):
+        """The mix's learner replaces the replica's: the history keeps its state (the run goes on)."""
+        if self.history is not None:
+            learner = Recorded(learner, self.history)
+            self.history.state(learner, MIX)
+        self._learner = learner
+        return learner
+
     # processing -----------------------------------------------------------
     def process(self, records, send, tally: Tally, each: bool = False) -> None:
         """Decode, predict-then-learn and publish each record, in order; positions move past them.
@@ -198,6 +226,9 @@ class Task:
         at a time (``each``: :meth:`process_each`, the reference; tests/pipeline/test_task.py checks).
         """
         with self.lock:
+            history = self.history
+            if history is not None and history.run is None:
+                history.begin(self._learner)
             run = _Learning(self, tally)
             labels = None if self.joiner is None else self.joiner.span(send, tally, run.replica, self.models)
             if labels is None or records[0].topic != self.outputs.get("label_topic"):
@@ -205,6 +236,8 @@ class Task:
             else:
                 labels.labels(records, run, each=each or self.mixer is not None)  # (a mix may come after any join)
             run.end()
+            if history is not None:  # after the batch's outputs, through the same send (its transaction)
+                history.send(send, self._learner)
             self.unsaved += len(records)
         run.drift()
 
@@ -280,8 +313,8 @@ class Task:
                     tally.flags.append(mistake)
                     for name, (_, _, m) in (others or {}).items():
                         tally.challenger_flags.setdefault(name, []).append(m)
-            if replica is not None:
-                replica["mixes"] = 0 if mixer is None else mixer.mixes
+            if mixer is not None and replica is not None:
+                replica["mixes"] = mixer.mixes
             # build, send, hand to the labels' hook
             if many:
                 span_at, span_ids = at[start:end], ids[start:end]

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 from perceptron_stream.config import ServeSettings, invalid_setting
 from perceptron_stream.learning import make_learner
+from perceptron_stream.pipeline.history import History, history_key
 from perceptron_stream.pipeline.labels import Joiner
 from perceptron_stream.pipeline.mixer import MixBoard, Mixer
 from perceptron_stream.pipeline.models import DriftWatch, Frozen, ModelSet
@@ -149,6 +150,9 @@ class TaskFactory:
             drift=DriftWatch(),
             frozen=frozen,
             explain=s.explain,
+            history=None
+            if s.model_history_topic is None
+            else History(history_key(s.group_id, name), s.history_snapshot_every, s.model_history_topic),
             outputs={
                 "output_topic": s.output_topic,
                 "dlq_topic": s.dlq_topic,

@@ -117,6 +117,8 @@ def written_topics(s: ServeSettings) -> list[str]:
         topics.append(s.checkpoint_topic)
     if s.model_scope == "partition" and s.mix_every:
         topics.append(s.mix_topic)
+    if s.model_history_topic is not None:
+        topics.append(s.model_history_topic)
     return topics
 
 
@@ -165,6 +167,8 @@ class Startup:
             topics.append(TopicSpec(s.checkpoint_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
         if s.model_scope == "partition" and s.mix_every:
             topics.append(TopicSpec(s.mix_topic, 1, s.topic_replication_factor, CHECKPOINT_TOPIC_CONFIG))
+        if s.model_history_topic is not None:  # one partition: a task's records in the order they were made
+            topics.append(TopicSpec(s.model_history_topic, 1, s.topic_replication_factor))
         until(
             lambda: ensure_topics(s, topics, s.create_topics), "check the topics"
         )  # they may have answered: no "reach"

@@ -164,6 +164,11 @@ class ModelInfo(BaseModel):
     mixes: int | None = Field(
         None, description="Mixes the replica has made with the other partitions' (partition scope)."
     )
+    run: str | None = Field(
+        None,
+        description="--model-history-topic: the model's run (an incarnation: from a start, a restore or a warm "
+        "start) whose history rebuilds it (perceptron-stream explain); absent without a history.",
+    )
     version: int = Field(description="Weight updates made so far, this event's included (a replica's own).")
     seen: int = Field(description="Events predicted so far, this one included (a replica's own).")
     mistakes: int = Field(description="Mistakes made so far, this event's included (a replica's own).")

@@ -19,15 +19,13 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from perceptron_stream.config import ServeSettings, load
 from perceptron_stream.kafka.contract import Record
 from perceptron_stream.learning import many
 from perceptron_stream.learning.labels import is_mistake
 from perceptron_stream.pipeline import task as task_module
-from perceptron_stream.pipeline.mixer import MixBoard
 from perceptron_stream.pipeline.task import Tally
-from perceptron_stream.runtime.factory import TaskFactory, model_meta
-from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
+
+from tests.support.tasks import NAMES, Sent, cut, label_records, make_task, stream_records
 
 CONFIGS = [
     [],
@@ -46,95 +44,6 @@ CONFIGS = [
     ["--model-scope", "partition", "--mix-every", "0", "--label-topic", "labels", "--challengers", "pocket"],
     ["--label-topic", "labels", "--standardize", "--hash-features", "32", "--challengers", "margin:0.5"],
 ]
-NAMES = ["age", "salary", "debt", "years", "score"]
-
-
-class Sent(list):
-    """A ``send`` keeping (topic, key, value) in order, the value's bytes as they were."""
-
-    def __call__(self, topic, key, value):
-        self.append((topic, key, value))
-
-
-def _task(tmp_path, flags: list[str], tag: str):
-    s = load(
-        ServeSettings,
-        ["--metrics-port", "0", "--state-dir", str(tmp_path / tag), "--max-message-bytes", "1024", *flags],
-    )
-    owner = Owner(s.group_id, s.input_topic, GROUP_TASK, "cluster", "topic-id")
-    board = MixBoard(owner, model_meta(s), 1) if s.model_scope == "partition" else None
-    factory = TaskFactory(s, owner, board=board)
-    task = factory.new_task(0 if s.model_scope == "partition" else None)
-    task.fresh()
-    return factory, task
-
-
-def _value(rng: random.Random):
-    return rng.choice([0.0, -0.0, 1.0, -2.0, 3, 1e-300, 7.5e5, rng.uniform(-1, 1), rng.uniform(-50, 50)])
-
-
-def _message(rng: random.Random, form: str, d: int, ids: list) -> bytes | None:
-    """One input message: mostly a valid event of the stream's form, sometimes one a rule rejects."""
-    event: dict = {}
-    if rng.random() < 0.8:
-        event["id"] = rng.choice(ids)
-    if form == "dense" or (form == "mixed" and rng.random() < 0.5):
-        event["x"] = [_value(rng) for _ in range(d)]
-    else:
-        names = NAMES[:d] if form == "named" else rng.sample(NAMES, rng.randint(1, len(NAMES)))
-        event["features"] = {name: _value(rng) for name in names}
-    if rng.random() < 0.85:
-        event["y"] = rng.choice([1, -1, 1, -1, 0, True, False, None])
-    bad = rng.random()
-    if bad < 0.03:
-        return None  # a tombstone
-    if bad < 0.06:
-        return b'{"x": [1.0'  # not JSON
-    if bad < 0.09:
-        event["y"] = 2
-    elif bad < 0.11:
-        event["x"] = [1.0] * (d + 1)  # another dimension (or both x and features)
-    elif bad < 0.13:
-        event["id"] = rng.choice([2**70, 2**63])  # an id no prediction can carry; one the model's way takes
-    elif bad < 0.15:
-        event["extra"] = "x" * rng.choice([3, 1100])  # an unknown key (and too long for --max-message-bytes 1024)
-    return json.dumps(event).encode()
-
-
-def _stream(seed: int, n: int, form: str, d: int, topic: str = "points") -> list[Record]:
-    rng = random.Random(seed)
-    ids = [f"p{i}" for i in range(n)] + [7, None, "p0"]
-    out = []
-    for offset in range(n):
-        value = _message(rng, form, d, ids)
-        key = None if rng.random() < 0.2 else f"k{offset % 7}".encode()
-        out.append(Record(topic, 0, offset, key, value, 1_700_000_000_000 + 10 * offset))
-    return out
-
-
-def _labels(seed: int, n: int) -> list[Record]:
-    """Labels for the points of :func:`_stream`: some before their point comes, some after, some twice, some for
-    no point, a few malformed (dead letters all of those)."""
-    rng = random.Random(seed + 1)
-    out = []
-    for offset in range(n):
-        i = rng.randrange(n + 3)
-        value = json.dumps({"id": f"p{i}", "y": rng.choice([1, -1, 0, True])}).encode()
-        if rng.random() < 0.05:
-            value = rng.choice([b"{", b'{"id": "p1", "y": 5}', b'{"y": 1}'])
-        out.append(Record("labels", 0, offset, f"p{i}".encode(), value, 1_700_000_000_000 + 10 * i))
-    return out
-
-
-def _cut(records: list, sizes: list[int]) -> list[list]:
-    batches, i = [], 0
-    for size in sizes:
-        if i < len(records):
-            batches.append(records[i : i + size])
-            i += size
-    if i < len(records):
-        batches.append(records[i:])
-    return batches
 
 
 def _run(task, batches: list[list], batched: bool):
@@ -164,7 +73,7 @@ def _run_a_new_task(tmp_path, flags: list[str], tag: str, batches: list[list], b
     """A task made from ``flags`` over ``batches`` (the clock fixed), then closed: what it sent, its tallies, its
     state."""
     with mock.patch("perceptron_stream.pipeline.task.time.time", return_value=1_700_000_000.0):
-        factory, task = _task(tmp_path, flags, tag)
+        factory, task = make_task(tmp_path, flags, tag)
         try:
             sent, tallies = _run(task, batches, batched)
             return sent, tallies, _state(task)
@@ -200,16 +109,16 @@ def test_the_batch_form_sends_and_learns_what_one_record_at_a_time_does(
     tmp_path_factory, config, form, d, n, seed, sizes, windows, short_spans
 ):
     tmp_path = tmp_path_factory.mktemp("task")
-    points = _stream(seed, n, form, d)
+    points = stream_records(seed, n, form, d)
     if "--label-topic" in config:  # labels among the points' batches, before or after their points
-        labels = _labels(seed, n)
+        labels = label_records(seed, n)
         batches = []
-        for i, batch in enumerate(_cut(points, sizes)):
+        for i, batch in enumerate(cut(points, sizes)):
             batches.append(batch)
             if labels[i::3]:
                 batches.append(labels[i::3])
     else:
-        batches = _cut(points, sizes)
+        batches = cut(points, sizes)
     with (
         mock.patch.object(many, "NUMPY_RUN", 0 if windows else math.inf),  # either exact path of step_many
         mock.patch.object(task_module, "SPAN_EVENTS", 0 if short_spans else task_module.SPAN_EVENTS),
@@ -261,7 +170,7 @@ def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
     early = [Record("labels", 0, i, None, value, 1_700_000_000_000) for i, value in enumerate(labels)]
     sizes = [rng.choice([1, 7, 300, 1000]) for _ in range(40)]
     with mock.patch.object(many, "NUMPY_RUN", numpy_run), mock.patch.object(task_module, "SPAN_EVENTS", 0):
-        sent, _ = _same_runs(tmp_path, config, ([early] if early else []) + _cut(records, sizes))
+        sent, _ = _same_runs(tmp_path, config, ([early] if early else []) + cut(records, sizes))
     assert sum(topic == "predictions" for topic, _, _ in sent) == len(records)
     outcomes = sum(topic == "predictions.outcomes" for topic, _, _ in sent)
     assert outcomes == (len(labels) if "--max-early-labels" not in config else 5)  # the others let go: dead letters
@@ -275,10 +184,10 @@ def test_long_streams_in_service_sized_batches(tmp_path, config, numpy_run):
 @pytest.mark.parametrize("form", ["dense", "named", "ragged"])
 def test_explain_adds_each_prediction_s_largest_reason_codes_and_changes_nothing_else(tmp_path, config, form):
     """--explain 2: the same messages, model and counts as without it, each prediction with its two largest parts."""
-    points = _stream(7, 300, form, 4)
-    batches = _cut(points, [50] * 6)
+    points = stream_records(7, 300, form, 4)
+    batches = cut(points, [50] * 6)
     if "--label-topic" in config:
-        batches = [*batches, _labels(7, 300)]
+        batches = [*batches, label_records(7, 300)]
     (sent, tallies, state), (explained, explained_tallies, explained_state) = (
         _run_a_new_task(tmp_path, flags, tag, batches, batched=True)
         for tag, flags in (("plain", config), ("explained", [*config, "--explain", "2"]))

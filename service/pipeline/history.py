@@ -1,0 +1,335 @@
+"""The model history (``--model-history-topic``): what rebuilds the weights behind any prediction published.
+
+A perceptron changes on its mistakes, thousands of times an hour, and a
+prediction's ``model.version`` names a version nothing else keeps. The
+history keeps them all, cheaply: a linear model's change on an event is the
+event itself, so the history is the model's **full state now and then**
+and, between them, **the events that changed it**, each replayed by the
+learner's own ``step`` or ``relabel``: the same floats in the same order,
+so a rebuilt model is the one that predicted, to the last bit.
+
+Records (JSON, keyed ``{group}/{task}``; :func:`state_record`, :func:`changes_record`):
+
+- ``{"kind": "state", "run", "op", "seen", "cause", "model"}``: the learner's
+  whole state (its ``to_state``) after ``op`` changes of the run, at its
+  ``seen``-th event; ``cause`` ``start`` (a task's first batch after it was made,
+  restored or warm-started), ``snapshot`` (every ``--history-snapshot-every``
+  changes) or ``mix`` (partition scope: the mixed weights replace the replica's).
+- ``{"kind": "changes", "run", "op", "changes": [[kind, seen, x, y], ...]}``:
+  the changes from the run's ``op``-th on, in order: ``"s"`` a step (the
+  event ``x`` as the decoder gave it, names or a dense list, its label ``y``),
+  ``"j"`` a delayed label's join (``relabel``), ``seen`` the learner's count
+  of events after it.
+
+Which steps are changes: every labeled step of a learner that keeps
+something beside the running weights (averaged, pocket) or standardises
+(its scaler moves on every event, labeled or not); for plain and margin only
+the steps that updated, or registered or dropped a feature (a cap on the
+features is filled in the order they came). A frozen model (``--learning
+off``) never changes: its history is its start.
+
+**A run** is one incarnation of a task: it starts where the task's model
+came from (a checkpoint, a warm start, zero) and lasts until the process
+stops or the partition moves. Predictions carry theirs (``model.run``).
+Under at-least-once, events after the last checkpoint are learned again
+after a crash, by a new run; with several partitions in group scope the
+replay may interleave them otherwise, so the second copies' versions may
+differ from the first's (guarantees.md). Each copy names its run, and each
+run's history is its own: every published prediction is rebuilt with its
+own weights.
+
+**Rebuilding** (:func:`rebuild`) the model that predicted event ``seen = S``
+of run ``R``: the run's last state with seen ≤ S − 1, then its changes with
+seen ≤ S − 1, in ``op`` order. The result is checked by the caller against
+the score the prediction published (``perceptron-stream explain``): a history
+that lost or altered a change gives another score, and is refused as such.
+
+>>> from perceptron_stream.learning import Perceptron
+>>> history = History(b"g/model", snapshot_every=100)
+>>> learner = Recorded(Perceptron(), history)
+>>> history.begin(learner)
+>>> [learner.step(x, y)[1] for x, y in [([1.0, 2.0], 1), ([1.0, 2.0], 1), ([-1.0, 0.5], 1)]]
+[0.0, 6.0, 1.0]
+>>> records = [decode_record(value) for value in history.take()]
+>>> [r["kind"] for r in records], records[1]["changes"]
+(['state', 'changes'], [['s', 1, [1.0, 2.0], 1]])
+>>> rebuild(records, history.run, seen=3).explain_step([-1.0, 0.5], None)   # as it scored the third event
+((1, 1.0, None), [(0, -1.0, 1.0, -1.0), (1, 0.5, 2.0, 1.0)], 1.0)
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+from perceptron_stream.learning import learner_from_state
+from perceptron_stream.pipeline.models import Frozen
+
+#: The cause of a full state in the history.
+START, SNAPSHOT, MIX = "start", "snapshot", "mix"
+
+#: Changes per ``changes`` record at most: a record stays far below the brokers' 1 MB message limit for events of
+#: up to ~1,000 features (the decoder's limits bound an event; a larger one goes in a record of its own).
+CHANGES_PER_RECORD = 500
+
+
+def history_key(group_id: str, task: str) -> bytes:
+    """The key of a task's history records.
+
+    >>> history_key("credit", "partition-3")
+    b'credit/partition-3'
+    """
+    return f"{group_id}/{task}".encode()
+
+
+def _changes_on(learner) -> tuple[Any, str]:
+    """The innermost perceptron of ``learner`` (whose counters say whether a step changed it), and which of its
+    steps change its state beyond them: ``"every"`` event (a scaler moves on each, labeled or not), ``"labeled"``
+    (averaged and pocket keep sums or a run beside the weights), or ``"some"`` (plain and margin: the updates)."""
+    every = "some"
+    while True:
+        if hasattr(learner, "scaler"):
+            every, learner = "every", learner.perceptron
+        elif hasattr(learner, "model"):  # hashing's and a frozen model's wrapped one
+            learner = learner.model
+        else:
+            keeps = getattr(learner, "_keeps", False)  # a variant says it of itself (learning/perceptron.py)
+            return learner, ("labeled" if every == "some" and keeps else every)
+
+
+class History:
+    """One task's history: its run, the changes since the last state, and the records not yet sent."""
+
+    def __init__(self, key: bytes, snapshot_every: int, topic: str = ""):
+        self.key, self.snapshot_every, self.topic = key, snapshot_every, topic
+        self.run: str | None = None  # None: a new run begins at the task's next batch
+        self.op = 0  # changes recorded in this run
+        self.since_state = 0  # changes since the run's last full state
+        self.changes: list[list] = []  # not yet in a record
+        self.records: list[bytes] = []  # made, not yet sent
+
+    def restart(self) -> None:
+        """The task's model was replaced (restored, warm-started): a new run begins at its next batch."""
+        self.run, self.changes = None, []
+
+    def begin(self, learner) -> None:
+        """A new run, from ``learner`` as it is: its start state."""
+        self.run, self.op, self.since_state, self.changes = secrets.token_hex(8), 0, 0, []
+        self.state(learner, START)
+
+    def state(self, learner, cause: str) -> None:
+        """``learner``'s full state now, after the changes recorded so far."""
+        self._cut()
+        self.records.append(
+            orjson.dumps(
+                {
+                    "kind": "state",
+                    "run": self.run,
+                    "op": self.op,
+                    "seen": learner.seen,
+                    "cause": cause,
+                    "model": learner.to_state(),
+                }
+            )
+        )
+        self.since_state = 0
+
+    def step(self, seen: int, x: Any, y: int | None) -> None:
+        self.changes.append(["s", seen, x, y])
+
+    def join(self, seen: int, x: Any, y: int) -> None:
+        self.changes.append(["j", seen, x, y])
+
+    def send(self, send, learner) -> None:
+        """The records made so far sent through ``send`` (the task's: in its transaction under exactly-once)."""
+        for value in self.take(learner):
+            send(self.topic, self.key, value)
+
+    def take(self, learner=None) -> list[bytes]:
+        """The records made since the last take (the changes cut into records; a snapshot of ``learner`` when
+        ``--history-snapshot-every`` changes passed since the last state), to be sent in this order."""
+        if learner is not None and self.since_state + len(self.changes) >= self.snapshot_every:
+            self.state(learner, SNAPSHOT)
+        self._cut()
+        records, self.records = self.records, []
+        return records
+
+    def _cut(self) -> None:
+        changes, self.changes = self.changes, []
+        for start in range(0, len(changes), CHANGES_PER_RECORD):
+            part = changes[start : start + CHANGES_PER_RECORD]
+            self.records.append(orjson.dumps({"kind": "changes", "run": self.run, "op": self.op, "changes": part}))
+            self.op += len(part)
+            self.since_state += len(part)
+
+
+class Recorded:
+    """A learner whose changes go into a :class:`History`; everything else is the learner's own.
+
+    Only the methods that learn are its own (``step``, ``explain_step``, ``step_many``, ``relabel``,
+    ``relabel_many``); the rest (counters, ``to_state``, ``explain``...) reach the learner unchanged.
+    """
+
+    __slots__ = ("every", "frozen", "history", "inner", "labeled", "learner")
+
+    def __init__(self, learner, history: History):
+        if isinstance(learner, Recorded):
+            learner = learner.unwrapped()
+        self.learner: Any = learner
+        self.history = history
+        self.frozen = isinstance(learner, Frozen)  # never changes: nothing to record
+        self.inner, changes = _changes_on(learner)
+        self.every, self.labeled = changes == "every", changes == "labeled"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.learner, name)
+
+    def unwrapped(self):
+        """The learner itself."""
+        return self.learner
+
+    def _marks(self) -> tuple:
+        inner = self.inner
+        return (inner.updates, inner.dropped_features, len(inner.feature_index))
+
+    def _after(self, marks: tuple, x, y) -> None:
+        if self.every or (self.labeled and y is not None) or self._marks() != marks:
+            self.history.step(self.learner.seen, x, y)
+
+    def step(self, x, y):
+        if self.frozen:
+            return self.learner.step(x, y)
+        marks = self._marks()
+        result = self.learner.step(x, y)
+        self._after(marks, x, y)
+        return result
+
+    def explain_step(self, x, y):
+        if self.frozen:
+            return self.learner.explain_step(x, y)
+        marks = self._marks()
+        result = self.learner.explain_step(x, y)
+        self._after(marks, x, y)
+        return result
+
+    def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None):
+        """The learner's ``step_many``; its changes read from the steps' columns (the batch form registers no
+        feature: ``can_step_many``), each join right after its event's step. A step whose count of updates moved
+        only by the join before it is recorded too: replayed, it changes nothing."""
+        if self.frozen:
+            return self.learner.step_many(xs, ys, checked, joins)
+        before = self.inner.updates
+        steps = self.learner.step_many(xs, ys, checked, joins)
+        history, every, labeled = self.history, self.every, self.labeled
+        joined: dict[int, list] = {}
+        for i, y in joins or ():
+            joined.setdefault(i, []).append(y)
+        updates, seen = _column(steps.updates), _column(steps.seen)
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            if every or (labeled and y is not None) or updates[i] != before:
+                history.step(seen[i], x, y)
+            before = updates[i]
+            for label in joined.get(i, ()):
+                history.join(seen[i], x, label)
+        return steps
+
+    def relabel(self, x, y: int, mistake: bool):
+        result = self.learner.relabel(x, y, mistake)
+        if not self.frozen:
+            self.history.join(self.learner.seen, x, y)
+        return result
+
+    def relabel_many(self, xs: list, ys: list, mistakes: list[bool]):
+        result = self.learner.relabel_many(xs, ys, mistakes)
+        if not self.frozen:
+            seen = self.learner.seen
+            for x, y in zip(xs, ys):
+                self.history.join(seen, x, y)
+        return result
+
+
+def _column(values) -> list:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def _int_or_zero(value) -> int:
+    return value if type(value) is int else 0
+
+
+class HistoryError(ValueError):
+    """The history cannot rebuild the model asked for: what is missing or does not read."""
+
+
+def decode_record(value: bytes) -> dict:
+    """A history record read back: a JSON object of a kind this module writes (else HistoryError)."""
+    try:
+        record = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise HistoryError(f"a history record is not JSON ({exc})") from None
+    if not isinstance(record, dict) or record.get("kind") not in ("state", "changes"):
+        raise HistoryError("a history record is neither a state nor changes")
+    if not isinstance(record.get("run"), str) or type(record.get("op")) is not int:
+        raise HistoryError("a history record has no run or op")
+    return record
+
+
+def rebuild(records: list[dict], run: str, seen: int):
+    """The learner of run ``run`` as it was before its event ``seen`` (after ``seen - 1`` events), from the
+    ``records`` of its task in any order (they are put in ``op`` order, a state before the changes at its op; a
+    record written twice counts once, two different ones at one place are refused).
+    Its ``explain_step(x, None)`` of that event gives the prediction, score and parts the service published (a
+    scaler sees x before the perceptron scores it, as in the service)."""
+    unique: dict[tuple, dict] = {}
+    for record in records:
+        if record.get("run") != run:
+            continue
+        # (two states may stand at one change: mixes of a replica whose steps between changed nothing; their seen
+        # tells them apart)
+        at = (
+            record["op"],
+            0 if record["kind"] == "state" else 1,
+            _int_or_zero(record.get("seen")),
+            record.get("cause"),
+        )
+        if at in unique and unique[at] != record:  # (the same one twice: a producer's retry wrote it again)
+            raise HistoryError(
+                f"the history holds two different records of run {run} at its change {record['op']}: it was altered"
+            )
+        unique[at] = record
+    mine = [unique[at] for at in sorted(unique, key=lambda at: at[:3])]
+    state: dict | None = None
+    changes: list[list] = []
+    for record in mine:
+        if record["kind"] == "state":
+            if type(record.get("seen")) is not int or record["seen"] > seen - 1:
+                break
+            state, changes = record, []
+        elif state is not None:
+            if record["op"] < state["op"]:
+                continue
+            for change in record.get("changes") or ():
+                if not (isinstance(change, list) and len(change) == 4 and type(change[1]) is int):
+                    raise HistoryError(f"run {run}: a change does not read ({str(change)[:80]})")
+                if change[1] > seen - 1:
+                    break
+                changes.append(change)
+            else:
+                continue
+            break
+    if state is None:
+        raise HistoryError(f"the history holds no state of run {run} at or before its event {seen}")
+    try:
+        learner = learner_from_state(state["model"])
+        for kind, _, x, y in changes:
+            if kind == "s":
+                learner.step(x, y)
+            elif kind == "j":
+                learner.relabel(x, y, False)
+            else:
+                raise HistoryError(f"run {run}: a change of unknown kind {kind!r}")
+    except HistoryError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        raise HistoryError(f"run {run}: the history does not replay ({exc})") from None
+    return learner

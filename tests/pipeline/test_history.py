@@ -1,0 +1,171 @@
+"""The model history rebuilds the weights behind every prediction a task published, to the last bit.
+
+A task made by the factory with ``--model-history-topic`` takes random streams (dense, named, ragged; labeled or
+not; malformed messages among them; delayed labels before and after their points; partition scope with mixing),
+in random batches through both forms. Every prediction it sent names its run and its ``seen``; the history records
+it sent beside them rebuild a model (:func:`~perceptron_stream.pipeline.history.rebuild`) whose score of the
+event is the one published, bit for bit, for every variant, the scaler, hashing, a cap on the features and
+learning off.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from perceptron_stream.learning import learner_from_state
+from perceptron_stream.pipeline.history import HistoryError, decode_record, rebuild
+from perceptron_stream.pipeline.task import Tally
+from perceptron_stream.wire.inputs import Decoder
+
+from tests.support.tasks import Sent, cut, label_records, make_task, stream_records
+
+HISTORY = ["--model-history-topic", "history", "--history-snapshot-every", "37"]
+CONFIGS = {
+    "plain": [],
+    "margin": ["--variant", "margin", "--margin", "0.5"],
+    "averaged": ["--variant", "averaged"],
+    "pocket": ["--variant", "pocket", "--challengers", "averaged"],
+    "standardize-averaged": ["--standardize", "--variant", "averaged"],
+    "hashed": ["--hash-features", "8"],
+    "capped": ["--max-model-features", "3"],
+    "off": ["--learning", "off"],
+    "labels": ["--label-topic", "labels", "--max-early-labels", "5", "--batch-size", "4"],
+    "labels-standardize-hashed": ["--label-topic", "labels", "--standardize", "--hash-features", "32"],
+    "partition-mixing": ["--model-scope", "partition", "--mix-every", "7"],
+    "partition-labels": ["--model-scope", "partition", "--mix-every", "5", "--label-topic", "labels"],
+}
+
+
+def _run(tmp_path, flags: list[str], batches: list[list], batched: bool, tag: str = "t") -> Sent:
+    factory, task = make_task(tmp_path, flags, tag)
+    sent = Sent()
+    try:
+        for records in batches:
+            (task.process if batched else task.process_each)(records, sent, Tally())
+    finally:
+        if task.joiner is not None:
+            task.joiner.close()
+        factory.close()
+    return sent
+
+
+def _batches(form: str, seed: int, flags: list[str]) -> list[list]:
+    points = stream_records(seed, 240, form, 4)
+    rng = random.Random(seed)
+    batches = cut(points, [rng.randint(1, 60) for _ in range(12)])
+    if "--label-topic" in flags:
+        labels = label_records(seed, 240)
+        batches = [*batches[:3], labels[:80], *batches[3:], labels[80:]]
+    return batches
+
+
+def _events(batches: list[list]) -> dict[int, object]:
+    """Input offset → the event's x as the decoder gives it (the valid points only)."""
+    decoder, out = Decoder(max_message_bytes=1 << 20, max_features=1000), {}
+    for r in (r for batch in batches for r in batch if r.topic == "points"):
+        _, xs, _, _, _ = decoder.decode_many([r.value], [r.key], True)
+        if xs:
+            out[r.offset] = xs[0]
+    return out
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batch", "each"])
+@pytest.mark.parametrize("form", ["dense", "named", "ragged"])
+@pytest.mark.parametrize("config", list(CONFIGS.values()), ids=list(CONFIGS))
+def test_every_prediction_is_rebuilt_with_the_weights_that_made_it(tmp_path, config, form, batched):
+    batches = _batches(form, 11, config)
+    sent = _run(tmp_path, [*config, *HISTORY], batches, batched)
+    records = [decode_record(v) for t, _, v in sent if t == "history"]
+    predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
+    events = _events(batches)
+    assert predictions and records
+    task = "partition-0" if "--model-scope" in config else "model"
+    assert {key for t, key, _ in sent if t == "history"} == {f"perceptron-stream/{task}".encode()}
+    checked = 0
+    for p in predictions:
+        run, seen = p["model"]["run"], p["model"]["seen"]
+        rebuilt = rebuild(records, run, seen)
+        x = events[p["source"]["offset"]]
+        (y_pred, score, _), _, _ = rebuilt.explain_step(x, None)  # as it scored x (a scaler saw x first)
+        assert (repr(score), y_pred) == (repr(p["score"]), p["y_pred"]), (p, x)
+        checked += 1
+    assert checked == len(predictions) > 100
+
+
+def test_without_a_history_nothing_changes_and_with_it_only_the_run_is_added(tmp_path):
+    """The same messages with the history on, the run added to each model's fields, the history's records
+    between the batches' outputs."""
+    flags = ["--variant", "averaged", "--label-topic", "labels"]
+    batches = _batches("named", 5, flags)
+    plain = _run(tmp_path, flags, batches, True, "off")
+    recorded = _run(tmp_path, [*flags, *HISTORY], batches, True, "on")
+    outputs = [(t, k, json.loads(v)) for t, k, v in recorded if t != "history"]
+    for _, _, doc in outputs:
+        if "model" in doc:
+            assert isinstance(doc["model"].pop("run"), str)
+    assert outputs == [(t, k, json.loads(v)) for t, k, v in plain]
+
+
+def test_plain_records_its_updates_and_averaged_every_labeled_step(tmp_path):
+    """The history's size follows what changes the model: a plain perceptron's mistakes (and the events that
+    brought new features), an averaged one's every labeled event (its average moves on each)."""
+    batches = _batches("dense", 3, [])
+    counts = {}
+    for variant in ("plain", "averaged"):
+        sent = _run(tmp_path, ["--variant", variant, *HISTORY], batches, True, variant)
+        records = [decode_record(v) for t, _, v in sent if t == "history"]
+        steps = sum(1 for r in records if r["kind"] == "changes" for c in r["changes"] if c[0] == "s")
+        predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
+        counts[variant] = (steps, predictions[-1]["model"]["version"], sum(p["y"] is not None for p in predictions))
+    (plain_steps, plain_updates, labeled), (averaged_steps, _, averaged_labeled) = counts["plain"], counts["averaged"]
+    assert plain_updates <= plain_steps <= plain_updates + 4  # the updates, and the first events of its 4 features
+    assert averaged_steps == averaged_labeled == labeled
+
+
+def test_a_restored_task_starts_a_new_run_from_its_checkpoint(tmp_path):
+    batches = _batches("dense", 8, [])
+    factory, task = make_task(tmp_path, HISTORY, "restore")
+    sent = Sent()
+    try:
+        for records in batches[:4]:
+            task.process(records, sent, Tally())
+        cp = task.snapshot()
+        first = task.history.run
+        task.restore(cp, task.learner.learner)
+        for records in batches[4:]:
+            task.process(records, sent, Tally())
+    finally:
+        factory.close()
+    records = [decode_record(v) for t, _, v in sent if t == "history"]
+    starts = [r for r in records if r["kind"] == "state" and r["cause"] == "start"]
+    assert [r["run"] for r in starts] == [first, task.history.run] and first != task.history.run
+    assert starts[1]["seen"] == learner_from_state(cp.model).seen > 0 and starts[1]["model"] == cp.model
+    runs = [json.loads(v)["model"]["run"] for t, _, v in sent if t == "predictions"]
+    assert runs[0] == first and runs[-1] == task.history.run
+
+
+def test_a_history_altered_or_cut_rebuilds_another_model_or_none(tmp_path):
+    """What explain relies on: a change altered gives another score for the events after it; a run whose states
+    are gone rebuilds nothing (HistoryError), never a model of another run."""
+    batches = _batches("dense", 9, [])
+    sent = _run(tmp_path, HISTORY, batches, True)
+    records = [decode_record(v) for t, _, v in sent if t == "history"]
+    predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
+    events = _events(batches)
+    changes = next(r for r in records if r["kind"] == "changes" and r["changes"])
+    kind, seen, x, y = changes["changes"][0]
+    changes["changes"][0] = [kind, seen, [v * 2.0 + 1.0 for v in x], y]
+    later = [p for p in predictions if seen < p["model"]["seen"] and p["model"]["seen"] < seen + 30]
+    differ = [
+        p
+        for p in later
+        if rebuild(records, p["model"]["run"], p["model"]["seen"]).score_one(events[p["source"]["offset"]])
+        != p["score"]
+    ]
+    assert later and differ
+    with pytest.raises(HistoryError, match="no state of run"):
+        rebuild([r for r in records if r["kind"] == "changes"], predictions[-1]["model"]["run"], 50)
+    with pytest.raises(HistoryError, match="no state of run"):
+        rebuild(records, "another-run", 50)
