@@ -141,6 +141,10 @@ def _cell(text: str) -> str:
 
 def settings_table(command: str) -> str:
     """The Markdown table of one command's settings, in the order of its class."""
+    if command == "model-at":  # model's second action (cli.main picks its settings)
+        from perceptron_stream.config import ModelAtSettings
+
+        return settings_table_of(ModelAtSettings)
     if command not in COMMANDS:
         raise UnknownMarker(f"no command {command!r}: one of {', '.join(COMMANDS)}")
     return settings_table_of(COMMANDS[command][0])
@@ -152,7 +156,8 @@ def settings_table_of(cls: type[BaseSettings]) -> str:
         "| setting | flag | environment variable | type | default | description |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for name, field in cls.model_fields.items():
+    for field_name, field in cls.model_fields.items():
+        name = field.alias or field_name  # (explain's --json: a field named json would shadow pydantic's method)
         kind = readable_type(field.annotation)
         if field.annotation is bool:
             kind += f" (`{flag(name)}` / `--no-{flag(name)[2:]}`)"
@@ -181,10 +186,10 @@ _HELPS = """
 import contextlib, io, json, sys
 from perceptron_stream.cli import COMMANDS, main
 helps = {}
-for command in ["perceptron-stream", *COMMANDS]:
+for command in ["perceptron-stream", *COMMANDS, "model-at"]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["--help"] if command == "perceptron-stream" else [command, "--help"])
+        code = main(["--help"] if command == "perceptron-stream" else [*command.split("-"), "--help"])
     if code != 0:
         sys.exit(f"perceptron-stream {command} --help exited {code}")
     helps[command] = out.getvalue().rstrip()

@@ -24,6 +24,7 @@ from perceptron_stream.config import (
     ConfigError,
     DemoSettings,
     ExplainSettings,
+    ModelAtSettings,
     ModelExportSettings,
     ProduceSettings,
     ServeSettings,
@@ -40,7 +41,8 @@ COMMANDS: dict[str, tuple[type[CommandSettings], str]] = {
     "demo": (DemoSettings, "broker + producer + service on this machine, with a live view"),
     "model": (
         ModelExportSettings,
-        "model export: the newest checkpoint of a model, as a model file (serve --initial-model)",
+        "model export: the newest checkpoint of a model, as a model file (serve --initial-model); "
+        "model at VERSION: that version, from the model history",
     ),
     "explain": (
         ExplainSettings,
@@ -73,14 +75,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     settings_cls = COMMANDS[command][0]
+    runner = RUNNERS[command]
     if command == "model" and not (args and args[0] in ("-h", "--help")):
-        if not args or args[0] != "export":
+        if args[:1] == ["at"] and len(args) > 1 and not args[1].startswith("-"):  # model at VERSION: the flag
+            settings_cls, runner, args = ModelAtSettings, run_model_at, ["--version", args[1], *args[2:]]
+        elif args[:1] == ["at"]:
+            settings_cls, runner, args = ModelAtSettings, run_model_at, args[1:]
+        elif args[:1] == ["export"]:
+            args = args[1:]
+        else:
             print(
-                f"{PROG} model: the only action is export: {PROG} model export --output model.json [--flags]",
+                f"{PROG} model: the actions are export and at: {PROG} model export --output model.json [--flags], "
+                f"{PROG} model at VERSION --output model.json --model-history-topic TOPIC [--flags]",
                 file=sys.stderr,
             )
             return 2
-        args = args[1:]
     try:
         settings = load(settings_cls, args)
     except ConfigError as exc:
@@ -89,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help printed by the settings parser
         return int(exc.code or 0)
     try:
-        return RUNNERS[command](settings)
+        return runner(settings)
     except KeyboardInterrupt:
         return 130
 
@@ -277,6 +286,13 @@ def run_explain(settings: ExplainSettings) -> int:
 
     _logging("WARNING")
     return explain(settings)
+
+
+def run_model_at(settings: ModelAtSettings) -> int:
+    from perceptron_stream.explain import run_model_at as model_at
+
+    _logging("WARNING")
+    return model_at(settings)
 
 
 RUNNERS: dict[str, Callable[[Any], int]] = {  # each takes its command's settings

@@ -104,7 +104,8 @@ class _FileSource(PydanticBaseSettingsSource):
             ) from exc
         if not isinstance(data, dict):
             raise ConfigError(f"invalid setting config_file (--config-file): {path} must hold a table of settings")
-        unknown = sorted(set(data) - set(settings_cls.model_fields))
+        known = {field.alias or name for name, field in settings_cls.model_fields.items()}
+        unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(
                 f"invalid setting config_file (--config-file): {path} has unknown settings: {', '.join(unknown)}"
@@ -798,8 +799,35 @@ class ExplainSettings(KafkaSettings):
     )
     model_history_topic: str = Field(..., min_length=1, description="The service's --model-history-topic.")
     group_id: str = Field("perceptron-stream", min_length=1, description="The service's consumer group.")
-    format: Literal["text", "json"] = Field("text", description="text: a table for a person; json: one document.")
+    as_json: bool = Field(
+        False,
+        alias="json",
+        description="One JSON object (version, score rebuilt, published_score, equal, reasons, ...) rather than a "
+        "table.",
+    )
     timeout_seconds: float = Field(120.0, gt=0.0, description="How long each topic's read may take.")
+
+
+class ModelAtSettings(KafkaSettings):
+    """Settings of ``perceptron-stream model at VERSION``: a version of a model, rebuilt from its model history, as a
+    model file (the format ``model export`` writes: ``serve --initial-model`` takes it)."""
+
+    model_config = SettingsConfigDict(cli_prog_name="perceptron-stream model at")
+
+    version: int = Field(..., ge=0, description="The version (the model's updates) to write: model at VERSION.")
+    output: Path = Field(..., description="Where to write the model file.")
+    model_history_topic: str = Field(..., min_length=1, description="The service's --model-history-topic.")
+    group_id: str = Field("perceptron-stream", min_length=1, description="The model's consumer group.")
+    task: str = Field(
+        "model", min_length=1, description="model (group scope), or partition-N (a replica of partition scope)."
+    )
+    run: str | None = Field(
+        None,
+        min_length=1,
+        description="The run whose version to write (a prediction's model.run): a version learned again after a "
+        "crash (at-least-once) is in two runs; by default the last one that reached it.",
+    )
+    timeout_seconds: float = Field(120.0, gt=0.0, description="How long the history's read may take.")
 
 
 class DemoSettings(CommandSettings):

@@ -1,4 +1,5 @@
-"""``perceptron-stream explain``: why a published prediction was made, by the weights that made it.
+"""``perceptron-stream explain`` and ``model at VERSION``: why a published prediction was made, by the weights that
+made it; and any version of a model, as a model file.
 
 The model that scored an event has moved on by the time someone asks why (an online perceptron changes on every
 mistake). The service's model history (``--model-history-topic``,
@@ -7,9 +8,11 @@ records only: the prediction (``TOPIC:PARTITION:OFFSET`` of the output topic), t
 names, and the history of its task (the group's model, or its partition's replica). It rebuilds the model of
 the prediction's run as it was before the event, and scores the event with it.
 
-The answer is refused unless the decision and the score are the published ones, to the last bit. A history
-that lost a change (a retention that deleted it, at-least-once's crash before it was acknowledged) or one
-altered by anyone gives another score. The answer: every feature's part in the score, largest first
+The rebuilt score is checked against the published one: the answer says ``equal`` when they are the same float
+(and the decision the same), and the command exits 1 otherwise, naming the version. A history that lost a change
+(a retention that deleted it, at-least-once's crash before it was acknowledged) or one altered by anyone gives
+another score, or none (two different records at one place). The answer: every feature's part in the score,
+largest first
 (the feature as the event named it, the value as the model saw it, the predicting weight, their product),
 then the bias and the score they add up to (:meth:`~perceptron_stream.learning.Perceptron.explain`).
 """
@@ -19,8 +22,8 @@ from __future__ import annotations
 import json
 import sys
 
-from perceptron_stream.config import ExplainSettings
-from perceptron_stream.pipeline.history import HistoryError, decode_record, history_key, rebuild
+from perceptron_stream.config import ExplainSettings, ModelAtSettings
+from perceptron_stream.pipeline.history import HistoryError, decode_record, history_key, rebuild, runs_at
 from perceptron_stream.state.checkpoint import GROUP_TASK
 from perceptron_stream.wire.inputs import Decoder
 
@@ -43,60 +46,77 @@ def task_of(prediction: dict) -> str:
 
 def explain_prediction(prediction: dict, event: bytes, key: bytes | None, records: list[dict]) -> dict:
     """The explanation of ``prediction`` (decoded) of the input ``event`` (its bytes and key), from its task's
-    history ``records``; ExplainError when the history does not rebuild the published decision and score."""
+    history ``records``: the rebuilt model's ``score`` beside the ``published_score``, ``equal`` when they are the
+    same float (and the decision the same), every feature's part. ExplainError, naming the version, when the
+    history cannot rebuild it."""
     model = prediction.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("run"), str) or type(model.get("seen")) is not int:
         raise ExplainError("the prediction names no model run: it was published without --model-history-topic")
+    where = f"version {model.get('version')} of run {model['run']}"
     decoder = Decoder(max_message_bytes=1 << 30, max_features=1_000_000)  # the service took it: no limit here
     decoded = decoder.decode_many([event], [key], True)
     if not decoded.xs:
         raise ExplainError(f"its input event does not decode ({decoded.rejected[0][1].reason})")
     x = decoded.xs[0]
     try:
-        learner = rebuild(records, model["run"], model["seen"])
+        learner = rebuild(records, model["run"], seen=model["seen"])
         (y_pred, score, _), parts, bias = learner.explain_step(x, None)
     except HistoryError as exc:
-        raise ExplainError(str(exc)) from None
-    if repr(score) != repr(prediction.get("score")) or y_pred != prediction.get("y_pred"):
-        raise ExplainError(
-            f"the history rebuilds a model that scores this event {score!r} ({y_pred:+d}), where the prediction "
-            f"published {prediction.get('score')!r} ({prediction.get('y_pred')}): a change of run {model['run']} is "
-            "missing (retention, or a crash before it was acknowledged under at-least-once) or the history was altered"
-        )
+        raise ExplainError(f"{where} cannot be rebuilt: {exc}") from None
+    published = prediction.get("score")
     ranked = sorted(parts, key=lambda part: -abs(part[3]))
     return {
         "id": prediction.get("id"),
         "source": prediction.get("source"),
+        "version": model.get("version"),
+        "run": model["run"],
+        "seen": model["seen"],
         "y_pred": y_pred,
+        "published_y_pred": prediction.get("y_pred"),
         "y": prediction.get("y"),
         "score": score,
-        "model": model,
+        "published_score": published,
+        "equal": repr(score) == repr(published) and y_pred == prediction.get("y_pred"),
         "reasons": [{"feature": f, "value": v, "weight": w, "contribution": c} for f, v, w, c in ranked],
         "bias": bias,
     }
+
+
+def unequal(answer: dict) -> str:
+    """Why an explanation is refused: the rebuilt model does not score the event as published."""
+    return (
+        f"version {answer['version']} of run {answer['run']} is not rebuilt: the history's model scores this event "
+        f"{answer['score']!r} ({answer['y_pred']:+d}) where the prediction published {answer['published_score']!r} "
+        f"({answer['published_y_pred']:+d}); a change is missing (retention, or a crash before it was acknowledged "
+        "under at-least-once) or the history was altered"
+    )
 
 
 def text(answer: dict) -> str:
     """The explanation for a person: the decision, then every feature's part, largest first.
 
     >>> print(text({"id": "c-1", "source": {"topic": "points", "partition": 0, "offset": 7}, "y_pred": -1,
-    ...             "y": None, "score": -1.5, "model": {"run": "ab12", "version": 3, "seen": 8},
-    ...             "reasons": [{"feature": "debt", "value": 2.0, "weight": -1.0, "contribution": -2.0}],
+    ...             "y": None, "score": -1.5, "published_score": -1.5, "equal": True, "version": 3, "run": "ab12",
+    ...             "seen": 8, "reasons": [{"feature": "debt", "value": 2.0, "weight": -1.0, "contribution": -2.0}],
     ...             "bias": 0.5}))
     event c-1 (points[0] offset 7): decision -1, score -1.5
-    model run ab12, version 3, its event 8 (rebuilt from the model history: the same score, to the last bit)
+    model version 3 of run ab12, its event 8: rebuilt from the model history, the published score to the last bit
     feature  value  weight  contribution
     debt       2.0    -1.0          -2.0
     bias                             0.5
     """
     source = answer["source"] or {}
-    model = answer["model"]
     label = "" if answer["y"] is None else f", label {answer['y']}"
+    same = (
+        "the published score to the last bit"
+        if answer["equal"]
+        else f"NOT the published score {answer['published_score']!r}"
+    )
     lines = [
         f"event {answer['id']} ({source.get('topic')}[{source.get('partition')}] offset {source.get('offset')}): "
         f"decision {answer['y_pred']}, score {answer['score']!r}{label}",
-        f"model run {model['run']}, version {model.get('version')}, its event {model['seen']} "
-        "(rebuilt from the model history: the same score, to the last bit)",
+        f"model version {answer['version']} of run {answer['run']}, its event {answer['seen']}: rebuilt from the "
+        f"model history, {same}",
     ]
     rows = [
         (str(r["feature"]), repr(r["value"]), repr(r["weight"]), repr(r["contribution"])) for r in answer["reasons"]
@@ -111,10 +131,30 @@ def text(answer: dict) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def run_explain(settings: ExplainSettings) -> int:
-    """Read the prediction, its event and its task's history; print the explanation (exit 0), or why not (1)."""
-    from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable, read_partition
+def read_history(settings, topic: str, key: bytes, timeout_s: float) -> tuple[list[dict], int]:
+    """Every committed record of ``topic`` keyed ``key``, decoded, and how many did not read (left out: a rebuild that
+    needs one fails, naming its run)."""
+    from perceptron_stream.kafka import read_partition
     from perceptron_stream.kafka.admin import partition_counts
+
+    partitions = partition_counts(settings, [topic])[topic]
+    if not partitions:
+        raise ExplainError(f"topic {topic} does not exist")
+    records, unread = [], 0
+    for partition in range(partitions):
+        for _, record_key, value in read_partition(settings, topic, partition, None, timeout_s):
+            if record_key == key and value is not None:
+                try:
+                    records.append(decode_record(value))
+                except HistoryError:
+                    unread += 1
+    return records, unread
+
+
+def run_explain(settings: ExplainSettings) -> int:
+    """Read the prediction, its event and its task's history; print the explanation (exit 0 when the rebuilt
+    score is the published one), or why not (exit 1)."""
+    from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable, read_partition
     from perceptron_stream.runtime.outage import Outage
 
     Outage(settings.bootstrap_servers).hush()  # one line says what failed, not the clients' own first
@@ -139,22 +179,49 @@ def run_explain(settings: ExplainSettings) -> int:
             raise ExplainError(f"{settings.prediction} is not a prediction (no source or score)")
         key, event = one(source["topic"], int(source["partition"]), int(source["offset"]))
         wanted = history_key(settings.group_id, task_of(prediction))
-        records, unread = [], 0
-        partitions = partition_counts(settings, [settings.model_history_topic])[settings.model_history_topic]
-        if not partitions:
-            raise ExplainError(f"topic {settings.model_history_topic} does not exist")
-        for p in range(partitions):
-            for _, record_key, record in read_partition(settings, settings.model_history_topic, p, None, timeout):
-                if record_key == wanted and record is not None:
-                    try:
-                        records.append(decode_record(record))
-                    except HistoryError:
-                        unread += 1  # counted: a rebuild that needs it fails, naming the run
+        records, unread = read_history(settings, settings.model_history_topic, wanted, timeout)
+        if unread:
+            print(
+                f"{PROG}: {unread} record(s) of {wanted.decode()} in the history do not read; left out", file=sys.stderr
+            )
         answer = explain_prediction(prediction, event or b"", key, records)
     except (ExplainError, KafkaFatal, KafkaUnavailable) as exc:
         print(f"{PROG}: {settings.prediction}: {exc}", file=sys.stderr)
         return 1
-    if unread:
-        print(f"{PROG}: {unread} record(s) of {wanted.decode()} in the history do not read; left out", file=sys.stderr)
-    print(json.dumps(answer, indent=2) if settings.format == "json" else text(answer))
+    print(json.dumps(answer, indent=2) if settings.as_json else text(answer))
+    if not answer["equal"]:
+        print(f"{PROG}: {settings.prediction}: {unequal(answer)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_model_at(settings: ModelAtSettings) -> int:
+    """``model at VERSION``: the version rebuilt from the history, written as a model file (exit 0), or why not (1)."""
+    from perceptron_stream.kafka import KafkaFatal, KafkaUnavailable
+    from perceptron_stream.learning import model_file
+    from perceptron_stream.runtime.outage import Outage
+
+    prog = "perceptron-stream model at"
+    Outage(settings.bootstrap_servers).hush()
+    key = history_key(settings.group_id, settings.task)
+    try:
+        records, _ = read_history(settings, settings.model_history_topic, key, settings.timeout_seconds)
+        runs = runs_at(records, settings.version)
+        run = settings.run if settings.run is not None else (runs[-1] if runs else None)
+        if run is None:
+            raise ExplainError(f"no run of {key.decode()} in {settings.model_history_topic} reached it")
+        learner = rebuild(records, run, version=settings.version)
+        meta = next((r.get("meta") for r in records if r.get("run") == run and r["kind"] == "state"), None)
+        if not isinstance(meta, dict) or "variant" not in meta:
+            raise ExplainError(f"run {run}'s states carry no settings (meta) to write a model file with")
+    except (ExplainError, HistoryError, KafkaFatal, KafkaUnavailable) as exc:
+        print(f"{prog}: version {settings.version}: {exc}", file=sys.stderr)
+        return 1
+    doc = model_file.from_learner(
+        learner, f"model at version {settings.version} of run {run} of {key.decode()} (model history)", meta
+    )
+    settings.output.write_text(json.dumps(doc, indent=2) + "\n")
+    also = [r for r in runs if r != run]
+    note = f" (also in run(s) {', '.join(also)}: --run picks one)" if also else ""
+    print(f"wrote version {settings.version} of run {run} to {settings.output}{note}", file=sys.stderr)
     return 0

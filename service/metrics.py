@@ -284,6 +284,16 @@ class ServiceMetrics:
         for kind in STATE_KINDS:  # zeros from the start, as for rejected events
             for reason in STATE_REASONS:
                 self.rejected_state.labels(kind, reason)
+        self.history_records = Counter(
+            "perceptron_history_records",
+            "Records written to the model history (--model-history-topic): full states and changes.",
+            registry=registry,
+        )
+        self.history_bytes = Counter(
+            "perceptron_history_bytes",
+            "Bytes (keys and values) written to the model history (--model-history-topic).",
+            registry=registry,
+        )
         self.last_checkpoint = Gauge(
             "perceptron_last_checkpoint_timestamp_seconds",
             "Unix time of the last checkpoint written or restored.",
@@ -354,6 +364,9 @@ class ServiceMetrics:
             self.challenger_rate.labels(name).set(window.value)
         if tally.unknown:
             self.unknown_features.inc(tally.unknown)
+        if tally.history_records:
+            self.history_records.inc(tally.history_records)
+            self.history_bytes.inc(tally.history_bytes)
         if tally.drifts:
             self.drifts.inc(tally.drifts)
             self.last_drift.set(time.time())

@@ -93,6 +93,8 @@ ISSUE_METRICS = {
     "perceptron_early_labels": "gauge",
     "perceptron_label_delay_seconds": "histogram",
     "perceptron_mix_records_rejected": "counter",  # reason
+    "perceptron_history_records": "counter",  # issue 37: the model history
+    "perceptron_history_bytes": "counter",
 }
 SAMPLE_SUFFIXES = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
 

@@ -10,16 +10,18 @@ so a rebuilt model is the one that predicted, to the last bit.
 
 Records (JSON, keyed ``{group}/{task}``; :func:`state_record`, :func:`changes_record`):
 
-- ``{"kind": "state", "run", "op", "seen", "cause", "model"}``: the learner's
+- ``{"kind": "state", "run", "op", "seen", "version", "cause", "model", "meta"}``: the learner's
   whole state (its ``to_state``) after ``op`` changes of the run, at its
-  ``seen``-th event; ``cause`` ``start`` (a task's first batch after it was made,
-  restored or warm-started), ``snapshot`` (every ``--history-snapshot-every``
-  changes) or ``mix`` (partition scope: the mixed weights replace the replica's).
-- ``{"kind": "changes", "run", "op", "changes": [[kind, seen, x, y], ...]}``:
+  ``seen``-th event and its ``version`` (its updates), with the settings it depends on (``meta``: a model
+  file of a version carries them); ``cause`` ``start`` (a task's first batch after it was made,
+  restored or warm-started), ``snapshot`` (once ``--history-snapshot-every``
+  versions, or as many changes, passed since the last state) or ``mix`` (partition scope: the mixed weights replace the replica's).
+- ``{"kind": "changes", "run", "op", "version", "changes": [[kind, seen, version, x, y], ...]}``:
   the changes from the run's ``op``-th on, in order: ``"s"`` a step (the
   event ``x`` as the decoder gave it, names or a dense list, its label ``y``),
-  ``"j"`` a delayed label's join (``relabel``), ``seen`` the learner's count
-  of events after it.
+  ``"j"`` a delayed label's join (``relabel``); ``seen`` and ``version`` the
+  learner's count of events and of updates after it (the record's
+  ``version``: its last change's).
 
 Which steps are changes: every labeled step of a learner that keeps
 something beside the running weights (averaged, pocket) or standardises
@@ -51,8 +53,8 @@ that lost or altered a change gives another score, and is refused as such.
 >>> [learner.step(x, y)[1] for x, y in [([1.0, 2.0], 1), ([1.0, 2.0], 1), ([-1.0, 0.5], 1)]]
 [0.0, 6.0, 1.0]
 >>> records = [decode_record(value) for value in history.take()]
->>> [r["kind"] for r in records], records[1]["changes"]
-(['state', 'changes'], [['s', 1, [1.0, 2.0], 1]])
+>>> [r["kind"] for r in records], records[1]["changes"]    # [kind, seen, version, x, y]: its first update
+(['state', 'changes'], [['s', 1, 1, [1.0, 2.0], 1]])
 >>> rebuild(records, history.run, seen=3).explain_step([-1.0, 0.5], None)   # as it scored the third event
 ((1, 1.0, None), [(0, -1.0, 1.0, -1.0), (1, 0.5, 2.0, 1.0)], 1.0)
 """
@@ -101,11 +103,13 @@ def _changes_on(learner) -> tuple[Any, str]:
 class History:
     """One task's history: its run, the changes since the last state, and the records not yet sent."""
 
-    def __init__(self, key: bytes, snapshot_every: int, topic: str = ""):
+    def __init__(self, key: bytes, snapshot_every: int, topic: str = "", meta: dict | None = None):
         self.key, self.snapshot_every, self.topic = key, snapshot_every, topic
+        self.meta = meta or {}  # the settings the model depends on (a model file of a version carries them)
         self.run: str | None = None  # None: a new run begins at the task's next batch
         self.op = 0  # changes recorded in this run
         self.since_state = 0  # changes since the run's last full state
+        self.version_at_state = 0  # the version of the run's last full state
         self.changes: list[list] = []  # not yet in a record
         self.records: list[bytes] = []  # made, not yet sent
 
@@ -128,28 +132,36 @@ class History:
                     "run": self.run,
                     "op": self.op,
                     "seen": learner.seen,
+                    "version": learner.updates,
                     "cause": cause,
                     "model": learner.to_state(),
+                    "meta": self.meta,
                 }
             )
         )
-        self.since_state = 0
+        self.since_state, self.version_at_state = 0, learner.updates
 
-    def step(self, seen: int, x: Any, y: int | None) -> None:
-        self.changes.append(["s", seen, x, y])
+    def step(self, seen: int, version: int, x: Any, y: int | None) -> None:
+        self.changes.append(["s", seen, version, x, y])
 
-    def join(self, seen: int, x: Any, y: int) -> None:
-        self.changes.append(["j", seen, x, y])
+    def join(self, seen: int, version: int, x: Any, y: int) -> None:
+        self.changes.append(["j", seen, version, x, y])
 
-    def send(self, send, learner) -> None:
-        """The records made so far sent through ``send`` (the task's: in its transaction under exactly-once)."""
-        for value in self.take(learner):
+    def send(self, send, learner) -> tuple[int, int]:
+        """The records made so far sent through ``send`` (the task's: in its transaction under exactly-once): how
+        many, and their bytes (keys and values)."""
+        records = self.take(learner)
+        for value in records:
             send(self.topic, self.key, value)
+        return len(records), len(self.key) * len(records) + sum(map(len, records))
 
     def take(self, learner=None) -> list[bytes]:
-        """The records made since the last take (the changes cut into records; a snapshot of ``learner`` when
-        ``--history-snapshot-every`` changes passed since the last state), to be sent in this order."""
-        if learner is not None and self.since_state + len(self.changes) >= self.snapshot_every:
+        """The records made since the last take (the changes cut into records; a snapshot of ``learner`` once
+        ``--history-snapshot-every`` versions, or as many changes, passed since the last state), in order."""
+        if learner is not None and (
+            learner.updates - self.version_at_state >= self.snapshot_every
+            or self.since_state + len(self.changes) >= self.snapshot_every
+        ):
             self.state(learner, SNAPSHOT)
         self._cut()
         records, self.records = self.records, []
@@ -159,7 +171,11 @@ class History:
         changes, self.changes = self.changes, []
         for start in range(0, len(changes), CHANGES_PER_RECORD):
             part = changes[start : start + CHANGES_PER_RECORD]
-            self.records.append(orjson.dumps({"kind": "changes", "run": self.run, "op": self.op, "changes": part}))
+            self.records.append(
+                orjson.dumps(
+                    {"kind": "changes", "run": self.run, "op": self.op, "version": part[-1][2], "changes": part}
+                )
+            )
             self.op += len(part)
             self.since_state += len(part)
 
@@ -195,7 +211,7 @@ class Recorded:
 
     def _after(self, marks: tuple, x, y) -> None:
         if self.every or (self.labeled and y is not None) or self._marks() != marks:
-            self.history.step(self.learner.seen, x, y)
+            self.history.step(self.learner.seen, self.inner.updates, x, y)
 
     def step(self, x, y):
         if self.frozen:
@@ -215,37 +231,38 @@ class Recorded:
 
     def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None):
         """The learner's ``step_many``; its changes read from the steps' columns (the batch form registers no
-        feature: ``can_step_many``), each join right after its event's step. A step whose count of updates moved
-        only by the join before it is recorded too: replayed, it changes nothing."""
+        feature: ``can_step_many``), each join right after its event's step (its version from the steps'
+        ``joined`` counters)."""
         if self.frozen:
             return self.learner.step_many(xs, ys, checked, joins)
         before = self.inner.updates
         steps = self.learner.step_many(xs, ys, checked, joins)
         history, every, labeled = self.history, self.every, self.labeled
         joined: dict[int, list] = {}
-        for i, y in joins or ():
-            joined.setdefault(i, []).append(y)
+        for (i, y), counters in zip(joins or (), steps.joined):
+            joined.setdefault(i, []).append((y, counters[0]))
         updates, seen = _column(steps.updates), _column(steps.seen)
         for i, (x, y) in enumerate(zip(xs, ys)):
             if every or (labeled and y is not None) or updates[i] != before:
-                history.step(seen[i], x, y)
+                history.step(seen[i], updates[i], x, y)
             before = updates[i]
-            for label in joined.get(i, ()):
-                history.join(seen[i], x, label)
+            for label, version in joined.get(i, ()):
+                history.join(seen[i], version, x, label)
+                before = version
         return steps
 
     def relabel(self, x, y: int, mistake: bool):
         result = self.learner.relabel(x, y, mistake)
         if not self.frozen:
-            self.history.join(self.learner.seen, x, y)
+            self.history.join(self.learner.seen, self.inner.updates, x, y)
         return result
 
     def relabel_many(self, xs: list, ys: list, mistakes: list[bool]):
         result = self.learner.relabel_many(xs, ys, mistakes)
         if not self.frozen:
             seen = self.learner.seen
-            for x, y in zip(xs, ys):
-                self.history.join(seen, x, y)
+            for x, y, version in zip(xs, ys, result[0]):
+                self.history.join(seen, version, x, y)
         return result
 
 
@@ -274,62 +291,105 @@ def decode_record(value: bytes) -> dict:
     return record
 
 
-def rebuild(records: list[dict], run: str, seen: int):
-    """The learner of run ``run`` as it was before its event ``seen`` (after ``seen - 1`` events), from the
-    ``records`` of its task in any order (they are put in ``op`` order, a state before the changes at its op; a
-    record written twice counts once, two different ones at one place are refused).
-    Its ``explain_step(x, None)`` of that event gives the prediction, score and parts the service published (a
-    scaler sees x before the perceptron scores it, as in the service)."""
+def _in_order(records: list[dict], run: str) -> list[dict]:
+    """``run``'s records in ``op`` order (a state before the changes at its op; two states at one op, mixes of a
+    replica whose steps between changed nothing, in the order of their ``seen``). A record written twice (a
+    producer's retry) counts once; two different ones at one place are refused: the history was altered."""
     unique: dict[tuple, dict] = {}
     for record in records:
         if record.get("run") != run:
             continue
-        # (two states may stand at one change: mixes of a replica whose steps between changed nothing; their seen
-        # tells them apart)
         at = (
             record["op"],
             0 if record["kind"] == "state" else 1,
             _int_or_zero(record.get("seen")),
             record.get("cause"),
         )
-        if at in unique and unique[at] != record:  # (the same one twice: a producer's retry wrote it again)
+        if at in unique and unique[at] != record:
             raise HistoryError(
                 f"the history holds two different records of run {run} at its change {record['op']}: it was altered"
             )
         unique[at] = record
-    mine = [unique[at] for at in sorted(unique, key=lambda at: at[:3])]
+    return [unique[at] for at in sorted(unique, key=lambda at: at[:3])]
+
+
+def _checked(change, run: str) -> list:
+    if not (
+        isinstance(change, list)
+        and len(change) == 5
+        and change[0] in ("s", "j")
+        and type(change[1]) is int
+        and type(change[2]) is int
+    ):
+        raise HistoryError(f"run {run}: a change does not read ({str(change)[:80]})")
+    return change
+
+
+def rebuild(records: list[dict], run: str, seen: int | None = None, version: int | None = None):
+    """The learner of run ``run`` as it was before its event ``seen`` (after ``seen - 1`` events), or as it was
+    once it reached ``version`` (the change that made it, none after), from the ``records`` of its task in any
+    order (:func:`_in_order`). Its ``explain_step(x, None)`` of event ``seen`` gives the prediction, score and
+    parts the service published (a scaler sees x before the perceptron scores it, as in the service).
+    HistoryError, naming the run and what is missing, when the records cannot rebuild it."""
+    if (seen is None) == (version is None):
+        raise ValueError("rebuild takes seen or version")
+    wanted = f"its event {seen}" if seen is not None else f"version {version}"
+
+    def after(change_or_state: dict | list, at: int) -> bool:  # beyond the model wanted (seen: index 1, version: 2)
+        value = (
+            change_or_state[at]
+            if isinstance(change_or_state, list)
+            else change_or_state.get("seen" if at == 1 else "version")
+        )
+        return type(value) is not int or (value > seen - 1 if seen is not None else value > version)  # type: ignore[operator]
+
+    at = 1 if seen is not None else 2
     state: dict | None = None
     changes: list[list] = []
-    for record in mine:
+    reached = False  # (version) the change that made it was taken
+    for record in _in_order(records, run):
+        if reached:
+            break
         if record["kind"] == "state":
-            if type(record.get("seen")) is not int or record["seen"] > seen - 1:
+            if after(record, at):
                 break
             state, changes = record, []
-        elif state is not None:
-            if record["op"] < state["op"]:
-                continue
+            reached = version is not None and record.get("version") == version
+        elif state is not None and record["op"] >= state["op"]:
+            before = state.get("version") if not changes else changes[-1][2]
             for change in record.get("changes") or ():
-                if not (isinstance(change, list) and len(change) == 4 and type(change[1]) is int):
-                    raise HistoryError(f"run {run}: a change does not read ({str(change)[:80]})")
-                if change[1] > seen - 1:
+                change = _checked(change, run)
+                if after(change, at):
+                    reached = True
                     break
                 changes.append(change)
-            else:
-                continue
-            break
+                if version is not None and change[2] == version and before != version:
+                    reached = True
+                    break
+                before = change[2]
     if state is None:
-        raise HistoryError(f"the history holds no state of run {run} at or before its event {seen}")
+        raise HistoryError(f"the history holds no state of run {run} at or before {wanted}")
+    if version is not None and not reached and (changes[-1][2] if changes else state.get("version")) != version:
+        raise HistoryError(f"the history of run {run} does not reach version {version}")
     try:
         learner = learner_from_state(state["model"])
-        for kind, _, x, y in changes:
+        for kind, _, _, x, y in changes:
             if kind == "s":
                 learner.step(x, y)
-            elif kind == "j":
-                learner.relabel(x, y, False)
             else:
-                raise HistoryError(f"run {run}: a change of unknown kind {kind!r}")
-    except HistoryError:
-        raise
+                learner.relabel(x, y, False)
     except (ValueError, TypeError, KeyError) as exc:
-        raise HistoryError(f"run {run}: the history does not replay ({exc})") from None
+        raise HistoryError(f"run {run}: the history does not replay to {wanted} ({exc})") from None
     return learner
+
+
+def runs_at(records: list[dict], version: int) -> list[str]:
+    """The runs whose history holds ``version`` (a state or a change that made it), in the order the records came:
+    a version a crash made the service learn again (at-least-once) is in two runs, each its own model."""
+    runs: dict[str, None] = {}
+    for record in records:
+        changes = record.get("changes") if record["kind"] == "changes" else None
+        made = [c for c in changes or () if isinstance(c, list) and len(c) == 5 and c[2] == version]
+        if made or (record["kind"] == "state" and record.get("version") == version):
+            runs[record["run"]] = None
+    return list(runs)

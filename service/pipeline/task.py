@@ -74,6 +74,8 @@ class Tally:
         "drifts",
         "dropped",
         "flags",
+        "history_bytes",
+        "history_records",
         "joined",
         "label_outcomes",
         "labeled",
@@ -100,6 +102,7 @@ class Tally:
         self.delays: list[float] = []  # seconds from a point to its label, per joined label
         self.challenger_flags: dict[str, list[bool]] = {}  # challenger → its mistakes on the labeled events, in order
         self.drifts = 0  # drifts the champions' mistake streams showed
+        self.history_records = self.history_bytes = 0  # the model history's records sent, and their bytes
 
 
 class _Learning:
@@ -237,7 +240,7 @@ class Task:
                 labels.labels(records, run, each=each or self.mixer is not None)  # (a mix may come after any join)
             run.end()
             if history is not None:  # after the batch's outputs, through the same send (its transaction)
-                history.send(send, self._learner)
+                tally.history_records, tally.history_bytes = history.send(send, self._learner)
             self.unsaved += len(records)
         run.drift()
 

@@ -152,7 +152,7 @@ class TaskFactory:
             explain=s.explain,
             history=None
             if s.model_history_topic is None
-            else History(history_key(s.group_id, name), s.history_snapshot_every, s.model_history_topic),
+            else History(history_key(s.group_id, name), s.history_snapshot_every, s.model_history_topic, self.meta),
             outputs={
                 "output_topic": s.output_topic,
                 "dlq_topic": s.dlq_topic,

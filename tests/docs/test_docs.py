@@ -85,7 +85,8 @@ def test_a_wrong_doctest_example_fails() -> None:
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_setting_of_every_command_is_in_the_generated_reference(command: str) -> None:
     table = reference.settings_table(command)
-    for name, field in COMMANDS[command][0].model_fields.items():
+    for field_name, field in COMMANDS[command][0].model_fields.items():
+        name = field.alias or field_name  # the setting as spelled (explain's --json)
         row = next((line for line in table.splitlines() if line.startswith(f"| `{name}` |")), None)
         assert row is not None, (command, name)
         assert f"| `{flag(name)}` | `{env_var(name)}` |" in row, row

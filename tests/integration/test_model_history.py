@@ -10,6 +10,7 @@ records with it.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import subprocess
@@ -20,24 +21,33 @@ import pytest
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.explain import ExplainError, explain_prediction
 from perceptron_stream.kafka import read_partition
-from perceptron_stream.pipeline.history import decode_record, history_key
+from perceptron_stream.learning import learner_from_state
+from perceptron_stream.pipeline.history import decode_record, history_key, rebuild
 from perceptron_stream.streams import credit
 
 from tests.support.launch import settings_args, start_service_process
-from tests.support.service import OutputWatcher, stop_process, store_args, tail, wait_assigned
+from tests.support.partitions import dealt_events, produce_dealt
+from tests.support.service import (
+    OutputWatcher,
+    source_partition_offset,
+    stop_process,
+    store_args,
+    tail,
+    wait_assigned,
+)
 from tests.support.topics import produce
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-COUNT = 4000
+COUNT, SAMPLE, K = 50_000, 1000, 3
+ONCE = {"processing_guarantee": "exactly-once", "commit_interval_ms": 100}
+#: client, guarantee, model: each client under each guarantee, the model's kinds spread over them
 CASES = {
-    "kafka-python-at-least-once-plain": ("kafka-python", [], {}),
-    "confluent-exactly-once-standardized-averaged": (
-        "confluent",
-        ["--standardize", "--variant", "averaged"],
-        {"processing_guarantee": "exactly-once", "commit_interval_ms": 100},
-    ),
+    "kafka-python-at-least-once-plain": ("kafka-python", {}, []),
+    "kafka-python-exactly-once-hashed": ("kafka-python", ONCE, ["--hash-features", "8"]),
+    "confluent-at-least-once-standardized-averaged": ("confluent", {}, ["--standardize", "--variant", "averaged"]),
+    "confluent-exactly-once-standardized-averaged": ("confluent", ONCE, ["--standardize", "--variant", "averaged"]),
 }
 
 
@@ -48,45 +58,59 @@ def _read(bootstrap: str, topic: str) -> list[tuple[int, bytes | None, bytes]]:
     ]
 
 
-def _explain_cli(bootstrap: str, prediction: str, history: str, group: str, fmt: str) -> subprocess.CompletedProcess:
+def _cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess:
+    """``perceptron-stream ARGS --bootstrap-servers BOOTSTRAP`` as a person runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "perceptron_stream.cli", "explain", "--prediction", prediction,
-         "--model-history-topic", history, "--group-id", group, "--bootstrap-servers", bootstrap, "--format", fmt],
+        [sys.executable, "-m", "perceptron_stream.cli", *args, "--bootstrap-servers", bootstrap],
         capture_output=True,
         text=True,
-        timeout=120,
-    )  # fmt: skip
+        timeout=180,
+    )
+
+
+def _explained(predictions: list, inputs: dict, records: list[dict], chosen: list) -> int:
+    """Each chosen prediction explained from the history: its score rebuilt to the last bit, its reason codes the
+    ones the message carries; how many."""
+    for _, doc in chosen:
+        key, event = inputs[doc["source"]["offset"]]
+        answer = explain_prediction(doc, event, key, records)
+        assert answer["equal"] and answer["score"] == doc["score"], (doc, answer)
+        assert answer["reasons"][:K] == doc["reasons"] and answer["bias"] == doc["bias"], (doc, answer)
+        total = sum(r["contribution"] for r in answer["reasons"]) + answer["bias"]
+        assert abs(total - doc["score"]) <= 1e-12 * (1 + sum(abs(r["contribution"]) for r in answer["reasons"]))
+    return len(chosen)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_prediction_across_a_sigkill_is_explained_by_the_weights_that_made_it(
     apache_kafka, tmp_path, topics, case
 ):
-    client, flags, guarantee = CASES[case]
+    client, guarantee, flags = CASES[case]
     bootstrap = apache_kafka.bootstrap_servers
     history = f"history-{topics['group_id']}"
     events = [{"id": f"c-{i}", **e} for i, e in enumerate(islice(credit(drift_every=COUNT // 2), COUNT))]
     produce(bootstrap, topics["input_topic"], events, keys=[e["id"].encode() for e in events])
-    args = (
-        settings_args(
+    args = [
+        *settings_args(
             apache_kafka,
             topics,
             tmp_path,
             kafka_client=client,
-            batch_size=100,
+            batch_size=500,
             model_history_topic=history,
-            history_snapshot_every=200,
+            history_snapshot_every=1000,
+            explain=K,
             **guarantee,
             **store_args("kafka", topics),
-        )
-        + flags
-    )
+        ),
+        *flags,
+    ]
     watcher = OutputWatcher(bootstrap, topics["output_topic"], read_committed=True).start()
     process = None
     try:
         process = start_service_process(args, tmp_path / "serve-0.log")
         wait_until(
-            lambda: watcher.distinct() >= COUNT // 3 or process.poll() is not None, 180, interval=0.005, what="a third"
+            lambda: watcher.distinct() >= COUNT // 3 or process.poll() is not None, 300, interval=0.005, what="a third"
         )
         assert process.poll() is None, tail(tmp_path / "serve-0.log")
         process.kill()
@@ -94,7 +118,7 @@ def test_every_prediction_across_a_sigkill_is_explained_by_the_weights_that_made
         log_path = tmp_path / "serve-1.log"
         process = start_service_process(args, log_path)
         wait_assigned(process, log_path, topics["input_topic"])
-        wait_until(lambda: watcher.distinct() >= COUNT or process.poll() is not None, 180, what="every event")
+        wait_until(lambda: watcher.distinct() >= COUNT or process.poll() is not None, 300, what="every event")
         assert stop_process(process, log_path) == 0, tail(log_path)
         watcher.settle()
     finally:
@@ -114,29 +138,40 @@ def test_every_prediction_across_a_sigkill_is_explained_by_the_weights_that_made
     assert set(by_source) == set(range(COUNT))
     again = [copies for copies in by_source.values() if len(copies) > 1]
     if guarantee:
-        assert not again  # each event published once
-    rng = random.Random(37)
-    chosen = rng.sample(predictions, 300) + [copy for copies in again for copy in copies]
-    for _, doc in chosen:
-        key_, event = inputs[doc["source"]["offset"]]
-        answer = explain_prediction(doc, event, key_, records)  # refuses unless the score is the published one
-        assert answer["score"] == doc["score"] and answer["y_pred"] == doc["y_pred"]
-        total = sum(r["contribution"] for r in answer["reasons"]) + answer["bias"]
-        assert abs(total - doc["score"]) <= 1e-12 * (1 + sum(abs(r["contribution"]) for r in answer["reasons"]))
-    # the command, as a person runs it: the prediction's topic position, the history, the group
+        assert not again  # each event published once, its history with it
+    else:
+        assert again  # the events after the last checkpoint, predicted again by the new run
+    chosen = random.Random(37).sample(predictions, SAMPLE) + [copy for copies in again[:100] for copy in copies]
+    assert _explained(predictions, inputs, records, chosen) >= SAMPLE
+    # the commands, as a person runs them: explain a prediction by its place; write the version it was made with
     offset, doc = predictions[-1]
-    done = _explain_cli(bootstrap, f"{topics['output_topic']}:0:{offset}", history, topics["group_id"], "json")
+    done = _cli(bootstrap, "explain", "--prediction", f"{topics['output_topic']}:0:{offset}",
+                "--model-history-topic", history, "--group-id", topics["group_id"], "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
-    assert answer["score"] == doc["score"] and answer["model"]["run"] == doc["model"]["run"]
-    assert {r["feature"] for r in answer["reasons"]} == {"age", "salary", "years_in_job", "debt"}
-    done = _explain_cli(bootstrap, f"{topics['output_topic']}:0:{offset}", history, topics["group_id"], "text")
+    assert (answer["score"], answer["published_score"], answer["equal"]) == (doc["score"], doc["score"], True)
+    assert answer["version"] == doc["model"]["version"] and len(answer["reasons"]) == 4
+    done = _cli(bootstrap, "explain", "--prediction", f"{topics['output_topic']}:0:{offset}",
+                "--model-history-topic", history, "--group-id", topics["group_id"])  # fmt: skip
     assert done.returncode == 0 and f"event {doc['id']}" in done.stdout and "bias" in done.stdout, done.stderr
+    model = tmp_path / "model.json"
+    version = doc["model"]["version"]
+    done = _cli(bootstrap, "model", "at", str(version), "--output", str(model), "--model-history-topic", history,
+                "--group-id", topics["group_id"], "--run", doc["model"]["run"])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = json.loads(model.read_text())
+    rebuilt = rebuild(records, doc["model"]["run"], version=version)
+    assert written["state"] == rebuilt.to_state() and written["variant"] == (
+        "averaged" if "averaged" in case else "plain"
+    )
+    assert learner_from_state(written["state"]).updates == version
 
 
 def test_an_altered_history_is_refused_naming_why(apache_kafka, tmp_path, topics):
     """A change of the history rewritten (a copy of a record with one event's values altered, appended as anyone
-    with write access could): the predictions after it rebuild another score, and explain refuses them (exit 1)."""
+    with write access could): explain refuses the predictions after it, naming their version (exit 1). A record
+    lost (retention, a crash before its acknowledgment): the predictions after it are rebuilt with other weights,
+    and the answer says they are not equal."""
     bootstrap = apache_kafka.bootstrap_servers
     history = f"history-{topics['group_id']}"
     events = [{"id": f"c-{i}", **e} for i, e in enumerate(islice(credit(), 1000))]
@@ -151,9 +186,9 @@ def test_an_altered_history_is_refused_naming_why(apache_kafka, tmp_path, topics
         watcher.stop()
     key = history_key(topics["group_id"], "model")
     records = [decode_record(value) for _, k, value in _read(bootstrap, history) if k == key]
-    changes = next(r for r in records if r["kind"] == "changes" and len(r["changes"]) > 5)
-    kind, seen, x, y = changes["changes"][2]
-    changes["changes"][2] = [kind, seen, {name: value * 3.0 + 1.0 for name, value in x.items()}, y]
+    changes = copy.deepcopy(next(r for r in records if r["kind"] == "changes" and len(r["changes"]) > 5))
+    kind, seen, version, x, y = changes["changes"][2]
+    changes["changes"][2] = [kind, seen, version, {name: value * 3.0 + 1.0 for name, value in x.items()}, y]
     produce(bootstrap, history, [json.dumps(changes).encode()], keys=[key])
     predictions = [(offset, json.loads(value)) for offset, _, value in _read(bootstrap, topics["output_topic"])]
     after = [(o, d) for o, d in predictions if seen < d["model"]["seen"] <= seen + 200]
@@ -164,9 +199,92 @@ def test_an_altered_history_is_refused_naming_why(apache_kafka, tmp_path, topics
         try:
             explain_prediction(doc, inputs[doc["source"]["offset"]][1], None, tampered)
         except ExplainError as exc:
-            refused.append((offset, str(exc)))
+            refused.append((offset, doc, str(exc)))
     assert refused, "the altered change went unnoticed"
-    offset, why = refused[0]
-    assert "altered" in why
-    done = _explain_cli(bootstrap, f"{topics['output_topic']}:0:{offset}", history, topics["group_id"], "text")
+    offset, doc, why = refused[0]
+    assert "altered" in why and f"version {doc['model']['version']} of run {doc['model']['run']}" in why, why
+    done = _cli(bootstrap, "explain", "--prediction", f"{topics['output_topic']}:0:{offset}",
+                "--model-history-topic", history, "--group-id", topics["group_id"])  # fmt: skip
     assert done.returncode == 1 and "altered" in done.stderr and not done.stdout, (done.stdout, done.stderr)
+    assert f"version {doc['model']['version']}" in done.stderr
+    # a change missing (a record lost): the predictions after it are rebuilt with other weights, and say so
+    cut = list(records)  # as read before the forgery
+    lost = next(r for r in cut if r["kind"] == "changes" and r["changes"] and r["op"] > 0)
+    cut.remove(lost)
+    unequal = [
+        doc
+        for _, doc in predictions
+        if lost["changes"][0][1] < doc["model"]["seen"]
+        and not explain_prediction(doc, inputs[doc["source"]["offset"]][1], None, cut)["equal"]
+    ]
+    assert unequal, "a lost change went unnoticed"
+
+
+def test_three_instances_in_partition_scope_with_mixing_explain_each_replicas_predictions(
+    apache_kafka, tmp_path, topics
+):
+    """Partition scope, 3 instances over 3 partitions, each replica mixing with the others every 25 events; one
+    instance SIGKILLed mid-stream and started again. Each replica's history (keyed by its partition) holds its
+    mixes as full states; 300 predictions drawn at random over the partitions, and every copy an event got twice,
+    are rebuilt to the last bit."""
+    bootstrap, partitions, count = apache_kafka.bootstrap_servers, 3, 15_000
+    history = f"history-{topics['group_id']}"
+    events = dealt_events(count, seed=61, partitions=partitions)
+    produce_dealt(bootstrap, topics["input_topic"], events, partitions=partitions)
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        batch_size=100,
+        model_scope="partition",
+        mix_every=25,
+        mix_topic=f"mix-{topics['group_id']}",
+        model_history_topic=history,
+        history_snapshot_every=500,
+        explain=K,
+        **store_args("kafka", topics),
+    )
+    watcher = OutputWatcher(bootstrap, topics["output_topic"], by=source_partition_offset).start()
+    logs = {name: tmp_path / f"serve-{name}.log" for name in ("a", "b", "c", "a2")}
+    processes = {name: start_service_process(args, logs[name]) for name in "abc"}
+    try:
+        wait_until(lambda: watcher.distinct() >= count // 3, 300, interval=0.01, what="a third")
+        processes["a"].kill()
+        processes["a"].wait()
+        processes["a2"] = start_service_process(args, logs["a2"])
+        wait_until(lambda: watcher.distinct() >= count, 300, what="every event")
+        for name in ("b", "c", "a2"):
+            assert stop_process(processes[name], logs[name]) == 0, tail(logs[name])
+        watcher.settle()
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+        watcher.stop()
+    inputs = {
+        (p, offset): (key, value)
+        for p in range(partitions)
+        for offset, key, value in _read(bootstrap, topics["input_topic"], p)
+    }
+    predictions = [json.loads(value) for _, _, value in _read(bootstrap, topics["output_topic"])]
+    by_partition = {
+        p: [
+            decode_record(v)
+            for _, k, v in _read(bootstrap, history)
+            if k == history_key(topics["group_id"], f"partition-{p}")
+        ]
+        for p in range(partitions)
+    }
+    assert all(any(r["kind"] == "state" and r["cause"] == "mix" for r in by_partition[p]) for p in range(partitions))
+    copies: dict[tuple, list] = {}
+    for doc in predictions:
+        copies.setdefault((doc["source"]["partition"], doc["source"]["offset"]), []).append(doc)
+    assert len(copies) == count
+    chosen = random.Random(61).sample(predictions, 300) + [d for docs in copies.values() if len(docs) > 1 for d in docs]
+    for doc in chosen:
+        p = doc["source"]["partition"]
+        assert doc["model"]["scope"] == "partition" and doc["model"]["partition"] == p
+        key, event = inputs[(p, doc["source"]["offset"])]
+        answer = explain_prediction(doc, event, key, by_partition[p])
+        assert answer["equal"], (doc, answer)
+        assert answer["reasons"][:K] == doc["reasons"] and answer["bias"] == doc["bias"]

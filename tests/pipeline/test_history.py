@@ -15,7 +15,7 @@ import random
 
 import pytest
 from perceptron_stream.learning import learner_from_state
-from perceptron_stream.pipeline.history import HistoryError, decode_record, rebuild
+from perceptron_stream.pipeline.history import HistoryError, decode_record, rebuild, runs_at
 from perceptron_stream.pipeline.task import Tally
 from perceptron_stream.wire.inputs import Decoder
 
@@ -155,8 +155,8 @@ def test_a_history_altered_or_cut_rebuilds_another_model_or_none(tmp_path):
     predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
     events = _events(batches)
     changes = next(r for r in records if r["kind"] == "changes" and r["changes"])
-    kind, seen, x, y = changes["changes"][0]
-    changes["changes"][0] = [kind, seen, [v * 2.0 + 1.0 for v in x], y]
+    kind, seen, version, x, y = changes["changes"][0]
+    changes["changes"][0] = [kind, seen, version, [v * 2.0 + 1.0 for v in x], y]
     later = [p for p in predictions if seen < p["model"]["seen"] and p["model"]["seen"] < seen + 30]
     differ = [
         p
@@ -169,3 +169,26 @@ def test_a_history_altered_or_cut_rebuilds_another_model_or_none(tmp_path):
         rebuild([r for r in records if r["kind"] == "changes"], predictions[-1]["model"]["run"], 50)
     with pytest.raises(HistoryError, match="no state of run"):
         rebuild(records, "another-run", 50)
+
+
+@pytest.mark.parametrize("config", [[], ["--variant", "margin", "--margin", "0.5"], ["--hash-features", "8"]])
+def test_a_version_is_rebuilt_as_the_model_that_reached_it(tmp_path, config):
+    """``model at VERSION``: the weights once the change that made the version was learned. The plain, margin and
+    hashed perceptrons change only by their updates, so every event scored at that version (its step made no
+    update) was scored by exactly those weights."""
+    batches = _batches("named", 4, config)
+    sent = _run(tmp_path, [*config, *HISTORY], batches, True)
+    records = [decode_record(v) for t, _, v in sent if t == "history"]
+    events = _events(batches)
+    scored = [json.loads(v) for t, _, v in sent if t == "predictions"]
+    kept = [p for p in scored if p["mistake"] is False or p["y"] is None]
+    assert len(kept) > 50
+    for p in kept:
+        version, run = p["model"]["version"], p["model"]["run"]
+        assert runs_at(records, version) == [run]
+        model = rebuild(records, run, version=version)
+        assert model.updates == version
+        assert repr(model.score_one(events[p["source"]["offset"]])) == repr(p["score"])
+    last = scored[-1]["model"]["version"]
+    with pytest.raises(HistoryError, match=f"does not reach version {last + 1}"):
+        rebuild(records, scored[-1]["model"]["run"], version=last + 1)

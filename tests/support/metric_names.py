@@ -12,6 +12,8 @@ SERVICE_METRICS = {
     "perceptron_dropped_features_total",
     "perceptron_events_without_known_features_total",
     "perceptron_mixes_total",
+    "perceptron_history_records_total",
+    "perceptron_history_bytes_total",
     "perceptron_labels_total",
     "perceptron_challenger_mistakes_total",
     "perceptron_challenger_mistake_rate",
