@@ -12,6 +12,7 @@
     python3 bench/e2e.py --exactly-once               # also exactly-once at two commit intervals beside
                                                       # at-least-once, all on the Kafka store (EXACTLY_ONCE)
     python3 bench/e2e.py --explain 3                  # also the service with --explain 3 (reason codes)
+    python3 bench/e2e.py --model-history              # also the service with the model history (its bytes per event)
     python3 bench/e2e.py --events 50000 --repeats 1 --latency-seconds 5   # a quick look
     python3 bench/e2e.py --sparse 1000:50 --client service-confluent   # 50 of 1,000 named features an event
 
@@ -144,6 +145,9 @@ EXACTLY_ONCE = (
 )
 #: What a service contender's name says of its client.
 CLIENT_TAG = {"kafka-python": "", "confluent": " confluent"}
+#: ``--model-history``: the service's flags (the topic keyed by each run's group: one topic serves every run).
+HISTORY_FLAGS = ("--model-history-topic", "bench.model-history")
+
 #: ``--client service-labels``: its flags, and how many points ahead of its label each point is sent.
 LABEL_FLAGS = ["--challengers", "averaged,pocket"]
 LABEL_LAG = 1000
@@ -885,6 +889,7 @@ def throughput_run(
             on_progress=sample,
         )
         dead_lettered = worker.dead_lettered_labels() if c.labels else None
+        history = worker.samples(("perceptron_history_",)) if "--model-history-topic" in c.flags else {}
     finally:
         worker.stop()
     fail_on_dead_letters(c, dead_lettered, logs / f"{tag}.log")
@@ -908,6 +913,14 @@ def throughput_run(
         "span": span,
         "events_per_s": round(events / seconds, 1),
         **({"dead_lettered_labels": dead_lettered} if c.labels else {}),
+        **(
+            {
+                "history_records": int(history.get("perceptron_history_records_total", 0)),
+                "history_bytes_per_event": round(history.get("perceptron_history_bytes_total", 0) / events, 1),
+            }
+            if history
+            else {}
+        ),
         "cpu_us_per_event": round((cpu1 - cpu0) / (done1 - done0) * 1e6, 1) if done1 > done0 else None,
     }
 
@@ -1187,6 +1200,12 @@ def main() -> int:
         default=0,
         help="also the service with --explain K (reason codes in each prediction), on each service client (0: not)",
     )
+    parser.add_argument(
+        "--model-history",
+        action="store_true",
+        help="also the service with --model-history-topic (the model history), on each service client, with its bytes "
+        "per event (and with --explain K, both on)",
+    )
     parser.add_argument("--json", type=Path, help="where to write the results (default bench/results/e2e-<time>.json)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -1255,6 +1274,17 @@ def main() -> int:
         )
         for client in ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
         if args.explain
+    ]
+    contenders += [  # beside them: what the model history costs, alone and with the reason codes
+        Contender(f"service {name}" + CLIENT_TAG[client], "service", client, ROOT, flags=flags)
+        for client in ["kafka-python"] + (["confluent"] if "service-confluent" in args.client else [])
+        for name, flags in [("history", HISTORY_FLAGS)]
+        + (
+            [(f"history+explain {args.explain}", (*HISTORY_FLAGS, "--explain", str(args.explain)))]
+            if args.explain
+            else []
+        )
+        if args.model_history
     ]
     bare = {c.client: c for c in contenders if c.kind == "ceiling" and c.client in ("kafka-python", "confluent")}
     partitions = [int(p) for p in args.partitions.split(",")]
