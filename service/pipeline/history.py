@@ -61,12 +61,18 @@ that lost or altered a change gives another score, and is refused as such.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import secrets
 from typing import Any
 
 import orjson
 from perceptron_stream.learning import learner_from_state
 from perceptron_stream.pipeline.models import Frozen
+
+#: A full state longer than this (its JSON) is written in parts of this size after its record, each base64 in a
+#: record of its own: a model of 50,000 named features is ~1.5 MB of JSON, past the brokers' default 1 MB limit.
+STATE_PART_BYTES = 256 * 1024
 
 #: The cause of a full state in the history.
 START, SNAPSHOT, MIX = "start", "snapshot", "mix"
@@ -123,22 +129,21 @@ class History:
         self.state(learner, START)
 
     def state(self, learner, cause: str) -> None:
-        """``learner``'s full state now, after the changes recorded so far."""
+        """``learner``'s full state now, after the changes recorded so far; a large one in parts
+        (:data:`STATE_PART_BYTES`) after its record."""
         self._cut()
-        self.records.append(
-            orjson.dumps(
-                {
-                    "kind": "state",
-                    "run": self.run,
-                    "op": self.op,
-                    "seen": learner.seen,
-                    "version": learner.updates,
-                    "cause": cause,
-                    "model": learner.to_state(),
-                    "meta": self.meta,
-                }
-            )
-        )
+        model = orjson.dumps(learner.to_state())
+        where = {"run": self.run, "op": self.op, "seen": learner.seen}
+        header = {"kind": "state", **where, "version": learner.updates, "cause": cause, "meta": self.meta}
+        if len(model) <= STATE_PART_BYTES:
+            self.records.append(orjson.dumps({**header, "model": orjson.Fragment(model)}))
+        else:
+            parts = [model[i : i + STATE_PART_BYTES] for i in range(0, len(model), STATE_PART_BYTES)]
+            digest = hashlib.sha256(model).hexdigest()
+            self.records.append(orjson.dumps({**header, "model": None, "parts": len(parts), "sha256": digest}))
+            for i, part in enumerate(parts):
+                data = base64.b64encode(part).decode()
+                self.records.append(orjson.dumps({"kind": "part", **where, "cause": cause, "part": i, "data": data}))
         self.since_state, self.version_at_state = 0, learner.updates
 
     def step(self, seen: int, version: int, x: Any, y: int | None) -> None:
@@ -284,8 +289,8 @@ def decode_record(value: bytes) -> dict:
         record = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
         raise HistoryError(f"a history record is not JSON ({exc})") from None
-    if not isinstance(record, dict) or record.get("kind") not in ("state", "changes"):
-        raise HistoryError("a history record is neither a state nor changes")
+    if not isinstance(record, dict) or record.get("kind") not in ("state", "changes", "part"):
+        raise HistoryError("a history record is neither a state, a part of one, nor changes")
     if not isinstance(record.get("run"), str) or type(record.get("op")) is not int:
         raise HistoryError("a history record has no run or op")
     return record
@@ -296,8 +301,18 @@ def _in_order(records: list[dict], run: str) -> list[dict]:
     replica whose steps between changed nothing, in the order of their ``seen``). A record written twice (a
     producer's retry) counts once; two different ones at one place are refused: the history was altered."""
     unique: dict[tuple, dict] = {}
+    parts: dict[tuple, dict[int, str]] = {}
     for record in records:
         if record.get("run") != run:
+            continue
+        if record["kind"] == "part":  # a large state's: joined to its record below
+            given = parts.setdefault((record["op"], _int_or_zero(record.get("seen")), record.get("cause")), {})
+            number, data = record.get("part"), record.get("data")
+            if type(number) is not int or not isinstance(data, str) or given.get(number, data) != data:
+                raise HistoryError(
+                    f"a part of run {run}'s state at its change {record['op']} does not read, or was altered"
+                )
+            given[number] = data
             continue
         at = (
             record["op"],
@@ -310,7 +325,22 @@ def _in_order(records: list[dict], run: str) -> list[dict]:
                 f"the history holds two different records of run {run} at its change {record['op']}: it was altered"
             )
         unique[at] = record
-    return [unique[at] for at in sorted(unique, key=lambda at: at[:3])]
+    return [_joined(unique[at], parts, run) for at in sorted(unique, key=lambda at: at[:3])]
+
+
+def _joined(record: dict, parts: dict[tuple, dict[int, str]], run: str) -> dict:
+    """A state written in parts, its model joined from them (checked against its digest); any other record as it is.
+    A state whose parts are missing or do not check out keeps no model: a rebuild that needs it says so."""
+    if record["kind"] != "state" or record.get("model") is not None or type(record.get("parts")) is not int:
+        return record
+    given = parts.get((record["op"], _int_or_zero(record.get("seen")), record.get("cause")), {})
+    try:
+        model = b"".join(base64.b64decode(given[i], validate=True) for i in range(record["parts"]))
+    except (KeyError, ValueError):
+        return {**record, "model": None, "missing": "some of its parts are missing"}
+    if hashlib.sha256(model).hexdigest() != record.get("sha256"):
+        return {**record, "model": None, "missing": "its parts do not match its digest (altered)"}
+    return {**record, "model": orjson.loads(model)}
 
 
 def _checked(change, run: str) -> list:
@@ -371,6 +401,10 @@ def rebuild(records: list[dict], run: str, seen: int | None = None, version: int
         raise HistoryError(f"the history holds no state of run {run} at or before {wanted}")
     if version is not None and not reached and (changes[-1][2] if changes else state.get("version")) != version:
         raise HistoryError(f"the history of run {run} does not reach version {version}")
+    if state.get("model") is None:
+        raise HistoryError(
+            f"run {run}'s state at version {state.get('version')} cannot be read: {state.get('missing', 'no model')}"
+        )
     try:
         learner = learner_from_state(state["model"])
         for kind, _, _, x, y in changes:

@@ -10,11 +10,13 @@ learning off.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 
 import pytest
 from perceptron_stream.learning import learner_from_state
+from perceptron_stream.pipeline import history as history_module
 from perceptron_stream.pipeline.history import HistoryError, decode_record, rebuild, runs_at
 from perceptron_stream.pipeline.task import Tally
 from perceptron_stream.wire.inputs import Decoder
@@ -192,3 +194,30 @@ def test_a_version_is_rebuilt_as_the_model_that_reached_it(tmp_path, config):
     last = scored[-1]["model"]["version"]
     with pytest.raises(HistoryError, match=f"does not reach version {last + 1}"):
         rebuild(records, scored[-1]["model"]["run"], version=last + 1)
+
+
+def test_a_state_too_large_for_one_record_goes_in_parts_and_a_part_lost_or_altered_is_refused(tmp_path, monkeypatch):
+    """A model of 50,000 named features is ~1.5 MB of JSON, past the brokers' 1 MB default: its state goes in
+    parts after its record (here parts of 200 bytes), and rebuilds as well; a part missing or altered leaves that
+    state unread, said as such, never a model of other weights."""
+    monkeypatch.setattr(history_module, "STATE_PART_BYTES", 200)
+    batches = _batches("named", 6, ["--variant", "averaged"])
+    sent = _run(tmp_path, ["--variant", "averaged", *HISTORY], batches, True)
+    records = [decode_record(v) for t, _, v in sent if t == "history"]
+    assert sum(r["kind"] == "part" for r in records) > 10
+    assert all(r["model"] is None and r["parts"] > 1 for r in records if r["kind"] == "state")
+    events = _events(batches)
+    predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
+    for p in predictions:
+        model = rebuild(records, p["model"]["run"], seen=p["model"]["seen"])
+        (_, score, _), _, _ = model.explain_step(events[p["source"]["offset"]], None)
+        assert repr(score) == repr(p["score"])
+    last = predictions[-1]["model"]
+    start = next(r for r in records if r["kind"] == "part" and r["op"] == 0)
+    with pytest.raises(HistoryError, match="parts are missing"):
+        rebuild([r for r in records if r is not start], last["run"], seen=2)
+    altered = {**start, "data": base64.b64encode(b"x" * 200).decode()}
+    with pytest.raises(HistoryError, match="altered"):
+        rebuild([altered if r is start else r for r in records], last["run"], seen=2)
+    with pytest.raises(HistoryError, match="altered"):
+        rebuild([*records, altered], last["run"], seen=2)  # two different copies of one part
