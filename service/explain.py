@@ -57,10 +57,12 @@ def explain_prediction(prediction: dict, event: bytes, key: bytes | None, record
     decoded = decoder.decode_many([event], [key], True)
     if not decoded.xs:
         raise ExplainError(f"its input event does not decode ({decoded.rejected[0][1].reason})")
-    x = decoded.xs[0]
+    x, y = decoded.xs[0], decoded.ys[0]
     try:
         learner = rebuild(records, model["run"], seen=model["seen"])
-        (y_pred, score, _), parts, bias = learner.explain_step(x, None)
+        # stepped as the service stepped it, its label too (a scaler admits a labeled event's new features before
+        # it scores it): the parts and score come before the step learns, in a copy thrown away after
+        (y_pred, score, _), parts, bias = learner.explain_step(x, y)
     except HistoryError as exc:
         raise ExplainError(f"{where} cannot be rebuilt: {exc}") from None
     published = prediction.get("score")

@@ -369,8 +369,9 @@ def _checked(change, run: str) -> list:
 def rebuild(records: list[dict], run: str, seen: int | None = None, version: int | None = None):
     """The learner of run ``run`` as it was before its event ``seen`` (after ``seen - 1`` events), or as it was
     once it reached ``version`` (the change that made it, none after), from the ``records`` of its task in any
-    order (:func:`_in_order`). Its ``explain_step(x, None)`` of event ``seen`` gives the prediction, score and
-    parts the service published (a scaler sees x before the perceptron scores it, as in the service).
+    order (:func:`_in_order`). Its ``explain_step(x, y)`` of event ``seen`` (with the event's own label) gives the
+    prediction, score and parts the service published: a scaler sees x, and admits a labeled event's new
+    features, before the perceptron scores it, as in the service.
     HistoryError, naming the run and what is missing, when the records cannot rebuild it."""
     if (seen is None) == (version is None):
         raise ValueError("rebuild takes seen or version")

@@ -150,7 +150,8 @@ def test_every_prediction_across_a_sigkill_is_explained_by_the_weights_that_made
     answer = json.loads(done.stdout)
     assert (answer["score"], answer["published_score"], answer["equal"]) == (doc["score"], doc["score"], True)
     assert answer["version"] == doc["model"]["version"]
-    named = {name for r in answer["reasons"] for name in str(r["feature"]).split(" + ")}  # (a bucket names its features)
+    # (a hashed bucket names the features that fell in it)
+    named = {name for r in answer["reasons"] for name in str(r["feature"]).split(" + ")}
     assert named == {"age", "salary", "years_in_job", "debt"}, answer["reasons"]
     done = _cli(bootstrap, "explain", "--prediction", f"{topics['output_topic']}:0:{offset}",
                 "--model-history-topic", history, "--group-id", topics["group_id"])  # fmt: skip
