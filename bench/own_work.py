@@ -3,6 +3,7 @@
     python3 bench/own_work.py                          # this tree, every configuration
     python3 bench/own_work.py --tree /tmp/old          # another tree (e.g. git archive c769d4d | tar -x -C /tmp/old)
     python3 bench/own_work.py --only plain --rounds 9  # one configuration (A/B of a small change: alternate the trees)
+    python3 bench/own_work.py --only plain --only "+ model" --only "+ explain"   # the model history, reason codes
 
 What the poll loop does with a batch once the client handed it over, with
 the client's part left out (the outputs go to a no-op ``send``): 100,000
@@ -144,6 +145,10 @@ def main() -> None:
             ["--challengers", "averaged,pocket", "--label-topic", "labels"],
             "joined",
         )
+    if (args.tree / "service" / "pipeline" / "history.py").is_file():  # the model history, reason codes (issue 37)
+        configs["+ model history"] = (["--model-history-topic", "history"], True)
+        configs["+ explain 3"] = (["--explain", "3"], True)
+        configs["+ model history, explain 3"] = (["--model-history-topic", "history", "--explain", "3"], True)
     if args.only:
         configs = {name: config for name, config in configs.items() if name.startswith(tuple(args.only))}
     with tempfile.TemporaryDirectory() as tmp:

@@ -235,30 +235,29 @@ class Recorded:
     def can_step_many(self, xs: list, ys: list) -> bool:
         return self.learner.can_step_many(xs, ys)
 
-    def _marks(self) -> tuple[int, int]:
-        """What a step that changed the model moved: its updates, or its features (a feature the cap dropped
-        changed nothing a replay needs)."""
-        inner = self.inner
-        return (inner.updates, len(inner.feature_index))
-
-    def _after(self, marks: tuple, x, y) -> None:
-        if self.every or (self.labeled and y is not None) or self._marks() != marks:
-            self.history.step(self.learner.seen, self.inner.updates, x, y)
-
     def step(self, x, y):
-        if self.frozen:
-            return self.learner.step(x, y)
-        marks = self._marks()
-        result = self.learner.step(x, y)
-        self._after(marks, x, y)
-        return result
+        return self._stepped(self.learner.step, x, y)
 
     def explain_step(self, x, y):
+        return self._stepped(self.learner.explain_step, x, y)
+
+    def _stepped(self, step, x, y):
+        """The learner's ``step`` (or ``explain_step``); recorded when it changed the model: every step of a learner
+        that moves on each (``every``), each labeled one of averaged and pocket (``labeled``), else (plain,
+        margin) one that updated or registered a feature (a feature the cap dropped changes nothing a replay
+        needs)."""
         if self.frozen:
-            return self.learner.explain_step(x, y)
-        marks = self._marks()
-        result = self.learner.explain_step(x, y)
-        self._after(marks, x, y)
+            return step(x, y)
+        inner = self.inner
+        updates, features = inner.updates, len(inner.feature_index)
+        result = step(x, y)
+        if (
+            self.every
+            or (self.labeled and y is not None)
+            or inner.updates != updates
+            or len(inner.feature_index) != features
+        ):
+            self.history.changes.append(["s", self.learner.seen, inner.updates, x, y])
         return result
 
     def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None):
