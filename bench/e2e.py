@@ -1008,6 +1008,7 @@ def latency_run(
         wait_done(kafka, worker, group, sent, timeout=600)
         if reader is not None:
             reader.wait(sent)
+        turns = turn_times(worker.samples(("perceptron_poll_loop_turn_seconds_",))) if c.kind == "service" else {}
     finally:
         worker.stop()
         if reader is not None:
@@ -1032,7 +1033,54 @@ def latency_run(
         "p50_ms": percentile(latencies, 0.50),
         "p99_ms": percentile(latencies, 0.99),
         "max_ms": latencies[-1] if latencies else None,
+        **({"turns": turns} if turns else {}),
     }
+
+
+def said_turns(run: dict) -> str:
+    """A latency run's turn times in a line: each kind's turns, mean and the bound under which 99% ended.
+
+    >>> said_turns({"turns": {"batch": {"turns": 90, "mean_ms": 1.5, "p99_under_ms": 5.0, "over_10ms": 0}}})
+    '; turns: batch 90 x 1.5 ms (99% under 5.0 ms, 0 over 10 ms)'
+    """
+    turns = run.get("turns") or {}
+    return "".join(
+        ("; turns: " if i == 0 else ", ")
+        + f"{did} {t['turns']} x {t['mean_ms']} ms (99% under {t['p99_under_ms']} ms, {t['over_10ms']} over 10 ms)"
+        for i, (did, t) in enumerate(sorted(turns.items(), key=lambda kv: -kv[1]["mean_ms"] * kv[1]["turns"]))
+    )
+
+
+def turn_times(samples: dict[str, float]) -> dict[str, dict]:
+    """The service's turn times by what each turn did (``perceptron_poll_loop_turn_seconds{did}``, scraped at the
+    end of a run): per kind, the turns, their mean, and the bucket bound under which 99% of them ended (``le`` of
+    the histogram, "+Inf" past the last); where a latency tail comes from (a turn's time delays every output of
+    the events that wait behind it)."""
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    sums: dict[str, float] = {}
+    for name, value in samples.items():
+        did = name.split('did="', 1)[1].split('"', 1)[0] if 'did="' in name else None
+        if did is None:
+            continue
+        if name.startswith("perceptron_poll_loop_turn_seconds_bucket"):
+            le = name.split('le="', 1)[1].split('"', 1)[0]
+            buckets.setdefault(did, []).append((float(le), value))
+        elif name.startswith("perceptron_poll_loop_turn_seconds_sum"):
+            sums[did] = value
+    out = {}
+    for did, bounds in buckets.items():
+        bounds.sort()
+        count = bounds[-1][1] if bounds else 0
+        if not count:
+            continue
+        p99 = next(le for le, cumulative in bounds if cumulative >= 0.99 * count)
+        out[did] = {
+            "turns": int(count),
+            "mean_ms": round(1000 * sums.get(did, 0.0) / count, 2),
+            "p99_under_ms": "+Inf" if p99 == float("inf") else round(1000 * p99, 1),
+            "over_10ms": int(count - next((cum for le, cum in bounds if le >= 0.01), count)),
+        }
+    return out
 
 
 def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
@@ -1370,6 +1418,7 @@ def main() -> int:
                         run["rate_of"] = c.name
                         console.print(
                             f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms"
+                            + said_turns(run)
                         )
                         results["latency"].append(run)
             for p in partitions if args.exactly_once and args.latency_seconds and not args.no_throughput else ():
@@ -1390,6 +1439,7 @@ def main() -> int:
                     run["rate_of"] = f"{eos[0].name} (read_committed)"  # not paired with a bare loop
                     console.print(
                         f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms"
+                        + said_turns(run)
                     )
                     results["latency"].append(run)
             for i, c in enumerate((services + (eos if args.exactly_once else [])) if args.memory_events else ()):

@@ -30,6 +30,9 @@ from prometheus_client import (
 
 #: A second to a week: labels come from seconds (a click) to months (a default) after their point.
 LABEL_DELAY_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400, 30 * 86400)
+#: What a turn of the poll loop may have done: the values of perceptron_poll_loop_turn_seconds' ``did``
+#: (runtime/loop.py's turn_did decides).
+TURN_KINDS = ("batch", "labels", "mix", "commit", "checkpoint", "transaction", "probe")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -284,6 +287,17 @@ class ServiceMetrics:
         for kind in STATE_KINDS:  # zeros from the start, as for rejected events
             for reason in STATE_REASONS:
                 self.rejected_state.labels(kind, reason)
+        self.turns = Histogram(
+            "perceptron_poll_loop_turn_seconds",
+            "Time of the poll loop's turns, after the poll's wait, by what each did (its costliest part by rule): "
+            "batch, labels (joined or released), mix, commit, checkpoint (with its commit), transaction (its "
+            "commit, exactly-once), probe (the lag asked of the brokers). Where a tail of latency comes from.",
+            ["did"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        for did in TURN_KINDS:  # zeros from the start, as for rejected events
+            self.turns.labels(did)
         self.history_records = Counter(
             "perceptron_history_records",
             "Records written to the model history (--model-history-topic): full states and changes.",
@@ -340,6 +354,10 @@ class ServiceMetrics:
         self.rejected_state.labels(kind, reason).inc()
         if kind == "mix":
             self.mix_rejected.labels(reason).inc()
+
+    def observe_turn(self, did: str, seconds: float) -> None:
+        """A turn of the poll loop and what it did (:func:`perceptron_stream.runtime.loop.turn_did`)."""
+        self.turns.labels(did).observe(seconds)
 
     def observe_tally(self, tally, latency_s: float) -> None:
         """Count what one batch did (a :class:`~perceptron_stream.pipeline.task.Tally`)."""

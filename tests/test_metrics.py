@@ -95,6 +95,7 @@ ISSUE_METRICS = {
     "perceptron_mix_records_rejected": "counter",  # reason
     "perceptron_history_records": "counter",  # issue 37: the model history
     "perceptron_history_bytes": "counter",
+    "perceptron_poll_loop_turn_seconds": "histogram",  # did (issue 38: where the tail comes from)
 }
 SAMPLE_SUFFIXES = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
 

@@ -64,17 +64,24 @@ class Checkpointer:
             for task in tasks:
                 task.unsaved = 0
 
-    def maybe(self, tasks, stream, final: bool = False) -> None:
+    def maybe(self, tasks, stream, final: bool = False) -> str:
         """Checkpoint when due (or ``final``), then commit what the checkpoints hold (exactly-once: commit the
-        transaction when due, or ``final``)."""
+        transaction when due, or ``final``). What it did, for the loop's turn times: ``"transaction"``,
+        ``"checkpoint"`` (and its commit), ``"commit"``, or ``""``."""
         self._watch(stream)
         if self.transaction is not None:
             if final or self.transaction.due():
                 self.transaction.commit(tasks, stream)
-            return
+                return "transaction"
+            return ""
+        did = ""
         if self._due(tasks, final):
             self.checkpoint(tasks)
+            did = "checkpoint"
+        if self._to_commit and not did:
+            did = "commit"
         self.commit(stream)
+        return did
 
     def final(self, tasks, stream, batch_open: bool) -> None:
         """At shutdown: the final checkpoint and commit, unless stopped inside a batch whose outputs were not all

@@ -86,10 +86,11 @@ class LagProbe:
         """Refresh at the next turn (after an assignment)."""
         self._next_at = 0.0
 
-    def refresh(self, stream) -> None:
+    def refresh(self, stream) -> bool:
+        """The lag, when due; True when it was (a probe asks the brokers: the loop's turn times count it)."""
         now = time.monotonic()
         if now < self._next_at:
-            return
+            return False
         self._next_at = now + LAG_EVERY_S
         flowing, self._flowing = self._flowing, False
         ok, lags = self.retry.once(
@@ -101,3 +102,4 @@ class LagProbe:
             self.metrics.set_lag(lags)
             if not flowing:  # asked of the brokers (with no partition too: the stream's lag says so)
                 self.health.broker_ok = True
+        return True

@@ -35,6 +35,29 @@ from perceptron_stream.runtime.partitions import Assignments
 from perceptron_stream.runtime.retry import Retry, StartupError
 
 
+def turn_did(saved: str, tally: Tally | None, probed: bool) -> str:
+    """What a turn did, for its time (``perceptron_poll_loop_turn_seconds{did}``, one of
+    :data:`~perceptron_stream.metrics.TURN_KINDS`): its costliest part by rule, so that a slow turn is put down to
+    what made it slow: a transaction's commit, a checkpoint or a commit (a round trip, a write and an fsync) before
+    a mix, before a label release, before a plain batch, before a probe of the lag. ``saved``: what the
+    checkpointer did; ``tally``: the batch's (None: no batch); ``probed``: the lag asked of the brokers. An idle
+    turn ("") is not counted.
+
+    >>> turn_did("checkpoint", Tally(), False), turn_did("", None, True), turn_did("", None, False)
+    ('checkpoint', 'probe', '')
+    """
+    if saved:
+        return saved  # a transaction's commit, a checkpoint (with its commit), a commit
+    if tally is not None:
+        if tally.mixes:
+            return "mix"
+        if tally.joined or tally.label_outcomes:
+            return "labels"
+        if tally.labeled or tally.unlabeled or tally.rejected:
+            return "batch"
+    return "probe" if probed else ""
+
+
 class Loop:
     """The poll loop over ``stream``, driving the parts the application wired (each named as the application
     names it); ``stopping`` says when to return."""
@@ -81,6 +104,7 @@ class Loop:
         if not ok:
             time.sleep(0.5)
             return
+        worked_from, tally = time.perf_counter(), None  # the turn's own work, after the poll's wait
         assignments.settle()
         if self.mix_feed is not None:
             self.mix_feed.follow()
@@ -95,22 +119,26 @@ class Loop:
             self.lag.records_came()
         if batches or (labels_due and assignments.may_process()):  # (labels past their grace period go in a batch
             # of no records)
-            self.handle_batch(batches)
+            tally = self.handle_batch(batches)
         else:  # no batch: nothing acknowledged, the label partitions paced only
             pause, resume, _ = gate.after()
             self._pace_labels(pause, resume)
         self.doing = "checkpointing or committing"
-        self.checkpointer.maybe(self.tasks.all(), stream)
+        saved = self.checkpointer.maybe(self.tasks.all(), stream)
         self.doing = "reading the lag"
-        self.lag.refresh(stream)
+        probed = self.lag.refresh(stream)
+        did = turn_did(saved, tally, probed)
+        if did:
+            self.metrics.observe_turn(did, time.perf_counter() - worked_from)
 
-    def handle_batch(self, batches) -> None:
+    def handle_batch(self, batches) -> Tally:
         """One batch (a list of records per partition): each partition's records to its task, the outputs flushed,
-        the checkpointer told what was acknowledged, the metrics observed. Exactly-once: inside the open transaction.
+        the checkpointer told what was acknowledged, the metrics observed; what it did (its tally). Exactly-once:
+        inside the open transaction.
 
         A stop while the brokers never acknowledged the batch, or a transaction lost, raises StartupError."""
         try:
-            self._process(batches)
+            return self._process(batches)
         except DeliveryError:  # raised only once stopping: no final checkpoint (Application's)
             # a stop with work left undone is no clean exit: the orchestrator is told
             raise StartupError(
@@ -123,7 +151,7 @@ class Loop:
                 raise
             raise transaction.lost(exc) from None
 
-    def _process(self, batches) -> None:
+    def _process(self, batches) -> Tally:
         stream, assignments, gate, tasks_of = self.stream, self.assignments, self.label_gate, self.tasks
         started = time.perf_counter()
         tally, send = Tally(), self.delivery.sender(stream)
@@ -151,6 +179,7 @@ class Loop:
             metrics.pending.set(waiting[0])
             metrics.early.set(waiting[1])
         self._pace_labels(pause, resume)
+        return tally
 
     def _pace_labels(self, pause: list, resume: list) -> None:
         """The label partitions the gate paces paused or read again: those still assigned (a revoked one's pause
