@@ -15,7 +15,9 @@ class ScriptedStream:
     """Hands over the batches it was given, one a poll (then nothing), and takes what the loop writes."""
 
     def __init__(self, batches: list[list[Record]]):
-        self.batches, self.sent, self.committed = list(batches), [], []
+        self.batches = list(batches)
+        self.sent: list[tuple] = []
+        self.committed: list[dict] = []
 
     def poll(self, timeout_ms, max_records):
         return [self.batches.pop(0)] if self.batches else []
