@@ -97,7 +97,7 @@ def test_every_prediction_across_a_sigkill_is_explained_by_the_weights_that_made
             kafka_client=client,
             batch_size=500,
             model_history_topic=history,
-            history_snapshot_every=1000,
+            history_snapshot_every=200,  # a rebuild replays at most 200 changes
             explain=K,
             **guarantee,
             **store_args("kafka", topics),
