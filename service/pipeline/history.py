@@ -78,8 +78,8 @@ STATE_PART_BYTES = 256 * 1024
 #: The cause of a full state in the history.
 START, SNAPSHOT, MIX = "start", "snapshot", "mix"
 
-#: Changes per ``changes`` record at most: a record stays far below the brokers' 1 MB message limit for events of
-#: up to ~1,000 features (the decoder's limits bound an event; a larger one goes in a record of its own).
+#: Changes per ``changes`` record at most; a record longer than :data:`STATE_PART_BYTES` is cut in halves (wide
+#: events), down to one change a record.
 CHANGES_PER_RECORD = 500
 
 
@@ -176,14 +176,21 @@ class History:
     def _cut(self) -> None:
         changes, self.changes = self.changes, []
         for start in range(0, len(changes), CHANGES_PER_RECORD):
-            part = changes[start : start + CHANGES_PER_RECORD]
-            self.records.append(
-                orjson.dumps(
-                    {"kind": "changes", "run": self.run, "op": self.op, "version": part[-1][2], "changes": part}
-                )
-            )
-            self.op += len(part)
-            self.since_state += len(part)
+            self._record(changes[start : start + CHANGES_PER_RECORD])
+
+    def _record(self, part: list[list]) -> None:
+        """``part`` as one changes record, or halves of it while it is longer than :data:`STATE_PART_BYTES` (events
+        of a thousand features each: 500 of them would pass the brokers' 1 MB)."""
+        record = orjson.dumps(
+            {"kind": "changes", "run": self.run, "op": self.op, "version": part[-1][2], "changes": part}
+        )
+        if len(record) > STATE_PART_BYTES and len(part) > 1:
+            self._record(part[: len(part) // 2])
+            self._record(part[len(part) // 2 :])
+            return
+        self.records.append(record)
+        self.op += len(part)
+        self.since_state += len(part)
 
 
 class Recorded:

@@ -198,13 +198,16 @@ def test_a_version_is_rebuilt_as_the_model_that_reached_it(tmp_path, config):
 
 def test_a_state_too_large_for_one_record_goes_in_parts_and_a_part_lost_or_altered_is_refused(tmp_path, monkeypatch):
     """A model of 50,000 named features is ~1.5 MB of JSON, past the brokers' 1 MB default: its state goes in
-    parts after its record (here parts of 200 bytes), and rebuilds as well; a part missing or altered leaves that
-    state unread, said as such, never a model of other weights."""
+    parts after its record (here parts of 200 bytes), and a changes record past the size is cut in halves; both
+    rebuild as well. A part missing or altered leaves that state unread, said as such, never a model of other
+    weights."""
     monkeypatch.setattr(history_module, "STATE_PART_BYTES", 200)
     batches = _batches("named", 6, ["--variant", "averaged"])
     sent = _run(tmp_path, ["--variant", "averaged", *HISTORY], batches, True)
     records = [decode_record(v) for t, _, v in sent if t == "history"]
     assert sum(r["kind"] == "part" for r in records) > 10
+    changes = [(len(v), decode_record(v)) for t, _, v in sent if t == "history" and b'"kind":"changes"' in v]
+    assert changes and all(size <= 200 or len(r["changes"]) == 1 for size, r in changes)  # wide ones cut in halves
     assert all(r["model"] is None and r["parts"] > 1 for r in records if r["kind"] == "state")
     events = _events(batches)
     predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
