@@ -8,14 +8,17 @@ and, between them, **the events that changed it**, each replayed by the
 learner's own ``step`` or ``relabel``: the same floats in the same order,
 so a rebuilt model is the one that predicted, to the last bit.
 
-Records (JSON, keyed ``{group}/{task}``; :func:`state_record`, :func:`changes_record`):
+Records (JSON, keyed ``{group}/{task}``; written by :class:`History`):
 
 - ``{"kind": "state", "run", "op", "seen", "version", "cause", "model", "meta"}``: the learner's
   whole state (its ``to_state``) after ``op`` changes of the run, at its
   ``seen``-th event and its ``version`` (its updates), with the settings it depends on (``meta``: a model
   file of a version carries them); ``cause`` ``start`` (a task's first batch after it was made,
   restored or warm-started), ``snapshot`` (once ``--history-snapshot-every``
-  versions, or as many changes, passed since the last state) or ``mix`` (partition scope: the mixed weights replace the replica's).
+  versions, or as many changes, passed since the last state) or ``mix`` (partition scope: the mixed weights
+  replace the replica's). A state longer than :data:`STATE_PART_BYTES` has ``"model": null``, its ``parts`` and
+  their ``sha256``, and follows as ``{"kind": "part", "run", "op", "seen", "cause", "part", "data"}`` records
+  (base64).
 - ``{"kind": "changes", "run", "op", "version", "changes": [[kind, seen, version, x, y], ...]}``:
   the changes from the run's ``op``-th on, in order: ``"s"`` a step (the
   event ``x`` as the decoder gave it, names or a dense list, its label ``y``),
