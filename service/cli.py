@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     settings_cls = COMMANDS[command][0]
     runner = RUNNERS[command]
     if command == "model" and not (args and args[0] in ("-h", "--help")):
-        if args[:1] == ["at"] and len(args) > 1 and not args[1].startswith("-"):  # model at VERSION: the flag
-            settings_cls, runner, args = ModelAtSettings, run_model_at, ["--version", args[1], *args[2:]]
-        elif args[:1] == ["at"]:
+        if args[:1] == ["at"]:
             settings_cls, runner, args = ModelAtSettings, run_model_at, args[1:]
+            if args and not args[0].startswith("-"):  # model at VERSION: the flag --version VERSION
+                args = ["--version", *args]
         elif args[:1] == ["export"]:
             args = args[1:]
         else:

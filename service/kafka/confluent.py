@@ -430,15 +430,14 @@ class ConfluentIO:
         self._raise_rejection()
         tps = self.consumer.assignment()
         deadline = time.monotonic() + (DEFAULT_REQUEST_TIMEOUT_S if timeout_s is None else timeout_s)
-        if not tps:
-            if ask_broker:  # still a probe: an outage that revoked every partition is known (contract.py)
-                self.consumer.get_watermark_offsets(
-                    TopicPartition(self.topics[0], 0), timeout=max(0.001, deadline - time.monotonic()), cached=False
-                )
-            return {}
 
         def left() -> float:
             return max(0.001, deadline - time.monotonic())
+
+        if not tps:
+            if ask_broker:  # still a probe: an outage that revoked every partition is known (contract.py)
+                self.consumer.get_watermark_offsets(TopicPartition(self.topics[0], 0), timeout=left(), cached=False)
+            return {}
 
         positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(tps)}
         unknown = [tp for tp in tps if positions[(tp.topic, tp.partition)] < 0]

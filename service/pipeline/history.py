@@ -411,42 +411,42 @@ def rebuild(records: list[dict], run: str, seen: int | None = None, version: int
     if (seen is None) == (version is None):
         raise ValueError("rebuild takes seen or version")
     wanted = f"its event {seen}" if seen is not None else f"version {version}"
+    # what bounds the model wanted: a change's seen (index 1) or version (index 2), a state's field of that name
+    if seen is not None:
+        at, name, limit = 1, "seen", seen - 1
+    else:
+        assert version is not None  # (one of the two, checked above)
+        at, name, limit = 2, "version", version
 
-    def after(change_or_state: dict | list, at: int) -> bool:  # beyond the model wanted (seen: index 1, version: 2)
-        value = (
-            change_or_state[at]
-            if isinstance(change_or_state, list)
-            else change_or_state.get("seen" if at == 1 else "version")
-        )
-        return type(value) is not int or (value > seen - 1 if seen is not None else value > version)  # type: ignore[operator]
+    def beyond(value) -> bool:
+        return type(value) is not int or value > limit
 
-    at = 1 if seen is not None else 2
     state: dict | None = None
     changes: list[list] = []
-    reached = False  # (version) the change that made it was taken
+    done = False  # past the model wanted, or (version) the change that made it was taken
     for record in _in_order(records, run):
-        if reached:
+        if done:
             break
         if record["kind"] == "state":
-            if after(record, at):
+            if beyond(record.get(name)):
                 break
             state, changes = record, []
-            reached = version is not None and record.get("version") == version
+            done = version is not None and record.get("version") == version
         elif state is not None and record["op"] >= state["op"]:
             before = state.get("version") if not changes else changes[-1][2]
             for change in record.get("changes") or ():
                 change = _checked(change, run)
-                if after(change, at):
-                    reached = True
+                if beyond(change[at]):
+                    done = True
                     break
                 changes.append(change)
                 if version is not None and change[2] == version and before != version:
-                    reached = True
+                    done = True
                     break
                 before = change[2]
     if state is None:
         raise HistoryError(f"the history holds no state of run {run} at or before {wanted}")
-    if version is not None and not reached and (changes[-1][2] if changes else state.get("version")) != version:
+    if version is not None and not done and (changes[-1][2] if changes else state.get("version")) != version:
         raise HistoryError(f"the history of run {run} does not reach version {version}")
     if state.get("model") is None:
         raise HistoryError(
