@@ -95,7 +95,9 @@ class Application:
         checkpointer and the rebalance callbacks, over the store (if any); the group's model made anew. Before
         start-up, with nothing opened (the group's model is then a placeholder, as /model reports it)."""
         s, self.store, self.mix_feed = self.settings, opened.store, opened.mix_feed
-        self.factory = TaskFactory(s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board)
+        self.factory = TaskFactory(
+            s, opened.owner, store=opened.store, changelog=opened.changelog, board=opened.board, limits=opened.limits
+        )
         self.restorer = Restorer(s, self.store, self.retry, initial=self.factory.initial)
         self.checkpointer = Checkpointer(
             s, self.store, self.metrics, self.health, self.retry, opened.state_topics, opened.limits

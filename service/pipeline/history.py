@@ -16,7 +16,8 @@ Records (JSON, keyed ``{group}/{task}``; written by :class:`History`):
   file of a version carries them); ``cause`` ``start`` (a task's first batch after it was made,
   restored or warm-started), ``snapshot`` (once ``--history-snapshot-every``
   versions, or as many changes, passed since the last state) or ``mix`` (partition scope: the mixed weights
-  replace the replica's). A state longer than :data:`STATE_PART_BYTES` has ``"model": null``, its ``parts`` and
+  replace the replica's). A state longer than a record may be (:data:`STATE_PART_BYTES`, or the topic's
+  ``max.message.bytes`` if lower) has ``"model": null``, its ``parts`` and
   their ``sha256``, and follows as ``{"kind": "part", "run", "op", "seen", "cause", "part", "data"}`` records
   (base64).
 - ``{"kind": "changes", "run", "op", "version", "changes": [[kind, seen, version, x, y], ...]}``:
@@ -25,6 +26,9 @@ Records (JSON, keyed ``{group}/{task}``; written by :class:`History`):
   ``"j"`` a delayed label's join (``relabel``); ``seen`` and ``version`` the
   learner's count of events and of updates after it (the record's
   ``version``: its last change's).
+- ``{"kind": "gap", "run", "op", "seen", "version", "why"}``: a change left out, one event larger than a
+  record of the history's topic may be; the versions from it to the next state (the batch's end writes one)
+  cannot be rebuilt, and a rebuild of one says so.
 
 Which steps are changes: every labeled step of a learner that keeps
 something beside the running weights (averaged, pocket) or standardises
@@ -66,6 +70,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import secrets
 from typing import Any
 
@@ -74,14 +79,20 @@ import orjson
 from perceptron_stream.learning import learner_from_state
 from perceptron_stream.pipeline.models import Frozen
 
-#: A full state longer than this (its JSON) is written in parts of this size after its record, each base64 in a
-#: record of its own: a model of 50,000 named features is ~1.5 MB of JSON, past the brokers' default 1 MB limit.
+log = logging.getLogger(__name__)
+
+#: A history record is at most this long, or its topic's limit (``max.message.bytes``) if smaller: a full state
+#: longer is written in parts after its record, each base64 in a record of its own (a model of 50,000 named
+#: features is ~1.5 MB of JSON, past the brokers' default 1 MB limit); a changes record longer is cut in halves.
 STATE_PART_BYTES = 256 * 1024
+
+#: A part record's bytes beside its data (kind, run, op, seen, cause, part; a run is 16 characters).
+_PART_FRAME_BYTES = 256
 
 #: The cause of a full state in the history.
 START, SNAPSHOT, MIX = "start", "snapshot", "mix"
 
-#: Changes per ``changes`` record at most; a record longer than :data:`STATE_PART_BYTES` is cut in halves (wide
+#: Changes per ``changes`` record at most; a record longer than a record may be is cut in halves (wide
 #: events), down to one change a record.
 CHANGES_PER_RECORD = 500
 
@@ -113,8 +124,14 @@ def _changes_on(learner) -> tuple[Any, str]:
 class History:
     """One task's history: its run, the changes since the last state, and the records not yet sent."""
 
-    def __init__(self, key: bytes, snapshot_every: int, topic: str = "", meta: dict | None = None):
+    def __init__(
+        self, key: bytes, snapshot_every: int, topic: str = "", meta: dict | None = None, max_record_bytes: int = 0
+    ):
         self.key, self.snapshot_every, self.topic = key, snapshot_every, topic
+        # the longest record value: STATE_PART_BYTES, or less where the topic's limit (key + value) is lower
+        self.room = STATE_PART_BYTES if max_record_bytes <= 0 else min(STATE_PART_BYTES, max_record_bytes - len(key))
+        if self.room < 4 * _PART_FRAME_BYTES:
+            raise ValueError(f"a history record of {self.room} bytes at most holds nothing (the topic's limit)")
         self.meta = meta or {}  # the settings the model depends on (a model file of a version carries them)
         self.run: str | None = None  # None: a new run begins at the task's next batch
         self.op = 0  # changes recorded in this run
@@ -122,6 +139,7 @@ class History:
         self.version_at_state = 0  # the version of the run's last full state
         self.changes: list[list] = []  # not yet in a record
         self.records: list[bytes] = []  # made, not yet sent
+        self.gaps = 0  # changes too large for a record of the topic: left out, each said by a gap record
 
     def restart(self) -> None:
         """The task's model was replaced (restored, warm-started): a new run begins at its next batch."""
@@ -134,15 +152,17 @@ class History:
 
     def state(self, learner, cause: str) -> None:
         """``learner``'s full state now, after the changes recorded so far; a large one in parts
-        (:data:`STATE_PART_BYTES`) after its record."""
+        (longer than a record may be: :data:`STATE_PART_BYTES` or the topic's limit) after its record."""
         self._cut()
         model = orjson.dumps(learner.to_state())
         where = {"run": self.run, "op": self.op, "seen": learner.seen}
         header = {"kind": "state", **where, "version": learner.updates, "cause": cause, "meta": self.meta}
-        if len(model) <= STATE_PART_BYTES:
-            self.records.append(orjson.dumps({**header, "model": orjson.Fragment(model)}))
-        else:
-            parts = [model[i : i + STATE_PART_BYTES] for i in range(0, len(model), STATE_PART_BYTES)]
+        whole = orjson.dumps({**header, "model": orjson.Fragment(model)})
+        if len(whole) <= self.room:
+            self.records.append(whole)
+        else:  # base64 makes 4 bytes of 3
+            size = (self.room - _PART_FRAME_BYTES) // 4 * 3
+            parts = [model[i : i + size] for i in range(0, len(model), size)]
             digest = hashlib.sha256(model).hexdigest()
             self.records.append(orjson.dumps({**header, "model": None, "parts": len(parts), "sha256": digest}))
             for i, part in enumerate(parts):
@@ -166,13 +186,16 @@ class History:
 
     def take(self, learner=None) -> list[bytes]:
         """The records made since the last take (the changes cut into records; a snapshot of ``learner`` once
-        ``--history-snapshot-every`` versions, or as many changes, passed since the last state), in order."""
-        if learner is not None and (
-            learner.updates - self.version_at_state >= self.snapshot_every
-            or self.since_state + len(self.changes) >= self.snapshot_every
-        ):
-            self.state(learner, SNAPSHOT)
+        ``--history-snapshot-every`` versions, or as many changes, passed since the last state, or after a gap),
+        in order."""
+        gaps = self.gaps
         self._cut()
+        if learner is not None and (
+            self.gaps != gaps
+            or learner.updates - self.version_at_state >= self.snapshot_every
+            or self.since_state >= self.snapshot_every
+        ):
+            self.state(learner, SNAPSHOT)  # after a gap: the versions from here on can be rebuilt again
         records, self.records = self.records, []
         return records
 
@@ -182,15 +205,25 @@ class History:
             self._record(changes[start : start + CHANGES_PER_RECORD])
 
     def _record(self, part: list[list]) -> None:
-        """``part`` as one changes record, or halves of it while it is longer than :data:`STATE_PART_BYTES` (events
-        of a thousand features each: 500 of them would pass the brokers' 1 MB)."""
+        """``part`` as one changes record, or halves of it while it is longer than a record may be (events of a
+        thousand features each: 500 of them would pass the brokers' 1 MB). One change alone too long (an event
+        larger than the history topic takes) is left out, and a ``gap`` record says so: the versions after it
+        cannot be rebuilt until the next state, which the batch's end writes."""
         record = orjson.dumps(
             {"kind": "changes", "run": self.run, "op": self.op, "version": part[-1][2], "changes": part}
         )
-        if len(record) > STATE_PART_BYTES and len(part) > 1:
-            self._record(part[: len(part) // 2])
-            self._record(part[len(part) // 2 :])
-            return
+        if len(record) > self.room:
+            if len(part) > 1:
+                self._record(part[: len(part) // 2])
+                self._record(part[len(part) // 2 :])
+                return
+            _, seen, version, _, _ = part[0]
+            why = f"a change of {len(record)} bytes, longer than a record of topic {self.topic or '?'} may be"
+            record = orjson.dumps(
+                {"kind": "gap", "run": self.run, "op": self.op, "seen": seen, "version": version, "why": why}
+            )
+            self.gaps += 1
+            log.error("the model history left out its change at version %s (event %s): %s", version, seen, why)
         self.records.append(record)
         self.op += len(part)
         self.since_state += len(part)
@@ -335,8 +368,8 @@ def decode_record(value: bytes) -> dict:
         record = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
         raise HistoryError(f"a history record is not JSON ({exc})") from None
-    if not isinstance(record, dict) or record.get("kind") not in ("state", "changes", "part"):
-        raise HistoryError("a history record is neither a state, a part of one, nor changes")
+    if not isinstance(record, dict) or record.get("kind") not in ("state", "changes", "part", "gap"):
+        raise HistoryError("a history record is neither a state, a part of one, changes nor a gap")
     if not isinstance(record.get("run"), str) or type(record.get("op")) is not int:
         raise HistoryError("a history record has no run or op")
     return record
@@ -424,15 +457,25 @@ def rebuild(records: list[dict], run: str, seen: int | None = None, version: int
     state: dict | None = None
     changes: list[list] = []
     done = False  # past the model wanted, or (version) the change that made it was taken
+    lost: dict | None = None  # a gap since the state: a change left out before the model wanted
     for record in _in_order(records, run):
         if done:
             break
         if record["kind"] == "state":
             if beyond(record.get(name)):
                 break
-            state, changes = record, []
+            state, changes, lost = record, [], None
             done = version is not None and record.get("version") == version
-        elif state is not None and record["op"] >= state["op"]:
+        elif state is None or record["op"] < state["op"]:
+            continue
+        elif record["kind"] == "gap":
+            if beyond(record.get(name)):
+                done = True  # the change left out came after the model wanted
+            else:
+                lost = record  # unless a later state (the batch's end writes one) comes before the model wanted
+        elif lost is not None:
+            continue
+        else:
             before = state.get("version") if not changes else changes[-1][2]
             for change in record.get("changes") or ():
                 change = _checked(change, run)
@@ -446,6 +489,12 @@ def rebuild(records: list[dict], run: str, seen: int | None = None, version: int
                 before = change[2]
     if state is None:
         raise HistoryError(f"the history holds no state of run {run} at or before {wanted}")
+    if lost is not None:
+        raise HistoryError(
+            f"the history of run {run} cannot rebuild {wanted}: its change at version {lost.get('version')} "
+            f"(event {lost.get('seen')}) was left out ({lost.get('why')}); the next state rebuilds the versions "
+            "after it"
+        )
     if version is not None and not done and (changes[-1][2] if changes else state.get("version")) != version:
         raise HistoryError(f"the history of run {run} does not reach version {version}")
     if state.get("model") is None:
@@ -471,6 +520,6 @@ def runs_at(records: list[dict], version: int) -> list[str]:
     for record in records:
         changes = record.get("changes") if record["kind"] == "changes" else None
         made = [c for c in changes or () if isinstance(c, list) and len(c) == 5 and c[2] == version]
-        if made or (record["kind"] == "state" and record.get("version") == version):
+        if made or (record["kind"] in ("state", "gap") and record.get("version") == version):
             runs[record["run"]] = None
     return list(runs)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import orjson
 from perceptron_stream.config import ServeSettings, invalid_setting
+from perceptron_stream.kafka.contract import RecordLimits
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.history import History, history_key
 from perceptron_stream.pipeline.labels import Joiner
@@ -92,8 +93,10 @@ class TaskFactory:
         store: Store | None = None,
         changelog=None,
         board: MixBoard | None = None,
+        limits: RecordLimits | None = None,
     ):
         self.settings, self.owner = settings, owner
+        self.limits = limits  # the topics' record limits: a history record is cut to fit its topic
         self.store, self.changelog, self.board = store, changelog, board  # changelog: the Kafka store's PartitionedLog
         self.meta = model_meta(settings)
         self.challenger_specs = ModelSet.parse(settings.challengers)
@@ -152,7 +155,13 @@ class TaskFactory:
             explain=s.explain,
             history=None
             if s.model_history_topic is None
-            else History(history_key(s.group_id, name), s.history_snapshot_every, s.model_history_topic, self.meta),
+            else History(
+                history_key(s.group_id, name),
+                s.history_snapshot_every,
+                s.model_history_topic,
+                self.meta,
+                max_record_bytes=0 if self.limits is None else self.limits.of(s.model_history_topic),
+            ),
             outputs={
                 "output_topic": s.output_topic,
                 "dlq_topic": s.dlq_topic,

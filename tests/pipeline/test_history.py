@@ -15,8 +15,8 @@ import json
 import random
 
 import pytest
+from perceptron_stream.kafka.contract import Record, RecordLimits
 from perceptron_stream.learning import learner_from_state
-from perceptron_stream.pipeline import history as history_module
 from perceptron_stream.pipeline.history import HistoryError, decode_record, rebuild, runs_at
 from perceptron_stream.pipeline.task import Tally
 from perceptron_stream.wire.inputs import Decoder
@@ -40,8 +40,10 @@ CONFIGS = {
 }
 
 
-def _run(tmp_path, flags: list[str], batches: list[list], batched: bool, tag: str = "t") -> Sent:
-    factory, task = make_task(tmp_path, flags, tag)
+def _run(
+    tmp_path, flags: list[str], batches: list[list], batched: bool, tag: str = "t", limits: RecordLimits | None = None
+) -> Sent:
+    factory, task = make_task(tmp_path, flags, tag, limits)
     sent = Sent()
     try:
         for records in batches:
@@ -196,31 +198,76 @@ def test_a_version_is_rebuilt_as_the_model_that_reached_it(tmp_path, config):
         rebuild(records, scored[-1]["model"]["run"], version=last + 1)
 
 
-def test_a_state_too_large_for_one_record_goes_in_parts_and_a_part_lost_or_altered_is_refused(tmp_path, monkeypatch):
+def _point(offset: int, features: dict, y: int) -> Record:
+    value = json.dumps({"features": features, "y": y}).encode()
+    return Record("points", 0, offset, None, value, 1_700_000_000_000 + offset)
+
+
+def test_a_state_too_large_for_one_record_goes_in_parts_and_a_part_lost_or_altered_is_refused(tmp_path):
     """A model of 50,000 named features is ~1.5 MB of JSON, past the brokers' 1 MB default: its state goes in
-    parts after its record (here parts of 200 bytes), and a changes record past the size is cut in halves; both
-    rebuild as well. A part missing or altered leaves that state unread, said as such, never a model of other
-    weights."""
-    monkeypatch.setattr(history_module, "STATE_PART_BYTES", 200)
-    batches = _batches("named", 6, ["--variant", "averaged"])
-    sent = _run(tmp_path, ["--variant", "averaged", *HISTORY], batches, True)
-    records = [decode_record(v) for t, _, v in sent if t == "history"]
+    parts after its record, each record within what the history topic takes (here a topic of max.message.bytes
+    1,200), and a changes record past it is cut in halves; both rebuild as well. A part missing or altered leaves
+    that state unread, said as such, never a model of other weights."""
+    limits = RecordLimits({"history": 1_200}, default=1 << 20)
+    rng = random.Random(6)
+    points = [
+        _point(offset, {f"f{offset}-{j}": rng.uniform(-2, 2) for j in range(12)}, rng.choice([1, -1]))
+        for offset in range(120)
+    ]  # a model of 1,440 features: its state in many parts
+    batches = cut(points, [rng.randint(1, 40) for _ in range(6)])
+    flags = ["--variant", "averaged", "--max-message-bytes", "8192", *HISTORY]
+    sent = _run(tmp_path, flags, batches, True, limits=limits)
+    history = [(k, v) for t, k, v in sent if t == "history"]
+    assert all(limits.too_large("history", k, v) is None for k, v in history)
+    assert max(len(k) + len(v) for k, v in history) > limits.of("history") - 200  # parts fill the room
+    records = [decode_record(v) for _, v in history]
     assert sum(r["kind"] == "part" for r in records) > 10
-    changes = [(len(v), decode_record(v)) for t, _, v in sent if t == "history" and b'"kind":"changes"' in v]
-    assert changes and all(size <= 200 or len(r["changes"]) == 1 for size, r in changes)  # wide ones cut in halves
-    assert all(r["model"] is None and r["parts"] > 1 for r in records if r["kind"] == "state")
+    assert any(r["kind"] == "state" and r["model"] is None and r["parts"] > 1 for r in records)
     events = _events(batches)
     predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
     for p in predictions:
         model = rebuild(records, p["model"]["run"], seen=p["model"]["seen"])
         (_, score, _), _, _ = model.explain_step(events[p["source"]["offset"]], None)
         assert repr(score) == repr(p["score"])
-    last = predictions[-1]["model"]
-    start = next(r for r in records if r["kind"] == "part" and r["op"] == 0)
+    part = next(r for r in records if r["kind"] == "part")  # a part of the first state written in parts
+    run, after = part["run"], part["seen"] + 1  # the event after that state: rebuilt from it
     with pytest.raises(HistoryError, match="parts are missing"):
-        rebuild([r for r in records if r is not start], last["run"], seen=2)
-    altered = {**start, "data": base64.b64encode(b"x" * 200).decode()}
+        rebuild([r for r in records if r is not part], run, seen=after)
+    altered = {**part, "data": base64.b64encode(b"x" * len(base64.b64decode(part["data"]))).decode()}
     with pytest.raises(HistoryError, match="altered"):
-        rebuild([altered if r is start else r for r in records], last["run"], seen=2)
+        rebuild([altered if r is part else r for r in records], run, seen=after)
     with pytest.raises(HistoryError, match="altered"):
-        rebuild([*records, altered], last["run"], seen=2)  # two different copies of one part
+        rebuild([*records, altered], run, seen=after)  # two different copies of one part
+
+
+def test_a_change_larger_than_the_history_topic_takes_is_a_gap_said_and_the_next_state_closes_it(tmp_path, caplog):
+    """An event larger than a record of the history's topic may be (its max.message.bytes below the input's)
+    cannot be kept as a change: a ``gap`` record says which, and it is not sent to be refused (a poison pill under
+    exactly-once). The predictions it made unrebuildable, up to the batch's end, are refused naming the version;
+    the state the batch's end writes rebuilds the ones after it."""
+    limits = RecordLimits({"history": 2_000}, default=1 << 20)
+
+    wide = {f"feature-{i}": 1.0 for i in range(300)}  # ~5 KB: a mistake of the zero model, so a change
+    batches = [
+        [_point(0, {"a": 1.0}, -1), _point(1, wide, 1), _point(2, {"a": 2.0, "feature-7": 1.0}, 1)],
+        [_point(3, {"a": 1.0, "feature-9": 3.0}, 1)],
+    ]
+    sent = _run(tmp_path, ["--max-message-bytes", "8192", *HISTORY], batches, True, limits=limits)
+    history = [(k, v) for t, k, v in sent if t == "history"]
+    assert all(limits.too_large("history", k, v) is None for k, v in history)
+    records = [decode_record(v) for _, v in history]
+    gaps = [r for r in records if r["kind"] == "gap"]
+    assert len(gaps) == 1 and "longer than a record of topic history" in gaps[0]["why"]
+    assert "left out its change" in caplog.text
+    predictions = {p["source"]["offset"]: p for p in (json.loads(v) for t, _, v in sent if t == "predictions")}
+    events = _events(batches)
+    for offset in (0, 1, 3):  # before the gap's change, at it (the model before it), after the next state
+        p = predictions[offset]
+        model = rebuild(records, p["model"]["run"], seen=p["model"]["seen"])
+        assert repr(model.score_one(events[offset])) == repr(p["score"])
+    after = predictions[2]["model"]
+    with pytest.raises(HistoryError, match=f"version {gaps[0]['version']} .* was left out"):
+        rebuild(records, after["run"], seen=after["seen"])
+    with pytest.raises(HistoryError, match="left out"):
+        rebuild(records, after["run"], version=gaps[0]["version"])
+    assert runs_at(records, gaps[0]["version"]) == [after["run"]]

@@ -7,7 +7,7 @@ import json
 import random
 
 from perceptron_stream.config import ServeSettings, load
-from perceptron_stream.kafka.contract import Record
+from perceptron_stream.kafka.contract import Record, RecordLimits
 from perceptron_stream.pipeline.mixer import MixBoard
 from perceptron_stream.runtime.factory import TaskFactory, model_meta
 from perceptron_stream.state.checkpoint import GROUP_TASK, Owner
@@ -22,15 +22,16 @@ class Sent(list):
         self.append((topic, key, value))
 
 
-def make_task(tmp_path, flags: list[str], tag: str):
-    """A fresh task of the factory made from ``flags`` (its state in ``tmp_path / tag``), and the factory."""
+def make_task(tmp_path, flags: list[str], tag: str, limits: RecordLimits | None = None):
+    """A fresh task of the factory made from ``flags`` (its state in ``tmp_path / tag``; ``limits``, its topics'
+    record limits), and the factory."""
     s = load(
         ServeSettings,
         ["--metrics-port", "0", "--state-dir", str(tmp_path / tag), "--max-message-bytes", "1024", *flags],
     )
     owner = Owner(s.group_id, s.input_topic, GROUP_TASK, "cluster", "topic-id")
     board = MixBoard(owner, model_meta(s), 1) if s.model_scope == "partition" else None
-    factory = TaskFactory(s, owner, board=board)
+    factory = TaskFactory(s, owner, board=board, limits=limits)
     task = factory.new_task(0 if s.model_scope == "partition" else None)
     task.fresh()
     return factory, task
