@@ -21,6 +21,7 @@ import pytest
 from perceptron_stream.config import KafkaSettings
 from perceptron_stream.explain import ExplainError, explain_prediction
 from perceptron_stream.kafka import read_partition
+from perceptron_stream.kafka.contract import RECORD_OVERHEAD_BYTES
 from perceptron_stream.learning import learner_from_state
 from perceptron_stream.pipeline.history import decode_record, history_key, rebuild
 from perceptron_stream.streams import credit
@@ -35,7 +36,7 @@ from tests.support.service import (
     tail,
     wait_assigned,
 )
-from tests.support.topics import produce
+from tests.support.topics import create_topic, produce
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -290,3 +291,58 @@ def test_three_instances_in_partition_scope_with_mixing_explain_each_replicas_pr
         answer = explain_prediction(doc, event, key, by_partition[p])
         assert answer["equal"], (doc, answer)
         assert answer["reasons"][:K] == doc["reasons"] and answer["bias"] == doc["bias"]
+
+
+@pytest.mark.parametrize(
+    ("client", "guarantee"), [("kafka-python", {}), ("confluent", ONCE)], ids=["kafka-python", "confluent-exactly-once"]
+)
+def test_an_event_larger_than_the_history_topic_takes_is_a_gap_not_a_poison_pill(
+    client, guarantee, apache_kafka, tmp_path, topics
+):
+    """A history topic of max.message.bytes=20000 and one valid event of ~60 kB (a change: the scaler moves on
+    every event): before, its record was refused for good by the brokers, which under exactly-once aborts every
+    retry of its transaction. Now every history record fits, the event's change is a gap record, the stream goes
+    on, and explain answers for each prediction: equal, or refused naming the version the gap left out (only
+    those of the gap's own batch, after it)."""
+    bootstrap = apache_kafka.bootstrap_servers
+    history = f"history-{topics['group_id']}"
+    create_topic(bootstrap, history, config={"max.message.bytes": "20000"})
+    events: list[dict] = [{"id": f"c-{i}", **e} for i, e in enumerate(islice(credit(), 300))]
+    events[150]["features"] = {**events[150]["features"], **{f"wide-{i:05d}": 1.0 for i in range(3000)}}
+    produce(bootstrap, topics["input_topic"], events)
+    args = settings_args(
+        apache_kafka,
+        topics,
+        tmp_path,
+        kafka_client=client,
+        batch_size=50,
+        model_history_topic=history,
+        **guarantee,
+        **store_args("kafka", topics),
+    )
+    args.append("--standardize")
+    watcher = OutputWatcher(bootstrap, topics["output_topic"], read_committed=True).start()
+    try:
+        process = start_service_process(args, tmp_path / "serve.log")
+        wait_until(lambda: watcher.distinct() >= 300 or process.poll() is not None, 180, what="every event")
+        assert stop_process(process, tmp_path / "serve.log") == 0, tail(tmp_path / "serve.log")
+    finally:
+        watcher.stop()
+    log_text = (tmp_path / "serve.log").read_text()
+    assert "left out its change" in log_text and "Traceback" not in log_text, tail(tmp_path / "serve.log")
+    written = _read(bootstrap, history)
+    assert all(len(k or b"") + len(v) <= 20_000 - RECORD_OVERHEAD_BYTES for _, k, v in written)
+    records = [decode_record(v) for _, _, v in written]
+    (gap,) = [r for r in records if r["kind"] == "gap"]
+    inputs = {offset: (k, value) for offset, k, value in _read(bootstrap, topics["input_topic"])}
+    predictions = [json.loads(value) for _, _, value in _read(bootstrap, topics["output_topic"])]
+    assert sorted(p["source"]["offset"] for p in predictions) == list(range(300))
+    refused = []
+    for doc in predictions:
+        key, event = inputs[doc["source"]["offset"]]
+        try:
+            assert explain_prediction(doc, event, key, records)["equal"], doc
+        except ExplainError as exc:
+            assert f"version {gap['version']}" in str(exc) and "left out" in str(exc), exc
+            refused.append(doc["source"]["offset"])
+    assert refused and all(150 < offset < 200 for offset in refused), refused  # the rest of the gap's batch at most
