@@ -311,17 +311,10 @@ class Recorded:
             return self.learner.step_many(xs, ys, checked, joins)
         before = self.inner.updates
         steps = self.learner.step_many(xs, ys, checked, joins)
-        history, every, labeled = self.history, self.every, self.labeled
-        if not joins:  # the rows that changed the model, found at C speed (plain, margin: its updates)
-            if every:
-                rows: Any = range(len(xs))
-            elif labeled:
-                rows = [i for i, y in enumerate(ys) if y is not None]
-            else:
-                rows = np.flatnonzero(np.diff(np.asarray(steps.updates), prepend=before)).tolist()
-            seen_at, version_at, changes = steps.seen, steps.updates, history.changes
-            changes.extend(["s", int(seen_at[i]), int(version_at[i]), xs[i], ys[i]] for i in rows)
+        if not joins:
+            self._changed_many(xs, ys, before, steps)
             return steps
+        history, every, labeled = self.history, self.every, self.labeled
         joined: dict[int, list] = {}
         for (i, y), counters in zip(joins or (), steps.joined):
             joined.setdefault(i, []).append((y, counters[0]))
@@ -334,6 +327,26 @@ class Recorded:
                 history.join(seen[i], version, x, label)
                 before = version
         return steps
+
+    def explain_many(self, xs: list, ys: list, k: int):
+        """The learner's ``explain_many`` (its steps and each event's reasons), its changes recorded as
+        :meth:`step_many` records them."""
+        before = self.inner.updates
+        steps, reasons = self.learner.explain_many(xs, ys, k)
+        self._changed_many(xs, ys, before, steps)
+        return steps, reasons
+
+    def _changed_many(self, xs: list, ys: list, before: int, steps) -> None:
+        """The changes of a batch without joins, from its steps' columns: the rows that changed the model, found at
+        C speed (plain, margin: its updates)."""
+        if self.every:
+            rows: Any = range(len(xs))
+        elif self.labeled:
+            rows = [i for i, y in enumerate(ys) if y is not None]
+        else:
+            rows = np.flatnonzero(np.diff(np.asarray(steps.updates), prepend=before)).tolist()
+        seen_at, version_at = steps.seen, steps.updates
+        self.history.changes.extend(["s", int(seen_at[i]), int(version_at[i]), xs[i], ys[i]] for i in rows)
 
     def relabel(self, x, y: int, mistake: bool):
         result = self.learner.relabel(x, y, mistake)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from perceptron_stream.pipeline.history import MIX, History, Recorded
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
-from perceptron_stream.wire.outputs import InRecordOrder, explained, prediction, predictions
+from perceptron_stream.wire.outputs import InRecordOrder, explained, explained_many, prediction, predictions
 
 if TYPE_CHECKING:
     from perceptron_stream.pipeline.labels.span import SpanLabels
@@ -39,6 +39,13 @@ log = logging.getLogger("perceptron_stream")
 _KEY, _VALUE, _OFFSET, _PARTITION, _TOPIC = (
     attrgetter(name) for name in ("key", "value", "offset", "partition", "topic")
 )
+
+
+def _explains_many(learner) -> bool:
+    """Whether ``learner`` (or the learner a model history records) explains a batch at once (``explain_many``:
+    the variants whose running weights publish); asked of its class, never of a wrapper's ``__getattr__``."""
+    inner = learner.unwrapped() if type(learner) is Recorded else learner
+    return hasattr(type(inner), "explain_many")
 
 
 def _largest_first(part: tuple) -> float:
@@ -267,12 +274,18 @@ class Task:
         at = range(len(records)) if at is None else at
         n, mixer, models, positions = len(xs), self.mixer, self.models, self.positions
         one_partition = len(set(map(_PARTITION, records))) == 1 and len(set(map(_TOPIC, records))) == 1
-        explain = self.explain  # reason codes: read from the weights before each event's step, one at a time
-        many = not each and not explain and n > 0 and one_partition and run.learner.can_step_many(xs, ys)
+        explain = self.explain  # reason codes: of a learner that explains a batch at once, else one at a time
+        many = (
+            not each
+            and n > 0
+            and one_partition
+            and run.learner.can_step_many(xs, ys)
+            and (not explain or _explains_many(run.learner))
+        )
         cuts: list = []  # (event, label's y) of the points whose label waits
         if many and labels is not None:
             cuts = labels.waiting(records[0].partition, ids, ys)
-            many = mixer is None or len(cuts) * SPAN_EVENTS <= n
+            many = (mixer is None or len(cuts) * SPAN_EVENTS <= n) and not (explain and cuts)
         out = InRecordOrder(records, rejected, send, self.outputs, tally.rejected)
         start, unknown = 0, None
         while start < n:
@@ -289,7 +302,10 @@ class Task:
                     joins = [(i - start, y) for i, y in cuts if i < end]
                 cuts = [(i, y) for i, y in cuts if i >= end]
                 span_xs, span_ys = xs[start:end], ys[start:end]
-                steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the rows' kinds)
+                if explain:  # (no joins: cuts sent the batch one at a time)
+                    steps, reasons = learner.explain_many(span_xs, span_ys, explain)
+                else:
+                    steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the kinds)
                 others = None if models is None else models.step_many(span_xs, span_ys, True, joins)
                 labeled = len(span_ys) - span_ys.count(None)
                 tally.labeled += labeled
@@ -336,6 +352,8 @@ class Task:
                     steps.mistakes,
                     replica,
                 )
+                if explain:
+                    built = explained_many(built, reasons)
             else:
                 last = records[at[start]]
                 value = prediction(

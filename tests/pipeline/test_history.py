@@ -37,6 +37,8 @@ CONFIGS = {
     "labels-standardize-hashed": ["--label-topic", "labels", "--standardize", "--hash-features", "32"],
     "partition-mixing": ["--model-scope", "partition", "--mix-every", "7"],
     "partition-labels": ["--model-scope", "partition", "--mix-every", "5", "--label-topic", "labels"],
+    "explained": ["--explain", "2"],  # a batch's reasons at once, its changes recorded as a step_many's
+    "margin-explained-labels": ["--variant", "margin", "--margin", "0.5", "--explain", "3", "--label-topic", "labels"],
 }
 
 

@@ -43,6 +43,9 @@ CONFIGS = [
     ["--model-scope", "partition", "--mix-every", "7", "--challengers", "pocket"],
     ["--model-scope", "partition", "--mix-every", "0", "--label-topic", "labels", "--challengers", "pocket"],
     ["--label-topic", "labels", "--standardize", "--hash-features", "32", "--challengers", "margin:0.5"],
+    ["--explain", "3", "--challengers", "averaged"],  # reasons of a batch at once (plain, margin): explain_many
+    ["--variant", "margin", "--margin", "0.5", "--explain", "2"],
+    ["--label-topic", "labels", "--explain", "3", "--model-scope", "partition", "--mix-every", "7"],
 ]
 
 

@@ -25,9 +25,11 @@ from __future__ import annotations
 from math import hypot
 from operator import add, mul, sub
 
+import numpy as np
 from perceptron_stream.learning.linear import bad_label, dot, update
-from perceptron_stream.learning.many import Batch, gather, in_order_sum, learn_named
+from perceptron_stream.learning.many import Batch, Steps, gather, in_order_sum, learn_named
 from perceptron_stream.learning.perceptron import Perceptron, StepResult
+from perceptron_stream.learning.reasons import Reasons, top_parts
 
 _shared_step = Perceptron.step
 
@@ -164,3 +166,12 @@ class Plain(Perceptron):
         return (y, s, False)
 
     step.__doc__ = Perceptron.step.__doc__
+
+    def explain_many(self, xs: list, ys: list, k: int) -> tuple[Steps, Reasons]:
+        """:meth:`step_many` of ``xs`` (which :meth:`can_step_many` takes: no feature registered), and each event's
+        ``k`` largest parts of its score with its bias, as :meth:`explain` before its step gives them, ranked
+        (:mod:`perceptron_stream.learning.reasons`)."""
+        w0, b0, before = list(self._w), self._b, self.updates
+        steps = self.step_many(xs, ys, True)
+        updated = np.diff(steps.updates, prepend=before) != 0
+        return steps, top_parts(xs, ys, updated, w0, b0, k, self.feature_index)
