@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from perceptron_stream.pipeline.history import MIX, History, Recorded
 from perceptron_stream.state.checkpoint import Checkpoint, CheckpointError, Owner
-from perceptron_stream.wire.outputs import InRecordOrder, explained, explained_many, prediction, predictions
+from perceptron_stream.wire.outputs import InRecordOrder, explained, prediction, predictions
 
 if TYPE_CHECKING:
     from perceptron_stream.pipeline.labels.span import SpanLabels
@@ -306,6 +306,7 @@ class Task:
                     steps, reasons = learner.explain_many(span_xs, span_ys, explain)
                 else:
                     steps = learner.step_many(span_xs, span_ys, True, joins)  # (can_step_many checked the kinds)
+                    reasons = None
                 others = None if models is None else models.step_many(span_xs, span_ys, True, joins)
                 labeled = len(span_ys) - span_ys.count(None)
                 tally.labeled += labeled
@@ -351,9 +352,8 @@ class Task:
                     steps.seen,
                     steps.mistakes,
                     replica,
+                    reasons,
                 )
-                if explain:
-                    built = explained_many(built, reasons)
             else:
                 last = records[at[start]]
                 value = prediction(

@@ -104,47 +104,25 @@ def explained(value: bytes, reasons: list, bias: float) -> bytes:
     return value[:-1] + b"," + _dumps(parts)[1:]
 
 
-def explained_many(values: list[bytes], reasons) -> list[bytes]:
-    """``[explained(value, parts, bias) for each]`` of a batch's predictions ``values`` and their ``reasons`` (a
-    :class:`~perceptron_stream.learning.reasons.Reasons`: flat columns), the same bytes, built as
-    :func:`predictions` builds its messages: each column by one dumps, cut, interleaved with the constant parts,
-    joined once and cut at the newlines.
-
-    >>> import numpy as np
-    >>> from perceptron_stream.learning.reasons import Reasons
-    >>> reasons = Reasons(["debt", "age"], np.array([1.5, 2.0]), np.array([-2.0, 0.5]), np.array([-3.0, 1.0]),
-    ...                   np.array([0.5, 0.25]), 1, None)
-    >>> explained_many([b'{"id":"c-1","score":-2.5}', b'{"id":"c-2","score":1.25}'], reasons)[1]
-    b'{"id":"c-2","score":1.25,"reasons":[{"feature":"age","value":2.0,"weight":0.5,"contribution":1.0}],"bias":0.25}'
-    """
-    n, k = len(values), reasons.per_event
-    if n == 0:
-        return []
-    if reasons.counts is not None or k == 0:  # events of fewer parts than K: one at a time
-        return [explained(value, *reasons[i]) for i, value in enumerate(values)]
-    features = reasons.features
+def _reason_parts(reasons) -> list:
+    """The parts of each message that carry its ``reasons`` (a
+    :class:`~perceptron_stream.learning.reasons.Reasons`, K parts an event) and bias, after its model object:
+    constants and columns (each by one dumps, cut), as :func:`predictions` interleaves them."""
+    k, features = reasons.per_event, reasons.features
     if type(features) is not list or not all(type(f) is str for f in features):
         names = _cut(features)
     else:  # one per line, as predictions' ids
         names = _dumps(features, option=orjson.OPT_INDENT_2)[4:-2].split(b",\n  ")
     columns = (names, _cut(reasons.values), _cut(reasons.weights), _cut(reasons.contributions))
-    parts: list = [[value[:-1] for value in values]]
+    parts: list = []
     for j in range(k):
-        parts.append(b',"reasons":[{"feature":' if j == 0 else b'},{"feature":')
+        parts.append(b'},"reasons":[{"feature":' if j == 0 else b'},{"feature":')
         for column, label in zip(columns, (b',"value":', b',"weight":', b',"contribution":', None)):
             parts.append(column[j::k])
             if label is not None:
                 parts.append(label)
-    parts.append(b'}],"bias":')
-    parts.append(_cut(reasons.bias))
-    parts.append(b"}\n")
-    width = len(parts)
-    flat: list = [None] * (width * n)
-    for i, part in enumerate(parts):
-        flat[i::width] = [part] * n if type(part) is bytes else part
-    out = b"".join(flat).split(b"\n")
-    out.pop()  # after the last newline
-    return out
+    parts += [b'}],"bias":', _cut(reasons.bias), b"}\n"]
+    return parts
 
 
 def predictions(
@@ -160,8 +138,10 @@ def predictions(
     seen,
     mistakes,
     replica: dict | None = None,
+    reasons=None,
 ) -> list[bytes]:
-    """Many predictions at once: ``[prediction(...) for each event]``, the same bytes, built in one pass.
+    """Many predictions at once: ``[prediction(...) for each event]``, the same bytes, built in one pass; with
+    ``reasons`` (a :class:`~perceptron_stream.learning.reasons.Reasons`), each ``explained`` by its own.
 
     Each column (``offsets``, ``y_pred``, ``score``, ``version``, ``seen``, ``mistakes``: lists or NumPy arrays;
     ``ids``, ``ys``, ``mistake``: lists) is written by one ``orjson.dumps`` and cut at its commas (no number, true,
@@ -204,6 +184,13 @@ def predictions(
         _cut(mistakes),
         b"}}\n",
     )
+    if reasons is not None:
+        if reasons.counts is not None or not reasons.per_event:  # events of fewer parts than K: one at a time
+            plain = predictions(
+                ids, topic, partition, offsets, y_pred, score, ys, mistake, version, seen, mistakes, replica
+            )
+            return [explained(value, *reasons[i]) for i, value in enumerate(plain)]
+        parts = (*parts[:-1], *_reason_parts(reasons))
     width = len(parts)
     flat: list = [None] * (width * n)
     for i, part in enumerate(parts):
