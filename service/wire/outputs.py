@@ -162,7 +162,7 @@ def predictions(
     else:  # one per line: a JSON string holds no newline unescaped (a comma, a quote or a bracket it may)
         id_texts = _dumps(ids, option=orjson.OPT_INDENT_2)[4:-2].split(b",\n  ")
     model = b'"version":' if replica is None else _dumps(replica)[1:-1] + b',"version":'
-    parts = (
+    parts: tuple = (
         b'{"id":',
         id_texts,
         b',"source":{"topic":' + _dumps(topic) + b',"partition":' + _dumps(partition) + b',"offset":',
