@@ -358,6 +358,11 @@ class ServeSettings(KafkaSettings):
         le=100_000_000,
         description="The model history's full state every so many changes: a rebuild replays at most this many.",
     )
+    history_challengers: bool = Field(
+        False,
+        description="The model history keeps each challenger's changes too (keyed by its name beside the "
+        "champion's): `explain --challenger NAME` and `model at --challenger NAME` rebuild them.",
+    )
     variant: Literal["plain", "averaged", "pocket", "margin"] = Field("plain", description="Perceptron variant.")
     margin: float = Field(
         0.0, ge=0.0, allow_inf_nan=False, description="γ of the margin variant: update when y·score ≤ γ."
@@ -558,6 +563,8 @@ class ServeSettings(KafkaSettings):
                 )
             if len({self.input_topic, self.output_topic, self.dlq_topic, self.mix_topic}) < 4:
                 raise ValueError("mix_topic must differ from the input, output and dead-letter topics")
+        if self.history_challengers and (self.model_history_topic is None or not self.challengers):
+            raise ValueError("history_challengers needs --model-history-topic and --challengers: whose history?")
         if self.model_history_topic is not None:
             others = {self.input_topic, self.output_topic, self.dlq_topic, self.label_topic, self.outcome_topic}
             if self.model_history_topic in others | ({self.mix_topic} if self.mix_every else set()):
@@ -799,6 +806,12 @@ class ExplainSettings(KafkaSettings):
     )
     model_history_topic: str = Field(..., min_length=1, description="The service's --model-history-topic.")
     group_id: str = Field("perceptron-stream", min_length=1, description="The service's consumer group.")
+    challenger: str | None = Field(
+        None,
+        min_length=1,
+        description="Explain what this challenger (a name of --challengers: averaged, margin:0.5, ...) scored the "
+        "event, from its history (--history-challengers); it publishes no score to check against.",
+    )
     as_json: bool = Field(
         False,
         alias="json",
@@ -826,6 +839,12 @@ class ModelAtSettings(KafkaSettings):
         min_length=1,
         description="The run whose version to write (a prediction's model.run): a version learned again after a "
         "crash (at-least-once) is in two runs; by default the last one that reached it.",
+    )
+    challenger: str | None = Field(
+        None,
+        min_length=1,
+        description="A challenger's model (its name in --challengers; the service ran with --history-challengers), "
+        "at its own version: promote it with serve --initial-model.",
     )
     timeout_seconds: float = Field(120.0, gt=0.0, description="How long the history's read may take.")
 

@@ -23,7 +23,14 @@ import json
 import sys
 
 from perceptron_stream.config import ExplainSettings, ModelAtSettings
-from perceptron_stream.pipeline.history import HistoryError, decode_record, history_key, rebuild, runs_at
+from perceptron_stream.pipeline.history import (
+    HistoryError,
+    challenger_key,
+    decode_record,
+    history_key,
+    rebuild,
+    runs_at,
+)
 from perceptron_stream.state.checkpoint import GROUP_TASK
 from perceptron_stream.wire.inputs import Decoder
 
@@ -44,11 +51,17 @@ def task_of(prediction: dict) -> str:
     return f"partition-{model['partition']}" if model.get("scope") == "partition" else GROUP_TASK
 
 
-def explain_prediction(prediction: dict, event: bytes, key: bytes | None, records: list[dict]) -> dict:
+def explain_prediction(
+    prediction: dict, event: bytes, key: bytes | None, records: list[dict], challenger: str | None = None
+) -> dict:
     """The explanation of ``prediction`` (decoded) of the input ``event`` (its bytes and key), from its task's
     history ``records``: the rebuilt model's ``score`` beside the ``published_score``, ``equal`` when they are the
     same float (and the decision the same), every feature's part. ExplainError, naming the version, when the
-    history cannot rebuild it."""
+    history cannot rebuild it.
+
+    With ``challenger`` (its name; ``records`` its history, ``--history-challengers``): what that challenger
+    scored the event, and why, by its weights then (its own ``version``); it publishes no score, so
+    ``published_score`` and ``equal`` are None: only the history's own checks (altered, cut, a gap) hold."""
     model = prediction.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("run"), str) or type(model.get("seen")) is not int:
         raise ExplainError("the prediction names no model run: it was published without --model-history-topic")
@@ -60,25 +73,29 @@ def explain_prediction(prediction: dict, event: bytes, key: bytes | None, record
     x, y = decoded.xs[0], decoded.ys[0]
     try:
         learner = rebuild(records, model["run"], seen=model["seen"])
+        version = model.get("version") if challenger is None else learner.updates
         # stepped as the service stepped it, its label too (a scaler admits a labeled event's new features before
         # it scores it): the parts and score come before the step learns, in a copy thrown away after
         (y_pred, score, _), parts, bias = learner.explain_step(x, y)
     except HistoryError as exc:
         raise ExplainError(f"{where} cannot be rebuilt: {exc}") from None
-    published = prediction.get("score")
+    published = prediction.get("score") if challenger is None else None
     ranked = sorted(parts, key=lambda part: -abs(part[3]))
     return {
         "id": prediction.get("id"),
         "source": prediction.get("source"),
-        "version": model.get("version"),
+        **({} if challenger is None else {"challenger": challenger}),
+        "version": version,
         "run": model["run"],
         "seen": model["seen"],
         "y_pred": y_pred,
-        "published_y_pred": prediction.get("y_pred"),
+        "published_y_pred": prediction.get("y_pred") if challenger is None else None,
         "y": prediction.get("y"),
         "score": score,
         "published_score": published,
-        "equal": repr(score) == repr(published) and y_pred == prediction.get("y_pred"),
+        "equal": None
+        if challenger is not None
+        else repr(score) == repr(published) and y_pred == prediction.get("y_pred"),
         "reasons": [{"feature": f, "value": v, "weight": w, "contribution": c} for f, v, w, c in ranked],
         "bias": bias,
     }
@@ -109,16 +126,20 @@ def text(answer: dict) -> str:
     """
     source = answer["source"] or {}
     label = "" if answer["y"] is None else f", label {answer['y']}"
-    same = (
-        "the published score to the last bit"
-        if answer["equal"]
-        else f"NOT the published score {answer['published_score']!r}"
-    )
+    if answer.get("challenger") is not None:
+        same = "a challenger publishes no score to check it against"
+        whose = f"challenger {answer['challenger']}'s model, its version {answer['version']},"
+    else:
+        same = (
+            "the published score to the last bit"
+            if answer["equal"]
+            else f"NOT the published score {answer['published_score']!r}"
+        )
+        whose = f"model version {answer['version']}"
     lines = [
         f"event {answer['id']} ({source.get('topic')}[{source.get('partition')}] offset {source.get('offset')}): "
         f"decision {answer['y_pred']}, score {answer['score']!r}{label}",
-        f"model version {answer['version']} of run {answer['run']}, its event {answer['seen']}: rebuilt from the "
-        f"model history, {same}",
+        f"{whose} of run {answer['run']}, its event {answer['seen']}: rebuilt from the model history, {same}",
     ]
     rows = [
         (str(r["feature"]), repr(r["value"]), repr(r["weight"]), repr(r["contribution"])) for r in answer["reasons"]
@@ -180,18 +201,27 @@ def run_explain(settings: ExplainSettings) -> int:
         if not isinstance(source, dict) or "score" not in prediction:
             raise ExplainError(f"{settings.prediction} is not a prediction (no source or score)")
         key, event = one(source["topic"], int(source["partition"]), int(source["offset"]))
-        wanted = history_key(settings.group_id, task_of(prediction))
+        wanted = (
+            history_key(settings.group_id, task_of(prediction))
+            if settings.challenger is None
+            else challenger_key(settings.group_id, task_of(prediction), settings.challenger)
+        )
         records, unread = read_history(settings, settings.model_history_topic, wanted, timeout)
         if unread:
             print(
                 f"{PROG}: {unread} record(s) of {wanted.decode()} in the history do not read; left out", file=sys.stderr
             )
-        answer = explain_prediction(prediction, event or b"", key, records)
+        if not records and settings.challenger is not None:
+            raise ExplainError(
+                f"the history holds no record of challenger {settings.challenger} ({wanted.decode()}): was the "
+                "service run with --history-challengers, and is the name one of its --challengers?"
+            )
+        answer = explain_prediction(prediction, event or b"", key, records, settings.challenger)
     except (ExplainError, KafkaFatal, KafkaUnavailable) as exc:
         print(f"{PROG}: {settings.prediction}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(answer, indent=2) if settings.as_json else text(answer))
-    if not answer["equal"]:
+    if answer["equal"] is False:
         print(f"{PROG}: {settings.prediction}: {unequal(answer)}", file=sys.stderr)
         return 1
     return 0
@@ -205,7 +235,11 @@ def run_model_at(settings: ModelAtSettings) -> int:
 
     prog = "perceptron-stream model at"
     Outage(settings.bootstrap_servers).hush()
-    key = history_key(settings.group_id, settings.task)
+    key = (
+        history_key(settings.group_id, settings.task)
+        if settings.challenger is None
+        else challenger_key(settings.group_id, settings.task, settings.challenger)
+    )
     try:
         records, _ = read_history(settings, settings.model_history_topic, key, settings.timeout_seconds)
         runs = runs_at(records, settings.version)

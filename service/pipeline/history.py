@@ -56,7 +56,7 @@ that lost or altered a change gives another score, and is refused as such.
 >>> from perceptron_stream.learning import Perceptron
 >>> history = History(b"g/model", snapshot_every=100)
 >>> learner = Recorded(Perceptron(), history)
->>> history.begin(learner)
+>>> run = history.begin(learner)
 >>> [learner.step(x, y)[1] for x, y in [([1.0, 2.0], 1), ([1.0, 2.0], 1), ([-1.0, 0.5], 1)]]
 [0.0, 6.0, 1.0]
 >>> records = [decode_record(value) for value in history.take()]
@@ -106,6 +106,15 @@ def history_key(group_id: str, task: str) -> bytes:
     return f"{group_id}/{task}".encode()
 
 
+def challenger_key(group_id: str, task: str, challenger: str) -> bytes:
+    """The key of a challenger's history records (``--history-challengers``): beside its champion's.
+
+    >>> challenger_key("credit", "model", "margin:0.5")
+    b'credit/model/margin:0.5'
+    """
+    return history_key(group_id, task) + b"/" + challenger.encode()
+
+
 def _changes_on(learner) -> tuple[Any, str]:
     """The innermost perceptron of ``learner`` (whose counters say whether a step changed it), and which of its
     steps change its state beyond them: ``"every"`` event (a scaler moves on each, labeled or not), ``"labeled"``
@@ -140,22 +149,29 @@ class History:
         self.changes: list[list] = []  # not yet in a record
         self.records: list[bytes] = []  # made, not yet sent
         self.gaps = 0  # changes too large for a record of the topic: left out, each said by a gap record
+        # added to each seen recorded: a challenger's history counts the champion's events (its own count may differ:
+        # one a checkpoint lacked starts from zero), so that a prediction's seen finds both
+        self.shift = 0
 
     def restart(self) -> None:
         """The task's model was replaced (restored, warm-started): a new run begins at its next batch."""
         self.run, self.changes = None, []
 
-    def begin(self, learner) -> None:
-        """A new run, from ``learner`` as it is: its start state."""
-        self.run, self.op, self.since_state, self.changes = secrets.token_hex(8), 0, 0, []
+    def begin(self, learner, run: str | None = None, shift: int = 0) -> str:
+        """A new run, from ``learner`` as it is: its start state; the run. A challenger's history takes its
+        champion's ``run``, and counts its events as the champion does (``shift``: the champion's count less its
+        own)."""
+        self.run = began = run or secrets.token_hex(8)
+        self.op, self.since_state, self.changes, self.shift = 0, 0, [], shift
         self.state(learner, START)
+        return began
 
     def state(self, learner, cause: str) -> None:
         """``learner``'s full state now, after the changes recorded so far; a large one in parts
         (longer than a record may be: :data:`STATE_PART_BYTES` or the topic's limit) after its record."""
         self._cut()
         model = orjson.dumps(learner.to_state())
-        where = {"run": self.run, "op": self.op, "seen": learner.seen}
+        where = {"run": self.run, "op": self.op, "seen": learner.seen + self.shift}
         header = {"kind": "state", **where, "version": learner.updates, "cause": cause, "meta": self.meta}
         whole = orjson.dumps({**header, "model": orjson.Fragment(model)})
         if len(whole) <= self.room:
@@ -300,7 +316,8 @@ class Recorded:
             or inner.updates != updates
             or len(inner.feature_index) != features
         ):
-            self.history.changes.append(["s", self.learner.seen, inner.updates, x, y])
+            history = self.history
+            history.changes.append(["s", self.learner.seen + history.shift, inner.updates, x, y])
         return result
 
     def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None):
@@ -318,7 +335,8 @@ class Recorded:
         joined: dict[int, list] = {}
         for (i, y), counters in zip(joins or (), steps.joined):
             joined.setdefault(i, []).append((y, counters[0]))
-        updates, seen = _column(steps.updates), _column(steps.seen)
+        updates, shift = _column(steps.updates), history.shift
+        seen = [s + shift for s in _column(steps.seen)]
         for i, (x, y) in enumerate(zip(xs, ys)):
             if every or (labeled and y is not None) or updates[i] != before:
                 history.step(seen[i], updates[i], x, y)
@@ -345,19 +363,19 @@ class Recorded:
             rows = [i for i, y in enumerate(ys) if y is not None]
         else:
             rows = np.flatnonzero(np.diff(np.asarray(steps.updates), prepend=before)).tolist()
-        seen_at, version_at = steps.seen, steps.updates
-        self.history.changes.extend(["s", int(seen_at[i]), int(version_at[i]), xs[i], ys[i]] for i in rows)
+        seen_at, version_at, shift = steps.seen, steps.updates, self.history.shift
+        self.history.changes.extend(["s", int(seen_at[i]) + shift, int(version_at[i]), xs[i], ys[i]] for i in rows)
 
     def relabel(self, x, y: int, mistake: bool):
         result = self.learner.relabel(x, y, mistake)
         if not self.frozen:
-            self.history.join(self.learner.seen, self.inner.updates, x, y)
+            self.history.join(self.learner.seen + self.history.shift, self.inner.updates, x, y)
         return result
 
     def relabel_many(self, xs: list, ys: list, mistakes: list[bool]):
         result = self.learner.relabel_many(xs, ys, mistakes)
         if not self.frozen:
-            seen = self.learner.seen
+            seen = self.learner.seen + self.history.shift
             for x, y, version in zip(xs, ys, result[0]):
                 self.history.join(seen, version, x, y)
         return result

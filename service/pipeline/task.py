@@ -191,9 +191,11 @@ class Task:
         frozen: bool = False,
         explain: int = 0,
         history: History | None = None,
+        challenger_histories: dict[str, History] | None = None,
     ):
         self.name, self.owner, self.meta = name, owner, meta
         self.history = history  # --model-history-topic: the model's changes, to rebuild any version it predicted with
+        self.challenger_histories = challenger_histories or {}  # --history-challengers: each challenger's, by name
         self.learner, self.decoder = learner, decoder
         self.partition, self.mixer, self.joiner = partition, mixer, joiner
         self.models, self.drift, self.frozen = models, drift, frozen  # challengers, DDM, --learning off
@@ -217,7 +219,19 @@ class Task:
         if self.history is not None:
             self.history.restart()
             learner = Recorded(learner, self.history)
+            for history in self.challenger_histories.values():  # (restored or made with it: in the same run)
+                history.restart()
         self._learner = learner
+
+    def _begin_challengers(self, run: str) -> None:
+        """Each recorded challenger's history begins the champion's ``run``, counting the champion's events."""
+        if self.models is None:
+            return
+        seen = self._learner.seen
+        for name, history in self.challenger_histories.items():
+            challenger = Recorded(self.models.challengers[name], history)
+            self.models.challengers[name] = challenger
+            history.begin(challenger, run, seen - challenger.seen)
 
     def mixed(self, learner):
         """The mix's learner replaces the replica's: the history keeps its state (the run goes on)."""
@@ -238,7 +252,7 @@ class Task:
         with self.lock:
             history = self.history
             if history is not None and history.run is None:
-                history.begin(self._learner)
+                self._begin_challengers(history.begin(self._learner))
             run = _Learning(self, tally)
             labels = None if self.joiner is None else self.joiner.span(send, tally, run.replica, self.models)
             if labels is None or records[0].topic != self.outputs.get("label_topic"):
@@ -248,6 +262,10 @@ class Task:
             run.end()
             if history is not None:  # after the batch's outputs, through the same send (its transaction)
                 tally.history_records, tally.history_bytes = history.send(send, self._learner)
+                for name, theirs in self.challenger_histories.items():
+                    count, size = theirs.send(send, self.models.challengers[name])
+                    tally.history_records += count
+                    tally.history_bytes += size
             self.unsaved += len(records)
         run.drift()
 

@@ -18,7 +18,7 @@ import orjson
 from perceptron_stream.config import ServeSettings, invalid_setting
 from perceptron_stream.kafka.contract import RecordLimits
 from perceptron_stream.learning import make_learner
-from perceptron_stream.pipeline.history import History, history_key
+from perceptron_stream.pipeline.history import History, challenger_key, history_key
 from perceptron_stream.pipeline.labels import Joiner
 from perceptron_stream.pipeline.mixer import MixBoard, Mixer
 from perceptron_stream.pipeline.models import DriftWatch, Frozen, ModelSet
@@ -153,15 +153,18 @@ class TaskFactory:
             drift=DriftWatch(),
             frozen=frozen,
             explain=s.explain,
-            history=None
-            if s.model_history_topic is None
-            else History(
-                history_key(s.group_id, name),
-                s.history_snapshot_every,
-                s.model_history_topic,
-                self.meta,
-                max_record_bytes=0 if self.limits is None else self.limits.of(s.model_history_topic),
-            ),
+            history=self._history(history_key(s.group_id, name), self.meta),
+            challenger_histories={
+                challenger: history
+                for challenger, variant, margin in (self.challenger_specs if s.history_challengers else ())
+                if (
+                    history := self._history(
+                        challenger_key(s.group_id, name, challenger),
+                        {**self.meta, "variant": variant, "margin": margin},
+                    )
+                )
+                is not None
+            },
             outputs={
                 "output_topic": s.output_topic,
                 "dlq_topic": s.dlq_topic,
@@ -169,6 +172,14 @@ class TaskFactory:
                 "label_topic": s.label_topic,
             },
         )
+
+    def _history(self, key: bytes, meta: dict) -> History | None:
+        """A model history of ``key``'s records (--model-history-topic; None: off), each within the topic's limit."""
+        s = self.settings
+        if s.model_history_topic is None:
+            return None
+        limit = 0 if self.limits is None else self.limits.of(s.model_history_topic)
+        return History(key, s.history_snapshot_every, s.model_history_topic, meta, max_record_bytes=limit)
 
     def make_learner(self, variant: str, margin: float):
         s = self.settings

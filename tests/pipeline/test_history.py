@@ -273,3 +273,75 @@ def test_a_change_larger_than_the_history_topic_takes_is_a_gap_said_and_the_next
     with pytest.raises(HistoryError, match="left out"):
         rebuild(records, after["run"], version=gaps[0]["version"])
     assert runs_at(records, gaps[0]["version"]) == [after["run"]]
+
+
+CHALLENGED = {  # the task's flags with --history-challengers, and each challenger run as a champion
+    "challengers": (["--challengers", "averaged,margin:0.5"], {"averaged": ["--variant", "averaged"],
+                    "margin:0.5": ["--variant", "margin", "--margin", "0.5"]}),
+    "labels-pocket": (["--label-topic", "labels", "--challengers", "pocket"],
+                      {"pocket": ["--label-topic", "labels", "--variant", "pocket"]}),
+    "standardize-hashed": (["--standardize", "--hash-features", "16", "--challengers", "averaged"],
+                           {"averaged": ["--standardize", "--hash-features", "16", "--variant", "averaged"]}),
+}  # fmt: skip
+
+
+def _challengers_only(flags: list[str]) -> list[str]:
+    i = flags.index("--challengers")
+    return flags[:i] + flags[i + 2 :]
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batch", "each"])
+@pytest.mark.parametrize("case", list(CHALLENGED))
+def test_a_challenger_s_history_rebuilds_what_it_scored_each_event(tmp_path, case, batched):
+    """--history-challengers: each challenger's records (keyed beside the champion's) rebuild, at a prediction's
+    run and seen, the challenger that scored that event. What it scored is what the same model scores as a
+    champion over the same stream, which publishes it: equal to the last bit, delayed labels, a scaler and
+    hashing too."""
+    flags, champions = CHALLENGED[case]
+    batches = _batches("named", 13, flags)
+    sent = _run(tmp_path, [*flags, *HISTORY, "--history-challengers"], batches, batched)
+    events = _events(batches)
+    predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
+    by_key: dict[bytes, list[dict]] = {}
+    for t, k, v in sent:
+        if t == "history":
+            by_key.setdefault(k, []).append(decode_record(v))
+    for name, champion in champions.items():
+        records = by_key[b"perceptron-stream/model/" + name.encode()]
+        alone = _run(tmp_path, [*champion, *HISTORY], batches, batched, tag=name)
+        scored = {json.loads(v)["source"]["offset"]: json.loads(v)["score"] for t, _, v in alone if t == "predictions"}
+        assert len(scored) == len(predictions) > 100
+        for p in predictions:
+            model = rebuild(records, p["model"]["run"], seen=p["model"]["seen"])
+            (_, score, _), _, _ = model.explain_step(events[p["source"]["offset"]], p["y"])
+            assert repr(score) == repr(scored[p["source"]["offset"]]), (name, p)
+
+
+def test_a_challenger_fresher_than_its_champion_counts_the_champion_s_events(tmp_path):
+    """A challenger a checkpoint lacked starts from zero beside a champion that saw N events: its history counts
+    the champion's events (a prediction's seen), so the predictions after it find its model."""
+    batches = _batches("named", 17, [])
+    factory, task = make_task(tmp_path, ["--challengers", "averaged", *HISTORY, "--history-challengers"], "t")
+    sent = Sent()
+    try:
+        for records in batches[:4]:
+            task.process(records, sent, Tally())
+        assert task.models is not None
+        task.models.challengers["averaged"] = factory.make_learner("averaged", 0.0)  # as a restore without it
+        task.learner = task.learner.unwrapped()  # (a restore: a new run)
+        first = len(sent)
+        for records in batches[4:]:
+            task.process(records, sent, Tally())
+    finally:
+        factory.close()
+    later = sent[first:]
+    alone = _run(tmp_path, ["--variant", "averaged", *HISTORY], batches[4:], True, tag="alone")
+    scored = {json.loads(v)["source"]["offset"]: json.loads(v)["score"] for t, _, v in alone if t == "predictions"}
+    records = [decode_record(v) for t, k, v in later if t == "history" and k.endswith(b"/averaged")]
+    events = _events(batches)
+    predictions = [json.loads(v) for t, _, v in later if t == "predictions"]
+    assert predictions and min(p["model"]["seen"] for p in predictions) > 50
+    for p in predictions:
+        model = rebuild(records, p["model"]["run"], seen=p["model"]["seen"])
+        (_, score, _), _, _ = model.explain_step(events[p["source"]["offset"]], p["y"])
+        assert repr(score) == repr(scored[p["source"]["offset"]])
