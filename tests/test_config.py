@@ -64,6 +64,12 @@ def test_json_config_file_and_env_var_for_the_file(tmp_path, monkeypatch):
             "'127.0.0.1' has no port: give every server as host:port (e.g. 127.0.0.1:9092)",
         ),
         (["--bootstrap-servers", "a:9092,b:x"], {}, "'b:x' is not host:port with a port from 1 to 65535"),
+        (["--history-challengers", "--challengers", "averaged"], {}, "history_challengers needs --model-history-topic"),
+        (
+            ["--history-challengers", "--model-history-topic", "h"],
+            {},
+            "history_challengers needs --model-history-topic",
+        ),
     ],
 )
 def test_bad_values_name_the_setting(args, env, named, monkeypatch):

@@ -25,14 +25,14 @@ def _served(tmp_path, flags: list[str]):
             task.process(batch, sent, Tally())
     finally:
         factory.close()
-    records = [decode_record(v) for t, _, v in sent if t == "history"]
+    records = [decode_record(v) for t, k, v in sent if t == "history" and k == b"perceptron-stream/model"]
     predictions = [json.loads(v) for t, _, v in sent if t == "predictions"]
-    return {r.offset: r for r in points}, predictions, records
+    return {r.offset: r for r in points}, predictions, records, sent
 
 
 @pytest.mark.parametrize("flags", [[], ["--variant", "averaged", "--standardize"]], ids=["plain", "averaged"])
 def test_the_answer_is_the_contract_s_object_with_every_feature_largest_first(tmp_path, flags):
-    points, predictions, records = _served(tmp_path, flags)
+    points, predictions, records, _ = _served(tmp_path, flags)
     for p in predictions[::7]:
         r = points[p["source"]["offset"]]
         answer = explain_prediction(p, r.value, r.key, records)
@@ -48,7 +48,7 @@ def test_the_answer_is_the_contract_s_object_with_every_feature_largest_first(tm
 
 
 def test_a_score_the_history_does_not_give_is_not_equal_and_names_its_version(tmp_path):
-    points, predictions, records = _served(tmp_path, [])
+    points, predictions, records, _ = _served(tmp_path, [])
     p = predictions[-1]
     r = points[p["source"]["offset"]]
     forged = {**p, "score": p["score"] + 1.0}
@@ -60,7 +60,7 @@ def test_a_score_the_history_does_not_give_is_not_equal_and_names_its_version(tm
 
 
 def test_a_prediction_without_a_run_or_history_is_refused_saying_why(tmp_path):
-    points, predictions, records = _served(tmp_path, [])
+    points, predictions, records, _ = _served(tmp_path, [])
     p = predictions[0]
     r = points[p["source"]["offset"]]
     without = {**p, "model": {k: v for k, v in p["model"].items() if k != "run"}}
@@ -70,3 +70,22 @@ def test_a_prediction_without_a_run_or_history_is_refused_saying_why(tmp_path):
         explain_prediction(p, r.value, r.key, [])
     with pytest.raises(ExplainError, match="does not decode"):
         explain_prediction(p, b'{"features": ', r.key, records)
+
+
+def test_a_challenger_s_answer_is_its_own_model_unchecked_by_a_published_score(tmp_path):
+    """--history-challengers, explain --challenger: the challenger's score and parts by its own weights then (its
+    version), said to be unchecked: a challenger publishes no score (equal and published_score null)."""
+    flags = ["--challengers", "averaged", "--history-challengers"]
+    points, predictions, champion, sent = _served(tmp_path, flags)
+    theirs = [decode_record(v) for t, k, v in sent if t == "history" and k == b"perceptron-stream/model/averaged"]
+    assert theirs and champion
+    differ = 0
+    for p in predictions[::5]:
+        r = points[p["source"]["offset"]]
+        answer = explain_prediction(p, r.value, r.key, theirs, "averaged")
+        assert answer["challenger"] == "averaged" and answer["equal"] is None and answer["published_score"] is None
+        total = sum(reason["contribution"] for reason in answer["reasons"]) + answer["bias"]
+        assert abs(total - answer["score"]) <= 1e-12 * (1 + sum(abs(x["contribution"]) for x in answer["reasons"]))
+        differ += answer["score"] != p["score"]  # its own weights: the average, not the champion's
+    assert differ > len(predictions[::5]) // 2
+    assert "challenger averaged's model" in text(answer) and "publishes no score" in text(answer)
