@@ -152,7 +152,7 @@ def try_commands(example: ShellExample, cwd: Path) -> list[str]:
     import subprocess
 
     from perceptron_stream.cli import COMMANDS, main
-    from perceptron_stream.config import load
+    from perceptron_stream.config import CommandSettings, ModelAtSettings, load
 
     done = []
     for env, command in commands_of(example):
@@ -165,9 +165,13 @@ def try_commands(example: ShellExample, cwd: Path) -> list[str]:
             done.append("ran " + " ".join(command))
         elif command[0] == "perceptron-stream":
             name, args = command[1], command[2:]
+            settings_cls: type[CommandSettings] = COMMANDS[name][0]
             if name == "model":
-                assert args[:1] == ["export"], command
-                args = args[1:]
+                assert args[:1] in (["export"], ["at"]), command
+                if args[0] == "at":  # model at VERSION: the flag --version VERSION, as the cli reads it
+                    settings_cls, args = ModelAtSettings, ["--version", *args[1:]]
+                else:
+                    args = args[1:]
             before, here = dict(os.environ), Path.cwd()
             os.environ.update(env)
             os.chdir(cwd)
@@ -177,7 +181,7 @@ def try_commands(example: ShellExample, cwd: Path) -> list[str]:
                         assert main(command[1:]) == 0, command
                     done.append("ran " + " ".join(command))
                 else:
-                    load(COMMANDS[name][0], args)  # raises ConfigError naming the setting when a flag is wrong
+                    load(settings_cls, args)  # raises ConfigError naming the setting when a flag is wrong
                     done.append("parsed " + " ".join(command))
             finally:
                 os.chdir(here)
