@@ -146,10 +146,11 @@ def label_topics(broker, topics: dict) -> dict:
     return out
 
 
-def replay_labels(points, labels_in_order, then=(), challenger=None):
+def replay_labels(points, labels_in_order, then=(), challenger=None, max_features: int | None = 50_000):
     """Offline: predictions of the points, outcomes of the labels (in their order), predictions of ``then``
-    (and a challenger variant scored on the same points and labels)."""
-    learner = make_learner(max_features=50_000)
+    (and a challenger variant scored on the same points and labels); ``max_features``: the service's
+    --max-model-features (None: 0, no cap)."""
+    learner = make_learner(max_features=max_features)
     other = make_learner(challenger, max_features=50_000) if challenger else None
     published, theirs, by_id = {}, {}, {p["id"]: p for p in points + list(then)}
     for p in points:
