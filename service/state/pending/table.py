@@ -83,12 +83,11 @@ class PendingTable:
         key, memory = row_key(point_id), self.memory
         if key in self._early:
             return self._join_early(key, now)
-        blob = _stored(point)
         old = memory.rows.pop(key, None)  # popped: a point added again arrives again
         if old is None:
             memory.unverified.append(key)  # new, unless the table has it (counted as new until looked up)
         self._count += old is None or old[0] != "pending"
-        self._remember(key, "pending", now, blob)
+        self._remember(key, "pending", now, point)  # held as it is: its JSON is made only if it is written
         return None
 
     def _join_early(self, key: str, now: float) -> dict:
@@ -186,8 +185,8 @@ class PendingTable:
                 return "duplicate"
             self._count -= 1
             self._remember(key, "labeled", now, None)
-            assert row[2] is not None  # a pending row holds its point
-            return orjson.loads(row[2])
+            assert type(row[2]) is dict  # a pending row of the open epoch holds its point, as added
+            return row[2]
         row = self._rows[key] if key in self._rows else self.disk.row(key)
         if row is None:
             return None
@@ -227,7 +226,7 @@ class PendingTable:
         return self._count
 
     # what is where ------------------------------------------------------------
-    def _remember(self, key: str, state: str, at: float, point: bytes | None) -> None:
+    def _remember(self, key: str, state: str, at: float, point: dict | bytes | None) -> None:
         """``key``'s row of the open epoch, in memory (written once MEMORY_ROWS changes are)."""
         if self.memory.remember(key, state, at, point):
             self._write_memory()

@@ -118,15 +118,18 @@ class UndoTable:
         self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
 
     def put(self, rows: dict, replacing: set[str]) -> None:
-        """``rows`` (id → (state, at, point, _)) written in this epoch, in their order; ``replacing``: those of them
-        the table has a row of already, logged for undo first."""
+        """``rows`` (id → (state, at, point, _)) written in this epoch, in their order (a point held as a dict
+        written as its JSON); ``replacing``: those of them the table has a row of already, logged for undo first."""
         self.begin()
         for key in replacing:
             self.log(key)
-        epoch = self.epoch
+        epoch, dumps = self.epoch, orjson.dumps
         self.db.executemany(
             "INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
-            ((k, state, at, point, epoch) for k, (state, at, point, _) in rows.items()),
+            (
+                (k, state, at, dumps(point) if type(point) is dict else point, epoch)
+                for k, (state, at, point, _) in rows.items()
+            ),
         )
         if self.changed is not None:
             self.changed.update(rows)
