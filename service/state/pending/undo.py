@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS pending (
 );
 CREATE INDEX IF NOT EXISTS pending_by_time ON pending (state, at);  -- ties: rowid, the order of arrival
 CREATE TABLE IF NOT EXISTS undo (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,
     epoch INTEGER NOT NULL,
     id TEXT NOT NULL,
     old TEXT                       -- JSON [state, at, point, epoch] the change replaced; NULL: the id was absent
