@@ -187,20 +187,20 @@ class PendingTable:
             self._remember(key, "labeled", now, None)
             assert type(row[2]) is dict  # a pending row of the open epoch holds its point, as added
             return row[2]
-        row = self._rows[key] if key in self._rows else self.disk.row(key)
-        if row is None:
+        stored = self._rows[key] if key in self._rows else self.disk.row(key)
+        if stored is None:
             return None
-        state, _, point, epoch = row
+        state, _, blob, epoch = stored
         if state != "pending":
             return "duplicate"
         open_epoch = self.disk.epoch
         self._rows[key] = ("labeled", now, None, open_epoch)  # a second label for it in this batch is a duplicate
         self._takes.append((now, open_epoch, key))
         if epoch < open_epoch:  # a point of an earlier epoch: a restore of it brings the point back
-            self._undo.append((open_epoch, key, undo_value(row)))
+            self._undo.append((open_epoch, key, undo_value(stored)))
         self._count -= 1
-        assert point is not None  # a pending row holds its point
-        return orjson.loads(point)
+        assert blob is not None  # a pending row holds its point (its JSON, on disk)
+        return orjson.loads(blob)
 
     def expire(self, now: float) -> int:
         """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
