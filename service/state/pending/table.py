@@ -4,7 +4,12 @@
 its labels until their point comes (see :mod:`perceptron_stream.state.pending`); it
 decides what lives where: the open epoch's new rows in memory
 (:mod:`.memory`), the rest on disk with their undo log (:mod:`.undo`), read a
-batch at a time (:mod:`.queries`). Two verbs write: :meth:`PendingTable.commit`
+batch at a time (:mod:`.queries`). A point of the open epoch is held as the
+dict it was added as, and a label that comes within the epoch takes that
+dict: its JSON is made only if it is written (a flush or a checkpoint finds it
+pending), where every point's JSON was written and read back (3 µs of a
+decision's own work, bench/README.md, "Delayed labels at the speed of plain
+events"). Two verbs write: :meth:`PendingTable.commit`
 at the end of a batch (the labels taken from the table's rows), and
 :meth:`PendingTable.flush` (the memory too: before a checkpoint, or when it is
 full).
