@@ -186,6 +186,16 @@ class Changelog:
         """Why the stored ``what`` (a pending point, an early label) ``row`` of ``row_id`` cannot be kept: its change
         would be larger than the topic takes (None: it fits). ``estimate`` bounds its JSON's size from above
         (cheaply, from the record it came in): the row is measured only when that is beyond the room."""
+        limits = getattr(self.io, "limits", None)
+        if limits is None:
+            return None
+        # the key's bytes bounded from above without encoding it (a character is at most 4 bytes in UTF-8; the
+        # partition's digits and the row key's tag at most 24): the room measured exactly only for a large row
+        # (its key encoded for every point was a tenth of a kept point's own work)
+        if estimate + len(self.prefix) * 4 + len(str(row_id)) * 4 + 24 + CHANGE_OVERHEAD_BYTES <= limits.of(
+            self.io.topic
+        ):
+            return None
         room = self.room(partition, row_id)
         if room is None or estimate <= room:
             return None

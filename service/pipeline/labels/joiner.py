@@ -127,19 +127,28 @@ class Joiner:
 
     # points and labels ----------------------------------------------------
     def keep(
-        self, r, event_id, x, y_pred: int, score: float, version: int, challengers: dict | None = None
+        self,
+        r,
+        event_id,
+        x,
+        y_pred: int,
+        score: float,
+        version: int,
+        challengers: dict | None = None,
+        now_ms: float | None = None,
     ) -> tuple[dict, dict] | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
         scores of it, which their own mistakes are scored by, as the published ``score`` is the champion's: y·score
         ≤ 0). Returns ``(point, label)`` when its label came first and waited (:meth:`join_early` joins them once
-        the prediction is sent), else None."""
+        the prediction is sent), else None. ``now_ms``: the wall clock as the batch was read (:meth:`wall_ms`;
+        None: read now)."""
         point = {
             "x": x,
             "y_pred": y_pred,
             "score": score,
             "version": version,
             "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset},
-            "at": self.believed(r.timestamp) / 1000,
+            "at": self.believed(r.timestamp, now_ms=now_ms) / 1000,
         }
         if challengers:
             point["challengers"] = challengers
@@ -178,14 +187,24 @@ class Joiner:
         if timestamp > self.point_time.get(partition, -1):
             self.point_time[partition] = timestamp
 
-    def believed(self, timestamp: int, clock: int | None = None) -> int:
+    def wall_ms(self) -> float | None:
+        """The wall clock now (ms), for a batch's records read together to be believed against one reading (a
+        reading per record, four a decision, was a tenth of a decision's own work: bench/README.md, "Delayed labels
+        at the speed of plain events"); None when no bound applies (no clock is read)."""
+        if self.max_clock_skew == math.inf:
+            return None
+        return (time.time() if self.wall is None else self.wall()) * 1000
+
+    def believed(self, timestamp: int, clock: int | None = None, now_ms: float | None = None) -> int:
         """The time (ms) a record stamped ``timestamp`` is taken to have: no later than the wall clock plus
         ``max_clock_skew``, and, given the ``clock`` (ms) it is measured on (negative: none yet, the wall clock's
-        then), no earlier than that less the skew (see the module's docstring)."""
+        then), no earlier than that less the skew (see the module's docstring). ``now_ms``: the wall clock as the
+        record's batch was read (:meth:`wall_ms`; None: read now)."""
         skew_ms = self.max_clock_skew * 1000
         if skew_ms == math.inf:
             return timestamp
-        now_ms = (time.time() if self.wall is None else self.wall()) * 1000
+        if now_ms is None:
+            now_ms = (time.time() if self.wall is None else self.wall()) * 1000
         timestamp = min(timestamp, int(now_ms + skew_ms))
         if clock is not None:
             timestamp = max(timestamp, int((clock if clock >= 0 else now_ms) - skew_ms))
@@ -217,8 +236,8 @@ class Joiner:
         of them only then: a backfill's batch can span days of stream time, and a label within the TTL of its
         point must not lose it to a later label of the same batch (the batch's later labels may, in turn, find a
         point they would have found expired alone: leniency bounded by the batch's span)."""
-        partition = records[0].partition
-        times = [self.believed(r.timestamp) for r in records]
+        partition, now_ms = records[0].partition, self.wall_ms()
+        times = [self.believed(r.timestamp, now_ms=now_ms) for r in records]
         if min(times) > self.label_time.get(partition, -1):
             self.label_time[partition] = min(times)
         if tally is not None:
@@ -229,11 +248,19 @@ class Joiner:
         self.table(partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
 
-    def _label_at(self, r) -> tuple[float, float]:
+    def _label_at(self, r, now_ms: float | None = None, clock: int | None = None) -> tuple[float, float]:
         """When label ``r`` is taken to have come (s): for its delay, as stamped but no later than the wall clock
         allows; for its labeled mark, also no earlier than the skew behind the TTL's clock (:meth:`believed`: a
-        mark back-dated past the TTL would be gone at once, and a second copy of the label ``unknown_id``)."""
-        return self.believed(r.timestamp) / 1000, self.believed(r.timestamp, self.ttl_time(r.partition)) / 1000
+        mark back-dated past the TTL would be gone at once, and a second copy of the label ``unknown_id``).
+        ``now_ms``, ``clock``: the wall clock as its batch was read and the TTL's clock (None: read now)."""
+        if self.max_clock_skew == math.inf:
+            return r.timestamp / 1000, r.timestamp / 1000
+        if now_ms is None:
+            now_ms = self.wall_ms()
+        if clock is None:
+            clock = self.ttl_time(r.partition)
+        at = self.believed(r.timestamp, now_ms=now_ms)
+        return at / 1000, self.believed(at, clock, now_ms=now_ms) / 1000
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
@@ -279,15 +306,21 @@ class Joiner:
         """
         actions: list[tuple] = []
         joins: list[tuple] = []
+        now_ms = self.wall_ms()  # the batch's records believed against one reading of the wall clock
+        clocks: dict[int, int] = {}  # partition → the TTL's clock (nothing a label does here moves it)
         for r, label in zip(records, labels):
             if type(label) is Rejection:
                 actions.append(("letter", r, label))
                 continue
-            table = self.table(r.partition)
-            at, mark = self._label_at(r)
+            partition = r.partition
+            table = self.tables.get(partition) or self.table(partition)
+            clock = clocks.get(partition)
+            if clock is None:
+                clock = clocks[partition] = self.ttl_time(partition)
+            at, mark = self._label_at(r, now_ms, clock)
             got = table.take(label.id, now=mark)
             if got is None:
-                evicted, refusal = self._wait(table, r, label)
+                evicted, refusal = self._wait(table, r, label, now_ms)
                 if refusal is not None:
                     actions.append(("refused", r, refusal))
                     continue
@@ -332,7 +365,9 @@ class Joiner:
                     replica,
                 )
 
-    def _wait(self, table: PendingTable, r, label: Label) -> tuple[list[tuple[dict, str]], Rejection | None]:
+    def _wait(
+        self, table: PendingTable, r, label: Label, now_ms: float | None = None
+    ) -> tuple[list[tuple[dict, str]], Rejection | None]:
         """Hold ``label`` (record ``r``) until its point comes; the oldest early labels it pushes beyond
         --max-early-labels, with why, to be let go (:meth:`_let_go`). Or, when its row would make a changelog
         record beyond the pending topic's ``max.message.bytes`` (a large key or id; its change could never be
@@ -343,7 +378,7 @@ class Joiner:
             "id": label.id,
             "y": label.y,
             "offset": r.offset,
-            "at": self.believed(r.timestamp) / 1000,  # its time, for its delay
+            "at": self.believed(r.timestamp, now_ms=now_ms) / 1000,  # its time, for its delay
             "key": None if r.key is None else base64.b64encode(r.key).decode(),
             "value": r.value.decode(),
         }
@@ -365,7 +400,9 @@ class Joiner:
                 "in this partition: the oldest goes"
             )
             evicted = [(old, why) for old in table.pop_early(most=table.early_count() - self.max_early + 1)]
-        at = self.believed(r.timestamp, self.stream_time(r.partition)) / 1000  # its grace from the grace clock's
+        at = (
+            self.believed(r.timestamp, self.stream_time(r.partition), now_ms) / 1000
+        )  # its grace from the grace clock's
         table.hold(label.id, row, at=at)
         return evicted, None
 

@@ -4,7 +4,12 @@
 its labels until their point comes (see :mod:`perceptron_stream.state.pending`); it
 decides what lives where: the open epoch's new rows in memory
 (:mod:`.memory`), the rest on disk with their undo log (:mod:`.undo`), read a
-batch at a time (:mod:`.queries`). Two verbs write: :meth:`PendingTable.commit`
+batch at a time (:mod:`.queries`). A point of the open epoch is held as the
+dict it was added as, and a label that comes within the epoch takes that
+dict: its JSON is made only if it is written (a flush or a checkpoint finds it
+pending), where every point's JSON was written and read back (3 µs of a
+decision's own work, bench/README.md, "Delayed labels at the speed of plain
+events"). Two verbs write: :meth:`PendingTable.commit`
 at the end of a batch (the labels taken from the table's rows), and
 :meth:`PendingTable.flush` (the memory too: before a checkpoint, or when it is
 full).
@@ -83,12 +88,11 @@ class PendingTable:
         key, memory = row_key(point_id), self.memory
         if key in self._early:
             return self._join_early(key, now)
-        blob = _stored(point)
         old = memory.rows.pop(key, None)  # popped: a point added again arrives again
         if old is None:
             memory.unverified.append(key)  # new, unless the table has it (counted as new until looked up)
         self._count += old is None or old[0] != "pending"
-        self._remember(key, "pending", now, blob)
+        self._remember(key, "pending", now, point)  # held as it is: its JSON is made only if it is written
         return None
 
     def _join_early(self, key: str, now: float) -> dict:
@@ -186,22 +190,22 @@ class PendingTable:
                 return "duplicate"
             self._count -= 1
             self._remember(key, "labeled", now, None)
-            assert row[2] is not None  # a pending row holds its point
-            return orjson.loads(row[2])
-        row = self._rows[key] if key in self._rows else self.disk.row(key)
-        if row is None:
+            assert type(row[2]) is dict  # a pending row of the open epoch holds its point, as added
+            return row[2]
+        stored = self._rows[key] if key in self._rows else self.disk.row(key)
+        if stored is None:
             return None
-        state, _, point, epoch = row
+        state, _, blob, epoch = stored
         if state != "pending":
             return "duplicate"
         open_epoch = self.disk.epoch
         self._rows[key] = ("labeled", now, None, open_epoch)  # a second label for it in this batch is a duplicate
         self._takes.append((now, open_epoch, key))
         if epoch < open_epoch:  # a point of an earlier epoch: a restore of it brings the point back
-            self._undo.append((open_epoch, key, undo_value(row)))
+            self._undo.append((open_epoch, key, undo_value(stored)))
         self._count -= 1
-        assert point is not None  # a pending row holds its point
-        return orjson.loads(point)
+        assert blob is not None  # a pending row holds its point (its JSON, on disk)
+        return orjson.loads(blob)
 
     def expire(self, now: float) -> int:
         """Forget points (and labeled marks) older than the TTL; how many *pending* points expired."""
@@ -227,7 +231,7 @@ class PendingTable:
         return self._count
 
     # what is where ------------------------------------------------------------
-    def _remember(self, key: str, state: str, at: float, point: bytes | None) -> None:
+    def _remember(self, key: str, state: str, at: float, point: dict | bytes | None) -> None:
         """``key``'s row of the open epoch, in memory (written once MEMORY_ROWS changes are)."""
         if self.memory.remember(key, state, at, point):
             self._write_memory()

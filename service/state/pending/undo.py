@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS pending (
 );
 CREATE INDEX IF NOT EXISTS pending_by_time ON pending (state, at);  -- ties: rowid, the order of arrival
 CREATE TABLE IF NOT EXISTS undo (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,
     epoch INTEGER NOT NULL,
     id TEXT NOT NULL,
     old TEXT                       -- JSON [state, at, point, epoch] the change replaced; NULL: the id was absent
@@ -118,15 +118,18 @@ class UndoTable:
         self.db.execute("DELETE FROM pending WHERE id = ?", (key,))
 
     def put(self, rows: dict, replacing: set[str]) -> None:
-        """``rows`` (id → (state, at, point, _)) written in this epoch, in their order; ``replacing``: those of them
-        the table has a row of already, logged for undo first."""
+        """``rows`` (id → (state, at, point, _)) written in this epoch, in their order (a point held as a dict
+        written as its JSON); ``replacing``: those of them the table has a row of already, logged for undo first."""
         self.begin()
         for key in replacing:
             self.log(key)
-        epoch = self.epoch
+        epoch, dumps = self.epoch, orjson.dumps
         self.db.executemany(
             "INSERT OR REPLACE INTO pending (id, state, at, point, epoch) VALUES (?, ?, ?, ?, ?)",
-            ((k, state, at, point, epoch) for k, (state, at, point, _) in rows.items()),
+            (
+                (k, state, at, dumps(point) if type(point) is dict else point, epoch)
+                for k, (state, at, point, _) in rows.items()
+            ),
         )
         if self.changed is not None:
             self.changed.update(rows)
