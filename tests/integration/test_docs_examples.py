@@ -373,7 +373,11 @@ def test_the_pages_run_in_order_on_one_machine_as_written(tmp_path, monkeypatch)
                 DOCS / "how-to" / "explain-a-decision.md",
                 DOCS / "how-to" / "security.md",
             ):
-                [block] = [block for block in shell_examples([page]) if "--config-file" not in block.code]
+                [block] = [
+                    block
+                    for block in shell_examples([page])
+                    if "--config-file" not in block.code and "perceptron-stream serve" in block.code
+                ]
                 machine.run(block)
                 machine.wait_until(lambda: http_get(ready)[0] == 200, 120, what=f"{page.name}'s model ready")
                 machine.stop(keep=1)
