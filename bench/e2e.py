@@ -1008,7 +1008,11 @@ def latency_run(
         wait_done(kafka, worker, group, sent, timeout=600)
         if reader is not None:
             reader.wait(sent)
-        turns = turn_times(worker.samples(("perceptron_poll_loop_turn_seconds_",))) if c.kind == "service" else {}
+        turns = (
+            turn_times(worker.samples(("perceptron_poll_loop_turn_seconds_", "perceptron_poll_loop_flush_seconds_")))
+            if c.kind == "service"
+            else {}
+        )
     finally:
         worker.stop()
         if reader is not None:
@@ -1053,19 +1057,26 @@ def said_turns(run: dict) -> str:
 
 def turn_times(samples: dict[str, float]) -> dict[str, dict]:
     """The service's turn times by what each turn did (``perceptron_poll_loop_turn_seconds{did}``, scraped at the
-    end of a run): per kind, the turns, their mean, and the bucket bound under which 99% of them ended (``le`` of
+    end of a run), and the batches' waits for their acknowledgements within them
+    (``perceptron_poll_loop_flush_seconds``, as "(of which the flush)"): per kind, the turns, their mean, and the bucket bound under which 99% of them ended (``le`` of
     the histogram, "+Inf" past the last); where a latency tail comes from (a turn's time delays every output of
     the events that wait behind it)."""
     buckets: dict[str, list[tuple[float, float]]] = {}
     sums: dict[str, float] = {}
     for name, value in samples.items():
-        did = name.split('did="', 1)[1].split('"', 1)[0] if 'did="' in name else None
-        if did is None:
+        if name.startswith("perceptron_poll_loop_flush_seconds"):  # the batches' waits for acknowledgements
+            did, family = "(of which the flush)", name.removeprefix("perceptron_poll_loop_flush_seconds")
+        elif 'did="' in name:
+            did, family = (
+                name.split('did="', 1)[1].split('"', 1)[0],
+                name.removeprefix("perceptron_poll_loop_turn_seconds"),
+            )
+        else:
             continue
-        if name.startswith("perceptron_poll_loop_turn_seconds_bucket"):
+        if family.startswith("_bucket"):
             le = name.split('le="', 1)[1].split('"', 1)[0]
             buckets.setdefault(did, []).append((float(le), value))
-        elif name.startswith("perceptron_poll_loop_turn_seconds_sum"):
+        elif family.startswith("_sum"):
             sums[did] = value
     out = {}
     for did, bounds in buckets.items():

@@ -298,6 +298,13 @@ class ServiceMetrics:
         )
         for did in TURN_KINDS:  # zeros from the start, as for rejected events
             self.turns.labels(did)
+        self.flushes = Histogram(
+            "perceptron_poll_loop_flush_seconds",
+            "Time each batch waited for the brokers to acknowledge its outputs (part of its turn): the rest of a "
+            "batch turn is the service's own work.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.history_records = Counter(
             "perceptron_history_records",
             "Records written to the model history (--model-history-topic): full states and changes.",
@@ -358,6 +365,10 @@ class ServiceMetrics:
     def observe_turn(self, did: str, seconds: float) -> None:
         """A turn of the poll loop and what it did (:func:`perceptron_stream.runtime.loop.turn_did`)."""
         self.turns.labels(did).observe(seconds)
+
+    def observe_flush(self, seconds: float) -> None:
+        """A batch's wait for its outputs' acknowledgements."""
+        self.flushes.observe(seconds)
 
     def observe_tally(self, tally, latency_s: float) -> None:
         """Count what one batch did (a :class:`~perceptron_stream.pipeline.task.Tally`)."""

@@ -96,6 +96,7 @@ ISSUE_METRICS = {
     "perceptron_history_records": "counter",  # issue 37: the model history
     "perceptron_history_bytes": "counter",
     "perceptron_poll_loop_turn_seconds": "histogram",  # did (issue 38: where the tail comes from)
+    "perceptron_poll_loop_flush_seconds": "histogram",  # a batch turn's wait for its acknowledgements
 }
 SAMPLE_SUFFIXES = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
 

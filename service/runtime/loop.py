@@ -167,7 +167,9 @@ class Loop:
             task.process(records, send, tally)
         tasks = tasks_of.all()
         self.doing = "waiting for the brokers to acknowledge the batch's outputs"
+        waited_from = time.perf_counter()
         self.delivery.flush(stream)
+        self.metrics.observe_flush(time.perf_counter() - waited_from)
         assignments.batch_open = False
         pause, resume, waiting = gate.after(tally)  # waiting: (points pending, labels early), or None
         self.checkpointer.acknowledged(tasks)

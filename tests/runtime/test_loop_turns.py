@@ -86,3 +86,5 @@ def test_each_turn_is_timed_as_what_it_did_and_idle_turns_are_not(tmp_path):
     assert turns["checkpoint"] == 1, turns
     assert turns["batch"] == 1 and sum(turns.values()) == 2, turns  # (a batch before its probe)
     assert stream.committed == [{("points", 0): 40}]
+    text = generate_latest(app.metrics.registry).decode()
+    assert "perceptron_poll_loop_flush_seconds_count 2.0" in text  # each batch's wait for its acknowledgements
