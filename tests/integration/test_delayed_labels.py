@@ -24,7 +24,7 @@ from tests.support.apache_kafka import create_compacting_topic, records_left
 from tests.support.endpoints import http_get, metrics_once
 from tests.support.labels import label_topics, labeled_points, replay_labels, send_labels, send_points
 from tests.support.launch import settings_args, start_service_process
-from tests.support.service import final_checkpoint, has_traceback, stop_process, tail, wait_assigned
+from tests.support.service import final_checkpoint, has_traceback, stop_process, store_args, tail, wait_assigned
 from tests.support.topics import consume, create_topic, end_offset, produce, read_all
 from tests.support.waiting import wait_until
 
@@ -153,15 +153,7 @@ def test_a_sigkill_during_the_label_phase_changes_no_count_and_no_weight(kafka_b
     points = labeled_points(3000, seed=75)
     labels = [(p["id"], p["_y"]) for p in points]
     rng.shuffle(labels)
-    extra = (
-        {
-            "state_store": "kafka",
-            "checkpoint_topic": f"ckpt-{topics['group_id']}",
-            "pending_topic": f"pending-{topics['group_id']}",
-        }
-        if store == "kafka"
-        else {}
-    )
+    extra = store_args(store, topics, pending=True)
     args = settings_args(
         broker,
         names,
@@ -468,15 +460,7 @@ def test_a_sigkill_while_labels_come_before_their_points_learns_each_label_once(
 
     names = label_topics(kafka_broker, topics)
     points = labeled_points(3000, seed=78)
-    extra = (
-        {
-            "state_store": "kafka",
-            "checkpoint_topic": f"ckpt-{topics['group_id']}",
-            "pending_topic": f"pending-{topics['group_id']}",
-        }
-        if store == "kafka"
-        else {}
-    )
+    extra = store_args(store, topics, pending=True)
     args = settings_args(
         kafka_broker,
         names,

@@ -38,6 +38,7 @@ from tests.support.service import (
     has_traceback,
     label_offset,
     stop_process,
+    store_args,
     tail,
     wait_assigned,
 )
@@ -97,15 +98,7 @@ def test_a_sigkill_in_the_middle_of_a_checkpoint_write_restores_exactly(apache_k
     points = _wide_points(seed=38)
     labels = [(p["id"], p["_y"]) for p in points]
     random.Random(38).shuffle(labels)
-    extra = (
-        {
-            "state_store": "kafka",
-            "checkpoint_topic": f"ckpt-{topics['group_id']}",
-            "pending_topic": f"pending-{topics['group_id']}",
-        }
-        if store == "kafka"
-        else {}
-    )
+    extra = store_args(store, topics, pending=True)
     args = settings_args(
         apache_kafka,
         names,

@@ -325,9 +325,12 @@ def wait_assigned(process: subprocess.Popen, log_path: Path, topic: str, timeout
     assert process.poll() is None, f"exited with {process.returncode}:\n{tail(log_path)}"
 
 
-def store_args(store: str, topics: dict) -> dict:
+def store_args(store: str, topics: dict, pending: bool = False) -> dict:
+    """The settings of ``store`` (kafka: its checkpoint topic, and with ``pending`` the delayed labels' changelog
+    topic, each named after the test's group)."""
     if store == "kafka":
-        return {"state_store": "kafka", "checkpoint_topic": f"ckpt-{topics['group_id']}"}
+        topic = {"pending_topic": f"pending-{topics['group_id']}"} if pending else {}
+        return {"state_store": "kafka", "checkpoint_topic": f"ckpt-{topics['group_id']}", **topic}
     return {}
 
 
