@@ -159,7 +159,11 @@ def test_a_stalled_service_reports_exactly_the_events_it_has_not_processed(
         poller.start()
         stalled = service_thread(args)
         log_line = f"consumer group {topics['group_id']} has 1 other member(s): processing nothing until they leave"
-        wait_until(lambda: log_line in caplog.text, 60, what="the service to wait for the other member")
+        try:
+            wait_until(lambda: log_line in caplog.text, 60, what="the service to wait for the other member")
+        except AssertionError as exc:  # (once in CI under load: what the service said meanwhile, to know why)
+            said = "\n".join(caplog.text.splitlines()[-40:])
+            raise AssertionError(f"{exc}; the log's last lines:\n{said}") from None
         # the lag is probed at the assignment, then every LAG_EVERY_S (5 s)
         wait_until(lambda: lag_gauge(stalled.metrics_url, topics["input_topic"]) is not None, 60, what="the lag gauge")
         text = http_get(stalled.metrics_url + "/metrics")[1]
