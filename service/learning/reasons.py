@@ -25,7 +25,7 @@ other weights, and a scaler or hashing changes what the model sees; those explai
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -36,19 +36,19 @@ class Reasons:
     ``contributions`` (float64 arrays), event after event, ``per_event`` parts each (or ``counts``, one per event,
     where events have fewer parts than K), and ``bias`` (one per event)."""
 
-    __slots__ = ("bias", "contributions", "counts", "features", "per_event", "values", "weights")
+    __slots__ = ("bias", "contributions", "counts", "features", "per_event", "starts", "values", "weights")
 
     def __init__(self, features, values, weights, contributions, bias, per_event: int, counts: list[int] | None):
         self.features, self.values, self.weights, self.contributions = features, values, weights, contributions
         self.bias, self.per_event, self.counts = bias, per_event, counts
+        self.starts = None if counts is None else [0, *accumulate(counts)]  # where each event's parts begin
 
     def __getitem__(self, i: int) -> tuple[list[tuple], float]:
         """Event ``i``'s parts ``(feature, value, weight, contribution)`` and bias, as ``explain`` ranks them."""
-        if self.counts is None:
+        if self.starts is None:
             start, stop = i * self.per_event, (i + 1) * self.per_event
         else:
-            start = sum(self.counts[:i])
-            stop = start + self.counts[i]
+            start, stop = self.starts[i], self.starts[i + 1]
         columns = [column[start:stop] for column in (self.features, self.values, self.weights, self.contributions)]
         columns = [c.tolist() if hasattr(c, "tolist") else c for c in columns]
         return list(zip(*columns)), float(self.bias[i])
