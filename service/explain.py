@@ -65,7 +65,11 @@ def explain_prediction(
     model = prediction.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("run"), str) or type(model.get("seen")) is not int:
         raise ExplainError("the prediction names no model run: it was published without --model-history-topic")
-    where = f"version {model.get('version')} of run {model['run']}"
+    where = (
+        f"version {model.get('version')} of run {model['run']}"
+        if challenger is None
+        else f"challenger {challenger}'s model at event {model['seen']} of run {model['run']}"
+    )
     decoder = Decoder(max_message_bytes=1 << 30, max_features=1_000_000)  # the service took it: no limit here
     decoded = decoder.decode_many([event], [key], True)
     if not decoded.xs:

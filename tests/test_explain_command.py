@@ -89,3 +89,6 @@ def test_a_challenger_s_answer_is_its_own_model_unchecked_by_a_published_score(t
         differ += answer["score"] != p["score"]  # its own weights: the average, not the champion's
     assert differ > len(predictions[::5]) // 2
     assert "challenger averaged's model" in text(answer) and "publishes no score" in text(answer)
+    elsewhere = {**p, "model": {**p["model"], "run": "0123456789abcdef"}}  # a run its history does not hold
+    with pytest.raises(ExplainError, match=r"challenger averaged's model at event \d+ of run 0123456789abcdef"):
+        explain_prediction(elsewhere, r.value, r.key, theirs, "averaged")
