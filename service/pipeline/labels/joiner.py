@@ -193,6 +193,10 @@ class Joiner:
         at the speed of plain events"); None when no bound applies (no clock is read)."""
         if self.max_clock_skew == math.inf:
             return None
+        return self._clock_ms()
+
+    def _clock_ms(self) -> float:
+        """The wall clock (ms): the test's, or the machine's."""
         return (time.time() if self.wall is None else self.wall()) * 1000
 
     def believed(self, timestamp: int, clock: int | None = None, now_ms: float | None = None) -> int:
@@ -204,7 +208,7 @@ class Joiner:
         if skew_ms == math.inf:
             return timestamp
         if now_ms is None:
-            now_ms = (time.time() if self.wall is None else self.wall()) * 1000
+            now_ms = self._clock_ms()
         timestamp = min(timestamp, int(now_ms + skew_ms))
         if clock is not None:
             timestamp = max(timestamp, int((clock if clock >= 0 else now_ms) - skew_ms))
