@@ -28,7 +28,7 @@ from perceptron_stream.state.pending.undo import EARLY, STATES, UndoTable, undo_
 
 def _stored(row: dict) -> bytes:
     """``row``'s JSON in a bytes object of its own size, to be held: orjson (3.13) returns its result in the
-    4 KiB buffer it wrote it into, so 50,000 early labels or points held in memory cost 200 MB instead of 4
+    4 KiB buffer it wrote it into, so 50,000 early labels held in memory cost 200 MB instead of 4
     (tracemalloc: 4,098 against 64 bytes a label; bench/README.md, "Memory").
 
     >>> _stored({"id": "a", "y": 1})
