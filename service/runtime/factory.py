@@ -153,18 +153,15 @@ class TaskFactory:
             drift=DriftWatch(),
             frozen=frozen,
             explain=s.explain,
-            history=self._history(history_key(s.group_id, name), self.meta),
-            challenger_histories={
-                challenger: history
-                for challenger, variant, margin in (self.challenger_specs if s.history_challengers else ())
-                if (
-                    history := self._history(
-                        challenger_key(s.group_id, name, challenger),
-                        {**self.meta, "variant": variant, "margin": margin},
-                    )
+            history=None if s.model_history_topic is None else self._history(history_key(s.group_id, name), self.meta),
+            challenger_histories={  # (--history-challengers needs the history: the settings check it)
+                challenger: self._history(
+                    challenger_key(s.group_id, name, challenger), {**self.meta, "variant": variant, "margin": margin}
                 )
-                is not None
-            },
+                for challenger, variant, margin in self.challenger_specs
+            }
+            if s.history_challengers
+            else None,
             outputs={
                 "output_topic": s.output_topic,
                 "dlq_topic": s.dlq_topic,
@@ -173,13 +170,13 @@ class TaskFactory:
             },
         )
 
-    def _history(self, key: bytes, meta: dict) -> History | None:
-        """A model history of ``key``'s records (--model-history-topic; None: off), each within the topic's limit."""
+    def _history(self, key: bytes, meta: dict) -> History:
+        """A model history of ``key``'s records on --model-history-topic, each within the topic's limit."""
         s = self.settings
-        if s.model_history_topic is None:
-            return None
-        limit = 0 if self.limits is None else self.limits.of(s.model_history_topic)
-        return History(key, s.history_snapshot_every, s.model_history_topic, meta, max_record_bytes=limit)
+        topic = s.model_history_topic
+        assert topic is not None  # (asked only with a history)
+        limit = 0 if self.limits is None else self.limits.of(topic)
+        return History(key, s.history_snapshot_every, topic, meta, max_record_bytes=limit)
 
     def make_learner(self, variant: str, margin: float):
         s = self.settings
