@@ -187,10 +187,12 @@ class History:
         self.since_state, self.version_at_state = 0, learner.updates
 
     def step(self, seen: int, version: int, x: Any, y: int | None) -> None:
-        self.changes.append(["s", seen, version, x, y])
+        """A step that changed the model: its learner's ``seen`` after it (counted as the champion's), ``version``."""
+        self.changes.append(["s", seen + self.shift, version, x, y])
 
     def join(self, seen: int, version: int, x: Any, y: int) -> None:
-        self.changes.append(["j", seen, version, x, y])
+        """A delayed label's join, as :meth:`step`."""
+        self.changes.append(["j", seen + self.shift, version, x, y])
 
     def send(self, send, learner) -> tuple[int, int]:
         """The records made so far sent through ``send`` (the task's: in its transaction under exactly-once): how
@@ -316,8 +318,7 @@ class Recorded:
             or inner.updates != updates
             or len(inner.feature_index) != features
         ):
-            history = self.history
-            history.changes.append(["s", self.learner.seen + history.shift, inner.updates, x, y])
+            self.history.step(self.learner.seen, inner.updates, x, y)
         return result
 
     def step_many(self, xs: list, ys: list, checked: bool = False, joins: list | None = None):
@@ -335,8 +336,7 @@ class Recorded:
         joined: dict[int, list] = {}
         for (i, y), counters in zip(joins or (), steps.joined):
             joined.setdefault(i, []).append((y, counters[0]))
-        updates, shift = _column(steps.updates), history.shift
-        seen = [s + shift for s in _column(steps.seen)]
+        updates, seen = _column(steps.updates), _column(steps.seen)
         for i, (x, y) in enumerate(zip(xs, ys)):
             if every or (labeled and y is not None) or updates[i] != before:
                 history.step(seen[i], updates[i], x, y)
@@ -369,13 +369,13 @@ class Recorded:
     def relabel(self, x, y: int, mistake: bool):
         result = self.learner.relabel(x, y, mistake)
         if not self.frozen:
-            self.history.join(self.learner.seen + self.history.shift, self.inner.updates, x, y)
+            self.history.join(self.learner.seen, self.inner.updates, x, y)
         return result
 
     def relabel_many(self, xs: list, ys: list, mistakes: list[bool]):
         result = self.learner.relabel_many(xs, ys, mistakes)
         if not self.frozen:
-            seen = self.learner.seen + self.history.shift
+            seen = self.learner.seen
             for x, y, version in zip(xs, ys, result[0]):
                 self.history.join(seen, version, x, y)
         return result
