@@ -113,12 +113,8 @@ def _reasons_texts(reasons) -> list[bytes]:
     :class:`~perceptron_stream.learning.reasons.Reasons`, K parts an event) and bias, as :func:`explained` writes
     them. Each column is written by one dumps and cut (as :func:`predictions` does), and each event's tail by one
     bytes format of its 4K + 1 texts: a join of them all measured 1.2 µs an event at K = 3, the format 0.55."""
-    k, features = reasons.per_event, reasons.features
-    if type(features) is not list or not all(type(f) is str for f in features):
-        names = _cut(features)
-    else:  # one per line, as predictions' ids
-        names = _dumps(features, option=orjson.OPT_INDENT_2)[4:-2].split(b",\n  ")
-    columns = (names, _cut(reasons.values), _cut(reasons.weights), _cut(reasons.contributions))
+    k = reasons.per_event
+    columns = (_texts(reasons.features), _cut(reasons.values), _cut(reasons.weights), _cut(reasons.contributions))
     template = b'},"reasons":[' + b",".join([_REASON] * k) + b'],"bias":%s}\n'
     texts = [column[j::k] for j in range(k) for column in columns]
     return list(map(template.__mod__, zip(*texts, _cut(reasons.bias))))
@@ -156,11 +152,7 @@ def predictions(
     n = len(ids)
     if n == 0:
         return []
-    kinds = set(map(type, ids))
-    if kinds == {int} or kinds == {type(None)}:
-        id_texts = _cut(ids)
-    else:  # one per line: a JSON string holds no newline unescaped (a comma, a quote or a bracket it may)
-        id_texts = _dumps(ids, option=orjson.OPT_INDENT_2)[4:-2].split(b",\n  ")
+    id_texts = _texts(ids)
     model = b'"version":' if replica is None else _dumps(replica)[1:-1] + b',"version":'
     parts: tuple = (
         b'{"id":',
@@ -251,6 +243,18 @@ class InRecordOrder:
 def _cut(column) -> list[bytes]:
     """The JSON text of each value of ``column`` (numbers, booleans, null), by one dumps."""
     return _dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+
+
+def _texts(column) -> list[bytes]:
+    """:func:`_cut`, for a column that may hold strings too (ids, feature names): those written one per line, and cut
+    at the line ends (a JSON string holds no newline unescaped, where it may hold a comma, a quote or a bracket).
+
+    >>> _texts([7, None]), _texts(["a,b", 3])
+    ([b'7', b'null'], [b'"a,b"', b'3'])
+    """
+    if type(column) is not list or str not in set(map(type, column)):
+        return _cut(column)
+    return _dumps(column, option=orjson.OPT_INDENT_2)[4:-2].split(b",\n  ")
 
 
 #: The longest error sentence a dead letter carries: the decoder may quote a
