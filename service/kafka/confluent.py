@@ -706,12 +706,15 @@ class _BrokersAway(logging.Filter):
     ...     return logging.LogRecord(log.name, logging.ERROR, "", 1, "%s [%s] %s", (fac, "rdkafka#producer-1", text), None)
     >>> _BrokersAway().filter(line("FAIL", "[thrd:b:9092/bootstrap]: Connect to ipv4#b:9092 failed: Connection refused"))
     False
+    >>> _BrokersAway().filter(line("SESSTMOUT", "[thrd:main]: Consumer group session timed out (in join-state steady)"))
+    False
     >>> _BrokersAway().filter(line("TERMINATE", "Handle is terminating in state UP"))
     True
     """
 
-    #: librdkafka's facilities (rdkafka_broker.c) of a connection that failed or timed out.
-    FACILITIES = frozenset({"FAIL", "REQTMOUT"})
+    #: librdkafka's facilities of a connection that failed or timed out (rdkafka_broker.c), and of the group session
+    #: lost with the coordinator (rdkafka_cgrp.c: its revocation is the service's "revoked" line, the outage its own).
+    FACILITIES = frozenset({"FAIL", "REQTMOUT", "SESSTMOUT"})
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
