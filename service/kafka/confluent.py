@@ -87,6 +87,8 @@ MAX_BLOCK_S = 10.0
 #: librdkafka's consumer close waits for a commit in flight, and a commit waits
 #: for the group coordinator for as long as the brokers are away: bounded here.
 CLOSE_TIMEOUT_S = 10.0
+#: How long each consume() waits while a commit's answer is awaited (commit()).
+COMMIT_SLICE_S = 0.001
 #: lag(ask_broker=True) without a timeout: KafkaIO's request timeout.
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 #: How long a transactional call (init, send offsets, commit, abort) may take when the caller gives no deadline.
@@ -400,9 +402,11 @@ class ConfluentIO:
                     f"commit not acknowledged within {timeout_s:.1f} s"
                 )  # translated on the way out
             # consume() serves the answer but returns only when its count is
-            # reached or its time is up: short turns, and a bounded stash
+            # reached or its time is up: short turns (1 ms: the answer on a
+            # loopback broker comes in about that; 5 ms slices made each commit
+            # of a flowing stream 5 ms at least), and a bounded stash
             room = self.max_poll_records - len(self._stash)
-            messages = self.consumer.consume(max(1, room), min(left, 0.005) if room > 0 else 0)
+            messages = self.consumer.consume(max(1, room), min(left, COMMIT_SLICE_S) if room > 0 else 0)
             self._stash.extend(messages)  # after the call: a rebalance served in it empties the stash
             if room <= 0:  # a full batch in hand already: keep serving, slowly
                 time.sleep(min(left, 0.001))

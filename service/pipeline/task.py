@@ -492,9 +492,11 @@ class Task:
         if self.joiner is not None:
             self.joiner.before_save(cp.seq, into)
 
-    def saved(self, cp: Checkpoint) -> None:
+    def saved(self, cp: Checkpoint, learned: int | None = None) -> None:
+        """``cp`` is written; ``learned``: the events it covers (None: all processed so far), those processed since
+        its snapshot stay unsaved (a checkpoint written off the loop, runtime/checkpointer.py)."""
         self.seq = cp.seq
-        self.unsaved = 0
+        self.unsaved = 0 if learned is None else max(0, self.unsaved - learned)
         if self.joiner is not None:
             self.joiner.saved(cp.seq)
 

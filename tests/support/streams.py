@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from perceptron_stream.config import KafkaSettings
-from perceptron_stream.kafka import Stream, open_stream
+from perceptron_stream.kafka import Record, Stream, open_stream
 
 
 def open_test_stream(
@@ -22,3 +24,44 @@ def open_test_stream(
         max_poll_records=max_poll_records,
         fetch_max_wait_ms=20,
     )
+
+
+class ScriptedStream:
+    """Hands over the batches it was given, one a poll (then nothing), and takes what the loop writes."""
+
+    def __init__(self, batches: list[list[Record]]):
+        self.batches = list(batches)
+        self.sent: list[tuple] = []
+        self.committed: list[dict] = []
+
+    def poll(self, timeout_ms, max_records):
+        return [self.batches.pop(0)] if self.batches else []
+
+    def send(self, topic, key, value):
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout_s):
+        return []
+
+    def commit(self, positions, timeout_s=None):
+        self.committed.append(dict(positions))
+
+    def lag(self, timeout_s=None, ask_broker=True):
+        return {}
+
+    def assignment(self):
+        return [("points", 0)]
+
+    def pause(self, partitions=None):
+        pass
+
+    def resume(self, partitions=None):
+        pass
+
+
+def scripted_records(start: int, count: int) -> list[Record]:
+    """``count`` labeled events of two features on ("points", 0), offsets from ``start``."""
+    events = [
+        {"id": f"e{i}", "x": [1.0, float(i % 3) - 1.0], "y": 1 if i % 2 else -1} for i in range(start, start + count)
+    ]
+    return [Record("points", 0, start + i, None, json.dumps(e).encode(), 0) for i, e in enumerate(events)]
