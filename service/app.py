@@ -182,6 +182,7 @@ class Application:
         if opened is None:
             return False
         self.wire(opened)
+        resources.callback(self.checkpointer.close)  # last: after the final checkpoint
         resources.callback(self.factory.close)  # the pending tables' cache directory, once their joiners closed
         resources.callback(self._close_joiners)
         if not self.per_partition:  # the group's model, before joining: fail fast on a bad checkpoint or lost state
