@@ -267,7 +267,7 @@ class Joiner:
         at = self.believed(r.timestamp, now_ms=now_ms)
         return at / 1000, self.believed(at, clock, now_ms=now_ms) / 1000
 
-    def _label_bounds(self, now_ms: float | None, clock: int) -> tuple[float, float]:
+    def label_bounds(self, now_ms: float | None, clock: int) -> tuple[float, float]:
         """(latest, earliest) time (ms) a label is believed to have come, as :meth:`_label_at` bounds it, for a batch's
         labels read at ``now_ms`` (:meth:`wall_ms`) on the TTL's clock ``clock``: a label stamped ``t`` came at
         ``min(t, latest)``, its mark at ``max(min(t, latest), earliest)`` (±inf: no bound). Two comparisons a label
@@ -323,7 +323,7 @@ class Joiner:
         actions: list[tuple] = []
         joins: list[tuple] = []
         now_ms = self.wall_ms()  # the batch's records believed against one reading of the wall clock
-        # partition → its table and bounds (_label_bounds: the TTL's clock, which nothing a label does here moves)
+        # partition → its table and bounds (label_bounds: the TTL's clock, which nothing a label does here moves)
         partitions: dict[int, tuple[PendingTable, float, float]] = {}
         for r, label in zip(records, labels):
             if type(label) is Rejection:
@@ -333,7 +333,7 @@ class Joiner:
             known = partitions.get(partition)
             if known is None:
                 table = self.tables.get(partition) or self.table(partition)
-                known = partitions[partition] = (table, *self._label_bounds(now_ms, self.ttl_time(partition)))
+                known = partitions[partition] = (table, *self.label_bounds(now_ms, self.ttl_time(partition)))
             table, latest, earliest = known
             at_ms = min(r.timestamp, latest)  # as _label_at: (at, mark) in ms
             got = table.take(label.id, now=max(at_ms, earliest) / 1000)
@@ -354,18 +354,7 @@ class Joiner:
         learned = iter(self.join.learn_many([p for p, _ in joins], [y for _, y in joins], learner, models))
         join = self.join
         for kind, *what in actions:
-            if kind == "letter":
-                r, rejection = what
-                join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, rejection, send, tally)
-            elif kind == "refused":
-                r, rejection = what
-                join.dead_letter(None, None, r.topic, r.partition, r.offset, rejection, send, tally)
-            elif kind == "count":
-                tally.label_outcomes.append(what[0])
-            elif kind == "let go":
-                old, why, partition = what
-                self._let_go(old, why, send, tally, partition)
-            else:
+            if kind == "join":  # the most of them first
                 r, label, point, at = what
                 counters, theirs = next(learned)
                 join.publish(
@@ -383,6 +372,17 @@ class Joiner:
                     tally,
                     replica,
                 )
+            elif kind == "letter":
+                r, rejection = what
+                join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, rejection, send, tally)
+            elif kind == "refused":
+                r, rejection = what
+                join.dead_letter(None, None, r.topic, r.partition, r.offset, rejection, send, tally)
+            elif kind == "count":
+                tally.label_outcomes.append(what[0])
+            else:  # "let go"
+                old, why, partition = what
+                self._let_go(old, why, send, tally, partition)
 
     def _wait(
         self, table: PendingTable, r, label: Label, now_ms: float | None = None
