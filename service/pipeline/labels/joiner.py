@@ -356,7 +356,7 @@ class Joiner:
         for kind, *what in actions:
             if kind == "join":  # the most of them first
                 r, label, point, at = what
-                counters, theirs = next(learned)
+                counters, theirs, mistake = next(learned)
                 join.publish(
                     label.id,
                     label.y,
@@ -371,6 +371,7 @@ class Joiner:
                     send,
                     tally,
                     replica,
+                    mistake=mistake,
                 )
             elif kind == "letter":
                 r, rejection = what
