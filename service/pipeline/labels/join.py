@@ -77,18 +77,20 @@ class Join:
 
     def learn_many(self, points: list[dict], ys: list[int], learner, models) -> list[tuple]:
         """:meth:`joined`'s learning for many joins in order, each learner's by ``relabel_many`` (the same floats as
-        one relabel at a time): per join, the champion's (updates, seen, mistakes) after it and the challengers'
-        mistakes on its decision, for :meth:`publish`."""
+        one relabel at a time): per join, the champion's (updates, seen, mistakes) after it, the challengers'
+        mistakes on its decision and whether the published decision was one, for :meth:`publish` (its
+        ``mistake``: decided once a join, not again as it is published)."""
         xs = [point["x"] for point in points]
-        updates, mistakes = relabel_many(learner, xs, ys, [decided_wrong(point, y) for point, y in zip(points, ys)])
+        decided = [decided_wrong(point, y) for point, y in zip(points, ys)]
+        updates, mistakes = relabel_many(learner, xs, ys, decided)
         seen = learner.seen
         wrong: dict[str, list[bool]] = {}
         for name, challenger in ({} if models is None else models.challengers).items():
             wrong[name] = [challenger_wrong(point, name, y) for point, y in zip(points, ys)]
             relabel_many(challenger, xs, ys, wrong[name])
-        return [
-            ((updates[i], seen, mistakes[i]), {name: flags[i] for name, flags in wrong.items()}) for i in range(len(xs))
-        ]
+        names = list(wrong)
+        theirs = [dict(zip(names, flags)) for flags in zip(*wrong.values())] if names else [{} for _ in xs]
+        return [((u, seen, m), t, d) for u, m, t, d in zip(updates, mistakes, theirs, decided)]
 
     def publish(
         self,
@@ -106,11 +108,13 @@ class Join:
         tally,
         replica,
         counted: bool = False,
+        mistake: bool | None = None,
     ) -> None:
         """A joined decision counted and its outcome sent: ``counters`` the model's (updates, seen, mistakes) after
         the join learned, ``theirs`` the challengers' mistakes on it (``counted``: their flags and the decision's
-        are in the tally already)."""
-        mistake = decided_wrong(point, y)
+        are in the tally already); ``mistake``: whether the decision was one (None: decided here)."""
+        if mistake is None:
+            mistake = decided_wrong(point, y)
         if not counted:
             for name, wrong in theirs.items():
                 tally.challenger_flags.setdefault(name, []).append(wrong)

@@ -241,13 +241,14 @@ class Joiner:
         point must not lose it to a later label of the same batch (the batch's later labels may, in turn, find a
         point they would have found expired alone: leniency bounded by the batch's span)."""
         partition, now_ms = records[0].partition, self.wall_ms()
-        times = [self.believed(r.timestamp, now_ms=now_ms) for r in records]
-        if min(times) > self.label_time.get(partition, -1):
-            self.label_time[partition] = min(times)
+        stamps = [r.timestamp for r in records]  # each believed no later than the wall clock allows (believed())
+        oldest, newest = self.believed(min(stamps), now_ms=now_ms), self.believed(max(stamps), now_ms=now_ms)
+        if oldest > self.label_time.get(partition, -1):
+            self.label_time[partition] = oldest
         if tally is not None:
             self._expire(partition, self.table(partition), tally)
-        if max(times) > self.label_time.get(partition, -1):
-            self.label_time[partition] = max(times)
+        if newest > self.label_time.get(partition, -1):
+            self.label_time[partition] = newest
         labels = decode_labels([r.value for r in records], [r.key for r in records], self.max_message_bytes)
         self.table(partition).read_ahead([label.id for label in labels if not isinstance(label, Rejection)])
         return labels
@@ -265,6 +266,17 @@ class Joiner:
             clock = self.ttl_time(r.partition)
         at = self.believed(r.timestamp, now_ms=now_ms)
         return at / 1000, self.believed(at, clock, now_ms=now_ms) / 1000
+
+    def label_bounds(self, now_ms: float | None, clock: int) -> tuple[float, float]:
+        """(latest, earliest) time (ms) a label is believed to have come, as :meth:`_label_at` bounds it, for a batch's
+        labels read at ``now_ms`` (:meth:`wall_ms`) on the TTL's clock ``clock``: a label stamped ``t`` came at
+        ``min(t, latest)``, its mark at ``max(min(t, latest), earliest)`` (±inf: no bound). Two comparisons a label
+        where two :meth:`believed` calls were (their calls and clock reads were a tenth of a decision's book-keeping:
+        bench/README.md, "Delayed labels at the speed of plain events")."""
+        if now_ms is None:  # no bound applies (max_clock_skew is inf)
+            return math.inf, -math.inf
+        skew_ms = self.max_clock_skew * 1000
+        return int(now_ms + skew_ms), int((clock if clock >= 0 else now_ms) - skew_ms)
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
@@ -311,18 +323,21 @@ class Joiner:
         actions: list[tuple] = []
         joins: list[tuple] = []
         now_ms = self.wall_ms()  # the batch's records believed against one reading of the wall clock
-        clocks: dict[int, int] = {}  # partition → the TTL's clock (nothing a label does here moves it)
+        # partition → its table and bounds (label_bounds: the TTL's clock, which nothing a label does here moves)
+        partitions: dict[int, tuple[PendingTable, float, float]] = {}
         for r, label in zip(records, labels):
             if type(label) is Rejection:
                 actions.append(("letter", r, label))
                 continue
             partition = r.partition
-            table = self.tables.get(partition) or self.table(partition)
-            clock = clocks.get(partition)
-            if clock is None:
-                clock = clocks[partition] = self.ttl_time(partition)
-            at, mark = self._label_at(r, now_ms, clock)
-            got = table.take(label.id, now=mark)
+            known = partitions.get(partition)
+            if known is None:
+                table = self.tables.get(partition) or self.table(partition)
+                known = partitions[partition] = (table, *self.label_bounds(now_ms, self.ttl_time(partition)))
+            table, latest, earliest = known
+            at_ms = min(r.timestamp, latest)  # as _label_at: (at, mark) in ms
+            got = table.take(label.id, now=max(at_ms, earliest) / 1000)
+            at = at_ms / 1000
             if got is None:
                 evicted, refusal = self._wait(table, r, label, now_ms)
                 if refusal is not None:
@@ -339,20 +354,9 @@ class Joiner:
         learned = iter(self.join.learn_many([p for p, _ in joins], [y for _, y in joins], learner, models))
         join = self.join
         for kind, *what in actions:
-            if kind == "letter":
-                r, rejection = what
-                join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, rejection, send, tally)
-            elif kind == "refused":
-                r, rejection = what
-                join.dead_letter(None, None, r.topic, r.partition, r.offset, rejection, send, tally)
-            elif kind == "count":
-                tally.label_outcomes.append(what[0])
-            elif kind == "let go":
-                old, why, partition = what
-                self._let_go(old, why, send, tally, partition)
-            else:
+            if kind == "join":  # the most of them first
                 r, label, point, at = what
-                counters, theirs = next(learned)
+                counters, theirs, mistake = next(learned)
                 join.publish(
                     label.id,
                     label.y,
@@ -367,7 +371,19 @@ class Joiner:
                     send,
                     tally,
                     replica,
+                    mistake=mistake,
                 )
+            elif kind == "letter":
+                r, rejection = what
+                join.dead_letter(r.value, r.key, r.topic, r.partition, r.offset, rejection, send, tally)
+            elif kind == "refused":
+                r, rejection = what
+                join.dead_letter(None, None, r.topic, r.partition, r.offset, rejection, send, tally)
+            elif kind == "count":
+                tally.label_outcomes.append(what[0])
+            else:  # "let go"
+                old, why, partition = what
+                self._let_go(old, why, send, tally, partition)
 
     def _wait(
         self, table: PendingTable, r, label: Label, now_ms: float | None = None

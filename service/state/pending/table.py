@@ -13,6 +13,18 @@ events"). Two verbs write: :meth:`PendingTable.commit`
 at the end of a batch (the labels taken from the table's rows), and
 :meth:`PendingTable.flush` (the memory too: before a checkpoint, or when it is
 full).
+
+Why a take of an earlier epoch's point is written at its batch's commit and
+not held in memory to the checkpoint with the epoch's new rows: tried
+(2026-11-29), its mark written at the checkpoint by the same ``INSERT OR
+REPLACE`` as the new rows cost more than the ``UPDATE`` it saved (the write of
+the checkpoint's rows went from 7 to 11-13 µs a decision, the ``UPDATE`` and
+its undo entry were 3.8; a replaced row is a delete and an insert in each of
+the table's three B-trees), and a table reopened after a crash shows the
+batch's takes (tests/state/test_pending.py). SQLite's ``mmap_size``,
+``cache_size`` 64 MiB, ``temp_store`` and ``wal_autocheckpoint`` were measured
+no better either (bench/README.md, "Delayed labels at the speed of plain
+events", 2026-11-29).
 """
 
 from __future__ import annotations
