@@ -405,6 +405,13 @@ class _ClientNoiseFilter(logging.Filter):
     - ``WARNING kafka.coordinator.consumer: OffsetCommit for group ... failed:
       UnknownMemberIdError`` (coordinator/consumer.py, before it raises
       CommitFailedError): the service says the refused commit itself, once.
+    - The heartbeat's lines of a group session lost (``Heartbeat: local
+      member_id was not recognized``, ``... generation id is not current``,
+      ``Heartbeat session expired``, ``... coordinator ... is either not
+      started or not valid``): an outage past the session (6 s), or a stop of
+      the process; the consumer joins again by itself, and the service says the
+      outage, the refused commit and the new assignment itself. A CI run saw
+      the first at WARNING after a 12 s broker kill (test_log_lines).
     - A connection refused, lost or timed out, and what follows from it ("No
       node available for metadata refresh", "Marking the coordinator dead", a
       fetch or a request that failed with KafkaConnectionError): the brokers
@@ -429,6 +436,12 @@ class _ClientNoiseFilter(logging.Filter):
     (False, True)
     >>> _ClientNoiseFilter().filter(refresh(KafkaConnectionError("111 ECONNREFUSED")))  # the brokers away
     False
+    >>> def heartbeat(msg):
+    ...     return logging.LogRecord("kafka.coordinator.heartbeat", logging.WARNING, "", 1, msg, (), None)
+    >>> _ClientNoiseFilter().filter(heartbeat("Heartbeat: local member_id was not recognized; this consumer needs to re-join"))
+    False
+    >>> _ClientNoiseFilter().filter(heartbeat("Consumer poll timeout has expired. This means the time between ..."))
+    True
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -444,6 +457,8 @@ class _ClientNoiseFilter(logging.Filter):
         if record.name == "kafka.coordinator.consumer" and record.msg == "OffsetCommit for group %s failed: %s":
             return True  # a member the group removed (an outage past the session): raised next as CommitFailedError,
             # which the service says itself ("could not commit offsets of group ...")
+        if record.name == "kafka.coordinator.heartbeat" and str(record.msg).startswith(_SESSION_LOST):
+            return True
         if record.name == "kafka.cluster":
             args = record.args if isinstance(record.args, tuple) else ()
             return record.msg == "Metadata refresh: failed %s" and bool(args) and isinstance(args[0], kerrors.Cancelled)
@@ -452,6 +467,16 @@ class _ClientNoiseFilter(logging.Filter):
             and str(record.msg).startswith("Task ")
             and "blocking the event loop" in str(record.msg)
         )
+
+
+#: The starts of kafka-python's heartbeat lines of a group session lost (kafka/coordinator/base.py of 3.0.12), their
+#: format strings: see :class:`_ClientNoiseFilter`.
+_SESSION_LOST = (
+    "Heartbeat: local member_id was not recognized",
+    "Heartbeat failed for group %s: generation id is not",
+    "Heartbeat session expired",
+    "Heartbeat failed for group %s: coordinator",
+)
 
 
 #: What a connection refused, lost or timed out is, to kafka-python: the errors its lines carry, and the words of the
