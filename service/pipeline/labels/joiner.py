@@ -204,15 +204,10 @@ class Joiner:
         ``max_clock_skew``, and, given the ``clock`` (ms) it is measured on (negative: none yet, the wall clock's
         then), no earlier than that less the skew (see the module's docstring). ``now_ms``: the wall clock as the
         record's batch was read (:meth:`wall_ms`; None: read now)."""
-        skew_ms = self.max_clock_skew * 1000
-        if skew_ms == math.inf:
+        if self.max_clock_skew == math.inf:
             return timestamp
-        if now_ms is None:
-            now_ms = self._clock_ms()
-        timestamp = min(timestamp, int(now_ms + skew_ms))
-        if clock is not None:
-            timestamp = max(timestamp, int((clock if clock >= 0 else now_ms) - skew_ms))
-        return timestamp
+        latest, earliest = self.label_bounds(self._clock_ms() if now_ms is None else now_ms, clock)
+        return int(max(min(timestamp, latest), earliest))
 
     def read_to(self, partition: int, moment_ms: int) -> None:
         """Every point of ``partition`` written before ``moment_ms`` has been read (the input's end was reached by
@@ -258,25 +253,24 @@ class Joiner:
         allows; for its labeled mark, also no earlier than the skew behind the TTL's clock (:meth:`believed`: a
         mark back-dated past the TTL would be gone at once, and a second copy of the label ``unknown_id``).
         ``now_ms``, ``clock``: the wall clock as its batch was read and the TTL's clock (None: read now)."""
-        if self.max_clock_skew == math.inf:
-            return r.timestamp / 1000, r.timestamp / 1000
         if now_ms is None:
             now_ms = self.wall_ms()
-        if clock is None:
-            clock = self.ttl_time(r.partition)
-        at = self.believed(r.timestamp, now_ms=now_ms)
-        return at / 1000, self.believed(at, clock, now_ms=now_ms) / 1000
+        latest, earliest = self.label_bounds(now_ms, self.ttl_time(r.partition) if clock is None else clock)
+        at = min(r.timestamp, latest)
+        return at / 1000, max(at, earliest) / 1000
 
-    def label_bounds(self, now_ms: float | None, clock: int) -> tuple[float, float]:
-        """(latest, earliest) time (ms) a label is believed to have come, as :meth:`_label_at` bounds it, for a batch's
-        labels read at ``now_ms`` (:meth:`wall_ms`) on the TTL's clock ``clock``: a label stamped ``t`` came at
-        ``min(t, latest)``, its mark at ``max(min(t, latest), earliest)`` (±inf: no bound). Two comparisons a label
-        where two :meth:`believed` calls were (their calls and clock reads were a tenth of a decision's book-keeping:
-        bench/README.md, "Delayed labels at the speed of plain events")."""
-        if now_ms is None:  # no bound applies (max_clock_skew is inf)
+    def label_bounds(self, now_ms: float | None, clock: int | None) -> tuple[float, float]:
+        """(latest, earliest) time (ms) a record read at ``now_ms`` (:meth:`wall_ms`) is believed to have, measured on
+        ``clock`` (the TTL's, for a label's mark; None: no earlier bound): one stamped ``t`` has ``max(min(t, latest),
+        earliest)`` (±inf: no bound). The one home of the skew's rule (:meth:`believed`, :meth:`_label_at`); a
+        label batch takes its bounds once, two comparisons a label where two :meth:`believed` calls were (their
+        calls and clock reads were a tenth of a decision's book-keeping: bench/README.md, "Delayed labels at the
+        speed of plain events")."""
+        if now_ms is None or self.max_clock_skew == math.inf:  # no bound applies (wall_ms() is None then)
             return math.inf, -math.inf
         skew_ms = self.max_clock_skew * 1000
-        return int(now_ms + skew_ms), int((clock if clock >= 0 else now_ms) - skew_ms)
+        earliest = -math.inf if clock is None else int((clock if clock >= 0 else now_ms) - skew_ms)
+        return int(now_ms + skew_ms), earliest
 
     def label(self, r, label: Label | Rejection, learner, send, tally, replica: dict | None, models=None) -> None:
         """A label record: joined (learn, count the decision, publish the outcome), kept until its point comes
