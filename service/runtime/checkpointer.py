@@ -47,6 +47,9 @@ from perceptron_stream.state.kafka_store import CheckpointTooLargeError
 
 log = logging.getLogger("perceptron_stream")
 
+#: What a checkpoint's write may fail with: stop the service (KafkaFatal), or retry after a backoff (the others).
+WRITE_ERRORS = (KafkaFatal, KafkaUnavailable, OSError, CheckpointTooLargeError)
+
 
 class Write:
     """Checkpoints being written on ``writer``'s thread, in order; :meth:`result` waits for them: the checkpoints
@@ -197,12 +200,11 @@ class Checkpointer:
             try:
                 task.before_save(cp)
                 self.store.save(cp)
-            except (KafkaFatal, KafkaUnavailable, OSError, CheckpointTooLargeError) as exc:
+            except WRITE_ERRORS as exc:
                 self._failed(task, cp, exc)
                 return False
             self._saved(task, cp, learned)
-        self._backoff.reset()
-        self._last_at = time.monotonic()
+        self._all_saved()
         return True
 
     def _written(self) -> bool:
@@ -215,13 +217,17 @@ class Checkpointer:
             self._saved(task, cp, learned)
         if error is not None:
             task, cp, _ = items[len(written)]
-            if not isinstance(error, (KafkaFatal, KafkaUnavailable, OSError, CheckpointTooLargeError)):
+            if not isinstance(error, WRITE_ERRORS):
                 raise error
             self._failed(task, cp, error)
             return False
+        self._all_saved()
+        return True
+
+    def _all_saved(self) -> None:
+        """Every due task saved: the backoff starts over, and the interval counts from now."""
         self._backoff.reset()
         self._last_at = time.monotonic()
-        return True
 
     def _saved(self, task, cp, learned: int) -> None:
         """``cp`` of ``task`` is written: the ``learned`` events it covers are saved (those since its snapshot are
