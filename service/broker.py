@@ -32,7 +32,7 @@ class PortInUse(BrokerError):
     """Another process listens on the port the broker was asked to take."""
 
     def __init__(self, host: str, port: int):
-        super().__init__(f"{host}:{port} is in use: another process listens there")
+        super().__init__(f"{host}:{port} is in use: another process listens there (another port, or 0 for a free one)")
         self.host, self.port = host, port
 
 

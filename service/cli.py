@@ -127,7 +127,7 @@ def run_broker(settings: BrokerSettings) -> int:
     try:
         broker = EmbeddedBroker(settings.host, settings.port).start()
     except PortInUse as exc:
-        print(f"{PROG} broker: --port {settings.port}: {exc} (another port, or 0 for a free one)", file=sys.stderr)
+        print(f"{PROG} broker: --port {settings.port}: {exc}", file=sys.stderr)
         return 2
     print(f"embedded broker (Tansu) on {broker.bootstrap_servers}; memory only; Ctrl-C stops it", flush=True)
     print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)

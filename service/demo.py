@@ -300,10 +300,7 @@ def run_demo(settings: DemoSettings) -> int:
     try:
         embedded = EmbeddedBroker(port=settings.broker_port).start()
     except PortInUse as exc:
-        print(
-            f"perceptron-stream demo: --broker-port {settings.broker_port}: {exc} (another port, or 0 for a free one)",
-            file=sys.stderr,
-        )
+        print(f"perceptron-stream demo: --broker-port {settings.broker_port}: {exc}", file=sys.stderr)
         return 2
     with (
         embedded as broker,
