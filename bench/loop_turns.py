@@ -35,40 +35,8 @@ sys.path.insert(0, str(ROOT))
 from bench.trees import import_root, use_tree  # noqa: E402
 
 
-class InstantStream:
-    """Hands over one batch a poll, takes every output and commit at once."""
-
-    def __init__(self, batches: list):
-        self.batches = batches
-        self.committed = 0
-
-    def poll(self, timeout_ms, max_records):
-        return [self.batches.pop()] if self.batches else []
-
-    def send(self, topic, key, value):
-        pass
-
-    def flush(self, timeout_s):
-        return []
-
-    def commit(self, positions, timeout_s=None):
-        self.committed += 1
-
-    def lag(self, timeout_s=None, ask_broker=True):
-        return {}
-
-    def assignment(self):
-        return [("points", 0)]
-
-    def pause(self, partitions=None):
-        pass
-
-    def resume(self, partitions=None):
-        pass
-
-
 def batches(events: int, size: int) -> list:
-    """``events`` labeled events of d = 10 on ("points", 0), in batches of ``size``, last batch first (popped)."""
+    """``events`` labeled events of d = 10 on ("points", 0), in batches of ``size``."""
     from perceptron_stream.kafka import Record
     from perceptron_stream.streams import separable
 
@@ -80,7 +48,7 @@ def batches(events: int, size: int) -> list:
             batch = []
     if batch:
         out.append(batch)
-    return out[::-1]
+    return out
 
 
 def worker(args) -> dict:
@@ -90,6 +58,8 @@ def worker(args) -> dict:
     from perceptron_stream.runtime.startup import Opened
     from perceptron_stream.state.checkpoint import Owner
     from perceptron_stream.state.local import LocalStore
+
+    from tests.support.streams import ScriptedStream  # the tests' stand-in: hands over a batch a poll, takes all
 
     with tempfile.TemporaryDirectory(prefix="loop-turns-") as state:
         flags = [
@@ -103,13 +73,13 @@ def worker(args) -> dict:
         app = Application(load(ServeSettings, flags))
         s = app.settings
         app.wire(Opened(Owner(s.group_id, s.input_topic), store=LocalStore(Path(state), s.group_id)))
-        stream = InstantStream(batches(args.events, args.batch))
+        stream = ScriptedStream(batches(args.events, args.batch))
         loop = app.attach(stream)  # type: ignore[arg-type]  # a stand-in with what a turn uses
         app.assignments.guard.passed = True
         times: dict[str, list[float]] = {"plain": [], "checkpoint": [], "after": []}
         seen, due_at, after = 0, args.checkpoint_every, False
         while stream.batches:
-            size = len(stream.batches[-1])
+            size = len(stream.batches[0])
             started = time.perf_counter()
             loop.turn()
             took = time.perf_counter() - started
