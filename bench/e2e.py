@@ -1095,18 +1095,43 @@ def turn_times(samples: dict[str, float]) -> dict[str, dict]:
 
 
 def latency_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
-    """Each service's latency run with its bare client's at the same rate (the run right after it).
+    """Each service's latency run with its bare client's at the same rate in the same round, whichever ran first.
 
-    >>> runs = [{"name": "service", "rate_of": "service", "p99_ms": 90},
-    ...         {"name": "ceiling kafka-python", "rate_of": "service", "p99_ms": 80}]
-    >>> [(s["name"], r["name"]) for s, r in latency_pairs(runs)]
-    [('service', 'ceiling kafka-python')]
+    >>> runs = [{"name": "service", "rate_of": "service", "p99_ms": 90, "partitions": 1, "repeat": 0},
+    ...         {"name": "ceiling kafka-python", "rate_of": "service", "p99_ms": 80, "partitions": 1, "repeat": 0},
+    ...         {"name": "ceiling kafka-python", "rate_of": "service", "p99_ms": 70, "partitions": 1, "repeat": 1},
+    ...         {"name": "service", "rate_of": "service", "p99_ms": 60, "partitions": 1, "repeat": 1}]
+    >>> [(s["p99_ms"], r["p99_ms"]) for s, r in latency_pairs(runs)]
+    [(90, 80), (60, 70)]
     """
-    return [
-        (s, r)
-        for s, r in itertools.pairwise(runs)
-        if s["name"] == s.get("rate_of") == r.get("rate_of") != r["name"] and s["p99_ms"] is not None and r["p99_ms"]
-    ]
+    pairs = []
+    for a, b in itertools.pairwise(runs):
+        if a.get("rate_of") is None or (a["partitions"], a.get("repeat"), a["rate_of"]) != (
+            b["partitions"],
+            b.get("repeat"),
+            b.get("rate_of"),
+        ):
+            continue
+        s, r = (a, b) if a["name"] == a["rate_of"] else (b, a)
+        if s["name"] == s["rate_of"] != r["name"] and s["p99_ms"] is not None and r["p99_ms"]:
+            pairs.append((s, r))
+    return pairs
+
+
+def p99_ratios(runs: list[dict]) -> dict[tuple[str, int], list[float]]:
+    """Each service's p99 / its bare loop's at the same rate, by (service, partitions), round by round.
+
+    >>> runs = [{"name": "s", "rate_of": "s", "p99_ms": 90, "partitions": 1, "repeat": 0},
+    ...         {"name": "bare", "rate_of": "s", "p99_ms": 60, "partitions": 1, "repeat": 0},
+    ...         {"name": "bare", "rate_of": "s", "p99_ms": 50, "partitions": 1, "repeat": 1},
+    ...         {"name": "s", "rate_of": "s", "p99_ms": 40, "partitions": 1, "repeat": 1}]
+    >>> p99_ratios(runs)
+    {('s', 1): [1.5, 0.8]}
+    """
+    out: dict[tuple[str, int], list[float]] = {}
+    for s, r in latency_pairs(runs):
+        out.setdefault((s["name"], s["partitions"]), []).append(round(s["p99_ms"] / r["p99_ms"], 2))
+    return out
 
 
 def memory_run(
@@ -1244,6 +1269,14 @@ def main() -> int:
     )
     parser.add_argument(
         "--latency-seconds", type=float, default=10.0, help="length of each fixed-rate latency run (0: skip)"
+    )
+    parser.add_argument(
+        "--latency-repeats",
+        type=int,
+        default=1,
+        help="latency runs of each service and its bare loop per partition count, which goes first alternating "
+        "(a run after another has the shorter tail: bench/README.md, 'The checkpoint off the loop'); the median "
+        "of the p99 ratios is reported",
     )
     parser.add_argument(
         "--memory-events", type=int, default=0, help="events of the resident-memory run (0: skip; e.g. 1000000)"
@@ -1408,10 +1441,14 @@ def main() -> int:
             for p in partitions if args.latency_seconds and not args.no_throughput else ():
                 for c in [c for c in services if not c.labels]:  # points with inline labels
                     rate = service_rate(results, c.name, p) / 2
-                    # the service, then the bare loop of its own client at the same rate: the reference of its p99
-                    for runner in (c, bare.get(c.client)):
-                        if runner is None:
-                            continue
+                    # the service and the bare loop of its own client at the same rate (the reference of its p99),
+                    # the service first in even rounds, the bare loop in odd ones
+                    pair = [runner for runner in (c, bare.get(c.client)) if runner is not None]
+                    for repeat, runner in (
+                        (r, runner)
+                        for r in range(args.latency_repeats)
+                        for runner in (pair if r % 2 == 0 else pair[::-1])
+                    ):
                         console.print(
                             f"latency: {runner.name}, {p} partition(s), {rate:,.0f} events/s for {args.latency_seconds:.0f} s ..."
                         )
@@ -1426,7 +1463,7 @@ def main() -> int:
                             f"p{p}-{len(results['latency'])}",
                             logs,
                         )
-                        run["rate_of"] = c.name
+                        run["rate_of"], run["repeat"] = c.name, repeat
                         console.print(
                             f"  p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, max {run['max_ms']:.0f} ms"
                             + said_turns(run)
@@ -1589,10 +1626,11 @@ def report(console, results: dict, contenders: list[Contender]) -> None:
                 f"{r['max_ms']:.0f}",
             )
         console.print(lat)
-        for service, reference in latency_pairs(results["latency"]):
+        for (name, partitions), ratios in p99_ratios(results["latency"]).items():
             console.print(
-                f"{service['partitions']} partition(s): {service['name']} p99 / {reference['name']} p99 at the same "
-                f"rate: {service['p99_ms'] / reference['p99_ms']:.2f}"
+                f"{partitions} partition(s): {name} p99 / its bare loop's p99 at the same rate, round by round: "
+                + ", ".join(f"{r:.2f}" for r in ratios)
+                + f"; median {statistics.median(ratios):.2f}"
             )
     for m in results["memory"]:
         mem = Table(title=f"{m['name']}: resident memory (VmRSS), {m['events']:,} events fed continuously")
