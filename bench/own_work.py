@@ -60,67 +60,6 @@ def records(count: int, labeled: bool = True, topic: str = "points"):
     return out
 
 
-class FreeTable:
-    """The least any pending table can cost: a dict of points by id and a set of labeled ids, kept nowhere else
-    (no checkpoint, no undo, no expiry, no bound, no early labels): what a decision costs with every table
-    redesign's savings taken, the bound of what one can reach (``--only "+ both, labels joined, a dict"``)."""
-
-    evicted = 0
-
-    def __init__(self):
-        self.points: dict = {}
-        self.labeled: set = set()
-
-    def add(self, point_id, point, now):
-        self.points[point_id] = point
-
-    def take(self, point_id, now):
-        point = self.points.pop(point_id, None)
-        if point is None:
-            return "duplicate" if point_id in self.labeled else None
-        self.labeled.add(point_id)
-        return point
-
-    def waiting(self, point_id):
-        return None
-
-    def early_count(self):
-        return 0
-
-    def pending_count(self):
-        return len(self.points)
-
-    def next_early(self):
-        return None
-
-    def expire(self, now):
-        return 0
-
-    def read_ahead(self, point_ids):
-        pass
-
-    def commit(self):
-        pass
-
-    def flush(self):
-        pass
-
-    def checkpoint(self, seq):
-        pass
-
-    def hold(self, label_id, label, at):
-        raise NotImplementedError("own_work's labels come after their points")
-
-    def load(self, rows, epoch):
-        self.points, self.labeled = {}, set()
-
-    def rollback_to(self, seq):
-        self.load({}, seq + 1)
-
-    def close(self):
-        pass
-
-
 def runner(args: list[str], recs, tmp: Path, labels=None, free_table: bool = False):
     """A function that processes ``recs`` once through the service's own path, in batches of 1,000 (with
     ``labels``: after each batch of points, the labels of the batch before it, a lag of 1,000 as bench/e2e.py's)."""
@@ -141,7 +80,9 @@ def runner(args: list[str], recs, tmp: Path, labels=None, free_table: bool = Fal
         app._cache_dir = tempfile.TemporaryDirectory()  # type: ignore[attr-defined]  # that Application's
     task = app.tasks.group
     assert task is not None  # group scope
-    if free_table:  # the bound of any table: FreeTable's
+    if free_table:  # the least any table can cost (bench/free_table.py)
+        from bench.free_table import FreeTable
+
         task.joiner.open_table = lambda partition: FreeTable()
     batches = [recs[i : i + 1000] for i in range(0, len(recs), 1000)]
     if labels is not None:
@@ -208,7 +149,7 @@ def main() -> None:
             ["--challengers", "averaged,pocket", "--label-topic", "labels"],
             "joined",
         )
-        configs["+ both, labels joined, a dict for a table (FreeTable: the bound of any table)"] = (
+        configs["+ both, labels joined, a dict for a table (bench/free_table.py)"] = (
             ["--challengers", "averaged,pocket", "--label-topic", "labels"],
             "free",
         )
