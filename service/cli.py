@@ -30,6 +30,7 @@ from perceptron_stream.config import (
     ServeSettings,
     TrainSettings,
     load,
+    signing_key,
 )
 
 PROG = "perceptron-stream"
@@ -226,7 +227,7 @@ def run_model_export(settings: ModelExportSettings) -> int:
     from perceptron_stream.state.checkpoint import GROUP_TASK, CheckpointError, Owner
 
     _logging("WARNING")
-    key = settings.checkpoint_key.get_secret_value().encode() if settings.checkpoint_key else None
+    key = signing_key(settings)
     if settings.state_store == "local":
         from perceptron_stream.state.local import LocalStore
 

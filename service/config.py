@@ -170,6 +170,40 @@ class CommandSettings(BaseSettings):
         return (init_settings, env_settings, _FileSource(settings_cls, _config_file.get()))
 
 
+def _key_from_file(settings) -> None:
+    """``settings.checkpoint_key`` from ``checkpoint_key_file``, if given (the one reading of the key's file for every
+    command that takes it); ValueError naming the setting when it cannot be used."""
+    if settings.checkpoint_key_file is None:
+        return
+    if settings.checkpoint_key is not None:
+        raise ValueError("give checkpoint_key or checkpoint_key_file, not both")
+    try:
+        text = settings.checkpoint_key_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"checkpoint_key_file {settings.checkpoint_key_file} cannot be read: {exc}") from None
+    if len(text) < 16:
+        raise ValueError(
+            f"checkpoint_key_file {settings.checkpoint_key_file} must hold a key of at least 16 characters"
+        )
+    settings.checkpoint_key = SecretStr(text)
+
+
+def signing_key(settings) -> bytes | None:
+    """--checkpoint-key as bytes (None: not set): what signs checkpoints, mix records and the model history's records,
+    for each command that writes or reads them."""
+    return settings.checkpoint_key.get_secret_value().encode() if settings.checkpoint_key else None
+
+
+#: The description of --checkpoint-key-file, for every command that takes the key.
+_KEY_FILE = "File holding --checkpoint-key (its content, surrounding whitespace removed)."
+#: What the readers of the model history say of --checkpoint-key.
+_HISTORY_KEY = (
+    "The service's --checkpoint-key: every record of the model history read must be signed with it (one unsigned, "
+    "altered or moved from another model's history is left out, and said). Give it in the environment or with "
+    "--checkpoint-key-file (never logged)."
+)
+
+
 class KafkaSettings(CommandSettings):
     """How to reach the brokers; passed through to the Kafka client."""
 
@@ -439,12 +473,11 @@ class ServeSettings(KafkaSettings):
     checkpoint_key: SecretStr | None = Field(
         None,
         min_length=16,
-        description="Secret that signs checkpoints (HMAC-SHA256); unsigned or badly signed ones are refused as damaged. "
-        "Give it in the environment or with --checkpoint-key-file, not on a command line others can read (never logged).",
+        description="Secret that signs checkpoints and the model history's records (HMAC-SHA256); unsigned or badly "
+        "signed checkpoints are refused as damaged. Give it in the environment or with --checkpoint-key-file, not on "
+        "a command line others can read (never logged).",
     )
-    checkpoint_key_file: Path | None = Field(
-        None, description="File holding --checkpoint-key (its content, surrounding whitespace removed)."
-    )
+    checkpoint_key_file: Path | None = Field(None, description=_KEY_FILE)
     start_over: bool = Field(
         False,
         description="When the state store holds only checkpoints of another cluster, topic or log (positions outside "
@@ -502,18 +535,7 @@ class ServeSettings(KafkaSettings):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.checkpoint_key_file is not None:
-            if self.checkpoint_key is not None:
-                raise ValueError("give checkpoint_key or checkpoint_key_file, not both")
-            try:
-                text = self.checkpoint_key_file.read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"checkpoint_key_file {self.checkpoint_key_file} cannot be read: {exc}") from None
-            if len(text) < 16:
-                raise ValueError(
-                    f"checkpoint_key_file {self.checkpoint_key_file} must hold a key of at least 16 characters"
-                )
-            self.checkpoint_key = SecretStr(text)
+        _key_from_file(self)
         if len({self.input_topic, self.output_topic, self.dlq_topic}) < 3:
             raise ValueError("input_topic, output_topic and dlq_topic must be three different topics")
         if self.margin > 0 and self.variant != "margin":
@@ -819,6 +841,13 @@ class ExplainSettings(KafkaSettings):
         "table.",
     )
     timeout_seconds: float = Field(120.0, gt=0.0, description="How long each topic's read may take.")
+    checkpoint_key: SecretStr | None = Field(None, min_length=16, description=_HISTORY_KEY)
+    checkpoint_key_file: Path | None = Field(None, description=_KEY_FILE)
+
+    @model_validator(mode="after")
+    def _key(self):
+        _key_from_file(self)
+        return self
 
 
 class ModelAtSettings(KafkaSettings):
@@ -847,6 +876,13 @@ class ModelAtSettings(KafkaSettings):
         "at its own version: promote it with serve --initial-model.",
     )
     timeout_seconds: float = Field(120.0, gt=0.0, description="How long the history's read may take.")
+    checkpoint_key: SecretStr | None = Field(None, min_length=16, description=_HISTORY_KEY)
+    checkpoint_key_file: Path | None = Field(None, description=_KEY_FILE)
+
+    @model_validator(mode="after")
+    def _key(self):
+        _key_from_file(self)
+        return self
 
 
 class DemoSettings(CommandSettings):

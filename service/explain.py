@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 
-from perceptron_stream.config import ExplainSettings, ModelAtSettings
+from perceptron_stream.config import ExplainSettings, ModelAtSettings, signing_key
 from perceptron_stream.pipeline.history import (
     HistoryError,
     challenger_key,
@@ -158,24 +158,33 @@ def text(answer: dict) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def read_history(settings, topic: str, key: bytes, timeout_s: float) -> tuple[list[dict], int]:
-    """Every committed record of ``topic`` keyed ``key``, decoded, and how many did not read (left out: a rebuild that
-    needs one fails, naming its run)."""
+def read_history(settings, topic: str, key: bytes, timeout_s: float) -> tuple[list[dict], list[str]]:
+    """Every committed record of ``topic`` keyed ``key``, decoded (with --checkpoint-key: signed with it as ``key``'s),
+    and why each that did not read was left out (a rebuild that needs one fails, naming its run)."""
     from perceptron_stream.kafka import read_partition
     from perceptron_stream.kafka.admin import partition_counts
 
     partitions = partition_counts(settings, [topic])[topic]
     if not partitions:
         raise ExplainError(f"topic {topic} does not exist")
-    records, unread = [], 0
+    records, unread, signed_by = [], [], signing_key(settings)
     for partition in range(partitions):
         for _, record_key, value in read_partition(settings, topic, partition, None, timeout_s):
             if record_key == key and value is not None:
                 try:
-                    records.append(decode_record(value))
-                except HistoryError:
-                    unread += 1
+                    records.append(decode_record(value, key, signed_by))
+                except HistoryError as exc:
+                    unread.append(str(exc))
     return records, unread
+
+
+def left_out(prog: str, key: bytes, unread: list[str]) -> None:
+    """Say on stderr how many records of ``key``'s history were left out, and why (the first reason)."""
+    if unread:
+        print(
+            f"{prog}: {len(unread)} record(s) of {key.decode()} in the history do not read ({unread[0]}); left out",
+            file=sys.stderr,
+        )
 
 
 def run_explain(settings: ExplainSettings) -> int:
@@ -211,10 +220,7 @@ def run_explain(settings: ExplainSettings) -> int:
             else challenger_key(settings.group_id, task_of(prediction), settings.challenger)
         )
         records, unread = read_history(settings, settings.model_history_topic, wanted, timeout)
-        if unread:
-            print(
-                f"{PROG}: {unread} record(s) of {wanted.decode()} in the history do not read; left out", file=sys.stderr
-            )
+        left_out(PROG, wanted, unread)
         if not records and settings.challenger is not None:
             raise ExplainError(
                 f"the history holds no record of challenger {settings.challenger} ({wanted.decode()}): was the "
@@ -245,7 +251,8 @@ def run_model_at(settings: ModelAtSettings) -> int:
         else challenger_key(settings.group_id, settings.task, settings.challenger)
     )
     try:
-        records, _ = read_history(settings, settings.model_history_topic, key, settings.timeout_seconds)
+        records, unread = read_history(settings, settings.model_history_topic, key, settings.timeout_seconds)
+        left_out(prog, key, unread)
         runs = runs_at(records, settings.version)
         run = settings.run if settings.run is not None else (runs[-1] if runs else None)
         if run is None:

@@ -204,3 +204,33 @@ def test_the_longest_commit_interval_is_half_the_transaction_timeout():
 
     assert MAX_COMMIT_INTERVAL_MS == TRANSACTION_TIMEOUT_MS // 2
     assert load(ServeSettings, ["--commit-interval-ms", str(MAX_COMMIT_INTERVAL_MS)]).commit_interval_ms == 5000
+
+
+@pytest.mark.parametrize("command", ["serve", "explain", "model at"])
+def test_every_command_that_takes_the_signing_key_reads_it_from_a_file_the_same_way(command, tmp_path):
+    """serve signs with --checkpoint-key, explain and model at check the history with it: each takes it from
+    --checkpoint-key-file (whitespace around it removed), and refuses both at once, or a file too short, naming it."""
+    from perceptron_stream.config import ExplainSettings, ModelAtSettings, signing_key
+
+    settings_cls, needed = {
+        "serve": (ServeSettings, []),
+        "explain": (ExplainSettings, ["--prediction", "out:0:1", "--model-history-topic", "h"]),
+        "model at": (
+            ModelAtSettings,
+            ["--version", "1", "--output", str(tmp_path / "m.json"), "--model-history-topic", "h"],
+        ),
+    }[command]
+    key_file = tmp_path / "key"
+    key_file.write_text("  a-key-of-sixteen-or-more\n")
+    assert (
+        signing_key(load(settings_cls, [*needed, "--checkpoint-key-file", str(key_file)]))
+        == b"a-key-of-sixteen-or-more"
+    )
+    assert signing_key(load(settings_cls, needed)) is None
+    with pytest.raises(ConfigError, match="give checkpoint_key or checkpoint_key_file, not both"):
+        load(settings_cls, [*needed, "--checkpoint-key-file", str(key_file), "--checkpoint-key", "x" * 16])
+    key_file.write_text("short")
+    with pytest.raises(ConfigError, match=f"checkpoint_key_file {key_file} must hold a key of at least 16"):
+        load(settings_cls, [*needed, "--checkpoint-key-file", str(key_file)])
+    with pytest.raises(ConfigError, match="checkpoint_key"):
+        load(settings_cls, [*needed, "--checkpoint-key", "short"])

@@ -47,6 +47,14 @@ differ from the first's (guarantees.md). Each copy names its run, and each
 run's history is its own: every published prediction is rebuilt with its
 own weights.
 
+**Signed** with ``--checkpoint-key`` (as the checkpoints are): each record
+ends in ``"hmac"``, the HMAC-SHA256 of its key and its bytes without it
+(:func:`sign_record`), so a record altered, forged, or moved under another
+key (a champion's changes under a challenger's history, which shares its
+run) is refused by a reader with the key (:func:`decode_record`). A reader
+without the key reads the records as they are; the rebuilt score's check
+against the published one still holds.
+
 **Rebuilding** (:func:`rebuild`) the model that predicted event ``seen = S``
 of run ``R``: the run's last state with seen ≤ S − 1, then its changes with
 seen ≤ S − 1, in ``op`` order. The result is checked by the caller against
@@ -70,6 +78,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import logging
 import secrets
 from typing import Any
@@ -88,6 +97,9 @@ STATE_PART_BYTES = 256 * 1024
 
 #: A part record's bytes beside its data (kind, run, op, seen, cause, part; a run is 16 characters).
 _PART_FRAME_BYTES = 256
+
+#: What a signature adds to a record: ``,"hmac":"<64 hex digits>"`` before its closing brace.
+SIGNATURE_BYTES = len(b',"hmac":""') + 64
 
 #: The cause of a full state in the history.
 START, SNAPSHOT, MIX = "start", "snapshot", "mix"
@@ -130,15 +142,54 @@ def _changes_on(learner) -> tuple[Any, str]:
             return learner, ("labeled" if every == "some" and keeps else every)
 
 
+def _mac(signing_key: bytes, key: bytes, unsigned: bytes) -> str:
+    """The HMAC-SHA256 of a record's Kafka ``key`` and its ``unsigned`` bytes (the key's length first: no record can
+    be read as another key's)."""
+    return hmac.new(signing_key, len(key).to_bytes(4, "big") + key + unsigned, hashlib.sha256).hexdigest()
+
+
+def sign_record(record: bytes, key: bytes, signing_key: bytes) -> bytes:
+    """``record`` (a JSON object's bytes) with its signature as its last member, ``"hmac"``.
+
+    >>> signed = sign_record(b'{"kind":"gap"}', b"g/model", b"k" * 16)
+    >>> signed[:22], len(signed) - len(b'{"kind":"gap"}') == SIGNATURE_BYTES
+    (b'{"kind":"gap","hmac":"', True)
+    """
+    return b'%s,"hmac":"%s"}' % (record[:-1], _mac(signing_key, key, record).encode())
+
+
+def _verified(value: bytes, key: bytes, signing_key: bytes) -> None:
+    """Nothing, when ``value`` is a record of ``key`` signed with ``signing_key``; else HistoryError."""
+    tail_bytes = SIGNATURE_BYTES + 1  # with the closing brace
+    head, tail = value[:-tail_bytes], value[-tail_bytes:]
+    if not (len(value) > tail_bytes and tail.startswith(b',"hmac":"') and tail.endswith(b'"}')):
+        raise HistoryError("a history record is not signed, and --checkpoint-key is set: written without it, or forged")
+    if not hmac.compare_digest(tail[9:-2], _mac(signing_key, key, head + b"}").encode()):
+        raise HistoryError(
+            "a history record's signature does not match: written with another --checkpoint-key, altered, or moved "
+            "from another model's history"
+        )
+
+
 class History:
-    """One task's history: its run, the changes since the last state, and the records not yet sent."""
+    """One task's history: its run, the changes since the last state, and the records not yet sent (each signed with
+    ``signing_key``: --checkpoint-key, if set)."""
 
     def __init__(
-        self, key: bytes, snapshot_every: int, topic: str = "", meta: dict | None = None, max_record_bytes: int = 0
+        self,
+        key: bytes,
+        snapshot_every: int,
+        topic: str = "",
+        meta: dict | None = None,
+        max_record_bytes: int = 0,
+        signing_key: bytes | None = None,
     ):
         self.key, self.snapshot_every, self.topic = key, snapshot_every, topic
-        # the longest record value: STATE_PART_BYTES, or less where the topic's limit (key + value) is lower
+        self.signing_key = signing_key
+        # the longest record value: STATE_PART_BYTES, or less where the topic's limit (key + value) is lower; less
+        # its signature's bytes, if signed
         self.room = STATE_PART_BYTES if max_record_bytes <= 0 else min(STATE_PART_BYTES, max_record_bytes - len(key))
+        self.room -= 0 if signing_key is None else SIGNATURE_BYTES
         if self.room < 4 * _PART_FRAME_BYTES:
             raise ValueError(f"a history record of {self.room} bytes at most holds nothing (the topic's limit)")
         self.meta = meta or {}  # the settings the model depends on (a model file of a version carries them)
@@ -175,15 +226,15 @@ class History:
         header = {"kind": "state", **where, "version": learner.updates, "cause": cause, "meta": self.meta}
         whole = orjson.dumps({**header, "model": orjson.Fragment(model)})
         if len(whole) <= self.room:
-            self.records.append(whole)
+            self._add(whole)
         else:  # base64 makes 4 bytes of 3
             size = (self.room - _PART_FRAME_BYTES) // 4 * 3
             parts = [model[i : i + size] for i in range(0, len(model), size)]
             digest = hashlib.sha256(model).hexdigest()
-            self.records.append(orjson.dumps({**header, "model": None, "parts": len(parts), "sha256": digest}))
+            self._add(orjson.dumps({**header, "model": None, "parts": len(parts), "sha256": digest}))
             for i, part in enumerate(parts):
                 data = base64.b64encode(part).decode()
-                self.records.append(orjson.dumps({"kind": "part", **where, "cause": cause, "part": i, "data": data}))
+                self._add(orjson.dumps({"kind": "part", **where, "cause": cause, "part": i, "data": data}))
         self.since_state, self.version_at_state = 0, learner.updates
 
     def step(self, seen: int, version: int, x: Any, y: int | None) -> None:
@@ -217,6 +268,10 @@ class History:
         records, self.records = self.records, []
         return records
 
+    def _add(self, record: bytes) -> None:
+        """``record`` to be sent, signed if the history is."""
+        self.records.append(record if self.signing_key is None else sign_record(record, self.key, self.signing_key))
+
     def _cut(self) -> None:
         changes, self.changes = self.changes, []
         for start in range(0, len(changes), CHANGES_PER_RECORD):
@@ -242,7 +297,7 @@ class History:
             )
             self.gaps += 1
             log.error("the model history left out its change at version %s (event %s): %s", version, seen, why)
-        self.records.append(record)
+        self._add(record)
         self.op += len(part)
         self.since_state += len(part)
 
@@ -393,8 +448,20 @@ class HistoryError(ValueError):
     """The history cannot rebuild the model asked for: what is missing or does not read."""
 
 
-def decode_record(value: bytes) -> dict:
-    """A history record read back: a JSON object of a kind this module writes (else HistoryError)."""
+def decode_record(value: bytes, key: bytes = b"", signing_key: bytes | None = None) -> dict:
+    """A history record read back: a JSON object of a kind this module writes (else HistoryError); with
+    ``signing_key``, one signed with it as a record of ``key`` (:func:`sign_record`), else HistoryError.
+
+    >>> signed = sign_record(b'{"kind":"gap","run":"ab","op":0}', b"g/model", b"k" * 16)
+    >>> decode_record(signed, b"g/model", b"k" * 16)["kind"]
+    'gap'
+    >>> decode_record(signed, b"g/model/averaged", b"k" * 16)
+    Traceback (most recent call last):
+    ...
+    perceptron_stream.pipeline.history.HistoryError: a history record's signature does not match: written with another --checkpoint-key, altered, or moved from another model's history
+    """
+    if signing_key is not None:
+        _verified(value, key, signing_key)
     try:
         record = orjson.loads(value)
     except orjson.JSONDecodeError as exc:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
-from perceptron_stream.config import ServeSettings, invalid_setting
+from perceptron_stream.config import ServeSettings, invalid_setting, signing_key
 from perceptron_stream.kafka.contract import RecordLimits
 from perceptron_stream.learning import make_learner
 from perceptron_stream.pipeline.history import History, challenger_key, history_key
@@ -42,11 +42,6 @@ def model_meta(s: ServeSettings) -> dict:
         "max_model_features": s.max_model_features,
         "hash_features": s.hash_features,
     }
-
-
-def signing_key(s: ServeSettings) -> bytes | None:
-    """--checkpoint-key as bytes: what signs checkpoints and mix records."""
-    return s.checkpoint_key.get_secret_value().encode() if s.checkpoint_key else None
 
 
 #: What a member's client id starts with when it says its model's policy (:func:`policy_client_id`).
@@ -176,7 +171,7 @@ class TaskFactory:
         topic = s.model_history_topic
         assert topic is not None  # (asked only with a history)
         limit = 0 if self.limits is None else self.limits.of(topic)
-        return History(key, s.history_snapshot_every, topic, meta, max_record_bytes=limit)
+        return History(key, s.history_snapshot_every, topic, meta, max_record_bytes=limit, signing_key=signing_key(s))
 
     def make_learner(self, variant: str, margin: float):
         s = self.settings

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from uuid import uuid4
 
-from perceptron_stream.config import ServeSettings, invalid_setting
+from perceptron_stream.config import ServeSettings, invalid_setting, signing_key
 from perceptron_stream.kafka import (
     DEFAULT_MAX_MESSAGE_BYTES,
     CompactedTopic,
@@ -51,7 +51,7 @@ from perceptron_stream.kafka import (
     require_mends,
 )
 from perceptron_stream.pipeline.mixer import MixBoard
-from perceptron_stream.runtime.factory import model_meta, policy_client_id, signing_key
+from perceptron_stream.runtime.factory import model_meta, policy_client_id
 from perceptron_stream.runtime.mixing import MixFeed
 from perceptron_stream.runtime.retry import Retry, StartupError, fatal
 from perceptron_stream.runtime.state_topics import StateTopics, state_topics

@@ -232,6 +232,50 @@ def test_an_altered_history_is_refused_naming_why(apache_kafka, tmp_path, topics
     assert unequal, "a lost change went unnoticed"
 
 
+def test_a_signed_history_leaves_out_a_forged_record_and_explains_from_its_own(apache_kafka, tmp_path, topics):
+    """The service with --checkpoint-key signs its history; a change rewritten and appended unsigned, as in the test
+    above, is left out by ``explain`` with the key (said on stderr, the prediction explained from the signed
+    records, exit 0), where without the key it is taken in and the explanation refused as altered (exit 1). With
+    another key every record is left out and nothing is explained (exit 1)."""
+    bootstrap = apache_kafka.bootstrap_servers
+    history = f"history-{topics['group_id']}"
+    events = [{"id": f"c-{i}", **e} for i, e in enumerate(islice(credit(), 600))]
+    produce(bootstrap, topics["input_topic"], events)
+    secret = "a-history-key-of-the-test"
+    args = settings_args(
+        apache_kafka, topics, tmp_path, model_history_topic=history, batch_size=50, checkpoint_key=secret
+    )
+    watcher = OutputWatcher(bootstrap, topics["output_topic"]).start()
+    try:
+        process = start_service_process(args, tmp_path / "serve.log")
+        wait_until(lambda: watcher.distinct() >= 600 or process.poll() is not None, 180, what="every event")
+        assert stop_process(process, tmp_path / "serve.log") == 0
+    finally:
+        watcher.stop()
+    key = history_key(topics["group_id"], "model")
+    values = [value for _, k, value in _read(bootstrap, history) if k == key]
+    assert values and all(b'"hmac":"' in v for v in values)
+    records = [decode_record(v, key, secret.encode()) for v in values]
+    changes = copy.deepcopy(next(r for r in records if r["kind"] == "changes" and len(r["changes"]) > 5))
+    del changes["hmac"]
+    kind, seen, version, x, y = changes["changes"][2]
+    changes["changes"][2] = [kind, seen, version, {name: value * 3.0 + 1.0 for name, value in x.items()}, y]
+    produce(bootstrap, history, [json.dumps(changes).encode()], keys=[key])
+    predictions = [(offset, json.loads(value)) for offset, _, value in _read(bootstrap, topics["output_topic"])]
+    offset = next(o for o, d in predictions if seen < d["model"]["seen"] <= seen + 200)
+    explain = ["explain", "--prediction", f"{topics['output_topic']}:0:{offset}", "--model-history-topic", history,
+               "--group-id", topics["group_id"], "--json"]  # fmt: skip
+    signed = _cli(bootstrap, *explain, "--checkpoint-key", secret)
+    assert signed.returncode == 0, signed.stderr
+    assert json.loads(signed.stdout)["equal"] is True
+    assert "1 record(s)" in signed.stderr and "not signed" in signed.stderr, signed.stderr
+    unchecked = _cli(bootstrap, *explain)
+    assert unchecked.returncode == 1 and "altered" in unchecked.stderr, unchecked.stderr
+    other = _cli(bootstrap, *explain, "--checkpoint-key", "another-key-of-sixteen")
+    assert other.returncode == 1 and not other.stdout, other.stdout
+    assert f"{len(values) + 1} record(s)" in other.stderr and "another --checkpoint-key" in other.stderr, other.stderr
+
+
 def test_three_instances_in_partition_scope_with_mixing_explain_each_replicas_predictions(
     apache_kafka, tmp_path, topics
 ):

@@ -16,8 +16,17 @@ import random
 
 import pytest
 from perceptron_stream.kafka.contract import Record, RecordLimits
-from perceptron_stream.learning import learner_from_state
-from perceptron_stream.pipeline.history import HistoryError, decode_record, rebuild, runs_at
+from perceptron_stream.learning import Perceptron, learner_from_state
+from perceptron_stream.pipeline.history import (
+    SIGNATURE_BYTES,
+    SNAPSHOT,
+    History,
+    HistoryError,
+    Recorded,
+    decode_record,
+    rebuild,
+    runs_at,
+)
 from perceptron_stream.pipeline.task import Tally
 from perceptron_stream.wire.inputs import Decoder
 
@@ -345,3 +354,66 @@ def test_a_challenger_fresher_than_its_champion_counts_the_champion_s_events(tmp
         model = rebuild(records, p["model"]["run"], seen=p["model"]["seen"])
         (_, score, _), _, _ = model.explain_step(events[p["source"]["offset"]], p["y"])
         assert repr(score) == repr(scored[p["source"]["offset"]])
+
+
+SECRET = "history-signing-key-0123"
+
+
+def test_a_signed_history_rebuilds_as_an_unsigned_one_and_refuses_what_is_not_its_own(tmp_path):
+    """With --checkpoint-key every record is signed as its key's (state, parts, changes; the champion's and a
+    challenger's), within what the topic takes; read with the key each verifies and rebuilds every prediction as
+    the unsigned history does. A byte changed, an unsigned record, a champion's record under the challenger's key
+    (they share a run) or another key: refused, saying which."""
+    limits = RecordLimits({"history": 1_500}, default=1 << 20)
+    flags = ["--variant", "pocket", "--challengers", "averaged", "--history-challengers", *HISTORY]
+    batches = _batches("named", 7, flags)
+    signed = _run(tmp_path, [*flags, "--checkpoint-key", SECRET], batches, True, "signed", limits)
+    unsigned = _run(tmp_path, flags, batches, True, "unsigned", limits)
+    history = [(k, v) for t, k, v in signed if t == "history"]
+    assert all(limits.too_large("history", k, v) is None for k, v in history)
+    assert {k for k, _ in history} == {b"perceptron-stream/model", b"perceptron-stream/model/averaged"}
+    key = SECRET.encode()
+    records = [decode_record(v, k, key) for k, v in history]
+    assert all(isinstance(r.pop("hmac"), str) for r in records)
+    assert {r["kind"] for r in records} == {"state", "changes"}
+    plain = [decode_record(v) for t, _, v in unsigned if t == "history"]
+    assert [(r["kind"], r["op"]) for r in records] == [(r["kind"], r["op"]) for r in plain]
+    events = _events(batches)
+    champion = [r for (k, _), r in zip(history, records) if k == b"perceptron-stream/model"]
+    for p in (json.loads(v) for t, _, v in signed if t == "predictions"):
+        (_, score, _), _, _ = rebuild(champion, p["model"]["run"], p["model"]["seen"]).explain_step(
+            events[p["source"]["offset"]], None
+        )
+        assert repr(score) == repr(p["score"])
+    k, v = history[3]
+    flipped = v.replace(b'"op":', b'"op": ', 1)  # the same JSON, another byte
+    with pytest.raises(HistoryError, match="signature does not match"):
+        decode_record(flipped, k, key)
+    with pytest.raises(HistoryError, match="not signed"):
+        decode_record(next(v for t, kk, v in unsigned if t == "history" and kk == k), k, key)
+    moved = b"perceptron-stream/model/averaged" if k == b"perceptron-stream/model" else b"perceptron-stream/model"
+    with pytest.raises(HistoryError, match="moved from another model's history"):
+        decode_record(v, moved, key)
+    with pytest.raises(HistoryError, match="another --checkpoint-key"):
+        decode_record(v, k, b"another-key-of-16-bytes")
+    assert decode_record(flipped)["op"] == records[3]["op"]  # without the key: read as it is (the score's check holds)
+
+
+def test_a_signed_state_in_parts_is_signed_part_by_part_within_the_topic_s_limit():
+    """A state past a record's room goes in parts, each signed and still within the topic's limit (its room less
+    the signature's bytes), and rebuilds from them; one part unsigned with the key is refused."""
+    history = History(b"g/model", 1000, "history", max_record_bytes=1_200, signing_key=SECRET.encode())
+    learner = Recorded(Perceptron(), history)
+    run = history.begin(learner)
+    for i in range(60):
+        learner.step({f"feature-{i}-{j}": float(i + j) for j in range(5)}, 1 if i % 2 else -1)
+    history.state(learner, SNAPSHOT)
+    values = history.take()
+    assert max(len(b"g/model") + len(v) for v in values) <= 1_200
+    records = [decode_record(v, b"g/model", SECRET.encode()) for v in values]
+    assert sum(r["kind"] == "part" for r in records) > 3
+    rebuilt = rebuild(records, run, version=learner.updates)
+    assert rebuilt.to_state() == learner.unwrapped().to_state()
+    part = next(v for v, r in zip(values, records) if r["kind"] == "part")
+    with pytest.raises(HistoryError, match="not signed"):
+        decode_record(part[: -SIGNATURE_BYTES - 1] + b"}", b"g/model", SECRET.encode())
