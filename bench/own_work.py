@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -107,9 +108,12 @@ def runner(args: list[str], recs, tmp: Path, labels=None, free_table: bool = Fal
                 since += len(batch)
                 if since >= every:  # the pending tables' part of a checkpoint, when the service takes one
                     seq, since = seq + 1, 0
-                    task.joiner.saved(seq)
+                    started = time.perf_counter()
+                    task.joiner.saved(seq)  # in the loop's turn, as the service takes it with a label topic
+                    run.checkpoint_s.append(time.perf_counter() - started)  # type: ignore[attr-defined]
             app.metrics.observe_tally(tally, 0.001)
 
+    run.checkpoint_s = []  # type: ignore[attr-defined]  # the wall time of each of its pending tables' checkpoints
     if labels is not None:  # before each round, untimed: the tables emptied, so the same ids are new points again
 
         def reset():
@@ -175,6 +179,13 @@ def main() -> None:
         gc.collect()
         gc.freeze()  # as the service does after start-up
         report(args.tree, args.events, args.rounds, best_cpu(runs, args.rounds))
+        for name, run in runs.items():
+            if getattr(run, "checkpoint_s", None):
+                ms = sorted(1000 * s for s in run.checkpoint_s)
+                print(
+                    f"# {name}: its pending tables' checkpoints, {len(ms)} in {args.rounds} rounds, ms of the loop's turn:"
+                    f" median {statistics.median(ms):.1f}, longest {ms[-1]:.1f}"
+                )
 
 
 def best_cpu(runs: dict, rounds: int) -> dict[str, float]:
