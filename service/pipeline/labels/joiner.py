@@ -135,20 +135,23 @@ class Joiner:
         score: float,
         version: int,
         challengers: dict | None = None,
-        now_ms: float | None = None,
+        latest: float | None = None,
     ) -> tuple[dict, dict] | None:
         """A point predicted and published without its label: kept until the label comes (with the challengers'
         scores of it, which their own mistakes are scored by, as the published ``score`` is the champion's: y·score
         ≤ 0). Returns ``(point, label)`` when its label came first and waited (:meth:`join_early` joins them once
-        the prediction is sent), else None. ``now_ms``: the wall clock as the batch was read (:meth:`wall_ms`;
-        None: read now)."""
+        the prediction is sent), else None. ``latest``: the latest time (ms) a point of its batch is believed to
+        have, :meth:`label_bounds` of the wall clock as the batch was read, taken once a batch (None: read now);
+        a point has no earlier bound (its time behind is believed: see the module)."""
+        if latest is None:
+            latest = self.label_bounds(self.wall_ms(), None)[0]
         point = {
             "x": x,
             "y_pred": y_pred,
             "score": score,
             "version": version,
             "source": {"topic": r.topic, "partition": r.partition, "offset": r.offset},
-            "at": self.believed(r.timestamp, now_ms=now_ms) / 1000,
+            "at": min(r.timestamp, latest) / 1000,  # believed(): min(t, latest), the earliest bound -inf
         }
         if challengers:
             point["challengers"] = challengers

@@ -84,7 +84,9 @@ class SpanLabels:
         their_scores = {c: o.score.tolist() for c, o in (others or {}).items()}
         joined = iter(steps.joined)  # the counters after each join, in order
         label_of = dict(joins)
-        now_ms = joiner.wall_ms()  # the span's points believed against one reading of the wall clock
+        # the span's points believed against one reading of the wall clock, its bound taken once (a point has no
+        # earlier bound), where each point's keep() called believed() and so label_bounds()
+        latest = joiner.label_bounds(joiner.wall_ms(), None)[0]
         for k, (i, value) in enumerate(zip(at, values)):
             before(i)
             early = None
@@ -98,7 +100,7 @@ class SpanLabels:
                     score[k],
                     version[k],
                     None if others is None else {c: their[k] for c, their in their_scores.items()},
-                    now_ms,
+                    latest,
                 )
                 # what the table holds now is what waiting() read before the step (nothing came between): a
                 # mismatch would publish one label's join with another's learning
