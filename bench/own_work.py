@@ -114,7 +114,7 @@ def runner(args: list[str], recs, tmp: Path, labels=None, free_table: bool = Fal
             app.metrics.observe_tally(tally, 0.001)
 
     run.checkpoint_s = []  # type: ignore[attr-defined]  # the wall time of each of its pending tables' checkpoints
-    if labels is not None:  # before each round, untimed: the tables emptied, so the same ids are new points again
+    if task.joiner is not None:  # before each round, untimed: the tables emptied, so the same ids are new points again
 
         def reset():
             nonlocal seq
