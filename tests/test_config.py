@@ -212,14 +212,15 @@ def test_every_command_that_takes_the_signing_key_reads_it_from_a_file_the_same_
     --checkpoint-key-file (whitespace around it removed), and refuses both at once, or a file too short, naming it."""
     from perceptron_stream.config import ExplainSettings, ModelAtSettings, signing_key
 
-    settings_cls, needed = {
+    cases: dict[str, tuple[type[ServeSettings | ExplainSettings | ModelAtSettings], list[str]]] = {
         "serve": (ServeSettings, []),
         "explain": (ExplainSettings, ["--prediction", "out:0:1", "--model-history-topic", "h"]),
         "model at": (
             ModelAtSettings,
             ["--version", "1", "--output", str(tmp_path / "m.json"), "--model-history-topic", "h"],
         ),
-    }[command]
+    }
+    settings_cls, needed = cases[command]
     key_file = tmp_path / "key"
     key_file.write_text("  a-key-of-sixteen-or-more\n")
     assert (
