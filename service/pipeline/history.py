@@ -149,7 +149,9 @@ def _mac(signing_key: bytes, key: bytes, unsigned: bytes) -> str:
 
 
 def sign_record(record: bytes, key: bytes, signing_key: bytes) -> bytes:
-    """``record`` (a JSON object's bytes) with its signature as its last member, ``"hmac"``.
+    """``record`` (a JSON object's bytes) with its signature as its last member, ``"hmac"``. The bytes as written are
+    signed, and checked as read: a checkpoint's signature (:mod:`perceptron_stream.state.checkpoint`) is over a
+    canonical encoding of its body, which here would encode every record a second time, on the loop.
 
     >>> signed = sign_record(b'{"kind":"gap"}', b"g/model", b"k" * 16)
     >>> signed[:22], len(signed) - len(b'{"kind":"gap"}') == SIGNATURE_BYTES
