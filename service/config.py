@@ -196,12 +196,6 @@ def signing_key(settings) -> bytes | None:
 
 #: The description of --checkpoint-key-file, for every command that takes the key.
 _KEY_FILE = "File holding --checkpoint-key (its content, surrounding whitespace removed)."
-#: What the readers of the model history say of --checkpoint-key.
-_HISTORY_KEY = (
-    "The service's --checkpoint-key: every record of the model history read must be signed with it (one unsigned, "
-    "altered or moved from another model's history is left out, and said). Give it in the environment or with "
-    "--checkpoint-key-file (never logged)."
-)
 
 
 class KafkaSettings(CommandSettings):
@@ -815,7 +809,25 @@ class ModelExportSettings(KafkaSettings):
     checkpoint_key: SecretStr | None = Field(None, description="The key checkpoints are signed with (never logged).")
 
 
-class ExplainSettings(KafkaSettings):
+class HistoryReaderSettings(KafkaSettings):
+    """What the readers of a model history (``explain``, ``model at``) share: the key its records are signed with."""
+
+    checkpoint_key: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="The service's --checkpoint-key: every record of the model history read must be signed with it "
+        "(one unsigned, altered or moved from another model's history is left out, and said). Give it in the "
+        "environment or with --checkpoint-key-file (never logged).",
+    )
+    checkpoint_key_file: Path | None = Field(None, description=_KEY_FILE)
+
+    @model_validator(mode="after")
+    def _key(self):
+        _key_from_file(self)
+        return self
+
+
+class ExplainSettings(HistoryReaderSettings):
     """Settings of ``perceptron-stream explain``: a published prediction's model rebuilt from the model history,
     and the parts of its score."""
 
@@ -841,16 +853,9 @@ class ExplainSettings(KafkaSettings):
         "table.",
     )
     timeout_seconds: float = Field(120.0, gt=0.0, description="How long each topic's read may take.")
-    checkpoint_key: SecretStr | None = Field(None, min_length=16, description=_HISTORY_KEY)
-    checkpoint_key_file: Path | None = Field(None, description=_KEY_FILE)
-
-    @model_validator(mode="after")
-    def _key(self):
-        _key_from_file(self)
-        return self
 
 
-class ModelAtSettings(KafkaSettings):
+class ModelAtSettings(HistoryReaderSettings):
     """Settings of ``perceptron-stream model at VERSION``: a version of a model, rebuilt from its model history, as a
     model file (the format ``model export`` writes: ``serve --initial-model`` takes it)."""
 
@@ -876,13 +881,6 @@ class ModelAtSettings(KafkaSettings):
         "at its own version: promote it with serve --initial-model.",
     )
     timeout_seconds: float = Field(120.0, gt=0.0, description="How long the history's read may take.")
-    checkpoint_key: SecretStr | None = Field(None, min_length=16, description=_HISTORY_KEY)
-    checkpoint_key_file: Path | None = Field(None, description=_KEY_FILE)
-
-    @model_validator(mode="after")
-    def _key(self):
-        _key_from_file(self)
-        return self
 
 
 class DemoSettings(CommandSettings):
