@@ -86,6 +86,34 @@ def _explained(predictions: list, inputs: dict, records: list[dict], chosen: lis
     return len(chosen)
 
 
+def _served(apache_kafka, topics, tmp_path, count: int, **flags) -> str:
+    """``count`` credit events served by the service as a process with a model history (``flags`` beside), stopped
+    once every one is predicted; the history's topic."""
+    bootstrap = apache_kafka.bootstrap_servers
+    history = f"history-{topics['group_id']}"
+    produce(bootstrap, topics["input_topic"], [{"id": f"c-{i}", **e} for i, e in enumerate(islice(credit(), count))])
+    args = settings_args(apache_kafka, topics, tmp_path, model_history_topic=history, batch_size=50, **flags)
+    watcher = OutputWatcher(bootstrap, topics["output_topic"]).start()
+    try:
+        process = start_service_process(args, tmp_path / "serve.log")
+        wait_until(lambda: watcher.distinct() >= count or process.poll() is not None, 180, what="every event")
+        assert stop_process(process, tmp_path / "serve.log") == 0
+    finally:
+        watcher.stop()
+    return history
+
+
+def _forge_a_change(bootstrap: str, history: str, key: bytes, records: list[dict]) -> int:
+    """A copy of a changes record of ``records`` with one event's values altered, appended unsigned under ``key``
+    as anyone with write access could; the ``seen`` of the altered change."""
+    changes = copy.deepcopy(next(r for r in records if r["kind"] == "changes" and len(r["changes"]) > 5))
+    changes.pop("hmac", None)
+    kind, seen, version, x, y = changes["changes"][2]
+    changes["changes"][2] = [kind, seen, version, {name: value * 3.0 + 1.0 for name, value in x.items()}, y]
+    produce(bootstrap, history, [json.dumps(changes).encode()], keys=[key])
+    return seen
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_prediction_across_a_sigkill_is_explained_by_the_weights_that_made_it(
     apache_kafka, tmp_path, topics, case
@@ -185,23 +213,10 @@ def test_an_altered_history_is_refused_naming_why(apache_kafka, tmp_path, topics
     lost (retention, a crash before its acknowledgment): the predictions after it are rebuilt with other weights,
     and the answer says they are not equal."""
     bootstrap = apache_kafka.bootstrap_servers
-    history = f"history-{topics['group_id']}"
-    events = [{"id": f"c-{i}", **e} for i, e in enumerate(islice(credit(), 1000))]
-    produce(bootstrap, topics["input_topic"], events)
-    args = settings_args(apache_kafka, topics, tmp_path, model_history_topic=history, batch_size=50)
-    watcher = OutputWatcher(bootstrap, topics["output_topic"]).start()
-    try:
-        process = start_service_process(args, tmp_path / "serve.log")
-        wait_until(lambda: watcher.distinct() >= 1000 or process.poll() is not None, 180, what="every event")
-        assert stop_process(process, tmp_path / "serve.log") == 0
-    finally:
-        watcher.stop()
+    history = _served(apache_kafka, topics, tmp_path, 1000)
     key = history_key(topics["group_id"], "model")
     records = [decode_record(value) for _, k, value in _read(bootstrap, history) if k == key]
-    changes = copy.deepcopy(next(r for r in records if r["kind"] == "changes" and len(r["changes"]) > 5))
-    kind, seen, version, x, y = changes["changes"][2]
-    changes["changes"][2] = [kind, seen, version, {name: value * 3.0 + 1.0 for name, value in x.items()}, y]
-    produce(bootstrap, history, [json.dumps(changes).encode()], keys=[key])
+    seen = _forge_a_change(bootstrap, history, key, records)
     predictions = [(offset, json.loads(value)) for offset, _, value in _read(bootstrap, topics["output_topic"])]
     after = [(o, d) for o, d in predictions if seen < d["model"]["seen"] <= seen + 200]
     inputs = {offset: (k, value) for offset, k, value in _read(bootstrap, topics["input_topic"])}
@@ -237,30 +252,12 @@ def test_a_signed_history_leaves_out_a_forged_record_and_explains_from_its_own(a
     above, is left out by ``explain`` with the key (said on stderr, the prediction explained from the signed
     records, exit 0), where without the key it is taken in and the explanation refused as altered (exit 1). With
     another key every record is left out and nothing is explained (exit 1)."""
-    bootstrap = apache_kafka.bootstrap_servers
-    history = f"history-{topics['group_id']}"
-    events = [{"id": f"c-{i}", **e} for i, e in enumerate(islice(credit(), 600))]
-    produce(bootstrap, topics["input_topic"], events)
-    secret = "a-history-key-of-the-test"
-    args = settings_args(
-        apache_kafka, topics, tmp_path, model_history_topic=history, batch_size=50, checkpoint_key=secret
-    )
-    watcher = OutputWatcher(bootstrap, topics["output_topic"]).start()
-    try:
-        process = start_service_process(args, tmp_path / "serve.log")
-        wait_until(lambda: watcher.distinct() >= 600 or process.poll() is not None, 180, what="every event")
-        assert stop_process(process, tmp_path / "serve.log") == 0
-    finally:
-        watcher.stop()
+    bootstrap, secret = apache_kafka.bootstrap_servers, "a-history-key-of-the-test"
+    history = _served(apache_kafka, topics, tmp_path, 600, checkpoint_key=secret)
     key = history_key(topics["group_id"], "model")
     values = [value for _, k, value in _read(bootstrap, history) if k == key]
     assert values and all(b'"hmac":"' in v for v in values)
-    records = [decode_record(v, key, secret.encode()) for v in values]
-    changes = copy.deepcopy(next(r for r in records if r["kind"] == "changes" and len(r["changes"]) > 5))
-    del changes["hmac"]
-    kind, seen, version, x, y = changes["changes"][2]
-    changes["changes"][2] = [kind, seen, version, {name: value * 3.0 + 1.0 for name, value in x.items()}, y]
-    produce(bootstrap, history, [json.dumps(changes).encode()], keys=[key])
+    seen = _forge_a_change(bootstrap, history, key, [decode_record(v, key, secret.encode()) for v in values])
     predictions = [(offset, json.loads(value)) for offset, _, value in _read(bootstrap, topics["output_topic"])]
     offset = next(o for o, d in predictions if seen < d["model"]["seen"] <= seen + 200)
     explain = ["explain", "--prediction", f"{topics['output_topic']}:0:{offset}", "--model-history-topic", history,
